@@ -1,0 +1,1133 @@
+#include "daemon/core/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/util/log.h"
+#include "daemon/util/random_id.h"
+
+namespace collectived {
+namespace {
+
+constexpr size_t kMaxClientName = 128;
+constexpr size_t kMaxMeshName = 128;
+constexpr size_t kMaxAxisName = 64;
+constexpr int kMaxAxes = 8;
+
+bool ValidName(const std::string& s, size_t max_len, absl::string_view extra) {
+  if (s.empty() || s.size() > max_len) return false;
+  for (char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || extra.find(c) != absl::string_view::npos;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string CoordString(const std::vector<int>& c) {
+  return absl::StrCat("(", absl::StrJoin(c, ","), ")");
+}
+
+std::string AxesString(const MeshShape& s) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < s.names.size(); ++i) parts.push_back(absl::StrCat(s.names[i], "=", s.sizes[i]));
+  return absl::StrJoin(parts, ",");
+}
+
+int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+// Checks that [offset, offset + bytes) lies in a buffer of `size` bytes and
+// that offset is aligned to `align`.
+absl::Status CheckRange(absl::string_view what, const std::string& id, int64_t offset,
+                        uint64_t bytes, size_t size, size_t align) {
+  if (offset < 0) {
+    return absl::OutOfRangeError(absl::StrCat(what, " offset ", offset, " is negative"));
+  }
+  uint64_t off = static_cast<uint64_t>(offset);
+  if (off > size || bytes > size - off) {
+    return absl::OutOfRangeError(absl::StrCat(what, " range [", off, ", ", off, "+", bytes,
+                                              ") exceeds buffer '", id, "' of ", size,
+                                              " bytes"));
+  }
+  if (align > 1 && off % align != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " offset ", off, " is not a multiple of the element size ", align));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options, std::unique_ptr<Executor> executor)
+    : options_(std::move(options)),
+      executor_(std::move(executor)),
+      started_(absl::Now()),
+      timer_(std::make_unique<DeadlineTimer>()),
+      runners_(std::make_unique<ThreadPool>(options_.runner_threads)) {}
+
+Engine::~Engine() {
+  Shutdown("daemon stopped");
+  runners_.reset();  // finishes running ops
+  timer_.reset();
+}
+
+void Engine::Run(Callbacks& cbs) {
+  for (auto& cb : cbs) cb();
+  cbs.clear();
+}
+
+Engine::Session* Engine::FindSession(const std::string& id) {
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<Engine::Session*> Engine::GetSession(const std::string& id) {
+  if (shutting_down_) {
+    return absl::UnavailableError(absl::StrCat("daemon is shutting down: ", shutdown_reason_));
+  }
+  if (id.empty()) return absl::InvalidArgumentError("session_id is empty");
+  Session* s = FindSession(id);
+  if (s == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "session '", id, "' not found (closed, expired, or never created by this daemon)"));
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Sessions
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string client_name) {
+  if (client_name.size() > kMaxClientName) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_name is ", client_name.size(), " bytes; the limit is ", kMaxClientName));
+  }
+  v1::CreateSessionResponse resp;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
+    if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session limit reached (", options_.max_sessions, ")"));
+    }
+    auto s = std::make_unique<Session>();
+    s->id = RandomId("s-");
+    s->token = RandomId("t-");
+    s->client_name = std::move(client_name);
+    std::string id = s->id;
+    s->attach_timer = timer_->Schedule(absl::Now() + options_.attach_timeout, [this, id] {
+      bool expired = false;
+      {
+        absl::MutexLock lock(&mu_);
+        Session* s = FindSession(id);
+        expired = s != nullptr && !s->attached;
+      }
+      if (expired) CloseSession(id, "side socket not attached in time").IgnoreError();
+    });
+    resp.set_session_id(s->id);
+    resp.set_attach_token(s->token);
+    LogEvent(LogLevel::kInfo, "session_created",
+             {{"session", s->id}, {"client", s->client_name}});
+    sessions_.emplace(s->id, std::move(s));
+  }
+  resp.set_side_socket_path(options_.side_socket_path);
+  resp.set_attach_timeout_ms(Millis(options_.attach_timeout));
+  resp.set_daemon_id(options_.daemon_id);
+  return resp;
+}
+
+absl::Status Engine::AttachSession(const std::string& session_id, const std::string& token,
+                                   int pid, int uid) {
+  absl::MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  Session* session = *s;
+  if (session->token != token) {
+    return absl::PermissionDeniedError("attach token does not match the session");
+  }
+  if (session->attached) {
+    return absl::FailedPreconditionError("session is already attached to a side socket");
+  }
+  session->attached = true;
+  session->pid = pid;
+  session->uid = uid;
+  timer_->Cancel(session->attach_timer);
+  LogEvent(LogLevel::kInfo, "session_attached",
+           {{"session", session_id}, {"pid", absl::StrCat(pid)}, {"uid", absl::StrCat(uid)}});
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CloseSession(const std::string& session_id, const std::string& reason) {
+  Callbacks cbs;
+  {
+    absl::MutexLock lock(&mu_);
+    Session* session = FindSession(session_id);
+    if (session == nullptr) {
+      return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+    }
+    timer_->Cancel(session->attach_timer);
+    const std::string who = absl::StrCat("session ", session_id, " (pid ", session->pid,
+                                         ", client '", session->client_name, "')");
+    const std::map<std::string, int> memberships = session->meshes;
+    for (const auto& [mesh_id, index] : memberships) {
+      auto it = meshes_.find(mesh_id);
+      if (it == meshes_.end()) continue;
+      Mesh& mesh = *it->second;
+      if (mesh.state == MeshState::kForming) {
+        RemoveJoiner(mesh, index,
+                     absl::AbortedError(absl::StrCat("session closed: ", reason)), cbs);
+      } else {
+        if (mesh.state == MeshState::kReady) {
+          BreakMesh(mesh,
+                    absl::StrCat("member ", index, " ", CoordString(mesh.shape.Coordinate(index)),
+                                 " [", who, "] is gone: ", reason),
+                    cbs);
+        }
+        DetachMember(mesh, index, cbs);
+      }
+      MaybeEraseMesh(mesh_id);
+    }
+    for (auto& [op_id, op] : session->retained) {
+      for (auto& w : op.waiters) {
+        cbs.push_back([w = std::move(w), reason] {
+          w(OpOutcome{absl::CancelledError(absl::StrCat("session closed: ", reason)), -1});
+        });
+      }
+    }
+    LogEvent(LogLevel::kInfo, "session_closed",
+             {{"session", session_id}, {"pid", absl::StrCat(session->pid)},
+              {"buffers", absl::StrCat(session->buffers.size())}, {"reason", reason}});
+    sessions_.erase(session_id);
+  }
+  Run(cbs);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Meshes
+// ---------------------------------------------------------------------------
+
+std::string Engine::MemberLabel(const Mesh& mesh, int index) {
+  std::string label = absl::StrCat(index, " ", CoordString(mesh.shape.Coordinate(index)));
+  const std::string& sid = mesh.member_session[index];
+  if (Session* s = sid.empty() ? nullptr : FindSession(sid)) {
+    absl::StrAppend(&label, " pid ", s->pid, " host ", options_.host);
+    if (!s->client_name.empty()) absl::StrAppend(&label, " '", s->client_name, "'");
+  }
+  return label;
+}
+
+v1::Member Engine::MemberInfo(const Mesh& mesh, int index) {
+  v1::Member m;
+  m.set_index(index);
+  for (int c : mesh.shape.Coordinate(index)) m.add_coordinate(c);
+  const std::string& sid = mesh.member_session[index];
+  m.set_session_id(sid);
+  if (Session* s = sid.empty() ? nullptr : FindSession(sid)) {
+    m.set_client_name(s->client_name);
+    m.set_pid(s->pid);
+  }
+  m.set_host(options_.host);
+  return m;
+}
+
+v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
+  v1::MeshInfo info;
+  info.set_mesh_id(mesh.id);
+  info.set_name(mesh.name);
+  for (size_t i = 0; i < mesh.shape.names.size(); ++i) {
+    auto* a = info.add_axes();
+    a->set_name(mesh.shape.names[i]);
+    a->set_size(mesh.shape.sizes[i]);
+  }
+  info.set_generation(mesh.generation);
+  info.set_state(mesh.state == MeshState::kForming ? "FORMING"
+                 : mesh.state == MeshState::kReady ? "READY"
+                                                   : "BROKEN");
+  for (size_t i = 0; i < mesh.member_session.size(); ++i) {
+    if (!mesh.member_session[i].empty()) *info.add_members() = MemberInfo(mesh, static_cast<int>(i));
+  }
+  info.set_op_timeout_ms(Millis(mesh.op_timeout));
+  info.set_completed_ops(mesh.completed);
+  return info;
+}
+
+void Engine::JoinMesh(const v1::JoinMeshRequest& req,
+                      std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done) {
+  Callbacks cbs;
+  absl::Status error = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
+    absl::MutexLock lock(&mu_);
+    auto s = GetSession(req.session_id());
+    if (!s.ok()) return s.status();
+    Session* session = *s;
+    if (!ValidName(req.mesh_name(), kMaxMeshName, ".:/-")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh_name '", req.mesh_name(), "' must be 1 to ", kMaxMeshName,
+          " characters of [A-Za-z0-9_.:/-]"));
+    }
+    if (req.axes().empty() || req.axes_size() > kMaxAxes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a mesh needs 1 to ", kMaxAxes, " axes; got ", req.axes_size()));
+    }
+    MeshShape shape;
+    int64_t members = 1;
+    for (const auto& axis : req.axes()) {
+      if (!ValidName(axis.name(), kMaxAxisName, ".-")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "axis name '", axis.name(), "' must be 1 to ", kMaxAxisName,
+            " characters of [A-Za-z0-9_.-]"));
+      }
+      if (std::find(shape.names.begin(), shape.names.end(), axis.name()) != shape.names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("axis name '", axis.name(), "' repeats"));
+      }
+      if (axis.size() < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("axis '", axis.name(), "' has size ", axis.size(), "; must be >= 1"));
+      }
+      members *= axis.size();
+      if (members > options_.max_mesh_members) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mesh has more than ", options_.max_mesh_members, " members"));
+      }
+      shape.names.push_back(axis.name());
+      shape.sizes.push_back(axis.size());
+    }
+    const bool assign = req.coordinate().empty();
+    if (!assign) {
+      if (req.coordinate_size() != req.axes_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "coordinate has ", req.coordinate_size(), " entries for ", req.axes_size(), " axes"));
+      }
+      for (int i = 0; i < req.coordinate_size(); ++i) {
+        if (req.coordinate(i) < 0 || req.coordinate(i) >= shape.sizes[i]) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "coordinate ", req.coordinate(i), " out of range for axis '", shape.names[i],
+              "' of size ", shape.sizes[i]));
+        }
+      }
+    }
+    if (req.timeout_ms() < 0 || req.op_timeout_ms() < 0) {
+      return absl::InvalidArgumentError("timeouts must be >= 0");
+    }
+    // Leave an older, broken generation of the same name automatically.
+    for (auto it = session->meshes.begin(); it != session->meshes.end();) {
+      auto m = meshes_.find(it->first);
+      if (m != meshes_.end() && m->second->name == req.mesh_name()) {
+        if (m->second->state != MeshState::kBroken) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              "this session is already member ", it->second, " of mesh '", req.mesh_name(),
+              "' (generation ", m->second->generation, ")"));
+        }
+        std::string old_id = it->first;
+        int index = it->second;
+        it = session->meshes.erase(it);
+        DetachMember(*m->second, index, cbs);
+        MaybeEraseMesh(old_id);
+        continue;
+      }
+      ++it;
+    }
+
+    Mesh* mesh = nullptr;
+    auto by_name = mesh_by_name_.find(req.mesh_name());
+    if (by_name != mesh_by_name_.end()) {
+      mesh = meshes_.at(by_name->second).get();
+      if (mesh->state == MeshState::kReady) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "mesh '", mesh->name, "' generation ", mesh->generation, " is already full (",
+            mesh->shape.num_members(), " members)"));
+      }
+      if (mesh->shape.names != shape.names || mesh->shape.sizes != shape.sizes) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "mesh '", mesh->name, "' is forming with axes (", AxesString(mesh->shape),
+            ") but this join asks for (", AxesString(shape), ")"));
+      }
+      if (mesh->assign != assign) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "mesh '", mesh->name, "': members ",
+            mesh->assign ? "asked the daemon to assign coordinates"
+                         : "gave explicit coordinates",
+            "; every member must do the same"));
+      }
+      if (req.op_timeout_ms() > 0 && mesh->op_timeout_set &&
+          Millis(mesh->op_timeout) != req.op_timeout_ms()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "mesh '", mesh->name, "' has op_timeout_ms ", Millis(mesh->op_timeout),
+            " but this join asks for ", req.op_timeout_ms()));
+      }
+    } else {
+      if (static_cast<int>(meshes_.size()) >= options_.max_meshes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("mesh limit reached (", options_.max_meshes, ")"));
+      }
+      auto m = std::make_unique<Mesh>();
+      m->id = RandomId("m-");
+      m->name = req.mesh_name();
+      m->shape = shape;
+      m->generation = ++last_generation_[m->name];
+      m->assign = assign;
+      m->op_timeout = options_.op_timeout;
+      m->member_session.assign(members, "");
+      m->member_left.assign(members, false);
+      m->next_sequence.assign(members, 0);
+      mesh = m.get();
+      mesh_by_name_[m->name] = m->id;
+      meshes_.emplace(m->id, std::move(m));
+      LogEvent(LogLevel::kInfo, "mesh_forming",
+               {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(shape)},
+                {"generation", absl::StrCat(mesh->generation)}});
+    }
+    if (req.op_timeout_ms() > 0 && !mesh->op_timeout_set) {
+      mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms());
+      mesh->op_timeout_set = true;
+    }
+    int index = -1;
+    if (assign) {
+      for (int i = 0; i < static_cast<int>(mesh->member_session.size()); ++i) {
+        if (mesh->member_session[i].empty()) {
+          index = i;
+          break;
+        }
+      }
+    } else {
+      index = shape.Index(std::vector<int>(req.coordinate().begin(), req.coordinate().end()));
+      if (!mesh->member_session[index].empty()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "coordinate ", CoordString(shape.Coordinate(index)), " of mesh '", mesh->name,
+            "' is taken by member ", MemberLabel(*mesh, index)));
+      }
+    }
+    mesh->member_session[index] = session->id;
+    session->meshes[mesh->id] = index;
+    JoinWaiter waiter;
+    waiter.session_id = session->id;
+    waiter.done = std::move(done);
+    absl::Duration timeout =
+        req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : options_.join_timeout;
+    std::string mesh_id = mesh->id;
+    waiter.timer = timer_->Schedule(absl::Now() + timeout,
+                                    [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
+    mesh->join_waiters[index] = std::move(waiter);
+    if (static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
+      CompleteJoin(*mesh, cbs);
+    }
+    return absl::OkStatus();
+  }();
+  if (!error.ok()) {
+    LogEvent(LogLevel::kWarn, "join_failed",
+             {{"mesh", req.mesh_name()}, {"session", req.session_id()}, {"error", error.ToString()}});
+    cbs.push_back([done = std::move(done), error] { done(error); });
+  }
+  Run(cbs);
+}
+
+void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
+  mesh.state = MeshState::kReady;
+  v1::MeshInfo info = MeshInfoOf(mesh);
+  for (auto& [index, waiter] : mesh.join_waiters) {
+    timer_->Cancel(waiter.timer);
+    v1::JoinMeshResponse resp;
+    *resp.mutable_mesh() = info;
+    *resp.mutable_self() = MemberInfo(mesh, index);
+    cbs.push_back([done = std::move(waiter.done), resp = std::move(resp)] { done(resp); });
+  }
+  mesh.join_waiters.clear();
+  LogEvent(LogLevel::kInfo, "mesh_ready",
+           {{"mesh", mesh.name}, {"id", mesh.id}, {"generation", absl::StrCat(mesh.generation)},
+            {"members", absl::StrCat(mesh.shape.num_members())}});
+}
+
+void Engine::RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Callbacks& cbs) {
+  auto it = mesh.join_waiters.find(index);
+  if (it != mesh.join_waiters.end()) {
+    timer_->Cancel(it->second.timer);
+    cbs.push_back([done = std::move(it->second.done), status] { done(status); });
+    mesh.join_waiters.erase(it);
+  }
+  const std::string sid = mesh.member_session[index];
+  if (Session* s = FindSession(sid)) s->meshes.erase(mesh.id);
+  mesh.member_session[index].clear();
+}
+
+void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
+  Callbacks cbs;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = meshes_.find(mesh_id);
+    if (it == meshes_.end()) return;
+    Mesh& mesh = *it->second;
+    if (mesh.state != MeshState::kForming || !mesh.join_waiters.count(index)) return;
+    std::vector<std::string> joined, missing;
+    for (int i = 0; i < mesh.shape.num_members(); ++i) {
+      if (mesh.member_session[i].empty()) {
+        missing.push_back(CoordString(mesh.shape.Coordinate(i)));
+      } else {
+        joined.push_back(MemberLabel(mesh, i));
+      }
+    }
+    absl::Status status = absl::DeadlineExceededError(absl::StrCat(
+        "mesh '", mesh.name, "' (", AxesString(mesh.shape), "): timed out waiting for ",
+        missing.size(), " of ", mesh.shape.num_members(), " members to join; joined: ",
+        absl::StrJoin(joined, "; "), "; missing coordinates: ", absl::StrJoin(missing, " ")));
+    LogEvent(LogLevel::kWarn, "join_timeout", {{"mesh", mesh.name}, {"error", status.ToString()}});
+    RemoveJoiner(mesh, index, status, cbs);
+    if (mesh.join_waiters.empty()) {
+      mesh_by_name_.erase(mesh.name);
+      meshes_.erase(it);
+    }
+  }
+  Run(cbs);
+}
+
+void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs) {
+  if (mesh.state == MeshState::kBroken) return;
+  mesh.state = MeshState::kBroken;
+  mesh.broken_reason = reason;
+  auto name = mesh_by_name_.find(mesh.name);
+  if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
+  absl::Status status = absl::AbortedError(absl::StrCat(
+      "mesh '", mesh.name, "' generation ", mesh.generation, " is broken: ", reason));
+  for (auto it = mesh.pending.begin(); it != mesh.pending.end();) {
+    if (it->second.running) {
+      ++it;  // finishes on its own; its outcome stands
+      continue;
+    }
+    FailOp(mesh, it->second, status, cbs);
+    it = mesh.pending.erase(it);
+  }
+  LogEvent(LogLevel::kWarn, "mesh_broken",
+           {{"mesh", mesh.name}, {"id", mesh.id}, {"generation", absl::StrCat(mesh.generation)},
+            {"reason", reason}});
+}
+
+void Engine::DetachMember(Mesh& mesh, int index, Callbacks& cbs) {
+  mesh.member_left[index] = true;
+}
+
+void Engine::MaybeEraseMesh(const std::string& mesh_id) {
+  auto it = meshes_.find(mesh_id);
+  if (it == meshes_.end()) return;
+  Mesh& mesh = *it->second;
+  if (mesh.state == MeshState::kForming) {
+    if (mesh.join_waiters.empty()) {
+      mesh_by_name_.erase(mesh.name);
+      meshes_.erase(it);
+    }
+    return;
+  }
+  if (mesh.state != MeshState::kBroken) return;
+  for (size_t i = 0; i < mesh.member_left.size(); ++i) {
+    if (!mesh.member_left[i]) return;
+  }
+  for (const auto& [seq, op] : mesh.pending) {
+    if (op.running) return;  // erased when the op finishes
+  }
+  meshes_.erase(it);
+}
+
+absl::Status Engine::LeaveMesh(const std::string& session_id, const std::string& mesh_id) {
+  Callbacks cbs;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = GetSession(session_id);
+    if (!s.ok()) return s.status();
+    Session* session = *s;
+    auto m = session->meshes.find(mesh_id);
+    if (m == session->meshes.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("this session is not a member of mesh '", mesh_id, "'"));
+    }
+    int index = m->second;
+    Mesh& mesh = *meshes_.at(mesh_id);
+    if (mesh.state == MeshState::kForming) {
+      RemoveJoiner(mesh, index, absl::CancelledError("left the mesh before it formed"), cbs);
+    } else {
+      if (mesh.state == MeshState::kReady) {
+        BreakMesh(mesh,
+                  absl::StrCat("member ", MemberLabel(mesh, index), " left the mesh"), cbs);
+      }
+      DetachMember(mesh, index, cbs);
+      session->meshes.erase(m);
+    }
+    MaybeEraseMesh(mesh_id);
+  }
+  Run(cbs);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
+                                                  const std::string& mesh_name) {
+  absl::MutexLock lock(&mu_);
+  std::string id = mesh_id;
+  if (id.empty()) {
+    if (mesh_name.empty()) return absl::InvalidArgumentError("give mesh_id or mesh_name");
+    auto it = mesh_by_name_.find(mesh_name);
+    if (it == mesh_by_name_.end()) {
+      return absl::NotFoundError(absl::StrCat("no forming or ready mesh named '", mesh_name, "'"));
+    }
+    id = it->second;
+  }
+  auto it = meshes_.find(id);
+  if (it == meshes_.end()) return absl::NotFoundError(absl::StrCat("mesh '", id, "' not found"));
+  return MeshInfoOf(*it->second);
+}
+
+// ---------------------------------------------------------------------------
+// Buffers
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session_id,
+                                                      int64_t size_bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = GetSession(session_id);
+    if (!s.ok()) return s.status();
+    Session* session = *s;
+    if (size_bytes <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("size_bytes must be >= 1; got ", size_bytes));
+    }
+    if (static_cast<uint64_t>(size_bytes) > options_.max_buffer_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "size_bytes ", size_bytes, " exceeds the per-buffer limit of ", options_.max_buffer_size));
+    }
+    if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session has ", session->buffers.size(), " buffers; the limit is ",
+          options_.max_buffers_per_session));
+    }
+    if (session->buffer_bytes + static_cast<uint64_t>(size_bytes) >
+        options_.max_buffer_bytes_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session holds ", session->buffer_bytes, " buffer bytes; ", size_bytes,
+          " more exceeds the limit of ", options_.max_buffer_bytes_per_session));
+    }
+  }
+  // Allocate outside the lock: faulting in pages takes time.
+  auto buffer = CreateMemfdBuffer(static_cast<size_t>(size_bytes));
+  if (!buffer.ok()) return buffer.status();
+  absl::MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  Session* session = *s;
+  if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session ||
+      session->buffer_bytes + (*buffer)->size() > options_.max_buffer_bytes_per_session) {
+    return absl::ResourceExhaustedError("buffer quota exceeded by concurrent allocations");
+  }
+  v1::BufferInfo info;
+  info.set_buffer_id(RandomId("b-"));
+  info.set_size_bytes(static_cast<int64_t>((*buffer)->size()));
+  info.set_kind(std::string((*buffer)->kind()));
+  session->buffer_bytes += (*buffer)->size();
+  session->buffers.emplace(info.buffer_id(), *std::move(buffer));
+  return info;
+}
+
+absl::Status Engine::FreeBuffer(const std::string& session_id, const std::string& buffer_id) {
+  std::shared_ptr<SharedBuffer> released;  // unmapped outside the lock
+  absl::MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  Session* session = *s;
+  auto it = session->buffers.find(buffer_id);
+  if (it == session->buffers.end()) {
+    return absl::NotFoundError(absl::StrCat("buffer '", buffer_id, "' not found in this session"));
+  }
+  session->buffer_bytes -= it->second->size();
+  released = std::move(it->second);
+  session->buffers.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetBuffer(const std::string& session_id,
+                                                                const std::string& buffer_id) {
+  absl::MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  auto it = (*s)->buffers.find(buffer_id);
+  if (it == (*s)->buffers.end()) {
+    return absl::NotFoundError(absl::StrCat("buffer '", buffer_id, "' not found in this session"));
+  }
+  return it->second;
+}
+
+// ---------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------
+
+absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
+                                                  const v1::OpSpec& op, bool retain,
+                                                  OpDone done) {
+  Callbacks cbs;
+  v1::SubmitResponse resp;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = GetSession(session_id);
+    if (!s.ok()) return s.status();
+    Session* session = *s;
+    auto member = session->meshes.find(op.mesh_id());
+    if (member == session->meshes.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "mesh '", op.mesh_id(), "' not found among this session's meshes (join it first)"));
+    }
+    Mesh& mesh = *meshes_.at(op.mesh_id());
+    const int index = member->second;
+    if (mesh.state == MeshState::kForming) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("mesh '", mesh.name, "' has not formed yet"));
+    }
+    if (mesh.state == MeshState::kBroken) {
+      return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ",
+                                             mesh.generation, " is broken: ", mesh.broken_reason));
+    }
+    if (op.timeout_ms() < 0) return absl::InvalidArgumentError("timeout_ms must be >= 0");
+    auto plan_or = PlanOp(op, mesh.shape);
+    if (!plan_or.ok()) return plan_or.status();
+    auto plan = std::make_shared<const OpPlan>(*std::move(plan_or));
+
+    Submission sub;
+    sub.session_id = session_id;
+    sub.plan = plan;
+    if (plan->kind != v1::BARRIER && (plan->in_bytes > 0 || plan->out_bytes > 0)) {
+      auto find = [&](const std::string& id,
+                      absl::string_view what) -> absl::StatusOr<std::shared_ptr<SharedBuffer>> {
+        if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " buffer_id is empty"));
+        auto it = session->buffers.find(id);
+        if (it == session->buffers.end()) {
+          return absl::NotFoundError(
+              absl::StrCat(what, " buffer '", id, "' not found in this session"));
+        }
+        return it->second;
+      };
+      auto in = find(op.input().buffer_id(), "input");
+      if (!in.ok()) return in.status();
+      absl::Status st = CheckRange("input", op.input().buffer_id(), op.input().offset(),
+                                   plan->in_bytes, (*in)->size(), DTypeSize(plan->dtype));
+      if (!st.ok()) return st;
+      sub.in_buf = *in;
+      sub.in_offset = static_cast<uint64_t>(op.input().offset());
+      if (!op.has_output()) {
+        if (plan->out_bytes != plan->in_bytes) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              OpKindName(plan->kind), ": the result ", ShapeString(plan->out_dtype, plan->out_shape),
+              " does not fit in place of the input ", ShapeString(plan->dtype, plan->in_shape),
+              "; give an output"));
+        }
+        sub.out_buf = sub.in_buf;
+        sub.out_offset = sub.in_offset;
+      } else {
+        auto out = find(op.output().buffer_id(), "output");
+        if (!out.ok()) return out.status();
+        st = CheckRange("output", op.output().buffer_id(), op.output().offset(), plan->out_bytes,
+                        (*out)->size(), DTypeSize(plan->out_dtype));
+        if (!st.ok()) return st;
+        sub.out_buf = *out;
+        sub.out_offset = static_cast<uint64_t>(op.output().offset());
+        if (sub.out_buf == sub.in_buf) {
+          const bool same = sub.out_offset == sub.in_offset && plan->out_bytes == plan->in_bytes;
+          const bool disjoint = sub.out_offset >= sub.in_offset + plan->in_bytes ||
+                                sub.in_offset >= sub.out_offset + plan->out_bytes;
+          if (!same && !disjoint) {
+            return absl::InvalidArgumentError(
+                "input and output regions overlap without being the same region");
+          }
+        }
+      }
+    }
+
+    if (retain && static_cast<int>(session->retained.size()) >= options_.max_retained_ops) {
+      auto done_op = std::find_if(session->retained.begin(), session->retained.end(),
+                                  [](const auto& r) { return r.second.done; });
+      if (done_op == session->retained.end()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "session has ", session->retained.size(), " ops submitted and not completed; the limit is ",
+            options_.max_retained_ops));
+      }
+      session->retained.erase(done_op);
+    }
+
+    const int64_t seq = mesh.next_sequence[index]++;
+    PendingOp& pending = mesh.pending[seq];
+    if (pending.subs.empty()) {
+      pending.sequence = seq;
+      pending.subs.resize(mesh.shape.num_members());
+      pending.first_submit = absl::Now();
+      absl::Duration timeout =
+          op.timeout_ms() > 0 ? absl::Milliseconds(op.timeout_ms()) : mesh.op_timeout;
+      pending.deadline = pending.first_submit + timeout;
+      std::string mesh_id = mesh.id;
+      pending.timer = timer_->Schedule(pending.deadline,
+                                       [this, mesh_id, seq] { OnOpDeadline(mesh_id, seq); });
+    }
+    const int64_t op_id = session->next_op_id++;
+    ++session->ops_submitted;
+    if (retain) {
+      session->retained[op_id];
+      std::string sid = session_id;
+      OpDone user_done = std::move(done);
+      done = [this, sid, op_id, user_done](const OpOutcome& outcome) {
+        std::vector<std::function<void(const OpOutcome&)>> waiters;
+        {
+          absl::MutexLock lock(&mu_);
+          if (Session* s = FindSession(sid)) {
+            auto it = s->retained.find(op_id);
+            if (it != s->retained.end()) {
+              it->second.done = true;
+              it->second.outcome = outcome;
+              waiters.swap(it->second.waiters);
+            }
+          }
+        }
+        for (auto& w : waiters) w(outcome);
+        if (user_done) user_done(outcome);
+      };
+    }
+    sub.done = std::move(done);
+    pending.subs[index] = std::move(sub);
+    ++pending.submitted;
+    resp.set_op_id(op_id);
+    resp.set_sequence(seq);
+    for (int64_t d : plan->out_shape) resp.add_out_shape(d);
+    resp.set_out_dtype(ToProto(plan->out_dtype));
+    if (pending.submitted == mesh.shape.num_members()) OnOpFull(mesh, pending, cbs);
+  }
+  Run(cbs);
+  return resp;
+}
+
+void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs) {
+  if (!sub.done) return;
+  OpOutcome o = outcome;
+  o.out_shape = sub.plan->out_shape;
+  o.out_dtype = sub.plan->out_dtype;
+  cbs.push_back([done = sub.done, o = std::move(o)] { done(o); });
+}
+
+void Engine::CountOp(v1::OpKind kind, bool ok, uint64_t bytes) {
+  KindStats& k = stats_[static_cast<int>(kind)];
+  if (ok) {
+    ++k.completed;
+    k.bytes += static_cast<int64_t>(bytes);
+  } else {
+    ++k.failed;
+  }
+}
+
+void Engine::FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callbacks& cbs) {
+  timer_->Cancel(op.timer);
+  v1::OpKind kind = v1::OP_KIND_UNSPECIFIED;
+  for (auto& sub : op.subs) {
+    if (!sub) continue;
+    kind = sub->plan->kind;
+    DeliverOutcome(*sub, OpOutcome{status, op.sequence}, cbs);
+  }
+  CountOp(kind, false, 0);
+  LogEvent(LogLevel::kWarn, "op_failed",
+           {{"mesh", mesh.name}, {"seq", absl::StrCat(op.sequence)},
+            {"code", absl::StatusCodeToString(status.code())},
+            {"error", std::string(status.message())}});
+}
+
+void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
+  timer_->Cancel(op.timer);
+  // Every member's n-th op must be the same op.
+  std::vector<std::pair<std::string, std::vector<int>>> variants;
+  for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
+    const std::string& sig = op.subs[i]->plan->signature;
+    auto it = std::find_if(variants.begin(), variants.end(),
+                           [&](const auto& v) { return v.first == sig; });
+    if (it == variants.end()) {
+      variants.push_back({sig, {i}});
+    } else {
+      it->second.push_back(i);
+    }
+  }
+  if (variants.size() > 1) {
+    std::sort(variants.begin(), variants.end(),
+              [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+    std::vector<std::string> parts;
+    for (const auto& [sig, members] : variants) {
+      parts.push_back(absl::StrCat(members.size() == 1 ? "member " : "members ",
+                                   absl::StrJoin(members, ","), " submitted ", sig));
+    }
+    // Failed in order, when the op reaches the front of the mesh's queue.
+    op.verdict = absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " on mesh '", mesh.name, "' does not match across members: ",
+        absl::StrJoin(parts, " while ")));
+  }
+  MaybeStartNext(mesh, cbs);
+}
+
+void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
+  // The front op is the lowest sequence not yet completed; later ops wait.
+  while (!mesh.pending.empty() && !shutting_down_) {
+    PendingOp& op = mesh.pending.begin()->second;
+    if (op.running || op.submitted < mesh.shape.num_members()) return;
+    if (op.verdict.ok()) break;
+    FailOp(mesh, op, op.verdict, cbs);
+    ++mesh.completed;
+    mesh.pending.erase(mesh.pending.begin());
+  }
+  if (mesh.pending.empty() || shutting_down_) return;
+  PendingOp& op = mesh.pending.begin()->second;
+  if (op.running || op.submitted < mesh.shape.num_members()) return;
+  op.running = true;
+  ++running_ops_;
+  auto plan = op.subs[0]->plan;
+  std::vector<MemberIo> io(op.subs.size());
+  std::vector<std::shared_ptr<SharedBuffer>> keep;
+  for (size_t i = 0; i < op.subs.size(); ++i) {
+    const Submission& sub = *op.subs[i];
+    if (sub.in_buf) {
+      io[i].in = static_cast<const uint8_t*>(sub.in_buf->data()) + sub.in_offset;
+      io[i].out = static_cast<uint8_t*>(sub.out_buf->data()) + sub.out_offset;
+      keep.push_back(sub.in_buf);
+      keep.push_back(sub.out_buf);
+    }
+  }
+  std::string mesh_id = mesh.id;
+  int64_t seq = op.sequence;
+  runners_->Schedule([this, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+    absl::Status status = executor_->Run(*plan, io);
+    OnOpFinished(mesh_id, seq, status);
+  });
+}
+
+void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status) {
+  Callbacks cbs;
+  {
+    absl::MutexLock lock(&mu_);
+    --running_ops_;
+    auto it = meshes_.find(mesh_id);
+    if (it == meshes_.end()) return;
+    Mesh& mesh = *it->second;
+    auto op_it = mesh.pending.find(sequence);
+    if (op_it == mesh.pending.end()) return;
+    PendingOp& op = op_it->second;
+    const OpPlan& plan = *op.subs[0]->plan;
+    if (status.ok()) {
+      CountOp(plan.kind, true, plan.in_bytes * op.subs.size());
+      for (auto& sub : op.subs) DeliverOutcome(*sub, OpOutcome{status, sequence}, cbs);
+    } else {
+      FailOp(mesh, op, status, cbs);
+    }
+    ++mesh.completed;
+    mesh.pending.erase(op_it);
+    if (mesh.state == MeshState::kBroken) {
+      MaybeEraseMesh(mesh_id);
+    } else {
+      MaybeStartNext(mesh, cbs);
+    }
+  }
+  Run(cbs);
+}
+
+void Engine::OnOpDeadline(const std::string& mesh_id, int64_t sequence) {
+  Callbacks cbs;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = meshes_.find(mesh_id);
+    if (it == meshes_.end()) return;
+    Mesh& mesh = *it->second;
+    auto op_it = mesh.pending.find(sequence);
+    if (op_it == mesh.pending.end()) return;
+    PendingOp& op = op_it->second;
+    if (op.submitted == mesh.shape.num_members()) return;  // complete; queued or running
+    std::vector<std::string> missing, waiting;
+    std::string what;
+    for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
+      if (op.subs[i]) {
+        waiting.push_back(absl::StrCat(i));
+        if (what.empty()) what = op.subs[i]->plan->signature;
+      } else {
+        missing.push_back(MemberLabel(mesh, i));
+      }
+    }
+    std::string reason = absl::StrCat(
+        "op ", sequence, " timed out after ", Millis(op.deadline - op.first_submit),
+        " ms: members ", absl::StrJoin(waiting, ","), " are waiting in ", what,
+        "; missing: ", absl::StrJoin(missing, "; "));
+    absl::Status status = absl::DeadlineExceededError(
+        absl::StrCat("mesh '", mesh.name, "': ", reason));
+    FailOp(mesh, op, status, cbs);
+    mesh.pending.erase(op_it);
+    // The members no longer agree on the op sequence: the mesh cannot go on.
+    BreakMesh(mesh, reason, cbs);
+  }
+  Run(cbs);
+}
+
+void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration timeout,
+                  std::function<void(absl::StatusOr<v1::WaitResponse>)> done) {
+  auto respond = [op_id, done](const OpOutcome& outcome) {
+    if (!outcome.status.ok()) {
+      done(outcome.status);
+      return;
+    }
+    v1::WaitResponse resp;
+    resp.set_op_id(op_id);
+    resp.set_sequence(outcome.sequence);
+    done(resp);
+  };
+  absl::Status error;
+  std::optional<OpOutcome> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = GetSession(session_id);
+    if (!s.ok()) {
+      error = s.status();
+    } else {
+      auto it = (*s)->retained.find(op_id);
+      if (it == (*s)->retained.end()) {
+        error = absl::NotFoundError(absl::StrCat(
+            "op ", op_id, " not found in this session (never submitted with Submit, or too old)"));
+      } else if (it->second.done) {
+        ready = it->second.outcome;
+      } else {
+        // Both the op and the wait timer may fire; the first one answers.
+        auto once = std::make_shared<std::atomic<bool>>(false);
+        it->second.waiters.push_back([once, respond](const OpOutcome& o) {
+          if (!once->exchange(true)) respond(o);
+        });
+        if (timeout > absl::ZeroDuration()) {
+          timer_->Schedule(absl::Now() + timeout, [once, respond, op_id, timeout] {
+            if (!once->exchange(true)) {
+              respond(OpOutcome{absl::DeadlineExceededError(absl::StrCat(
+                                    "op ", op_id, " still running after waiting ",
+                                    Millis(timeout), " ms")),
+                                -1});
+            }
+          });
+        }
+      }
+    }
+  }
+  if (!error.ok()) {
+    done(error);
+  } else if (ready) {
+    respond(*ready);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Diagnostics and shutdown
+// ---------------------------------------------------------------------------
+
+v1::ListSessionsResponse Engine::ListSessions() {
+  absl::MutexLock lock(&mu_);
+  v1::ListSessionsResponse resp;
+  for (const auto& [id, s] : sessions_) {
+    auto* info = resp.add_sessions();
+    info->set_session_id(id);
+    info->set_client_name(s->client_name);
+    info->set_pid(s->pid);
+    info->set_uid(s->uid);
+    info->set_attached(s->attached);
+    info->set_buffers(static_cast<int32_t>(s->buffers.size()));
+    info->set_buffer_bytes(static_cast<int64_t>(s->buffer_bytes));
+    for (const auto& [mesh_id, index] : s->meshes) info->add_mesh_ids(mesh_id);
+    info->set_ops_submitted(s->ops_submitted);
+  }
+  return resp;
+}
+
+v1::ListMeshesResponse Engine::ListMeshes() {
+  absl::MutexLock lock(&mu_);
+  v1::ListMeshesResponse resp;
+  for (const auto& [id, mesh] : meshes_) *resp.add_meshes() = MeshInfoOf(*mesh);
+  return resp;
+}
+
+absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::string& mesh_id) {
+  absl::MutexLock lock(&mu_);
+  if (!mesh_id.empty() && !meshes_.count(mesh_id)) {
+    return absl::NotFoundError(absl::StrCat("mesh '", mesh_id, "' not found"));
+  }
+  v1::ListPendingOpsResponse resp;
+  absl::Time now = absl::Now();
+  for (const auto& [id, mesh] : meshes_) {
+    if (!mesh_id.empty() && id != mesh_id) continue;
+    for (const auto& [seq, op] : mesh->pending) {
+      auto* p = resp.add_ops();
+      p->set_mesh_id(id);
+      p->set_mesh_name(mesh->name);
+      p->set_sequence(seq);
+      for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
+        if (op.subs[i]) {
+          p->add_submitted(i);
+          if (p->description().empty()) p->set_description(op.subs[i]->plan->signature);
+        } else {
+          p->add_missing(i);
+        }
+      }
+      p->set_state(op.running ? "running"
+                   : op.submitted == mesh->shape.num_members() ? "queued"
+                                                               : "waiting");
+      p->set_age_ms(Millis(now - op.first_submit));
+      p->set_deadline_ms(std::max<int64_t>(0, Millis(op.deadline - now)));
+    }
+  }
+  return resp;
+}
+
+v1::GetStatsResponse Engine::GetStats() {
+  absl::MutexLock lock(&mu_);
+  v1::GetStatsResponse resp;
+  resp.set_daemon_id(options_.daemon_id);
+  resp.set_uptime_ms(Millis(absl::Now() - started_));
+  resp.set_sessions(static_cast<int32_t>(sessions_.size()));
+  resp.set_meshes(static_cast<int32_t>(meshes_.size()));
+  int64_t buffers = 0, bytes = 0;
+  for (const auto& [id, s] : sessions_) {
+    buffers += static_cast<int64_t>(s->buffers.size());
+    bytes += static_cast<int64_t>(s->buffer_bytes);
+  }
+  resp.set_buffers(static_cast<int32_t>(buffers));
+  resp.set_buffer_bytes(bytes);
+  int64_t completed = 0, failed = 0;
+  for (const auto& [kind, k] : stats_) {
+    auto* out = resp.add_by_kind();
+    out->set_kind(std::string(OpKindName(static_cast<v1::OpKind>(kind))));
+    out->set_completed(k.completed);
+    out->set_failed(k.failed);
+    out->set_bytes(k.bytes);
+    completed += k.completed;
+    failed += k.failed;
+  }
+  resp.set_ops_completed(completed);
+  resp.set_ops_failed(failed);
+  resp.set_executor_threads(executor_->threads());
+  return resp;
+}
+
+void Engine::Shutdown(const std::string& reason) {
+  Callbacks cbs;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;
+    shutdown_reason_ = reason;
+    absl::Status status = absl::UnavailableError(absl::StrCat("daemon shutting down: ", reason));
+    for (auto& [id, mesh] : meshes_) {
+      for (auto& [index, waiter] : mesh->join_waiters) {
+        timer_->Cancel(waiter.timer);
+        cbs.push_back([done = std::move(waiter.done), status] { done(status); });
+      }
+      mesh->join_waiters.clear();
+      for (auto it = mesh->pending.begin(); it != mesh->pending.end();) {
+        if (it->second.running) {
+          ++it;
+          continue;
+        }
+        FailOp(*mesh, it->second, status, cbs);
+        it = mesh->pending.erase(it);
+      }
+    }
+    LogEvent(LogLevel::kInfo, "engine_shutdown", {{"reason", reason}});
+  }
+  Run(cbs);
+}
+
+}  // namespace collectived

@@ -1,0 +1,259 @@
+// Engine: sessions, meshes, buffers, op matching, deadlines and failures.
+//
+// The engine is the daemon's core and knows nothing of gRPC: the server
+// translates requests into calls here, and the side channel attaches sessions
+// and fetches buffer descriptors. Every asynchronous result (join, op, wait)
+// is delivered through a callback that is called exactly once, never with the
+// engine's lock held, from a gRPC, timer or executor thread.
+//
+// Thread model: one mutex (mu_) guards all state; no method blocks on I/O or
+// on another member while holding it. Ops run on the runner pool through the
+// Executor, outside the lock, holding references to the buffers they use.
+#ifndef COLLECTIVED_DAEMON_CORE_ENGINE_H_
+#define COLLECTIVED_DAEMON_CORE_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "collectived/v1/collective.pb.h"
+#include "daemon/core/op_plan.h"
+#include "daemon/core/timer.h"
+#include "daemon/exec/executor.h"
+#include "daemon/exec/thread_pool.h"
+#include "daemon/memory/shared_buffer.h"
+
+namespace collectived {
+
+struct EngineOptions {
+  absl::Duration join_timeout = absl::Seconds(60);
+  absl::Duration op_timeout = absl::Seconds(60);
+  // A session that does not attach its side socket in time is closed.
+  absl::Duration attach_timeout = absl::Seconds(10);
+  int max_sessions = 1024;
+  int max_meshes = 1024;
+  int max_mesh_members = 4096;
+  int max_buffers_per_session = 4096;
+  uint64_t max_buffer_bytes_per_session = uint64_t{64} << 30;
+  uint64_t max_buffer_size = uint64_t{16} << 30;
+  // Completed ops kept per session for Wait.
+  int max_retained_ops = 4096;
+  // Threads that start ops (each op then fans out on the executor's pool).
+  int runner_threads = 4;
+  // Shown in diagnostics: host name and pid of the daemon.
+  std::string host = "localhost";
+  std::string daemon_id;
+  std::string side_socket_path;
+};
+
+// The result of one op for one member.
+struct OpOutcome {
+  absl::Status status;
+  int64_t sequence = -1;
+  // The result's shape and dtype (empty / kInvalid when the op never planned).
+  std::vector<int64_t> out_shape;
+  DType out_dtype = DType::kInvalid;
+
+  OpOutcome() = default;
+  OpOutcome(absl::Status s, int64_t seq) : status(std::move(s)), sequence(seq) {}
+};
+using OpDone = std::function<void(const OpOutcome&)>;
+
+class Engine {
+ public:
+  Engine(EngineOptions options, std::unique_ptr<Executor> executor);
+  // Fails everything still pending (see Shutdown) and joins the threads.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Opens a session. RESOURCE_EXHAUSTED past max_sessions.
+  absl::StatusOr<v1::CreateSessionResponse> CreateSession(std::string client_name);
+  // Ties a session to the peer of a side socket (credentials from
+  // SO_PEERCRED). PERMISSION_DENIED for a wrong token, FAILED_PRECONDITION if
+  // already attached.
+  absl::Status AttachSession(const std::string& session_id, const std::string& token,
+                             int pid, int uid);
+  // Closes a session: its meshes break (naming it and `reason`), its buffers
+  // are released, its waiters fail. NOT_FOUND for unknown sessions.
+  absl::Status CloseSession(const std::string& session_id, const std::string& reason);
+
+  // Joins a mesh; `done` runs when the mesh is full, or on failure/deadline.
+  void JoinMesh(const v1::JoinMeshRequest& request,
+                std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done);
+  absl::Status LeaveMesh(const std::string& session_id, const std::string& mesh_id);
+  absl::StatusOr<v1::MeshInfo> DescribeMesh(const std::string& mesh_id,
+                                            const std::string& mesh_name);
+
+  absl::StatusOr<v1::BufferInfo> AllocateBuffer(const std::string& session_id,
+                                                int64_t size_bytes);
+  absl::Status FreeBuffer(const std::string& session_id, const std::string& buffer_id);
+  // The buffer, for passing its descriptor to the owning session's process.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> GetBuffer(const std::string& session_id,
+                                                          const std::string& buffer_id);
+
+  // Validates `op` and enqueues it as the session's next op on its mesh. On
+  // error nothing changes and `done` is not called. On success `done` is
+  // called exactly once when the op completes or fails. With `retain`, the
+  // outcome is also kept for Wait.
+  absl::StatusOr<v1::SubmitResponse> Submit(const std::string& session_id,
+                                            const v1::OpSpec& op, bool retain,
+                                            OpDone done);
+  // Waits for a retained op; `done` gets the op's outcome, or
+  // DEADLINE_EXCEEDED ("still running") when `timeout` (if > 0) passes first.
+  void Wait(const std::string& session_id, int64_t op_id, absl::Duration timeout,
+            std::function<void(absl::StatusOr<v1::WaitResponse>)> done);
+
+  v1::ListSessionsResponse ListSessions();
+  v1::ListMeshesResponse ListMeshes();
+  absl::StatusOr<v1::ListPendingOpsResponse> ListPendingOps(const std::string& mesh_id);
+  v1::GetStatsResponse GetStats();
+
+  // Stops accepting work; every pending join, op and wait fails with
+  // UNAVAILABLE naming `reason`. Ops already running finish. Idempotent.
+  void Shutdown(const std::string& reason);
+
+  const EngineOptions& options() const { return options_; }
+
+ private:
+  using Callbacks = std::vector<std::function<void()>>;
+
+  struct RetainedOp {
+    bool done = false;
+    OpOutcome outcome;
+    std::vector<std::function<void(const OpOutcome&)>> waiters;
+  };
+
+  struct Session {
+    std::string id;
+    std::string token;
+    std::string client_name;
+    int pid = 0;
+    int uid = -1;
+    bool attached = false;
+    DeadlineTimer::TimerId attach_timer = 0;
+    absl::flat_hash_map<std::string, std::shared_ptr<SharedBuffer>> buffers;
+    uint64_t buffer_bytes = 0;
+    // Mesh id -> member index.
+    std::map<std::string, int> meshes;
+    int64_t next_op_id = 1;
+    int64_t ops_submitted = 0;
+    std::map<int64_t, RetainedOp> retained;
+  };
+
+  struct Submission {
+    std::string session_id;
+    std::shared_ptr<const OpPlan> plan;
+    std::shared_ptr<SharedBuffer> in_buf, out_buf;
+    uint64_t in_offset = 0, out_offset = 0;
+    OpDone done;
+  };
+
+  struct PendingOp {
+    int64_t sequence = 0;
+    std::vector<std::optional<Submission>> subs;
+    int submitted = 0;
+    absl::Time first_submit;
+    absl::Time deadline;
+    DeadlineTimer::TimerId timer = 0;
+    bool running = false;
+    // Set when the members' ops disagree; the op then fails in its turn.
+    absl::Status verdict;
+  };
+
+  enum class MeshState { kForming, kReady, kBroken };
+
+  struct JoinWaiter {
+    std::string session_id;
+    DeadlineTimer::TimerId timer = 0;
+    std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done;
+  };
+
+  struct Mesh {
+    std::string id;
+    std::string name;
+    MeshShape shape;
+    int64_t generation = 1;
+    MeshState state = MeshState::kForming;
+    std::string broken_reason;
+    bool assign = false;  // coordinates assigned by the daemon
+    absl::Duration op_timeout;
+    bool op_timeout_set = false;
+    // By member index: the session ("" while free), and whether it left.
+    std::vector<std::string> member_session;
+    std::vector<bool> member_left;
+    std::map<int, JoinWaiter> join_waiters;  // by member index, while forming
+    std::vector<int64_t> next_sequence;      // per member
+    std::map<int64_t, PendingOp> pending;    // by sequence
+    int64_t completed = 0;
+  };
+
+  // All of these require mu_ held. Callbacks to run after unlocking are
+  // appended to `cbs`.
+  Session* FindSession(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Session*> GetSession(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CompleteJoin(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnJoinDeadline(const std::string& mesh_id, int index)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DetachMember(Mesh& mesh, int index, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeEraseMesh(const std::string& mesh_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeStartNext(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Member MemberInfo(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::MeshInfo MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountOp(v1::OpKind kind, bool ok, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Run(Callbacks& cbs);
+
+  const EngineOptions options_;
+  const std::unique_ptr<Executor> executor_;
+  const absl::Time started_;
+
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<Mesh>> meshes_ ABSL_GUARDED_BY(mu_);
+  // Name -> id of the mesh that currently holds the name (forming or ready).
+  absl::flat_hash_map<std::string, std::string> mesh_by_name_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
+  int running_ops_ ABSL_GUARDED_BY(mu_) = 0;
+
+  struct KindStats {
+    int64_t completed = 0, failed = 0, bytes = 0;
+  };
+  std::map<int, KindStats> stats_ ABSL_GUARDED_BY(mu_);
+
+  // Declared last: destroyed first, so no timer or runner callback outlives
+  // the state above.
+  std::unique_ptr<DeadlineTimer> timer_;
+  std::unique_ptr<ThreadPool> runners_;
+};
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_CORE_ENGINE_H_

@@ -1,0 +1,302 @@
+#include "daemon/core/op_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/exec/reduce.h"
+
+namespace collectived {
+namespace {
+
+absl::Status Invalid(absl::string_view kind, auto&&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(kind, ": ", parts...));
+}
+
+ReduceKind ToReduceKind(v1::OpKind kind) {
+  switch (kind) {
+    case v1::PMAX: return ReduceKind::kMax;
+    case v1::PMIN: return ReduceKind::kMin;
+    case v1::PMEAN: return ReduceKind::kMean;
+    default: return ReduceKind::kSum;
+  }
+}
+
+int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= v[i];
+  return p;
+}
+
+}  // namespace
+
+int MeshShape::num_members() const {
+  int n = 1;
+  for (int s : sizes) n *= s;
+  return n;
+}
+
+std::vector<int> MeshShape::Coordinate(int index) const {
+  std::vector<int> c(sizes.size());
+  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
+    c[i] = index % sizes[i];
+    index /= sizes[i];
+  }
+  return c;
+}
+
+int MeshShape::Index(const std::vector<int>& coordinate) const {
+  int index = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) index = index * sizes[i] + coordinate[i];
+  return index;
+}
+
+absl::string_view OpKindName(v1::OpKind kind) {
+  switch (kind) {
+    case v1::PSUM: return "psum";
+    case v1::PMEAN: return "pmean";
+    case v1::PMAX: return "pmax";
+    case v1::PMIN: return "pmin";
+    case v1::ALL_GATHER: return "all_gather";
+    case v1::PPERMUTE: return "ppermute";
+    case v1::PSUM_SCATTER: return "psum_scatter";
+    case v1::ALL_TO_ALL: return "all_to_all";
+    case v1::BARRIER: return "barrier";
+    case v1::BROADCAST: return "broadcast";
+    default: return "unknown_op";
+  }
+}
+
+DType FromProto(v1::DType dt) {
+  int v = static_cast<int>(dt);
+  if (v < 1 || v > static_cast<int>(DType::kBool)) return DType::kInvalid;
+  return static_cast<DType>(v);
+}
+
+v1::DType ToProto(DType dt) { return static_cast<v1::DType>(static_cast<int>(dt)); }
+
+std::string ShapeString(DType dt, const std::vector<int64_t>& shape) {
+  return absl::StrCat(std::string(DTypeShortName(dt)), "[", absl::StrJoin(shape, ","), "]");
+}
+
+absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
+  OpPlan plan;
+  plan.kind = op.kind();
+  const absl::string_view name = OpKindName(op.kind());
+  if (name == "unknown_op") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown op kind ", static_cast<int>(op.kind())));
+  }
+
+  // Axes: names must exist and not repeat; empty means all mesh axes.
+  if (op.axes().empty()) {
+    for (size_t i = 0; i < mesh.names.size(); ++i) plan.axis_ids.push_back(static_cast<int>(i));
+  }
+  for (const std::string& axis : op.axes()) {
+    auto it = std::find(mesh.names.begin(), mesh.names.end(), axis);
+    if (it == mesh.names.end()) {
+      return Invalid(name, "unknown axis name '", axis, "'; the mesh has axes (",
+                     absl::StrJoin(mesh.names, ","), ")");
+    }
+    int id = static_cast<int>(it - mesh.names.begin());
+    if (std::find(plan.axis_ids.begin(), plan.axis_ids.end(), id) != plan.axis_ids.end()) {
+      return Invalid(name, "axis '", axis, "' named twice");
+    }
+    plan.axis_ids.push_back(id);
+  }
+  std::vector<std::string> axis_names;
+  for (int id : plan.axis_ids) {
+    plan.group_size *= mesh.sizes[id];
+    axis_names.push_back(mesh.names[id]);
+  }
+  const int n = plan.group_size;
+
+  // Groups: members that share the coordinates of the other axes.
+  const int members = mesh.num_members();
+  plan.group_of.assign(members, -1);
+  plan.index_in_group.assign(members, 0);
+  std::vector<std::vector<int>> key_of_group;
+  for (int m = 0; m < members; ++m) {
+    std::vector<int> c = mesh.Coordinate(m);
+    std::vector<int> key;
+    for (size_t a = 0; a < c.size(); ++a) {
+      if (std::find(plan.axis_ids.begin(), plan.axis_ids.end(), static_cast<int>(a)) ==
+          plan.axis_ids.end()) {
+        key.push_back(c[a]);
+      }
+    }
+    int index = 0;
+    for (int id : plan.axis_ids) index = index * mesh.sizes[id] + c[id];
+    auto it = std::find(key_of_group.begin(), key_of_group.end(), key);
+    int g = static_cast<int>(it - key_of_group.begin());
+    if (it == key_of_group.end()) {
+      key_of_group.push_back(key);
+      plan.groups.emplace_back(n, -1);
+    }
+    plan.group_of[m] = g;
+    plan.index_in_group[m] = index;
+    plan.groups[g][index] = m;
+  }
+
+  std::string over = absl::StrCat(" over (", absl::StrJoin(axis_names, ","), ")");
+  if (op.kind() == v1::BARRIER) {
+    plan.signature = absl::StrCat("barrier", over);
+    return plan;
+  }
+
+  // Dtype and shape.
+  plan.dtype = FromProto(op.dtype());
+  if (plan.dtype == DType::kInvalid) {
+    return Invalid(name, "dtype ", static_cast<int>(op.dtype()),
+                   " is not one of float32, float64, float16, bfloat16, int8, "
+                   "uint8, int32, uint32, int64, uint64, bool");
+  }
+  if (op.shape_size() > kMaxRank) {
+    return Invalid(name, "rank ", op.shape_size(), " exceeds the maximum ", kMaxRank);
+  }
+  int64_t elements = 1;
+  for (int64_t d : op.shape()) {
+    if (d < 0) return Invalid(name, "negative dimension ", d, " in shape");
+    if (d > 0 && elements > kMaxElements / d) {
+      return Invalid(name, "shape [", absl::StrJoin(op.shape(), ","),
+                     "] has more than 2^40 elements");
+    }
+    elements *= d;
+  }
+  plan.in_shape.assign(op.shape().begin(), op.shape().end());
+  const int rank = static_cast<int>(plan.in_shape.size());
+  plan.in_bytes = static_cast<uint64_t>(elements) * DTypeSize(plan.dtype);
+  plan.out_dtype = plan.dtype;
+  plan.out_shape = plan.in_shape;
+  std::string detail;
+
+  switch (op.kind()) {
+    case v1::PSUM:
+    case v1::PMEAN:
+    case v1::PMAX:
+    case v1::PMIN:
+      plan.out_dtype = ReduceResultDType(ToReduceKind(op.kind()), plan.dtype);
+      break;
+    case v1::ALL_GATHER: {
+      const auto& p = op.all_gather();
+      plan.axis = p.axis();
+      plan.tiled = p.tiled();
+      int limit = plan.tiled ? rank - 1 : rank;
+      if (plan.axis < 0 || plan.axis > limit) {
+        return Invalid(name, "axis ", plan.axis, " out of range for ",
+                       plan.tiled ? "tiled " : "", "input of rank ", rank,
+                       " (valid: 0..", limit, ")");
+      }
+      if (plan.tiled) {
+        plan.out_shape[plan.axis] *= n;
+      } else {
+        plan.out_shape.insert(plan.out_shape.begin() + plan.axis, n);
+      }
+      detail = absl::StrCat(" axis=", plan.axis, plan.tiled ? " tiled" : "");
+      break;
+    }
+    case v1::PSUM_SCATTER: {
+      if (plan.dtype == DType::kBool) {
+        return Invalid(name, "bool is not supported (JAX rejects it too)");
+      }
+      const auto& p = op.psum_scatter();
+      plan.axis = p.scatter_dimension();
+      plan.tiled = p.tiled();
+      if (plan.axis < 0 || plan.axis >= rank) {
+        return Invalid(name, "scatter_dimension ", plan.axis,
+                       " out of range for input of rank ", rank);
+      }
+      int64_t d = plan.in_shape[plan.axis];
+      if (plan.tiled) {
+        if (d % n != 0) {
+          return Invalid(name, "tiled: dimension ", plan.axis, " of size ", d,
+                         " is not divisible by the group size ", n);
+        }
+        plan.out_shape[plan.axis] = d / n;
+      } else {
+        if (d != n) {
+          return Invalid(name, "dimension ", plan.axis, " has size ", d,
+                         " but must equal the group size ", n, " (or use tiled)");
+        }
+        plan.out_shape.erase(plan.out_shape.begin() + plan.axis);
+      }
+      detail = absl::StrCat(" scatter_dimension=", plan.axis, plan.tiled ? " tiled" : "");
+      break;
+    }
+    case v1::ALL_TO_ALL: {
+      const auto& p = op.all_to_all();
+      int split = p.split_axis();
+      int concat = p.concat_axis();
+      plan.tiled = p.tiled();
+      if (split < 0 || split >= rank || concat < 0 || concat >= rank) {
+        return Invalid(name, "split_axis ", split, " and concat_axis ", concat,
+                       " must be in 0..", rank - 1, " for input of rank ", rank);
+      }
+      int64_t d = plan.in_shape[split];
+      plan.a2a_shape = plan.in_shape;
+      if (plan.tiled) {
+        if (d % n != 0) {
+          return Invalid(name, "tiled: split dimension ", split, " of size ", d,
+                         " is not divisible by the group size ", n);
+        }
+      } else {
+        if (d != n) {
+          return Invalid(name, "split dimension ", split, " has size ", d,
+                         " but must equal the group size ", n, " (or use tiled)");
+        }
+        // JAX inserts a singleton at the concat position, runs the tiled
+        // primitive, then squeezes the split dimension.
+        if (split < concat) {
+          concat += 1;
+          plan.a2a_shape.insert(plan.a2a_shape.begin() + concat, 1);
+        } else if (concat < split) {
+          plan.a2a_shape.insert(plan.a2a_shape.begin() + concat, 1);
+          split += 1;
+        }
+      }
+      plan.split_axis = split;
+      plan.concat_axis = concat;
+      std::vector<int64_t> out = plan.a2a_shape;
+      out[split] /= n;
+      out[concat] *= n;
+      if (!plan.tiled && split != concat) out.erase(out.begin() + split);
+      plan.out_shape = out;
+      detail = absl::StrCat(" split_axis=", p.split_axis(), " concat_axis=",
+                            p.concat_axis(), plan.tiled ? " tiled" : "");
+      break;
+    }
+    case v1::PPERMUTE: {
+      plan.perm_source.assign(n, -1);
+      std::vector<bool> is_source(n, false);
+      std::vector<std::string> pairs;
+      for (const auto& pair : op.ppermute().perm()) {
+        int s = pair.source(), d = pair.dest();
+        if (s < 0 || s >= n || d < 0 || d >= n) {
+          return Invalid(name, "pair (", s, ",", d, ") out of range for group size ", n);
+        }
+        if (is_source[s]) return Invalid(name, "source ", s, " appears twice in perm");
+        if (plan.perm_source[d] >= 0) return Invalid(name, "dest ", d, " appears twice in perm");
+        is_source[s] = true;
+        plan.perm_source[d] = s;
+        pairs.push_back(absl::StrCat("(", s, ",", d, ")"));
+      }
+      detail = absl::StrCat(" perm=[", absl::StrJoin(pairs, ","), "]");
+      break;
+    }
+    case v1::BROADCAST:
+      plan.root = op.broadcast().root();
+      if (plan.root < 0 || plan.root >= n) {
+        return Invalid(name, "root ", plan.root, " out of range for group size ", n);
+      }
+      detail = absl::StrCat(" root=", plan.root);
+      break;
+    default:
+      break;
+  }
+  plan.out_bytes = static_cast<uint64_t>(Product(plan.out_shape, 0, plan.out_shape.size())) *
+                   DTypeSize(plan.out_dtype);
+  plan.signature = absl::StrCat(name, " ", ShapeString(plan.dtype, plan.in_shape), over, detail);
+  return plan;
+}
+
+}  // namespace collectived

@@ -1,0 +1,245 @@
+#include "daemon/exec/cpu_executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/container/inlined_vector.h"
+#include "daemon/exec/reduce.h"
+
+namespace collectived {
+namespace {
+
+void Copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= v[i];
+  return p;
+}
+
+ReduceKind ToReduceKind(v1::OpKind kind) {
+  switch (kind) {
+    case v1::PMAX: return ReduceKind::kMax;
+    case v1::PMIN: return ReduceKind::kMin;
+    case v1::PMEAN: return ReduceKind::kMean;
+    default: return ReduceKind::kSum;
+  }
+}
+
+// Copies the block `block` (a shape) that starts at `src_start` in an array of
+// `src_shape` to `dst_start` in an array of `dst_shape`; all row-major with
+// elements of `es` bytes. Trailing dimensions the block spans fully are copied
+// as one contiguous run.
+void CopyBlock(uint8_t* dst, const std::vector<int64_t>& dst_shape,
+               const std::vector<int64_t>& dst_start, const uint8_t* src,
+               const std::vector<int64_t>& src_shape,
+               const std::vector<int64_t>& src_start,
+               const std::vector<int64_t>& block, size_t es) {
+  const int rank = static_cast<int>(block.size());
+  if (Product(block, 0, rank) == 0) return;
+  std::vector<int64_t> src_stride(rank + 1, static_cast<int64_t>(es));
+  std::vector<int64_t> dst_stride(rank + 1, static_cast<int64_t>(es));
+  for (int d = rank - 1; d >= 0; --d) {
+    src_stride[d] = src_stride[d + 1] * src_shape[d];
+    dst_stride[d] = dst_stride[d + 1] * dst_shape[d];
+  }
+  // d0: first dimension of the contiguous run.
+  int d0 = rank;
+  while (d0 > 0) {
+    --d0;
+    if (block[d0] != src_shape[d0] || block[d0] != dst_shape[d0]) break;
+  }
+  const size_t run = static_cast<size_t>(rank == 0 ? es : block[d0] * src_stride[d0 + 1]);
+  int64_t src_base = 0, dst_base = 0;
+  for (int d = 0; d < rank; ++d) {
+    src_base += src_start[d] * src_stride[d + 1];
+    dst_base += dst_start[d] * dst_stride[d + 1];
+  }
+  // Odometer over dimensions [0, d0).
+  std::vector<int64_t> idx(d0, 0);
+  for (;;) {
+    int64_t so = src_base, dof = dst_base;
+    for (int d = 0; d < d0; ++d) {
+      so += idx[d] * src_stride[d + 1];
+      dof += idx[d] * dst_stride[d + 1];
+    }
+    std::memcpy(dst + dof, src + so, run);
+    int d = d0 - 1;
+    while (d >= 0 && ++idx[d] == block[d]) idx[d--] = 0;
+    if (d < 0) break;
+  }
+}
+
+}  // namespace
+
+CpuExecutor::CpuExecutor(CpuExecutorOptions options) : options_(options) {
+  int threads = options_.threads > 0
+                    ? options_.threads
+                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The thread that calls Run works too.
+  pool_ = std::make_unique<ThreadPool>(threads - 1);
+}
+
+absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  switch (plan.kind) {
+    case v1::PSUM:
+    case v1::PMEAN:
+    case v1::PMAX:
+    case v1::PMIN:
+      RunReduce(plan, io);
+      return absl::OkStatus();
+    case v1::ALL_GATHER:
+      RunGather(plan, io);
+      return absl::OkStatus();
+    case v1::PSUM_SCATTER:
+      RunReduceScatter(plan, io);
+      return absl::OkStatus();
+    case v1::PPERMUTE:
+    case v1::BROADCAST:
+      RunPermute(plan, io);
+      return absl::OkStatus();
+    case v1::ALL_TO_ALL:
+      RunAllToAll(plan, io);
+      return absl::OkStatus();
+    case v1::BARRIER:
+      return absl::OkStatus();
+    default:
+      return absl::UnimplementedError("cpu executor: unsupported op kind");
+  }
+}
+
+void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  const size_t in_es = DTypeSize(plan.dtype);
+  const size_t out_es = DTypeSize(plan.out_dtype);
+  const size_t count = plan.in_bytes / in_es;
+  if (count == 0) return;
+  const size_t chunk = std::max<size_t>(64, options_.chunk_bytes / std::max(in_es, out_es));
+  const size_t chunks = (count + chunk - 1) / chunk;
+  const ReduceKind kind = ToReduceKind(plan.kind);
+  const int n = plan.group_size;
+  pool_->ParallelFor(plan.groups.size() * chunks, [&](size_t task) {
+    const auto& group = plan.groups[task / chunks];
+    const size_t begin = (task % chunks) * chunk;
+    const size_t len = std::min(chunk, count - begin);
+    absl::InlinedVector<const void*, 16> inputs(n);
+    for (int i = 0; i < n; ++i) inputs[i] = io[group[i]].in + begin * in_es;
+    uint8_t* first = io[group[0]].out + begin * out_es;
+    Reduce(kind, plan.dtype, inputs.data(), n, first, len);
+    for (int i = 1; i < n; ++i) Copy(io[group[i]].out + begin * out_es, first, len * out_es);
+  });
+}
+
+void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  // Input viewed as [outer, inner]; output as [outer, n, inner].
+  if (plan.in_bytes == 0) return;
+  const size_t outer = static_cast<size_t>(Product(plan.in_shape, 0, plan.axis));
+  const size_t inner_bytes = plan.in_bytes / outer;
+  const int n = plan.group_size;
+  const size_t pairs = static_cast<size_t>(n) * n;
+  pool_->ParallelFor(plan.groups.size() * pairs, [&](size_t task) {
+    const auto& group = plan.groups[task / pairs];
+    const int dst = static_cast<int>((task % pairs) / n);
+    const int src = static_cast<int>(task % n);
+    uint8_t* out = io[group[dst]].out;
+    const uint8_t* in = io[group[src]].in;
+    for (size_t o = 0; o < outer; ++o) {
+      Copy(out + (o * n + src) * inner_bytes, in + o * inner_bytes, inner_bytes);
+    }
+  });
+}
+
+void CpuExecutor::RunReduceScatter(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  // Input viewed as [outer, n, inner] (elements); member j gets [:, j, :].
+  const size_t es = DTypeSize(plan.dtype);
+  const int n = plan.group_size;
+  const size_t outer = static_cast<size_t>(Product(plan.in_shape, 0, plan.axis));
+  const size_t total = plan.in_bytes / es;
+  if (total == 0) return;
+  const size_t inner = total / outer / n;
+  const size_t chunk = std::max<size_t>(64, options_.chunk_bytes / es);
+  const size_t chunks = (inner + chunk - 1) / chunk;
+  const size_t per_group = static_cast<size_t>(n) * chunks;
+  pool_->ParallelFor(plan.groups.size() * per_group, [&](size_t task) {
+    const auto& group = plan.groups[task / per_group];
+    const int j = static_cast<int>((task % per_group) / chunks);
+    const size_t begin = (task % chunks) * chunk;
+    const size_t len = std::min(chunk, inner - begin);
+    absl::InlinedVector<const void*, 16> inputs(n);
+    for (size_t o = 0; o < outer; ++o) {
+      const size_t offset = (o * n + j) * inner + begin;
+      for (int i = 0; i < n; ++i) inputs[i] = io[group[i]].in + offset * es;
+      Reduce(ReduceKind::kSum, plan.dtype, inputs.data(), n,
+             io[group[j]].out + (o * inner + begin) * es, len);
+    }
+  });
+}
+
+void CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  const size_t bytes = plan.in_bytes;
+  if (bytes == 0) return;
+  const int n = plan.group_size;
+  // In-place members would overwrite inputs others still read: stage them.
+  std::vector<const uint8_t*> src(io.size());
+  std::vector<std::vector<uint8_t>> staged(io.size());
+  for (size_t m = 0; m < io.size(); ++m) {
+    src[m] = io[m].in;
+    if (io[m].in == io[m].out) {
+      staged[m].assign(io[m].in, io[m].in + bytes);
+      src[m] = staged[m].data();
+    }
+  }
+  const size_t chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
+  const size_t per_group = static_cast<size_t>(n) * chunks;
+  pool_->ParallelFor(plan.groups.size() * per_group, [&](size_t task) {
+    const auto& group = plan.groups[task / per_group];
+    const int dst = static_cast<int>((task % per_group) / chunks);
+    const size_t begin = (task % chunks) * options_.chunk_bytes;
+    const size_t len = std::min(options_.chunk_bytes, bytes - begin);
+    const int s = plan.kind == v1::BROADCAST ? plan.root : plan.perm_source[dst];
+    uint8_t* out = io[group[dst]].out + begin;
+    if (s < 0) {
+      std::memset(out, 0, len);
+    } else {
+      std::memcpy(out, src[group[s]] + begin, len);
+    }
+  });
+}
+
+void CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  if (plan.in_bytes == 0) return;
+  const size_t es = DTypeSize(plan.dtype);
+  const int n = plan.group_size;
+  const int a = plan.split_axis, c = plan.concat_axis;
+  const std::vector<int64_t>& in_shape = plan.a2a_shape;
+  std::vector<int64_t> block = in_shape;
+  block[a] /= n;
+  std::vector<int64_t> out_shape = block;
+  out_shape[c] *= n;
+  std::vector<const uint8_t*> src(io.size());
+  std::vector<std::vector<uint8_t>> staged(io.size());
+  for (size_t m = 0; m < io.size(); ++m) {
+    src[m] = io[m].in;
+    if (io[m].in == io[m].out) {
+      staged[m].assign(io[m].in, io[m].in + plan.in_bytes);
+      src[m] = staged[m].data();
+    }
+  }
+  const size_t pairs = static_cast<size_t>(n) * n;
+  pool_->ParallelFor(plan.groups.size() * pairs, [&](size_t task) {
+    const auto& group = plan.groups[task / pairs];
+    const int dst = static_cast<int>((task % pairs) / n);
+    const int from = static_cast<int>(task % n);
+    // Block `dst` along the split axis of member `from` goes to position
+    // `from` along the concat axis of member `dst`.
+    std::vector<int64_t> src_start(in_shape.size(), 0), dst_start(in_shape.size(), 0);
+    src_start[a] = dst * block[a];
+    dst_start[c] = from * block[c];
+    CopyBlock(io[group[dst]].out, out_shape, dst_start, src[group[from]], in_shape,
+              src_start, block, es);
+  });
+}
+
+}  // namespace collectived

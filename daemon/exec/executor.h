@@ -1,0 +1,42 @@
+// The executor seam: runs a planned op over the members' mapped regions.
+//
+// The engine matches members' submissions, validates buffers, and then hands
+// one op at a time per mesh to an Executor. Implementations: CpuExecutor
+// (host memory); a CUDA/NCCL executor reports itself unviable without a GPU.
+#ifndef COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
+#define COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/core/op_plan.h"
+
+namespace collectived {
+
+// One member's regions for one op, indexed by member index. `in` holds
+// plan.in_bytes, `out` plan.out_bytes. `out == in` means in place; otherwise
+// the two do not overlap (the engine rejects partial overlap). Regions of
+// different members never overlap (they live in different sessions' buffers).
+struct MemberIo {
+  const uint8_t* in = nullptr;
+  uint8_t* out = nullptr;
+};
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual absl::string_view name() const = 0;
+  // Whether this executor can run here (a GPU executor without a GPU: false).
+  virtual bool IsViable() const = 0;
+  // Runs `plan` and returns when every output is written. `io` has one entry
+  // per mesh member. Safe to call concurrently for different ops.
+  virtual absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io) = 0;
+  // Worker threads used for data-parallel work.
+  virtual int threads() const = 0;
+};
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_

@@ -1,0 +1,80 @@
+#include "daemon/exec/thread_pool.h"
+
+#include <atomic>
+#include <memory>
+
+namespace collectived {
+
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::Schedule(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(fn));
+}
+
+void ThreadPool::WorkerLoop() {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
+            return p->stopping_ || !p->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping and drained
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fn();
+  }
+}
+
+void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  if (n == 1 || workers_.empty()) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  // Shared loop state: helpers claim indices from `next`; whoever finishes the
+  // last index wakes the caller. Helpers that start after the loop is done see
+  // next >= n and return at once, so the state must outlive the call.
+  struct Loop {
+    std::atomic<size_t> next{0};
+    std::atomic<size_t> done{0};
+    absl::Mutex mu;
+    bool finished = false;
+  };
+  auto loop = std::make_shared<Loop>();
+  auto run = [loop, n, &fn] {
+    for (;;) {
+      size_t i = loop->next.fetch_add(1);
+      if (i >= n) return;
+      fn(i);
+      if (loop->done.fetch_add(1) + 1 == n) {
+        absl::MutexLock lock(&loop->mu);
+        loop->finished = true;
+      }
+    }
+  };
+  size_t helpers = std::min(n - 1, workers_.size());
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t h = 0; h < helpers; ++h) queue_.push_back(run);
+  }
+  run();
+  absl::MutexLock lock(&loop->mu);
+  loop->mu.Await(absl::Condition(&loop->finished));
+}
+
+}  // namespace collectived

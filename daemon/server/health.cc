@@ -1,0 +1,126 @@
+#include "daemon/server/health.h"
+
+#include <string>
+
+namespace collectived {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+namespace {
+
+bool KnownService(const std::string& name) {
+  return name.empty() || name == "collectived.v1.Collective";
+}
+
+}  // namespace
+
+class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheckResponse> {
+ public:
+  Watcher(HealthService* service, bool known, bool serving)
+      : service_(service), known_(known) {
+    Update(serving);
+  }
+  // Sends `serving` (coalescing updates while a write is in flight).
+  void Update(bool serving) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    next_ = !known_ ? HealthCheckResponse::SERVICE_UNKNOWN
+            : serving ? HealthCheckResponse::SERVING
+                      : HealthCheckResponse::NOT_SERVING;
+    have_next_ = true;
+    MaybeWrite();
+  }
+  void End() {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    if (!writing_) Finish(grpc::Status::OK);
+  }
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      if (!finished_) {
+        finished_ = true;
+        Finish(grpc::Status::OK);
+      }
+      return;
+    }
+    if (finished_) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    MaybeWrite();
+  }
+  void OnCancel() override { End(); }
+  void OnDone() override {
+    service_->Remove(this);
+    delete this;
+  }
+
+ private:
+  void MaybeWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || !have_next_ || finished_) return;
+    response_.set_status(next_);
+    have_next_ = false;
+    writing_ = true;
+    StartWrite(&response_);
+  }
+
+  HealthService* const service_;
+  const bool known_;
+  absl::Mutex mu_;
+  HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
+  HealthCheckResponse::ServingStatus next_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
+  bool have_next_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void HealthService::SetServing(bool serving) {
+  absl::MutexLock lock(&mu_);
+  serving_ = serving;
+  for (Watcher* w : watchers_) w->Update(serving);
+}
+
+void HealthService::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+  serving_ = false;
+  for (Watcher* w : watchers_) w->End();
+}
+
+void HealthService::Remove(Watcher* w) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(w);
+}
+
+grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx,
+                                               const HealthCheckRequest* req,
+                                               HealthCheckResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  if (!KnownService(req->service())) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 "unknown service '" + req->service() + "'"));
+    return reactor;
+  }
+  absl::MutexLock lock(&mu_);
+  resp->set_status(serving_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
+    grpc::CallbackServerContext* ctx, const HealthCheckRequest* req) {
+  absl::MutexLock lock(&mu_);
+  auto* w = new Watcher(this, KnownService(req->service()), serving_);
+  if (shutdown_) {
+    w->End();
+  } else {
+    watchers_.insert(w);
+  }
+  return w;
+}
+
+}  // namespace collectived

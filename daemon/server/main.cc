@@ -1,0 +1,161 @@
+// collectived: the per-host collective-communication daemon.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/socket_path.h"
+#include "common/unix_socket.h"
+#include "daemon/core/engine.h"
+#include "daemon/exec/cpu_executor.h"
+#include "daemon/server/health.h"
+#include "daemon/server/service.h"
+#include "daemon/server/side_channel.h"
+#include "daemon/util/log.h"
+
+ABSL_FLAG(std::string, socket, "",
+          "Unix socket path for the gRPC control plane (default: $COLLECTIVED_SOCKET, else "
+          "$XDG_RUNTIME_DIR/collectived/collectived.sock, else /tmp/collectived-<uid>/collectived.sock). "
+          "The descriptor side socket is <socket>.fds.");
+ABSL_FLAG(std::string, tcp, "",
+          "Also listen for gRPC on this TCP address (e.g. 127.0.0.1:50051); off when empty. "
+          "Plaintext: use only on loopback or a trusted network.");
+ABSL_FLAG(std::string, socket_mode, "0660", "Permissions (octal) of the Unix sockets.");
+ABSL_FLAG(std::string, log_level, "info", "Lowest log level printed: debug, info, warn, error.");
+ABSL_FLAG(int, threads, 0, "Executor threads (0: one per CPU).");
+ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
+ABSL_FLAG(int64_t, join_timeout_ms, 60000, "Default deadline for a mesh to fill.");
+ABSL_FLAG(int64_t, op_timeout_ms, 60000,
+          "Default deadline for every member to submit an op, from the first submission.");
+ABSL_FLAG(int64_t, attach_timeout_ms, 10000,
+          "A session whose side socket is not attached within this time is closed.");
+ABSL_FLAG(int, max_sessions, 1024, "Most sessions at once.");
+ABSL_FLAG(int, max_meshes, 1024, "Most meshes at once.");
+ABSL_FLAG(int, max_buffers_per_session, 4096, "Most buffers one session may hold.");
+ABSL_FLAG(int64_t, max_buffer_bytes_per_session, int64_t{64} << 30,
+          "Most buffer bytes one session may hold.");
+ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30, "Largest single buffer.");
+
+namespace collectived {
+namespace {
+
+int Fail(const absl::Status& status) {
+  LogEvent(LogLevel::kError, "startup_failed", {{"error", status.ToString()}});
+  return 1;
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "collectived: runs JAX-style collectives (psum, pmean, all_gather, ppermute, ...) for the "
+      "client processes of this host over shared memory.\nUsage: collectived [--socket=PATH] "
+      "[--tcp=ADDR] [flags]");
+  absl::ParseCommandLine(argc, argv);
+
+  LogLevel level;
+  if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    return Fail(absl::InvalidArgumentError("--log_level must be debug, info, warn or error"));
+  }
+  SetLogLevel(level);
+  char* end = nullptr;
+  const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
+  long mode = std::strtol(mode_text.c_str(), &end, 8);
+  if (mode_text.empty() || *end != '\0' || mode < 0 || mode > 0777) {
+    return Fail(absl::InvalidArgumentError("--socket_mode must be octal, e.g. 0660"));
+  }
+
+  const std::string socket = ResolveSocketPath(absl::GetFlag(FLAGS_socket));
+  if (absl::Status st = EnsureSocketDir(socket); !st.ok()) return Fail(st);
+  if (StreamSocketIsLive(socket)) {
+    return Fail(absl::AlreadyExistsError(
+        absl::StrCat("another daemon is already listening on ", socket)));
+  }
+  unlink(socket.c_str());
+  const std::string side_socket = SideSocketPath(socket);
+
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  char host[HOST_NAME_MAX + 1] = {};
+  gethostname(host, sizeof(host) - 1);
+  EngineOptions options;
+  options.host = host;
+  options.daemon_id = absl::StrCat(host, "/", getpid());
+  options.side_socket_path = side_socket;
+  options.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
+  options.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_op_timeout_ms));
+  options.attach_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attach_timeout_ms));
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_meshes = absl::GetFlag(FLAGS_max_meshes);
+  options.max_buffers_per_session = absl::GetFlag(FLAGS_max_buffers_per_session);
+  options.max_buffer_bytes_per_session =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffer_bytes_per_session));
+  options.max_buffer_size = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffer_bytes));
+  CpuExecutorOptions exec_options;
+  exec_options.threads = absl::GetFlag(FLAGS_threads);
+  exec_options.chunk_bytes = static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));
+  auto engine = std::make_unique<Engine>(options, std::make_unique<CpuExecutor>(exec_options));
+
+  SideChannel side(engine.get());
+  if (absl::Status st = side.Start(side_socket, static_cast<int>(mode)); !st.ok()) return Fail(st);
+
+  CollectiveService service(engine.get());
+  HealthService health;
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  int tcp_port = 0;
+  const std::string tcp = absl::GetFlag(FLAGS_tcp);
+  if (!tcp.empty()) builder.AddListeningPort(tcp, grpc::InsecureServerCredentials(), &tcp_port);
+  builder.RegisterService(&service);
+  builder.RegisterService(&health);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", socket,
+                                                    tcp.empty() ? "" : " or " + tcp)));
+  }
+  if (!tcp.empty() && tcp_port == 0) {
+    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on TCP address ", tcp)));
+  }
+  chmod(socket.c_str(), static_cast<mode_t>(mode));
+  LogEvent(LogLevel::kInfo, "listening",
+           {{"socket", socket}, {"side_socket", side_socket},
+            {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
+            {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
+            {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
+
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  health.Shutdown();
+  // Fail what is pending first, so every open RPC can finish, then stop.
+  engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  side.Stop();
+  engine.reset();
+  unlink(socket.c_str());
+  LogEvent(LogLevel::kInfo, "stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace collectived
+
+int main(int argc, char** argv) { return collectived::Main(argc, argv); }

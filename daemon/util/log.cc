@@ -1,0 +1,80 @@
+#include "daemon/util/log.h"
+
+#include <atomic>
+#include <cstdio>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace collectived {
+namespace {
+
+std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+
+absl::string_view LevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarn: return "warn";
+    case LogLevel::kError: return "error";
+  }
+  return "info";
+}
+
+void AppendValue(std::string* out, absl::string_view value) {
+  bool quote = value.empty() ||
+               value.find_first_of(" \"=\t\n\\") != absl::string_view::npos;
+  if (!quote) {
+    out->append(value.data(), value.size());
+    return;
+  }
+  out->push_back('"');
+  for (char c : value) {
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(c);
+    } else if (c == '\n') {
+      out->append("\\n");
+    } else {
+      out->push_back(c);
+    }
+  }
+  out->push_back('"');
+}
+
+}  // namespace
+
+void SetLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
+
+bool ParseLogLevel(absl::string_view text, LogLevel* level) {
+  for (LogLevel l : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarn,
+                     LogLevel::kError}) {
+    if (text == LevelName(l)) {
+      *level = l;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool LogEnabled(LogLevel level) {
+  return static_cast<int>(level) >= g_level.load(std::memory_order_relaxed);
+}
+
+void LogEvent(LogLevel level, absl::string_view event,
+              std::initializer_list<LogField> fields) {
+  if (!LogEnabled(level)) return;
+  std::string line = absl::StrCat(
+      "ts=", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
+                              absl::UTCTimeZone()),
+      " level=", LevelName(level), " event=", event);
+  for (const auto& [key, value] : fields) {
+    absl::StrAppend(&line, " ", key, "=");
+    AppendValue(&line, value);
+  }
+  line.push_back('\n');
+  // One write call per line keeps concurrent lines whole.
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+}  // namespace collectived

@@ -1,0 +1,33 @@
+// Structured, leveled logs: one logfmt line per event on stderr, e.g.
+//   ts=2026-12-02T10:00:00.123Z level=warn event=op_failed mesh=train seq=4 msg="..."
+//
+// Thread-safe: lines from concurrent threads never interleave.
+#ifndef COLLECTIVED_DAEMON_UTIL_LOG_H_
+#define COLLECTIVED_DAEMON_UTIL_LOG_H_
+
+#include <initializer_list>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace collectived {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+// Sets the lowest level that is printed (default kInfo).
+void SetLogLevel(LogLevel level);
+// Parses "debug", "info", "warn" or "error"; false if unknown.
+bool ParseLogLevel(absl::string_view text, LogLevel* level);
+bool LogEnabled(LogLevel level);
+
+using LogField = std::pair<absl::string_view, std::string>;
+
+// Prints one event with its fields; values with spaces or quotes are quoted.
+void LogEvent(LogLevel level, absl::string_view event,
+              std::initializer_list<LogField> fields = {});
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_UTIL_LOG_H_
