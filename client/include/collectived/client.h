@@ -1,0 +1,300 @@
+// The collectived client SDK.
+//
+// A process connects to the host's collectived daemon, joins a mesh of named
+// axes, allocates buffers that it shares with the daemon, and runs jax.lax
+// collectives over the mesh's axes:
+//
+//   auto client = collectived::Client::Connect({.client_name = "worker"});
+//   auto mesh = (*client)->JoinMesh({.name = "train", .axes = {{"batch", 4}}});
+//   auto buf = (*client)->Allocate(1024 * sizeof(float));
+//   auto x = collectived::Array::Of<float>(*buf, {1024});
+//   ... fill buf->as<float>() ...
+//   absl::Status st = (*mesh)->psum(x, "batch");  // in place, every member
+//
+// Errors are absl::Status values carrying the daemon's gRPC code and message
+// (e.g. DEADLINE_EXCEEDED naming the members that never submitted).
+//
+// Thread-safety: Client and Mesh are safe to use from several threads; ops of
+// one mesh are ordered by their submission order (as seen by the daemon), so a
+// program that submits from several threads must order its submissions itself.
+// Buffer is a move-only handle; the memory it maps may be read and written by
+// any thread, but not while an op that uses it is in flight.
+#ifndef COLLECTIVED_CLIENT_H_
+#define COLLECTIVED_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "collectived/dtype.h"
+
+namespace collectived {
+
+class ClientImpl;
+class OpState;
+
+struct ClientOptions {
+  // Control socket of the daemon. Empty: $COLLECTIVED_SOCKET, else
+  // $XDG_RUNTIME_DIR/collectived/collectived.sock, else
+  // /tmp/collectived-<uid>/collectived.sock (the daemon's default).
+  std::string socket_path;
+  // Shown in the daemon's diagnostics and error messages.
+  std::string client_name;
+  // How long Connect waits for the daemon to answer.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Deadline of each control RPC (allocate, free, leave, ...).
+  absl::Duration rpc_timeout = absl::Seconds(30);
+};
+
+// A shared-memory region allocated by the daemon and mapped in this process.
+// Move-only. Destroying it unmaps it here; the daemon frees it when the
+// session ends or on Client::Free.
+class Buffer {
+ public:
+  Buffer() = default;
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  const std::string& id() const { return id_; }
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool valid() const { return data_ != nullptr; }
+  // The whole buffer as elements of T.
+  template <typename T>
+  std::span<T> as() const {
+    return std::span<T>(static_cast<T*>(data_), size_ / sizeof(T));
+  }
+
+ private:
+  friend class ClientImpl;
+  Buffer(std::string id, void* data, size_t size) : id_(std::move(id)), data_(data), size_(size) {}
+  void Reset();
+
+  std::string id_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A typed, shaped view of part of a buffer: what a collective reads or
+// writes. Row-major, densely packed.
+struct Array {
+  const Buffer* buffer = nullptr;
+  size_t offset = 0;  // bytes from the start of the buffer
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+
+  template <typename T>
+  static Array Of(const Buffer& buffer, std::vector<int64_t> shape, size_t offset = 0) {
+    return Array{&buffer, offset, DTypeOf<T>(), std::move(shape)};
+  }
+  int64_t num_elements() const;
+  size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DTypeSize(dtype); }
+  // Pointer to the first element in this process.
+  template <typename T>
+  T* data() const {
+    return reinterpret_cast<T*>(static_cast<char*>(buffer->data()) + offset);
+  }
+};
+
+// The axis names a collective runs over: one name ("batch") or a tuple
+// ({"data", "model"}), as JAX's axis_name. Empty: every axis of the mesh.
+class AxisNames {
+ public:
+  AxisNames() = default;
+  AxisNames(const char* name) : names_{name} {}                 // NOLINT
+  AxisNames(std::string name) : names_{std::move(name)} {}      // NOLINT
+  AxisNames(absl::string_view name) : names_{std::string(name)} {}  // NOLINT
+  AxisNames(std::initializer_list<std::string> names) : names_(names) {}
+  AxisNames(std::vector<std::string> names) : names_(std::move(names)) {}  // NOLINT
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+// The outcome of an asynchronous collective. Copyable; all copies share it.
+class OpFuture {
+ public:
+  OpFuture() = default;
+  // Waits until the op completes and returns its status. Bounded: at most
+  // `timeout`, and by default the mesh's op timeout plus a grace period (the
+  // daemon fails ops that miss their deadline, so this only expires when the
+  // daemon stops answering).
+  absl::Status Wait(std::optional<absl::Duration> timeout = std::nullopt) const;
+  // True once the op completed (successfully or not).
+  bool Ready() const;
+  // The op's sequence number on its mesh, once completed (-1 before).
+  int64_t sequence() const;
+  // Shape and dtype of the result, once completed.
+  std::vector<int64_t> out_shape() const;
+  DType out_dtype() const;
+
+ private:
+  friend class ClientImpl;
+  friend class Mesh;
+  explicit OpFuture(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
+  std::shared_ptr<OpState> state_;
+};
+
+struct AllGatherOptions {
+  int axis = 0;        // where the gathered dimension goes in the output
+  bool tiled = false;  // concatenate along `axis` instead of stacking
+};
+
+struct PsumScatterOptions {
+  int scatter_dimension = 0;
+  bool tiled = false;
+};
+
+struct AllToAllOptions {
+  int split_axis = 0;
+  int concat_axis = 0;
+  bool tiled = false;
+};
+
+struct MeshOptions {
+  // Name shared by every member; 1-128 characters of [A-Za-z0-9_.:/-].
+  std::string name;
+  // Axes, major to minor: {{"data", 2}, {"model", 4}}.
+  std::vector<std::pair<std::string, int>> axes;
+  // This member's coordinate on each axis; empty lets the daemon assign the
+  // next free one (every member must choose the same way).
+  std::vector<int> coordinate;
+  // How long to wait for the other members to join.
+  absl::Duration join_timeout = absl::Seconds(60);
+  // Per-op deadline for every member to submit (zero: the daemon's default).
+  absl::Duration op_timeout = absl::ZeroDuration();
+};
+
+// One member's place in a joined mesh, and the collectives over its axes.
+// Every member must call the same collectives in the same order (as under
+// jax.pmap/shard_map). Obtained from Client::JoinMesh; must not outlive its
+// Client.
+class Mesh {
+ public:
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::string& name() const { return name_; }
+  int64_t generation() const { return generation_; }
+  // Linear (row-major) index of this member, and the number of members.
+  int index() const { return index_; }
+  int size() const { return static_cast<int>(members_); }
+  // jax.lax.axis_index: this member's coordinate on `axis`; for several axes
+  // the row-major index over them in the given order. -1 for an unknown axis.
+  int axis_index(const AxisNames& axes) const;
+  // The number of members along `axis` (product for several); -1 if unknown.
+  int axis_size(const AxisNames& axes) const;
+  const std::vector<std::pair<std::string, int>>& axes() const { return axes_; }
+  const std::vector<int>& coordinate() const { return coordinate_; }
+
+  // Collectives. `out` absent: the result replaces `x` in place (only when it
+  // has x's byte size). Each returns when the op completed on this member.
+  absl::Status psum(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  absl::Status pmean(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  absl::Status pmax(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  absl::Status pmin(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  absl::Status all_gather(const Array& x, const AxisNames& axes, const Array& out,
+                          AllGatherOptions options = {});
+  // perm: (source, dest) pairs of indices along `axes`; members that are no
+  // dest receive zeros.
+  absl::Status ppermute(const Array& x, const AxisNames& axes,
+                        const std::vector<std::pair<int, int>>& perm,
+                        std::optional<Array> out = {});
+  absl::Status psum_scatter(const Array& x, const AxisNames& axes, const Array& out,
+                            PsumScatterOptions options = {});
+  absl::Status all_to_all(const Array& x, const AxisNames& axes, AllToAllOptions options,
+                          std::optional<Array> out = {});
+  // Every member of the group receives the input of group index `root`.
+  absl::Status broadcast(const Array& x, const AxisNames& axes, int root,
+                         std::optional<Array> out = {});
+  // Returns when every member reached the barrier.
+  absl::Status barrier(const AxisNames& axes = {});
+
+  // Asynchronous forms: submit and return at once. Buffers must not be
+  // touched until the future is ready.
+  OpFuture psum_async(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  OpFuture pmean_async(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  OpFuture pmax_async(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  OpFuture pmin_async(const Array& x, const AxisNames& axes, std::optional<Array> out = {});
+  OpFuture all_gather_async(const Array& x, const AxisNames& axes, const Array& out,
+                            AllGatherOptions options = {});
+  OpFuture ppermute_async(const Array& x, const AxisNames& axes,
+                          const std::vector<std::pair<int, int>>& perm,
+                          std::optional<Array> out = {});
+  OpFuture psum_scatter_async(const Array& x, const AxisNames& axes, const Array& out,
+                              PsumScatterOptions options = {});
+  OpFuture all_to_all_async(const Array& x, const AxisNames& axes, AllToAllOptions options,
+                            std::optional<Array> out = {});
+  OpFuture broadcast_async(const Array& x, const AxisNames& axes, int root,
+                           std::optional<Array> out = {});
+  OpFuture barrier_async(const AxisNames& axes = {});
+
+  // Leaves the mesh (it breaks for the other members). Also done by the
+  // destructor.
+  absl::Status Leave();
+
+ private:
+  friend class ClientImpl;
+  Mesh() = default;
+  struct OpRequest;  // defined in the implementation
+  OpFuture Submit(const OpRequest& request);
+
+  ClientImpl* client_ = nullptr;
+  std::string id_;
+  std::string name_;
+  int64_t generation_ = 0;
+  int index_ = 0;
+  int64_t members_ = 0;
+  std::vector<std::pair<std::string, int>> axes_;
+  std::vector<int> coordinate_;
+  absl::Duration op_deadline_;
+  bool left_ = false;
+};
+
+// A session with the daemon. Create with Connect.
+class Client {
+ public:
+  // Opens a session on the daemon at options.socket_path (see ClientOptions)
+  // and attaches its side socket. UNAVAILABLE if no daemon answers.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options = {});
+  // Closes the session (meshes it is in break for their other members).
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Joins (or creates) a mesh; returns when every member joined, or fails at
+  // options.join_timeout naming the missing coordinates.
+  absl::StatusOr<std::unique_ptr<Mesh>> JoinMesh(const MeshOptions& options);
+  // Allocates a zeroed shared buffer of at least `bytes` bytes.
+  absl::StatusOr<Buffer> Allocate(size_t bytes);
+  // Frees a buffer in the daemon and unmaps it here.
+  absl::Status Free(Buffer& buffer);
+
+  const std::string& session_id() const;
+  // The path of the control socket this client talks to.
+  const std::string& socket_path() const;
+
+ private:
+  explicit Client(std::unique_ptr<ClientImpl> impl);
+  std::unique_ptr<ClientImpl> impl_;
+};
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_CLIENT_H_
