@@ -104,6 +104,12 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     }
     plan.axis_ids.push_back(id);
   }
+  if (op.kind() == v1::PPERMUTE) {
+    // JAX numbers ppermute's group members by mesh position whatever the
+    // order of a tuple axis_name (its lowering sorts each group), unlike
+    // axis_index and the other collectives.
+    std::sort(plan.axis_ids.begin(), plan.axis_ids.end());
+  }
   std::vector<std::string> axis_names;
   for (int id : plan.axis_ids) {
     plan.group_size *= mesh.sizes[id];

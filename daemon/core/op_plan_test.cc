@@ -1,0 +1,148 @@
+#include "daemon/core/op_plan.h"
+
+#include <gtest/gtest.h>
+
+namespace collectived {
+namespace {
+
+MeshShape Mesh2x4() { return MeshShape{{"x", "y"}, {2, 4}}; }
+
+v1::OpSpec Spec(v1::OpKind kind, std::vector<std::string> axes, std::vector<int64_t> shape,
+                v1::DType dtype = v1::FLOAT32) {
+  v1::OpSpec op;
+  op.set_kind(kind);
+  for (auto& a : axes) op.add_axes(a);
+  for (int64_t d : shape) op.add_shape(d);
+  op.set_dtype(dtype);
+  return op;
+}
+
+TEST(MeshShapeTest, RowMajorCoordinates) {
+  MeshShape m = Mesh2x4();
+  EXPECT_EQ(m.num_members(), 8);
+  EXPECT_EQ(m.Coordinate(6), (std::vector<int>{1, 2}));
+  EXPECT_EQ(m.Index({1, 2}), 6);
+}
+
+TEST(OpPlanTest, GroupsOverOneAxisShareTheOtherCoordinates) {
+  auto plan = PlanOp(Spec(v1::PSUM, {"x"}, {3}), Mesh2x4());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->group_size, 2);
+  ASSERT_EQ(plan->groups.size(), 4u);
+  // Members with y == 1 are 1 and 5.
+  EXPECT_EQ(plan->groups[1], (std::vector<int>{1, 5}));
+  EXPECT_EQ(plan->index_in_group[5], 1);
+  EXPECT_EQ(plan->signature, "psum f32[3] over (x)");
+}
+
+TEST(OpPlanTest, TupleAxesLinearizeInTheGivenOrder) {
+  auto yx = PlanOp(Spec(v1::ALL_GATHER, {"y", "x"}, {1}), Mesh2x4());
+  ASSERT_TRUE(yx.ok()) << yx.status();
+  ASSERT_EQ(yx->groups.size(), 1u);
+  // Group index = iy * 2 + ix: member (x=1, y=0) = 4 has index 1.
+  EXPECT_EQ(yx->index_in_group[4], 1);
+  EXPECT_EQ(yx->index_in_group[1], 2);
+  // ppermute numbers members by mesh position whatever the order (as JAX).
+  auto p = PlanOp(Spec(v1::PPERMUTE, {"y", "x"}, {1}), Mesh2x4());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->index_in_group[4], 4);
+  EXPECT_EQ(p->index_in_group[1], 1);
+}
+
+TEST(OpPlanTest, EmptyAxesMeanAllAxes) {
+  auto plan = PlanOp(Spec(v1::BARRIER, {}, {}), Mesh2x4());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->group_size, 8);
+  EXPECT_EQ(plan->signature, "barrier over (x,y)");
+}
+
+TEST(OpPlanTest, ResultShapes) {
+  MeshShape m{{"i"}, {4}};
+  auto op = Spec(v1::ALL_GATHER, {"i"}, {2, 3});
+  op.mutable_all_gather()->set_axis(1);
+  EXPECT_EQ(PlanOp(op, m)->out_shape, (std::vector<int64_t>{2, 4, 3}));
+  op.mutable_all_gather()->set_tiled(true);
+  EXPECT_EQ(PlanOp(op, m)->out_shape, (std::vector<int64_t>{2, 12}));
+
+  auto rs = Spec(v1::PSUM_SCATTER, {"i"}, {3, 4});
+  rs.mutable_psum_scatter()->set_scatter_dimension(1);
+  EXPECT_EQ(PlanOp(rs, m)->out_shape, (std::vector<int64_t>{3}));
+  rs = Spec(v1::PSUM_SCATTER, {"i"}, {8, 3});
+  rs.mutable_psum_scatter()->set_tiled(true);
+  EXPECT_EQ(PlanOp(rs, m)->out_shape, (std::vector<int64_t>{2, 3}));
+
+  // Untiled all_to_all: insert(delete(shape, split), concat, n).
+  auto a2a = Spec(v1::ALL_TO_ALL, {"i"}, {4, 2, 3});
+  a2a.mutable_all_to_all()->set_split_axis(0);
+  a2a.mutable_all_to_all()->set_concat_axis(2);
+  EXPECT_EQ(PlanOp(a2a, m)->out_shape, (std::vector<int64_t>{2, 3, 4}));
+  a2a = Spec(v1::ALL_TO_ALL, {"i"}, {2, 3, 4});
+  a2a.mutable_all_to_all()->set_split_axis(2);
+  a2a.mutable_all_to_all()->set_concat_axis(0);
+  EXPECT_EQ(PlanOp(a2a, m)->out_shape, (std::vector<int64_t>{4, 2, 3}));
+  a2a = Spec(v1::ALL_TO_ALL, {"i"}, {8, 3});
+  a2a.mutable_all_to_all()->set_split_axis(0);
+  a2a.mutable_all_to_all()->set_concat_axis(1);
+  a2a.mutable_all_to_all()->set_tiled(true);
+  EXPECT_EQ(PlanOp(a2a, m)->out_shape, (std::vector<int64_t>{2, 12}));
+
+  auto mean = PlanOp(Spec(v1::PMEAN, {"i"}, {5}, v1::INT8), m);
+  EXPECT_EQ(mean->out_dtype, DType::kF32);
+  EXPECT_EQ(mean->out_bytes, 20u);
+  EXPECT_EQ(PlanOp(Spec(v1::PMEAN, {"i"}, {5}, v1::UINT64), m)->out_dtype, DType::kF64);
+  EXPECT_EQ(PlanOp(Spec(v1::PSUM, {"i"}, {5}, v1::BOOL), m)->out_dtype, DType::kI32);
+}
+
+TEST(OpPlanTest, RejectsBadInputWithPreciseMessages) {
+  MeshShape m{{"i"}, {4}};
+  auto expect_invalid = [&](const v1::OpSpec& op, const std::string& fragment) {
+    auto plan = PlanOp(op, m);
+    ASSERT_FALSE(plan.ok()) << "accepted: " << fragment;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find(fragment), std::string::npos) << plan.status();
+  };
+  expect_invalid(Spec(v1::OP_KIND_UNSPECIFIED, {"i"}, {1}), "unknown op kind");
+  expect_invalid(Spec(v1::PSUM, {"j"}, {1}), "unknown axis name 'j'");
+  expect_invalid(Spec(v1::PSUM, {"i", "i"}, {1}), "named twice");
+  expect_invalid(Spec(v1::PSUM, {"i"}, {1}, v1::DTYPE_UNSPECIFIED), "dtype");
+  expect_invalid(Spec(v1::PSUM, {"i"}, {-1}), "negative dimension");
+  expect_invalid(Spec(v1::PSUM, {"i"}, {1 << 30, 1 << 30, 4}), "2^40");
+  expect_invalid(Spec(v1::PSUM_SCATTER, {"i"}, {4}, v1::BOOL), "bool");
+  auto rs = Spec(v1::PSUM_SCATTER, {"i"}, {3});
+  expect_invalid(rs, "must equal the group size 4");
+  rs.mutable_psum_scatter()->set_tiled(true);
+  expect_invalid(rs, "not divisible");
+  auto ag = Spec(v1::ALL_GATHER, {"i"}, {3});
+  ag.mutable_all_gather()->set_axis(2);
+  expect_invalid(ag, "axis 2 out of range");
+  auto pp = Spec(v1::PPERMUTE, {"i"}, {3});
+  auto* pair = pp.mutable_ppermute()->add_perm();
+  pair->set_source(0);
+  pair->set_dest(1);
+  pair = pp.mutable_ppermute()->add_perm();
+  pair->set_source(0);
+  pair->set_dest(2);
+  expect_invalid(pp, "source 0 appears twice");
+  pp.mutable_ppermute()->mutable_perm(1)->set_source(5);
+  expect_invalid(pp, "out of range");
+  auto bc = Spec(v1::BROADCAST, {"i"}, {3});
+  bc.mutable_broadcast()->set_root(4);
+  expect_invalid(bc, "root 4 out of range");
+  auto a2a = Spec(v1::ALL_TO_ALL, {"i"}, {3});
+  expect_invalid(a2a, "must equal the group size");
+}
+
+TEST(OpPlanTest, SignatureCarriesEveryParameter) {
+  MeshShape m{{"i"}, {2}};
+  auto a = Spec(v1::PPERMUTE, {"i"}, {3});
+  auto* p = a.mutable_ppermute()->add_perm();
+  p->set_source(0);
+  p->set_dest(1);
+  auto b = a;
+  b.mutable_ppermute()->mutable_perm(0)->set_dest(0);
+  EXPECT_NE(PlanOp(a, m)->signature, PlanOp(b, m)->signature);
+  EXPECT_EQ(PlanOp(a, m)->signature, "ppermute f32[3] over (i) perm=[(0,1)]");
+}
+
+}  // namespace
+}  // namespace collectived

@@ -1,0 +1,176 @@
+#include "tests/harness/harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace collectived::testing {
+
+std::string DaemonBinary() { return COLLECTIVED_DAEMON_BIN; }
+
+std::string MakeTempDir() {
+  const char* base = getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(base != nullptr && *base ? base : "/tmp", "/cdtest-XXXXXX");
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) abort();
+  return std::string(buf.data());
+}
+
+absl::StatusOr<std::unique_ptr<Child>> Child::Start(const std::vector<std::string>& argv) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    dup2(p[1], STDOUT_FILENO);
+    dup2(p[1], STDERR_FILENO);
+    execv(args[0], args.data());
+    const char msg[] = "exec failed\n";
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(127);
+  }
+  close(p[1]);
+  fcntl(p[0], F_SETFL, O_NONBLOCK);
+  return std::unique_ptr<Child>(new Child(pid, p[0]));
+}
+
+Child::~Child() {
+  if (!reaped_) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, &status_, 0);
+  }
+  close(fd_);
+}
+
+void Child::Signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+void Child::Drain(absl::Duration max_wait) {
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(max_wait))) <= 0) return;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd_, buf, sizeof(buf))) > 0) output_.append(buf, static_cast<size_t>(n));
+}
+
+ChildResult Child::Wait(absl::Duration timeout) {
+  ChildResult r;
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!reaped_) {
+    Drain(absl::Milliseconds(20));
+    pid_t w = waitpid(pid_, &status_, WNOHANG);
+    if (w == pid_) {
+      reaped_ = true;
+      break;
+    }
+    if (absl::Now() > deadline) {
+      r.timed_out = true;
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status_, 0);
+      reaped_ = true;
+    }
+  }
+  Drain(absl::ZeroDuration());
+  r.exit_code = WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+  r.output = output_;
+  return r;
+}
+
+std::vector<ChildResult> RunAll(const std::vector<std::vector<std::string>>& argvs,
+                                absl::Duration timeout) {
+  std::vector<std::unique_ptr<Child>> children;
+  std::vector<ChildResult> results(argvs.size());
+  for (size_t i = 0; i < argvs.size(); ++i) {
+    auto c = Child::Start(argvs[i]);
+    if (!c.ok()) {
+      results[i].output = c.status().ToString();
+      children.push_back(nullptr);
+      continue;
+    }
+    children.push_back(*std::move(c));
+  }
+  // Waiting on each in turn is fine: each child's output pipe is drained by
+  // the kernel buffer until we get to it, and the deadline is shared.
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<std::thread> waiters;
+  for (size_t i = 0; i < children.size(); ++i) {
+    if (!children[i]) continue;
+    waiters.emplace_back([&, i] {
+      results[i] = children[i]->Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    });
+  }
+  for (auto& t : waiters) t.join();
+  return results;
+}
+
+namespace {
+
+bool SocketLive(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(std::vector<std::string> flags) {
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->dir_ = MakeTempDir();
+  d->socket_ = d->dir_ + "/collectived.sock";
+  std::vector<std::string> argv = {DaemonBinary(), "--socket=" + d->socket_};
+  for (auto& f : flags) argv.push_back(std::move(f));
+  auto child = Child::Start(argv);
+  if (!child.ok()) return child.status();
+  d->child_ = *std::move(child);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!SocketLive(d->socket_)) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(d->child_->pid()), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == d->child_->pid()) {
+      ChildResult r = d->child_->Wait(absl::Seconds(1));
+      d->stopped_ = true;
+      return absl::InternalError(absl::StrCat("daemon exited during start-up: ", r.output));
+    }
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("daemon did not start in 20 s");
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return d;
+}
+
+Daemon::~Daemon() {
+  if (!stopped_) Kill();
+}
+
+ChildResult Daemon::Stop(absl::Duration timeout) {
+  stopped_ = true;
+  child_->Signal(SIGTERM);
+  return child_->Wait(timeout);
+}
+
+ChildResult Daemon::Kill() {
+  stopped_ = true;
+  child_->Signal(SIGKILL);
+  return child_->Wait(absl::Seconds(10));
+}
+
+}  // namespace collectived::testing
