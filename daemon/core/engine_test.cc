@@ -1,0 +1,407 @@
+// The engine in one process: members are threads, buffers are real memfd
+// buffers, ops run on the real CPU executor. Covers the rendezvous, matching,
+// deadlines, member loss and validation paths quickly (and under TSan); the
+// cross-process tests cover the same through gRPC and real processes.
+#include "daemon/core/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/exec/cpu_executor.h"
+
+namespace collectived {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(20);
+
+// A result delivered by a callback, awaited with a deadline.
+template <typename T>
+class Result {
+ public:
+  std::function<void(T)> Callback() {
+    return [this](T v) {
+      value_.emplace(std::move(v));
+      done_.Notify();
+    };
+  }
+  const T& Get() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(kWait)) << "callback never ran";
+    return *value_;
+  }
+  bool Done() const { return done_.HasBeenNotified(); }
+
+ private:
+  absl::Notification done_;
+  std::optional<T> value_;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(EngineOptions{}); }
+
+  void Start(EngineOptions options) {
+    engine_.reset();
+    engine_ = std::make_unique<Engine>(
+        options, std::make_unique<CpuExecutor>(CpuExecutorOptions{.threads = 2, .chunk_bytes = 256}));
+  }
+
+  std::string NewSession(const std::string& name = "member") {
+    auto s = engine_->CreateSession(name);
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_TRUE(engine_->AttachSession(s->session_id(), s->attach_token(), 1000, 0).ok());
+    return s->session_id();
+  }
+
+  v1::JoinMeshRequest JoinRequest(const std::string& session, const std::string& mesh, int size,
+                                  int64_t timeout_ms = 10000, int64_t op_timeout_ms = 0) {
+    v1::JoinMeshRequest req;
+    req.set_session_id(session);
+    req.set_mesh_name(mesh);
+    auto* a = req.add_axes();
+    a->set_name("i");
+    a->set_size(size);
+    req.set_timeout_ms(timeout_ms);
+    req.set_op_timeout_ms(op_timeout_ms);
+    return req;
+  }
+
+  // Joins `n` fresh sessions to a one-axis mesh; returns (session, mesh id).
+  std::vector<std::pair<std::string, std::string>> FormMesh(const std::string& name, int n,
+                                                            int64_t op_timeout_ms = 0) {
+    std::vector<std::string> sessions;
+    for (int i = 0; i < n; ++i) sessions.push_back(NewSession(absl::StrCat("m", i)));
+    std::vector<std::unique_ptr<Result<absl::StatusOr<v1::JoinMeshResponse>>>> results;
+    for (int i = 0; i < n; ++i) {
+      results.push_back(std::make_unique<Result<absl::StatusOr<v1::JoinMeshResponse>>>());
+      auto req = JoinRequest(sessions[i], name, n, 10000, op_timeout_ms);
+      req.add_coordinate(i);
+      engine_->JoinMesh(req, results.back()->Callback());
+    }
+    std::vector<std::pair<std::string, std::string>> out;
+    for (int i = 0; i < n; ++i) {
+      const auto& r = results[i]->Get();
+      EXPECT_TRUE(r.ok()) << r.status();
+      out.emplace_back(sessions[i], r.ok() ? r->mesh().mesh_id() : "");
+    }
+    return out;
+  }
+
+  // A float32 buffer of `count` elements filled with `value`.
+  std::string Buffer(const std::string& session, size_t count, float value) {
+    auto info = engine_->AllocateBuffer(session, static_cast<int64_t>(count * 4));
+    EXPECT_TRUE(info.ok()) << info.status();
+    auto buf = engine_->GetBuffer(session, info->buffer_id());
+    float* p = static_cast<float*>((*buf)->data());
+    for (size_t i = 0; i < count; ++i) p[i] = value;
+    return info->buffer_id();
+  }
+
+  float* Data(const std::string& session, const std::string& buffer) {
+    return static_cast<float*>((*engine_->GetBuffer(session, buffer))->data());
+  }
+
+  static v1::OpSpec Op(const std::string& mesh, v1::OpKind kind, const std::string& buffer,
+                       int64_t count) {
+    v1::OpSpec op;
+    op.set_mesh_id(mesh);
+    op.set_kind(kind);
+    op.set_dtype(v1::FLOAT32);
+    op.add_shape(count);
+    op.mutable_input()->set_buffer_id(buffer);
+    return op;
+  }
+
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTest, JoinAssignsDistinctCoordinatesConcurrently) {
+  constexpr int kMembers = 6;
+  std::vector<std::string> sessions;
+  for (int i = 0; i < kMembers; ++i) sessions.push_back(NewSession());
+  std::vector<Result<absl::StatusOr<v1::JoinMeshResponse>>> results(kMembers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kMembers; ++i) {
+    threads.emplace_back([&, i] {
+      engine_->JoinMesh(JoinRequest(sessions[i], "auto", kMembers), results[i].Callback());
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<int> indices;
+  for (auto& r : results) {
+    ASSERT_TRUE(r.Get().ok()) << r.Get().status();
+    indices.insert(r.Get()->self().index());
+    EXPECT_EQ(r.Get()->mesh().state(), "READY");
+    EXPECT_EQ(r.Get()->mesh().members_size(), kMembers);
+  }
+  EXPECT_EQ(indices.size(), static_cast<size_t>(kMembers));
+}
+
+TEST_F(EngineTest, JoinTimesOutNamingMissingCoordinates) {
+  std::string s = NewSession();
+  Result<absl::StatusOr<v1::JoinMeshResponse>> r;
+  auto req = JoinRequest(s, "lonely", 3, /*timeout_ms=*/100);
+  req.add_coordinate(1);
+  engine_->JoinMesh(req, r.Callback());
+  ASSERT_EQ(r.Get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  const std::string msg(r.Get().status().message());
+  EXPECT_NE(msg.find("missing coordinates: (0) (2)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1 (1) pid 1000"), std::string::npos) << msg;
+  // The name is free again.
+  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
+}
+
+TEST_F(EngineTest, JoinRejectsDisagreeingAxesAndTakenCoordinates) {
+  std::string a = NewSession(), b = NewSession(), c = NewSession();
+  Result<absl::StatusOr<v1::JoinMeshResponse>> ra, rb, rc;
+  auto req = JoinRequest(a, "m", 2);
+  req.add_coordinate(0);
+  engine_->JoinMesh(req, ra.Callback());
+  auto other = JoinRequest(b, "m", 3);
+  other.add_coordinate(0);
+  engine_->JoinMesh(other, rb.Callback());
+  EXPECT_EQ(rb.Get().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(rb.Get().status().message().find("forming with axes (i=2)"), std::string::npos);
+  auto taken = JoinRequest(c, "m", 2);
+  taken.add_coordinate(0);
+  engine_->JoinMesh(taken, rc.Callback());
+  EXPECT_EQ(rc.Get().status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(ra.Done());
+  ASSERT_TRUE(engine_->CloseSession(a, "test").ok());
+  EXPECT_EQ(ra.Get().status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(EngineTest, PsumFromThreadsGivesEveryMemberTheSum) {
+  constexpr int kMembers = 4;
+  constexpr int kCount = 1000;
+  auto members = FormMesh("sum", kMembers);
+  std::vector<std::string> buffers;
+  for (int i = 0; i < kMembers; ++i) buffers.push_back(Buffer(members[i].first, kCount, i + 1.0f));
+  std::vector<Result<OpOutcome>> done(kMembers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kMembers; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], kCount),
+                               false, done[i].Callback());
+      EXPECT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->sequence(), 0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kMembers; ++i) {
+    ASSERT_TRUE(done[i].Get().status.ok()) << done[i].Get().status;
+    const float* p = Data(members[i].first, buffers[i]);
+    for (int e = 0; e < kCount; ++e) ASSERT_EQ(p[e], 10.0f) << "member " << i << " element " << e;
+  }
+  auto stats = engine_->GetStats();
+  EXPECT_EQ(stats.ops_completed(), 1);
+}
+
+TEST_F(EngineTest, MismatchFailsEveryMemberWithOneMessageAndTheMeshGoesOn) {
+  auto members = FormMesh("mm", 4);
+  std::vector<std::string> buffers;
+  for (auto& [s, m] : members) buffers.push_back(Buffer(s, 8, 1.0f));
+  std::vector<Result<OpOutcome>> done(4);
+  for (int i = 0; i < 4; ++i) {
+    auto kind = i == 2 ? v1::PMAX : v1::PSUM;
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, kind, buffers[i], 8), false,
+                                done[i].Callback()).ok());
+  }
+  for (int i = 0; i < 4; ++i) {
+    const OpOutcome& o = done[i].Get();
+    ASSERT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(std::string(o.status.message()),
+              "op 0 on mesh 'mm' does not match across members: member 2 submitted pmax f32[8] "
+              "over (i) while members 0,1,3 submitted psum f32[8] over (i)");
+    EXPECT_EQ(Data(members[i].first, buffers[i])[0], 1.0f) << "a failed op wrote data";
+  }
+  std::vector<Result<OpOutcome>> next(4);
+  for (int i = 0; i < 4; ++i) {
+    auto r = engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], 8), false,
+                             next[i].Callback());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->sequence(), 1);
+  }
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
+    EXPECT_EQ(Data(members[i].first, buffers[i])[7], 4.0f);
+  }
+}
+
+TEST_F(EngineTest, OpTimeoutNamesTheMissingMemberAndBreaksTheMesh) {
+  auto members = FormMesh("slow", 3, /*op_timeout_ms=*/200);
+  std::vector<std::string> buffers;
+  for (auto& [s, m] : members) buffers.push_back(Buffer(s, 4, 1.0f));
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], 4),
+                                false, done[i].Callback()).ok());
+  }
+  auto pending = engine_->ListPendingOps("");
+  ASSERT_TRUE(pending.ok());
+  ASSERT_EQ(pending->ops_size(), 1);
+  EXPECT_EQ(pending->ops(0).state(), "waiting");
+  EXPECT_EQ(pending->ops(0).missing_size(), 1);
+  EXPECT_EQ(pending->ops(0).missing(0), 2);
+  for (int i = 0; i < 2; ++i) {
+    const OpOutcome& o = done[i].Get();
+    ASSERT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded) << o.status;
+    const std::string msg(o.status.message());
+    EXPECT_NE(msg.find("members 0,1 are waiting in psum f32[4] over (i)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("missing: 2 (2) pid 1000"), std::string::npos) << msg;
+  }
+  // The late member learns the mesh is broken.
+  auto late = engine_->Submit(members[2].first, Op(members[2].second, v1::PSUM, buffers[2], 4),
+                              false, [](const OpOutcome&) {});
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(EngineTest, ClosedMemberBreaksTheMeshAndSurvivorsReform) {
+  auto members = FormMesh("crash", 3);
+  std::vector<std::string> buffers;
+  for (auto& [s, m] : members) buffers.push_back(Buffer(s, 4, 2.0f));
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], 4),
+                                false, done[i].Callback()).ok());
+  }
+  ASSERT_TRUE(engine_->CloseSession(members[2].first, "killed").ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(done[i].Get().status.code(), absl::StatusCode::kAborted);
+    EXPECT_NE(std::string(done[i].Get().status.message()).find("member 2 (2)"), std::string::npos)
+        << done[i].Get().status;
+  }
+  // Survivors re-form the name as generation 2 with a new member.
+  std::string fresh = NewSession();
+  std::vector<std::string> sessions = {members[0].first, members[1].first, fresh};
+  std::vector<Result<absl::StatusOr<v1::JoinMeshResponse>>> joins(3);
+  for (int i = 0; i < 3; ++i) {
+    auto req = JoinRequest(sessions[i], "crash", 3);
+    req.add_coordinate(i);
+    engine_->JoinMesh(req, joins[i].Callback());
+  }
+  for (auto& j : joins) {
+    ASSERT_TRUE(j.Get().ok()) << j.Get().status();
+    EXPECT_EQ(j.Get()->mesh().generation(), 2);
+  }
+  // The broken generation is gone once every member left it.
+  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 1);
+}
+
+TEST_F(EngineTest, BadInputIsRejectedAndChangesNothing) {
+  auto members = FormMesh("bad", 1);
+  const auto& [s, mesh] = members[0];
+  std::string buf = Buffer(s, 16, 1.0f);
+  std::string other = NewSession();
+  std::string foreign = Buffer(other, 16, 1.0f);
+  auto submit = [&](const v1::OpSpec& op) {
+    return engine_->Submit(s, op, false, [](const OpOutcome&) { ADD_FAILURE() << "ran"; }).status();
+  };
+  EXPECT_EQ(submit(Op(mesh, v1::PSUM, "b-nope", 16)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(submit(Op(mesh, v1::PSUM, foreign, 16)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(submit(Op(mesh, v1::PSUM, buf, 1 << 20)).code(), absl::StatusCode::kOutOfRange);
+  auto op = Op(mesh, v1::PSUM, buf, 4);
+  op.mutable_input()->set_offset(2);
+  EXPECT_EQ(submit(op).code(), absl::StatusCode::kInvalidArgument);
+  op.mutable_input()->set_offset(-4);
+  EXPECT_EQ(submit(op).code(), absl::StatusCode::kOutOfRange);
+  op.mutable_input()->set_offset(int64_t{1} << 62);
+  EXPECT_EQ(submit(op).code(), absl::StatusCode::kOutOfRange);
+  op = Op(mesh, v1::PSUM, buf, 4);
+  op.mutable_output()->set_buffer_id(buf);
+  op.mutable_output()->set_offset(8);
+  EXPECT_EQ(submit(op).code(), absl::StatusCode::kInvalidArgument);  // partial overlap
+  auto gather = Op(mesh, v1::ALL_GATHER, buf, 4);
+  gather.mutable_all_gather()->set_axis(0);
+  // A group of one: the gathered result has the input's size, so in place is fine.
+  EXPECT_TRUE(engine_->Submit(s, gather, false, [](const OpOutcome&) {}).ok());
+  auto unknown_mesh = Op("m-nope", v1::PSUM, buf, 4);
+  EXPECT_EQ(submit(unknown_mesh).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->Submit("s-nope", Op(mesh, v1::PSUM, buf, 4), false, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+  // Only the accepted op took a sequence number.
+  Result<OpOutcome> done;
+  auto r = engine_->Submit(s, Op(mesh, v1::PSUM, buf, 4), false, done.Callback());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->sequence(), 1);
+  EXPECT_TRUE(done.Get().status.ok());
+}
+
+TEST_F(EngineTest, BufferQuotas) {
+  EngineOptions options;
+  options.max_buffers_per_session = 2;
+  options.max_buffer_bytes_per_session = 3 * 4096;
+  options.max_buffer_size = 8192;
+  Start(options);
+  std::string s = NewSession();
+  EXPECT_EQ(engine_->AllocateBuffer(s, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->AllocateBuffer(s, 8193).status().code(), absl::StatusCode::kInvalidArgument);
+  auto a = engine_->AllocateBuffer(s, 8192);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(engine_->AllocateBuffer(s, 8192).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(engine_->AllocateBuffer(s, 1).ok());
+  EXPECT_EQ(engine_->AllocateBuffer(s, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(engine_->FreeBuffer(s, a->buffer_id()).ok());
+  EXPECT_EQ(engine_->FreeBuffer(s, a->buffer_id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(engine_->AllocateBuffer(s, 4096).ok());
+}
+
+TEST_F(EngineTest, WaitReturnsTheOutcomeOrTimesOut) {
+  auto members = FormMesh("wait", 2);
+  std::vector<std::string> buffers;
+  for (auto& [s, m] : members) buffers.push_back(Buffer(s, 4, 1.0f));
+  auto r0 = engine_->Submit(members[0].first, Op(members[0].second, v1::PSUM, buffers[0], 4), true,
+                            nullptr);
+  ASSERT_TRUE(r0.ok());
+  Result<absl::StatusOr<v1::WaitResponse>> early;
+  engine_->Wait(members[0].first, r0->op_id(), absl::Milliseconds(50), early.Callback());
+  EXPECT_EQ(early.Get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  auto r1 = engine_->Submit(members[1].first, Op(members[1].second, v1::PSUM, buffers[1], 4), true,
+                            nullptr);
+  ASSERT_TRUE(r1.ok());
+  Result<absl::StatusOr<v1::WaitResponse>> w0, w1;
+  engine_->Wait(members[0].first, r0->op_id(), absl::ZeroDuration(), w0.Callback());
+  engine_->Wait(members[1].first, r1->op_id(), absl::ZeroDuration(), w1.Callback());
+  ASSERT_TRUE(w0.Get().ok()) << w0.Get().status();
+  ASSERT_TRUE(w1.Get().ok()) << w1.Get().status();
+  EXPECT_EQ(Data(members[1].first, buffers[1])[3], 2.0f);
+  Result<absl::StatusOr<v1::WaitResponse>> unknown;
+  engine_->Wait(members[0].first, 999, absl::ZeroDuration(), unknown.Callback());
+  EXPECT_EQ(unknown.Get().status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EngineTest, ShutdownFailsPendingWorkWithUnavailable) {
+  auto members = FormMesh("down", 2);
+  std::string buf = Buffer(members[0].first, 4, 1.0f);
+  Result<OpOutcome> op;
+  ASSERT_TRUE(engine_->Submit(members[0].first, Op(members[0].second, v1::PSUM, buf, 4), false,
+                              op.Callback()).ok());
+  std::string joiner = NewSession();
+  Result<absl::StatusOr<v1::JoinMeshResponse>> join;
+  engine_->JoinMesh(JoinRequest(joiner, "other", 2), join.Callback());
+  engine_->Shutdown("test");
+  EXPECT_EQ(op.Get().status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(join.Get().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->CreateSession("late").status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(EngineTest, UnattachedSessionsExpire) {
+  EngineOptions options;
+  options.attach_timeout = absl::Milliseconds(50);
+  Start(options);
+  auto s = engine_->CreateSession("never-attaches");
+  ASSERT_TRUE(s.ok());
+  for (int i = 0; i < 200 && engine_->ListSessions().sessions_size() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(engine_->ListSessions().sessions_size(), 0);
+  EXPECT_EQ(engine_->AttachSession(s->session_id(), s->attach_token(), 1, 0).code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace collectived

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds collectived and runs every test: the normal build (unit,
+# integration, conformance, Python gRPC and deployment checks), then the
+# ASan/UBSan build, then the TSan build on the concurrency-sensitive tests.
+#   scripts/test.sh            everything
+#   scripts/test.sh --quick    the normal build only
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+scripts/install-deps.sh
+jobs="$(nproc)"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+run_suite() {  # name build-dir ctest-args cmake-args...
+  local name="$1" dir="$2" ctest_args="$3"
+  shift 3
+  echo "=== $name: configure and build ($dir)"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WERROR=ON "$@" >/dev/null
+  cmake --build "$dir" -j"$jobs"
+  echo "=== $name: test"
+  # shellcheck disable=SC2086
+  (cd "$dir" && ctest --output-on-failure -j"$jobs" $ctest_args)
+}
+
+run_suite "release" build ""
+if [ "$quick" -eq 0 ]; then
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    run_suite "asan+ubsan" build-asan "-LE nosan" -DCOLLECTIVED_SANITIZE=address
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    run_suite "tsan" build-tsan "-L tsan" -DCOLLECTIVED_SANITIZE=thread
+fi
+echo "=== all test suites passed"
