@@ -1,0 +1,24 @@
+# Installation: the daemon, the demo, and the SDK as a CMake package:
+#   find_package(collectived CONFIG REQUIRED)
+#   target_link_libraries(app PRIVATE collectived::client)
+include(CMakePackageConfigHelpers)
+
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/collectived
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS collectived_client collectived_common collectived_proto collectived_warnings
+        EXPORT collectivedTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(EXPORT collectivedTargets
+        NAMESPACE collectived::
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/collectived)
+configure_package_config_file(
+  ${PROJECT_SOURCE_DIR}/cmake/collectivedConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/collectivedConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/collectived)
+write_basic_package_version_file(
+  ${PROJECT_BINARY_DIR}/collectivedConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/collectivedConfig.cmake
+              ${PROJECT_BINARY_DIR}/collectivedConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/collectived)
