@@ -1,0 +1,177 @@
+// JAX conformance: every case of tests/conformance/data/vectors.json (made by
+// gen_vectors.py from real jax.lax collectives) runs through a real daemon
+// with one real client process per mesh member, and each member's result must
+// equal JAX's bit for bit. One test per mesh layout.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/conformance/vectors.h"
+#include "tests/harness/harness.h"
+
+namespace collectived::conformance {
+namespace {
+
+using collectived::testing::ChildResult;
+using collectived::testing::Daemon;
+using collectived::testing::RunAll;
+
+// The layouts gen_vectors.py generates (its MESHES table).
+const std::vector<std::string> kLayouts = {"x:2", "x:3", "x:4", "x:8", "x:2,y:2", "x:2,y:4"};
+
+std::string VectorsPath() {
+  return std::string(COLLECTIVED_SOURCE_DIR) + "/tests/conformance/data/vectors.json";
+}
+
+// Loaded once per test binary.
+const Vectors& LoadedVectors() {
+  static const Vectors* v = [] {
+    auto loaded = LoadVectors(VectorsPath());
+    if (!loaded.ok()) {
+      ADD_FAILURE() << "cannot load " << VectorsPath() << ": " << loaded.status();
+      return new Vectors();
+    }
+    return new Vectors(*std::move(loaded));
+  }();
+  return *v;
+}
+
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() <= n ? s : "..." + s.substr(s.size() - n);
+}
+
+TEST(ConformanceVectors, LayoutsMatchTheData) {
+  const Vectors& v = LoadedVectors();
+  ASSERT_FALSE(v.cases.empty());
+  std::map<std::string, int> per_layout;
+  std::set<std::string> names;
+  for (const Case& c : v.cases) {
+    ++per_layout[LayoutString(c.mesh)];
+    EXPECT_TRUE(names.insert(c.name).second) << "duplicate case name " << c.name;
+  }
+  std::set<std::string> expected(kLayouts.begin(), kLayouts.end());
+  for (const auto& [layout, n] : per_layout) {
+    EXPECT_TRUE(expected.count(layout)) << "layout " << layout << " (" << n
+                                        << " cases) has no test; add it to kLayouts";
+  }
+  for (const std::string& layout : kLayouts) {
+    EXPECT_GT(per_layout[layout], 0) << "no cases for layout " << layout;
+  }
+}
+
+class ConformanceTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConformanceTest, MatchesJax) {
+  const std::string layout_text = GetParam();
+  const Vectors& v = LoadedVectors();
+  auto layout = ParseLayout(layout_text);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  std::set<std::string> case_names;
+  for (const Case& c : v.cases) {
+    if (c.mesh == *layout) case_names.insert(c.name);
+  }
+  ASSERT_GT(case_names.size(), 0u) << "no cases for layout " << layout_text;
+  const int members = NumMembers(*layout);
+
+  auto daemon = Daemon::Start({"--log_level=warn"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+
+  std::vector<std::vector<std::string>> argvs;
+  for (int m = 0; m < members; ++m) {
+    argvs.push_back({COLLECTIVED_CONFORMANCE_WORKER, "--socket=" + (*daemon)->socket(),
+                     "--vectors=" + VectorsPath(), "--mesh=" + layout_text,
+                     absl::StrCat("--member=", m)});
+  }
+  const absl::Time start = absl::Now();
+  std::vector<ChildResult> results = RunAll(argvs, absl::Seconds(180));
+  const absl::Duration took = absl::Now() - start;
+
+  // Per case (in file order): the members that failed it and their details.
+  std::map<std::string, std::vector<std::pair<int, std::string>>> failed_cases;
+  bool broken = false;  // a member crashed, hung or did not report every case
+  for (int m = 0; m < members; ++m) {
+    const ChildResult& r = results[m];
+    std::set<std::string> ok;
+    size_t reported = 0;
+    std::vector<std::string> other;  // lines that are not CASE lines
+    for (absl::string_view line : absl::StrSplit(r.output, '\n', absl::SkipEmpty())) {
+      std::vector<absl::string_view> words = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+      if (words.size() >= 3 && words[0] == "CASE") {
+        const std::string name(words[1]);
+        EXPECT_TRUE(case_names.count(name)) << "member " << m << " reported an unknown case: "
+                                            << line;
+        ++reported;
+        if (words[2] == "OK") {
+          EXPECT_TRUE(ok.insert(name).second) << "member " << m << " reported a case twice: "
+                                              << line;
+        } else {
+          std::string detail(words[2]);
+          if (absl::StartsWith(detail, "FAIL ")) detail = detail.substr(5);
+          failed_cases[name].emplace_back(m, detail);
+        }
+      } else if (!absl::StartsWith(line, "WORKER ") && !absl::StartsWith(line, "SUMMARY ")) {
+        other.push_back(std::string(line));
+      }
+    }
+    if (r.timed_out || (r.exit_code != 0 && r.exit_code != 1) || reported != case_names.size()) {
+      broken = true;
+    }
+    EXPECT_FALSE(r.timed_out) << "member " << m << " timed out; output tail:\n"
+                              << Tail(r.output, 4000);
+    EXPECT_EQ(r.exit_code, 0) << "member " << m << " of " << layout_text << " ("
+                              << case_names.size() - ok.size() << " case(s) not OK)"
+                              << (other.empty() ? "" : "; other output:\n")
+                              << Tail(absl::StrJoin(other, "\n"), 4000);
+    EXPECT_EQ(ok.size(), case_names.size())
+        << "member " << m << " of " << layout_text << " passed " << ok.size() << " of "
+        << case_names.size() << " cases";
+  }
+  if (!failed_cases.empty()) {
+    // Grouped by op and dtype, then each failing case with its members.
+    std::map<std::string, std::vector<std::string>> by_op_dtype;
+    std::string lines;
+    for (const Case& c : v.cases) {
+      auto it = failed_cases.find(c.name);
+      if (c.mesh != *layout || it == failed_cases.end()) continue;
+      by_op_dtype[absl::StrCat(c.op, "/", c.dtype)].push_back(c.name);
+      std::vector<int> who;
+      for (const auto& [m, detail] : it->second) who.push_back(m);
+      absl::StrAppend(&lines, "CASE ", c.name, " FAIL on member(s) [", absl::StrJoin(who, ","),
+                      "]\n");
+      for (size_t i = 0; i < it->second.size() && i < 2; ++i) {
+        absl::StrAppend(&lines, "    member ", it->second[i].first, ": ", it->second[i].second,
+                        "\n");
+      }
+    }
+    std::string summary;
+    for (const auto& [key, names] : by_op_dtype) {
+      absl::StrAppend(&summary, "  ", key, ": ", names.size(), "\n");
+    }
+    ADD_FAILURE() << failed_cases.size() << " of " << case_names.size() << " cases of "
+                  << layout_text << " differ from JAX; by op/dtype:\n"
+                  << summary << lines;
+  }
+  if (broken) {
+    ChildResult log = (*daemon)->Stop();
+    ADD_FAILURE() << "a member did not finish normally; daemon log tail:\n"
+                  << Tail(log.output, 4000);
+  }
+  std::printf("layout %s: %zu cases x %d members in %s\n", layout_text.c_str(), case_names.size(),
+              members, absl::FormatDuration(took).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ConformanceTest, ::testing::ValuesIn(kLayouts),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           auto layout = ParseLayout(info.param);
+                           return layout.ok() ? LayoutTag(*layout) : std::string("invalid");
+                         });
+
+}  // namespace
+}  // namespace collectived::conformance
