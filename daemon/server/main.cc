@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
@@ -61,7 +62,18 @@ int Main(int argc, char** argv) {
       "collectived: runs JAX-style collectives (psum, pmean, all_gather, ppermute, ...) for the "
       "client processes of this host over shared memory.\nUsage: collectived [--socket=PATH] "
       "[--tcp=ADDR] [flags]");
-  absl::ParseCommandLine(argc, argv);
+  // Accept --foo-bar as well as --foo_bar (absl flag names use underscores).
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) {
+    if (a.size() > 2 && a.compare(0, 2, "--") == 0) {
+      for (size_t i = 2; i < a.size() && a[i] != '='; ++i) {
+        if (a[i] == '-') a[i] = '_';
+      }
+    }
+    arg_ptrs.push_back(a.data());
+  }
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
 
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
