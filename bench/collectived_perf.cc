@@ -1,0 +1,1387 @@
+// collectived_perf: latency and bandwidth of every collective, in the manner
+// of nccl-tests' all_reduce_perf.
+//
+//   collectived_perf [--op=psum|...|all] [--members=2[,4,...]] [--dtype=float32]
+//                    [--min-bytes=8] [--max-bytes=64M] [--step-factor=2]
+//                    [--iters=20] [--warmup=5] [--check=true] [--json]
+//                    [--socket=PATH]
+//
+// The parent process starts a private daemon (unless --socket names a running
+// one), then for each member count N starts N member processes (this same
+// binary, exec'd in member mode), which join one mesh and run, for every op
+// and size: one checked op, a barrier, `warmup` untimed ops and `iters` timed
+// ops issued back to back. Each member times each op with a steady clock and
+// sends its times to the parent through a pipe; an iteration's time is the
+// slowest member's, and a row reports the median and the minimum over the
+// iterations. See bench/README.md for the column definitions.
+//
+// The parent never talks gRPC; members are fork+exec'd, never plain forked.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "collectived/client.h"
+#include "collectived/dtype.h"
+
+namespace {
+
+using collectived::Array;
+using collectived::DType;
+
+// ---------------------------------------------------------------------------
+// Ops and the size plan (computed identically by the parent and the members).
+
+enum class Op {
+  kPsum,
+  kPmean,
+  kPmax,
+  kPmin,
+  kAllGather,
+  kPpermute,
+  kPsumScatter,
+  kAllToAll,
+  kBroadcast,
+  kBarrier,
+};
+
+constexpr Op kAllOps[] = {Op::kPsum,        Op::kPmean,    Op::kPmax,      Op::kPmin,
+                          Op::kAllGather,   Op::kPpermute, Op::kPsumScatter,
+                          Op::kAllToAll,    Op::kBroadcast, Op::kBarrier};
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kPsum: return "psum";
+    case Op::kPmean: return "pmean";
+    case Op::kPmax: return "pmax";
+    case Op::kPmin: return "pmin";
+    case Op::kAllGather: return "all_gather";
+    case Op::kPpermute: return "ppermute";
+    case Op::kPsumScatter: return "psum_scatter";
+    case Op::kAllToAll: return "all_to_all";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+std::optional<Op> OpFromName(absl::string_view name) {
+  for (Op op : kAllOps) {
+    if (name == OpName(op)) return op;
+  }
+  return std::nullopt;
+}
+
+bool IsReduction(Op op) {
+  return op == Op::kPsum || op == Op::kPmean || op == Op::kPmax || op == Op::kPmin;
+}
+
+// Ops whose dimension 0 is split into n tiles.
+bool IsTiled(Op op) {
+  return op == Op::kAllGather || op == Op::kPsumScatter || op == Op::kAllToAll;
+}
+
+// nccl-tests' bus bandwidth factor.
+double BusFactor(Op op, int n) {
+  switch (op) {
+    case Op::kPsum:
+    case Op::kPmean:
+    case Op::kPmax:
+    case Op::kPmin:
+      return 2.0 * (n - 1) / n;
+    case Op::kAllGather:
+    case Op::kPsumScatter:
+    case Op::kAllToAll:
+      return static_cast<double>(n - 1) / n;
+    case Op::kBroadcast:
+    case Op::kPpermute:
+      return 1.0;
+    case Op::kBarrier:
+      return 0.0;
+  }
+  return 0.0;
+}
+
+// The result dtype of a reduction, as jax.lax defines it (and the daemon).
+DType OutDType(Op op, DType dt) {
+  if (op == Op::kPsum && dt == DType::kBool) return DType::kI32;
+  if (op != Op::kPmean) return dt;
+  switch (dt) {
+    case DType::kBool:
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kI32:
+    case DType::kU32:
+      return DType::kF32;
+    case DType::kI64:
+    case DType::kU64:
+      return DType::kF64;
+    default:
+      return dt;
+  }
+}
+
+struct Row {
+  Op op;
+  int64_t in_count = 0;   // elements of the input, per member
+  int64_t out_count = 0;  // elements of the output, per member
+  int64_t bytes = 0;      // the reported size (nccl-tests semantics)
+  int64_t count = 0;      // bytes / element size
+  size_t in_bytes = 0;
+  size_t out_bytes = 0;
+};
+
+struct Config {
+  std::vector<Op> ops;
+  std::vector<int> members;
+  DType dtype = DType::kF32;
+  int64_t min_bytes = 8;
+  int64_t max_bytes = int64_t{64} << 20;
+  int64_t step_factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  bool json = false;
+  bool check = true;
+  std::string socket;
+  // Member mode (hidden flags).
+  int member = -1;
+  int report_fd = -1;
+  std::string mesh;
+};
+
+std::vector<Row> PlanRows(const Config& cfg, int n) {
+  std::vector<Row> rows;
+  const int64_t es = static_cast<int64_t>(collectived::DTypeSize(cfg.dtype));
+  for (Op op : cfg.ops) {
+    const DType out_dt = OutDType(op, cfg.dtype);
+    const int64_t out_es = static_cast<int64_t>(collectived::DTypeSize(out_dt));
+    if (op == Op::kBarrier) {
+      rows.push_back(Row{op});
+      continue;
+    }
+    int64_t last_bytes = -1;
+    for (int64_t s = cfg.min_bytes; s <= cfg.max_bytes;) {
+      Row r{op};
+      int64_t elems = std::max<int64_t>(1, s / es);
+      if (IsTiled(op)) elems = std::max<int64_t>(n, elems / n * n);
+      switch (op) {
+        case Op::kAllGather:  // `bytes` is the output size
+          r.out_count = elems;
+          r.in_count = elems / n;
+          r.count = r.out_count;
+          break;
+        case Op::kPsumScatter:
+          r.in_count = elems;
+          r.out_count = elems / n;
+          r.count = r.in_count;
+          break;
+        default:
+          r.in_count = r.out_count = r.count = elems;
+          break;
+      }
+      r.bytes = r.count * es;
+      r.in_bytes = static_cast<size_t>(r.in_count * es);
+      r.out_bytes = static_cast<size_t>(r.out_count * out_es);
+      if (r.bytes != last_bytes) rows.push_back(r);
+      last_bytes = r.bytes;
+      if (s > cfg.max_bytes / cfg.step_factor) break;
+      s *= cfg.step_factor;
+    }
+  }
+  return rows;
+}
+
+// ---------------------------------------------------------------------------
+// Flags. Hand-parsed so that every bad flag exits 2 with a message.
+
+constexpr char kUsage[] =
+    "usage: collectived_perf [flags]\n"
+    "  --op=NAME          psum (default), pmean, pmax, pmin, all_gather, ppermute,\n"
+    "                     psum_scatter, all_to_all, broadcast, barrier, or all;\n"
+    "                     a comma list is accepted too\n"
+    "  --members=N[,M..]  member processes (default 2)\n"
+    "  --dtype=NAME       float32 (default), float64, float16, bfloat16, int8, uint8,\n"
+    "                     int32, uint32, int64, uint64, bool\n"
+    "  --min-bytes=SIZE   smallest size (default 8); suffixes K, M, G (powers of 1024)\n"
+    "  --max-bytes=SIZE   largest size (default 64M)\n"
+    "  --step-factor=F    multiply the size by F between rows (default 2)\n"
+    "  --iters=N          timed iterations per size (default 20)\n"
+    "  --warmup=N         untimed iterations per size (default 5)\n"
+    "  --check[=BOOL]     verify the result of the first (untimed) op of each size\n"
+    "                     (default true)\n"
+    "  --json[=BOOL]      one JSON object per row on stdout instead of the table\n"
+    "  --socket=PATH      use the daemon at PATH; empty (default): start a private one\n";
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
+  std::exit(2);
+}
+
+// "64M" -> 67108864. Suffixes K, M, G (optionally followed by B or iB).
+std::optional<int64_t> ParseSize(absl::string_view text) {
+  std::string t = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
+  int shift = 0;
+  for (absl::string_view suffix : {"IB", "B"}) {
+    if (t.size() > suffix.size() && absl::EndsWith(t, suffix)) {
+      t.resize(t.size() - suffix.size());
+      break;
+    }
+  }
+  if (!t.empty()) {
+    switch (t.back()) {
+      case 'K': shift = 10; break;
+      case 'M': shift = 20; break;
+      case 'G': shift = 30; break;
+      default: break;
+    }
+    if (shift != 0) t.pop_back();
+  }
+  int64_t v = 0;
+  if (t.empty() || !absl::SimpleAtoi(t, &v) || v < 0) return std::nullopt;
+  if (v > (INT64_MAX >> shift)) return std::nullopt;
+  return v << shift;
+}
+
+std::optional<bool> ParseBool(absl::string_view text) {
+  std::string t = absl::AsciiStrToLower(text);
+  if (t == "" || t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  return std::nullopt;
+}
+
+int ParseInt(const std::string& flag, const std::string& value, int lo, int hi) {
+  int v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < lo || v > hi) {
+    UsageError(absl::StrCat("--", flag, "=", value, ": expected an integer in ", lo, "..", hi));
+  }
+  return v;
+}
+
+Config ParseFlags(int argc, char** argv) {
+  Config cfg;
+  std::string ops = "psum", members = "2";
+  for (int a = 1; a < argc; ++a) {
+    std::string arg = argv[a];
+    if (arg == "--help" || arg == "-h" || arg == "--helpfull") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (!absl::StartsWith(arg, "--")) UsageError(absl::StrCat("unexpected argument '", arg, "'"));
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+      has_value = true;
+    }
+    std::replace(name.begin(), name.end(), '_', '-');
+    const bool is_bool = name == "json" || name == "check" || name == "nojson" ||
+                         name == "nocheck" || name == "no-json" || name == "no-check";
+    if (is_bool) {
+      bool negated = absl::StartsWith(name, "no");
+      std::string base = negated ? name.substr(name[2] == '-' ? 3 : 2) : name;
+      if (negated && has_value) UsageError(absl::StrCat("--", name, " takes no value"));
+      std::optional<bool> b = negated ? std::optional<bool>(false) : ParseBool(value);
+      if (!b) UsageError(absl::StrCat("--", name, "=", value, ": expected true or false"));
+      (base == "json" ? cfg.json : cfg.check) = *b;
+      continue;
+    }
+    static const char* const kValued[] = {"op",     "members", "dtype",  "min-bytes",
+                                          "max-bytes", "step-factor", "iters", "warmup",
+                                          "socket", "member",  "report-fd", "mesh"};
+    if (std::none_of(std::begin(kValued), std::end(kValued),
+                     [&](const char* f) { return name == f; })) {
+      UsageError(absl::StrCat("unknown flag --", name));
+    }
+    if (!has_value) {
+      if (a + 1 >= argc) UsageError(absl::StrCat("--", name, " needs a value"));
+      value = argv[++a];
+    }
+    if (name == "op") {
+      ops = value;
+    } else if (name == "members") {
+      members = value;
+    } else if (name == "dtype") {
+      auto dt = collectived::DTypeFromName(std::string(value));
+      if (!dt) {
+        UsageError(absl::StrCat("--dtype=", value,
+                                ": expected float32, float64, float16, bfloat16, int8, uint8, "
+                                "int32, uint32, int64, uint64 or bool"));
+      }
+      cfg.dtype = *dt;
+    } else if (name == "min-bytes" || name == "max-bytes") {
+      auto v = ParseSize(value);
+      if (!v) UsageError(absl::StrCat("--", name, "=", value, ": expected a size like 8, 1K, 64M"));
+      (name == "min-bytes" ? cfg.min_bytes : cfg.max_bytes) = *v;
+    } else if (name == "step-factor") {
+      cfg.step_factor = ParseInt(name, value, 2, 1 << 20);
+    } else if (name == "iters") {
+      cfg.iters = ParseInt(name, value, 1, 1000000);
+    } else if (name == "warmup") {
+      cfg.warmup = ParseInt(name, value, 0, 1000000);
+    } else if (name == "socket") {
+      cfg.socket = value;
+    } else if (name == "member") {  // hidden: member mode
+      cfg.member = ParseInt(name, value, 0, 4096);
+    } else if (name == "report-fd") {  // hidden
+      cfg.report_fd = ParseInt(name, value, 0, 1 << 20);
+    } else if (name == "mesh") {  // hidden
+      cfg.mesh = value;
+    } else {
+      UsageError(absl::StrCat("unknown flag --", name));
+    }
+  }
+  // --op
+  for (absl::string_view part : absl::StrSplit(ops, ',', absl::SkipWhitespace())) {
+    part = absl::StripAsciiWhitespace(part);
+    if (part == "all") {
+      for (Op op : kAllOps) cfg.ops.push_back(op);
+      continue;
+    }
+    auto op = OpFromName(part);
+    if (!op) {
+      UsageError(absl::StrCat("--op=", ops, ": unknown op '", part,
+                              "' (psum, pmean, pmax, pmin, all_gather, ppermute, psum_scatter, "
+                              "all_to_all, broadcast, barrier, all)"));
+    }
+    cfg.ops.push_back(*op);
+  }
+  if (cfg.ops.empty()) UsageError("--op is empty");
+  // De-duplicate, keeping the first occurrence.
+  std::vector<Op> uniq;
+  for (Op op : cfg.ops) {
+    if (std::find(uniq.begin(), uniq.end(), op) == uniq.end()) uniq.push_back(op);
+  }
+  cfg.ops = uniq;
+  if (cfg.dtype == DType::kBool) {
+    auto it = std::find(cfg.ops.begin(), cfg.ops.end(), Op::kPsumScatter);
+    if (it != cfg.ops.end()) {
+      if (cfg.ops.size() == 1) UsageError("psum_scatter does not support --dtype=bool (JAX rejects it too)");
+      cfg.ops.erase(it);
+      if (cfg.member < 0) {
+        std::fprintf(stderr, "collectived_perf: skipping psum_scatter: bool is not supported\n");
+      }
+    }
+  }
+  // --members
+  for (absl::string_view part : absl::StrSplit(members, ',', absl::SkipWhitespace())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > 1024) {
+      UsageError(absl::StrCat("--members=", members, ": expected a comma list of integers in 1..1024"));
+    }
+    cfg.members.push_back(n);
+  }
+  if (cfg.members.empty()) UsageError("--members is empty");
+  if (cfg.min_bytes < 1) UsageError("--min-bytes must be at least 1");
+  if (cfg.max_bytes < cfg.min_bytes) {
+    UsageError(absl::StrCat("--max-bytes (", cfg.max_bytes, ") is smaller than --min-bytes (",
+                            cfg.min_bytes, ")"));
+  }
+  if (cfg.max_bytes > (int64_t{16} << 30)) UsageError("--max-bytes must be at most 16G");
+  if (cfg.member >= 0 && (cfg.report_fd < 0 || cfg.mesh.empty() || cfg.members.size() != 1)) {
+    UsageError("--member needs --report-fd, --mesh and a single --members");
+  }
+  return cfg;
+}
+
+// ---------------------------------------------------------------------------
+// Element access and the test patterns.
+
+double GetElem(DType dt, const void* p, size_t i) {
+  switch (dt) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF64: return static_cast<const double*>(p)[i];
+    case DType::kF16: return collectived::HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16: return collectived::BF16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI8: return static_cast<const int8_t*>(p)[i];
+    case DType::kU8: return static_cast<const uint8_t*>(p)[i];
+    case DType::kI32: return static_cast<const int32_t*>(p)[i];
+    case DType::kU32: return static_cast<const uint32_t*>(p)[i];
+    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kU64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(p)[i];  // raw byte: 0/1 expected
+    default: return std::nan("");
+  }
+}
+
+// Stores v rounded (floats) or wrapped (integers) to dt.
+void SetElem(DType dt, void* p, size_t i, double v) {
+  const int64_t w = std::isfinite(v) ? static_cast<int64_t>(v) : 0;
+  switch (dt) {
+    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case DType::kF64: static_cast<double*>(p)[i] = v; break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = collectived::FloatToHalf(static_cast<float>(v));
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = collectived::FloatToBF16(static_cast<float>(v));
+      break;
+    case DType::kI8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(w); break;
+    case DType::kU8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(w); break;
+    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(w); break;
+    case DType::kU32: static_cast<uint32_t*>(p)[i] = static_cast<uint32_t>(w); break;
+    case DType::kI64: static_cast<int64_t*>(p)[i] = w; break;
+    case DType::kU64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(w); break;
+    case DType::kBool: static_cast<uint8_t*>(p)[i] = v != 0 ? 1 : 0; break;
+    default: break;
+  }
+}
+
+// v as dt represents it.
+double Represent(DType dt, double v) {
+  alignas(8) unsigned char tmp[8];
+  SetElem(dt, tmp, 0, v);
+  return GetElem(dt, tmp, 0);
+}
+
+// Reductions: small non-negative integers (0..4; bool 0/1), so sums are exact
+// in every float type and the expected values are computed exactly.
+int64_t RedVal(DType dt, int i, int64_t k) {
+  return dt == DType::kBool ? (k + i) % 2 : (k + 3 * i) % 5;
+}
+
+// Data movement: values that identify the source member and position, exact
+// in dt.
+int64_t MoveVal(DType dt, int i, int64_t k) {
+  int64_t m = int64_t{1} << 24;
+  switch (dt) {
+    case DType::kBool: m = 2; break;
+    case DType::kI8: m = 127; break;
+    case DType::kU8: m = 255; break;
+    case DType::kBF16: m = 256; break;
+    case DType::kF16: m = 2048; break;
+    default: break;
+  }
+  return (k * 13 + int64_t{i} * 7 + 1) % m;
+}
+
+void FillInput(Op op, DType dt, int me, void* p, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t v = IsReduction(op) || op == Op::kPsumScatter ? RedVal(dt, me, k)
+                                                                : MoveVal(dt, me, k);
+    SetElem(dt, p, static_cast<size_t>(k), static_cast<double>(v));
+  }
+}
+
+// What member `me` of `n` must hold at output element k.
+double Expected(Op op, DType dt, int n, int me, const Row& r, int64_t k) {
+  const DType out_dt = OutDType(op, dt);
+  switch (op) {
+    case Op::kPsum:
+    case Op::kPsumScatter: {
+      const int64_t kk = op == Op::kPsum ? k : me * (r.in_count / n) + k;
+      int64_t s = 0;
+      for (int i = 0; i < n; ++i) s += RedVal(dt, i, kk);
+      return Represent(out_dt, static_cast<double>(s));
+    }
+    case Op::kPmax:
+    case Op::kPmin: {
+      int64_t m = RedVal(dt, 0, k);
+      for (int i = 1; i < n; ++i) {
+        m = op == Op::kPmax ? std::max(m, RedVal(dt, i, k)) : std::min(m, RedVal(dt, i, k));
+      }
+      return Represent(out_dt, static_cast<double>(m));
+    }
+    case Op::kPmean: {
+      int64_t s = 0;
+      for (int i = 0; i < n; ++i) s += RedVal(dt, i, k);
+      switch (dt) {
+        case DType::kF64:
+          return static_cast<double>(s) / n;
+        case DType::kF32:
+        case DType::kBool:
+          return static_cast<float>(s) / static_cast<float>(n);
+        case DType::kF16:
+        case DType::kBF16:  // sum rounded to the format, divided in float32, rounded
+          return Represent(dt, static_cast<float>(Represent(dt, static_cast<double>(s))) /
+                                   static_cast<float>(n));
+        case DType::kI64:
+        case DType::kU64:  // the wrapped sum, divided in float64
+          return Represent(dt, static_cast<double>(s)) / n;
+        default:  // narrower integers: the wrapped sum, divided in float32
+          return static_cast<float>(Represent(dt, static_cast<double>(s))) /
+                 static_cast<float>(n);
+      }
+    }
+    case Op::kAllGather: {
+      const int64_t tile = r.out_count / n;
+      return static_cast<double>(MoveVal(dt, static_cast<int>(k / tile), k % tile));
+    }
+    case Op::kPpermute:
+      return static_cast<double>(MoveVal(dt, (me + n - 1) % n, k));
+    case Op::kAllToAll: {
+      const int64_t tile = r.in_count / n;
+      return static_cast<double>(MoveVal(dt, static_cast<int>(k / tile), me * tile + k % tile));
+    }
+    case Op::kBroadcast:
+      return static_cast<double>(MoveVal(dt, 0, k));
+    case Op::kBarrier:
+      break;
+  }
+  return 0;
+}
+
+// Empty when `out` holds what it must; else a description of the first
+// mismatch.
+std::string Verify(Op op, DType dt, int n, int me, const Row& r, const void* out) {
+  const DType out_dt = OutDType(op, dt);
+  // The reduction patterns repeat every 10 elements: look the values up.
+  const bool periodic = IsReduction(op) || op == Op::kPsumScatter;
+  double table[10];
+  if (periodic) {
+    for (int j = 0; j < 10; ++j) {
+      table[j] = Expected(op == Op::kPsumScatter ? Op::kPsum : op, dt, n, me, r, j);
+    }
+  }
+  const int64_t offset = op == Op::kPsumScatter ? me * (r.in_count / n) : 0;
+  int64_t bad = 0;
+  std::string first;
+  for (int64_t k = 0; k < r.out_count; ++k) {
+    const double got = GetElem(out_dt, out, static_cast<size_t>(k));
+    const double want = periodic ? table[(k + offset) % 10] : Expected(op, dt, n, me, r, k);
+    if (got == want || (std::isnan(got) && std::isnan(want))) continue;
+    if (bad++ == 0) {
+      first = absl::StrCat("element ", k, " is ", got, ", expected ", want);
+    }
+  }
+  if (bad == 0) return "";
+  return absl::StrCat(bad, " of ", r.out_count, " elements wrong; first: ", first);
+}
+
+// ---------------------------------------------------------------------------
+// Member mode.
+
+bool WriteAll(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t w = write(fd, s.data() + done, s.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Protocol to the parent, one line each:
+//   READY
+//   CHECKFAIL <row> <text>
+//   ROW <row> <ok|fail|skipped> <ns> <ns> ...
+//   ERR <text>
+//   DONE
+int MemberFail(int fd, const std::string& what) {
+  std::string line = what;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  WriteAll(fd, absl::StrCat("ERR ", line, "\n"));
+  return 1;
+}
+
+// One row's op, built before the timed loop so that only the call is timed.
+struct OpCall {
+  Op op;
+  Array x, y;
+  std::vector<std::pair<int, int>> ring;  // ppermute: i -> i+1
+};
+
+OpCall MakeCall(Op op, DType dt, int n, const Row& r, const collectived::Buffer& in,
+                const collectived::Buffer& out) {
+  OpCall c{op, Array{&in, 0, dt, {r.in_count}}, Array{&out, 0, OutDType(op, dt), {r.out_count}}, {}};
+  if (op == Op::kPpermute) {
+    for (int s = 0; s < n; ++s) c.ring.emplace_back(s, (s + 1) % n);
+  }
+  return c;
+}
+
+absl::Status RunOp(collectived::Mesh& m, const OpCall& c) {
+  switch (c.op) {
+    case Op::kPsum: return m.psum(c.x, "x", c.y);
+    case Op::kPmean: return m.pmean(c.x, "x", c.y);
+    case Op::kPmax: return m.pmax(c.x, "x", c.y);
+    case Op::kPmin: return m.pmin(c.x, "x", c.y);
+    case Op::kAllGather: return m.all_gather(c.x, "x", c.y, {.axis = 0, .tiled = true});
+    case Op::kPpermute: return m.ppermute(c.x, "x", c.ring, c.y);
+    case Op::kPsumScatter:
+      return m.psum_scatter(c.x, "x", c.y, {.scatter_dimension = 0, .tiled = true});
+    case Op::kAllToAll:
+      return m.all_to_all(c.x, "x", {.split_axis = 0, .concat_axis = 0, .tiled = true}, c.y);
+    case Op::kBroadcast: return m.broadcast(c.x, "x", 0, c.y);
+    case Op::kBarrier: return m.barrier("x");
+  }
+  return absl::InternalError("unknown op");
+}
+
+int RunMember(const Config& cfg) {
+  const int fd = cfg.report_fd;
+  const int n = cfg.members[0];
+  const int me = cfg.member;
+  const std::vector<Row> rows = PlanRows(cfg, n);
+  size_t max_in = 64, max_out = 64;
+  std::map<Op, int64_t> fill_count;
+  for (const Row& r : rows) {
+    max_in = std::max(max_in, r.in_bytes);
+    max_out = std::max(max_out, r.out_bytes);
+    fill_count[r.op] = std::max(fill_count[r.op], r.in_count);
+  }
+
+  auto client = collectived::Client::Connect(
+      {.socket_path = cfg.socket, .client_name = absl::StrCat("perf-", n, "-", me)});
+  if (!client.ok()) return MemberFail(fd, absl::StrCat("connect: ", client.status().ToString()));
+  auto mesh = (*client)->JoinMesh({.name = cfg.mesh,
+                                   .axes = {{"x", n}},
+                                   .coordinate = {me},
+                                   .join_timeout = absl::Seconds(60)});
+  if (!mesh.ok()) return MemberFail(fd, absl::StrCat("join mesh: ", mesh.status().ToString()));
+  collectived::Mesh& m = **mesh;
+  auto in = (*client)->Allocate(max_in);
+  if (!in.ok()) {
+    return MemberFail(fd, absl::StrCat("allocate ", max_in, " B: ", in.status().ToString()));
+  }
+  auto out = (*client)->Allocate(max_out);
+  if (!out.ok()) {
+    return MemberFail(fd, absl::StrCat("allocate ", max_out, " B: ", out.status().ToString()));
+  }
+  if (!WriteAll(fd, "READY\n")) return 1;
+
+  using Clock = std::chrono::steady_clock;
+  std::vector<int64_t> times(static_cast<size_t>(cfg.iters));
+  std::optional<Op> filled;
+  for (size_t ri = 0; ri < rows.size(); ++ri) {
+    const Row& r = rows[ri];
+    auto where = [&] {
+      return r.op == Op::kBarrier ? std::string("barrier")
+                                  : absl::StrCat(OpName(r.op), " ", r.bytes, " B");
+    };
+    if (filled != r.op && r.op != Op::kBarrier) {
+      FillInput(r.op, cfg.dtype, me, in->data(), fill_count[r.op]);
+      filled = r.op;
+    }
+    const OpCall call = MakeCall(r.op, cfg.dtype, n, r, *in, *out);
+    std::string check = "skipped";
+    if (cfg.check && r.op != Op::kBarrier) {
+      std::memset(out->data(), 0xA5, r.out_bytes);
+      absl::Status st = RunOp(m, call);
+      if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
+      std::string bad = Verify(r.op, cfg.dtype, n, me, r, out->data());
+      check = bad.empty() ? "ok" : "fail";
+      if (!bad.empty() && !WriteAll(fd, absl::StrCat("CHECKFAIL ", ri, " ", bad, "\n"))) return 1;
+    }
+    // Start every size together.
+    if (absl::Status st = m.barrier("x"); !st.ok()) {
+      return MemberFail(fd, absl::StrCat(where(), ": barrier: ", st.ToString()));
+    }
+    for (int w = 0; w < cfg.warmup; ++w) {
+      absl::Status st = RunOp(m, call);
+      if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), " (warmup): ", st.ToString()));
+    }
+    for (int it = 0; it < cfg.iters; ++it) {
+      const Clock::time_point t0 = Clock::now();
+      absl::Status st = RunOp(m, call);
+      const Clock::time_point t1 = Clock::now();
+      if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
+      times[static_cast<size_t>(it)] =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    }
+    if (!WriteAll(fd, absl::StrCat("ROW ", ri, " ", check, " ", absl::StrJoin(times, " "), "\n"))) {
+      return 1;
+    }
+  }
+  // Nobody leaves before everyone finished (leaving breaks the mesh).
+  if (absl::Status st = m.barrier("x"); !st.ok()) {
+    return MemberFail(fd, absl::StrCat("final barrier: ", st.ToString()));
+  }
+  WriteAll(fd, "DONE\n");
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Parent: processes.
+
+volatile sig_atomic_t g_stop_signal = 0;
+
+void OnStopSignal(int sig) { g_stop_signal = sig; }
+
+std::string SelfExe() {
+  char buf[4096];
+  ssize_t len = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (len <= 0) return "";
+  return std::string(buf, static_cast<size_t>(len));
+}
+
+bool Executable(const std::string& path) {
+  struct stat st;
+  return !path.empty() && stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         access(path.c_str(), X_OK) == 0;
+}
+
+// The daemon built with this benchmark, else one next to it, else $PATH.
+std::string FindDaemon() {
+#ifdef COLLECTIVED_DAEMON_BIN
+  if (Executable(COLLECTIVED_DAEMON_BIN)) return COLLECTIVED_DAEMON_BIN;
+#endif
+  std::string self = SelfExe();
+  if (size_t slash = self.rfind('/'); slash != std::string::npos) {
+    std::string dir = self.substr(0, slash);
+    for (const char* rel : {"/collectived", "/../daemon/collectived"}) {
+      if (Executable(dir + rel)) return dir + rel;
+    }
+  }
+  const char* path = getenv("PATH");
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "", ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/collectived");
+    if (Executable(candidate)) return candidate;
+  }
+  return "";
+}
+
+bool SocketLive(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+std::string Tail(const std::string& s, size_t max = 4000) {
+  std::string t = s.size() > max ? "..." + s.substr(s.size() - max) : s;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  return t;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::string data;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return data;
+  char buf[8192];
+  ssize_t got;
+  while ((got = read(fd, buf, sizeof(buf))) > 0) data.append(buf, static_cast<size_t>(got));
+  close(fd);
+  return data;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
+  return "ended";
+}
+
+// Waits for pid at most `timeout`; true (and *status) when it was reaped.
+bool WaitFor(pid_t pid, absl::Duration timeout, int* status) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    pid_t w = waitpid(pid, status, WNOHANG);
+    if (w == pid) return true;
+    if (w < 0 && errno != EINTR) return false;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// A collectived started (and stopped) by this benchmark.
+class OwnDaemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<OwnDaemon>> Start() {
+    std::unique_ptr<OwnDaemon> d(new OwnDaemon());
+    d->binary_ = FindDaemon();
+    if (d->binary_.empty()) {
+      return absl::NotFoundError(
+          "cannot find the collectived daemon (not built alongside, not next to this binary, "
+          "not on $PATH); pass --socket=PATH to use a running one");
+    }
+    const char* base = getenv("TMPDIR");
+    std::string tmpl =
+        absl::StrCat(base != nullptr && *base ? base : "/tmp", "/collectived_perf-XXXXXX");
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", strerror(errno)));
+    }
+    d->dir_ = buf.data();
+    d->socket_ = d->dir_ + "/collectived.sock";
+    d->log_ = d->dir_ + "/daemon.log";
+    if (d->socket_.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", d->socket_));
+    }
+    std::vector<std::string> argv = {d->binary_, "--socket=" + d->socket_, "--log_level=warn"};
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+    if (pid == 0) {
+      // Own process group: a terminal ^C reaches us, and we stop the daemon.
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(1);
+      int log = open(d->log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (log >= 0) {
+        dup2(log, STDOUT_FILENO);
+        dup2(log, STDERR_FILENO);
+      }
+      execv(args[0], args.data());
+      std::fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+      _exit(127);
+    }
+    d->pid_ = pid;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!SocketLive(d->socket_)) {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        d->pid_ = -1;
+        return absl::InternalError(absl::StrCat("daemon ", d->binary_, " ", DescribeExit(status),
+                                                " during start-up: ", Tail(ReadFile(d->log_))));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("daemon ", d->binary_, " did not listen on ", d->socket_, " in 20 s"));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return d;
+  }
+
+  ~OwnDaemon() {
+    Stop();
+    unlink(log_.c_str());
+    unlink(socket_.c_str());
+    unlink((socket_ + ".fds").c_str());
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+
+  // SIGTERM, then SIGKILL if it does not stop in 10 s. Empty: a clean stop.
+  std::string Stop() {
+    if (pid_ <= 0) return "";
+    kill(pid_, SIGTERM);
+    int status = 0;
+    std::string problem;
+    if (!WaitFor(pid_, absl::Seconds(10), &status)) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      problem = "did not stop within 10 s of SIGTERM; killed";
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      problem = DescribeExit(status);
+    }
+    pid_ = -1;
+    if (std::string log = Tail(ReadFile(log_)); !problem.empty() && !log.empty()) {
+      problem += ": " + log;
+    }
+    return problem;
+  }
+
+  // Non-empty when the daemon is no longer running.
+  std::string Died() {
+    if (pid_ <= 0) return "";
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return "";
+    pid_ = -1;
+    std::string log = Tail(ReadFile(log_));
+    return absl::StrCat("the daemon ", DescribeExit(status), log.empty() ? "" : ": ", log);
+  }
+
+  const std::string& socket() const { return socket_; }
+  const std::string& binary() const { return binary_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  OwnDaemon() = default;
+  std::string binary_, dir_, socket_, log_;
+  pid_t pid_ = -1;
+};
+
+// ---------------------------------------------------------------------------
+// Parent: results.
+
+struct RowResult {
+  double med_us = 0, min_us = 0, algbw = 0, busbw = 0;
+  std::string check;
+};
+
+RowResult Summarize(const Row& r, int n, const std::vector<std::vector<int64_t>>& times,
+                    const std::vector<std::string>& checks) {
+  const size_t iters = times[0].size();
+  std::vector<int64_t> per_iter(iters, 0);
+  for (const auto& t : times) {
+    for (size_t i = 0; i < iters; ++i) per_iter[i] = std::max(per_iter[i], t[i]);
+  }
+  std::sort(per_iter.begin(), per_iter.end());
+  const double med_ns = iters % 2 == 1 ? static_cast<double>(per_iter[iters / 2])
+                                       : (static_cast<double>(per_iter[iters / 2 - 1]) +
+                                          static_cast<double>(per_iter[iters / 2])) / 2;
+  RowResult res;
+  res.med_us = med_ns / 1e3;
+  res.min_us = static_cast<double>(per_iter[0]) / 1e3;
+  res.algbw = med_ns > 0 ? static_cast<double>(r.bytes) / med_ns : 0;  // bytes/ns == GB/s
+  res.busbw = res.algbw * BusFactor(r.op, n);
+  bool all_ok = true, any_fail = false;
+  for (const auto& c : checks) {
+    all_ok = all_ok && c == "ok";
+    any_fail = any_fail || c == "fail";
+  }
+  res.check = any_fail ? "fail" : all_ok ? "ok" : "skipped";
+  return res;
+}
+
+class Printer {
+ public:
+  Printer(const Config& cfg, std::string daemon) : cfg_(cfg), daemon_(std::move(daemon)) {}
+
+  void PrintRow(const Row& r, int n, const RowResult& res) {
+    if (cfg_.json) {
+      std::printf(
+          "{\"op\":\"%s\",\"members\":%d,\"dtype\":\"%s\",\"bytes\":%" PRId64
+          ",\"count\":%" PRId64 ",\"time_us\":%.3f,\"time_us_min\":%.3f,\"algbw_gbps\":%.6f,"
+          "\"busbw_gbps\":%.6f,\"check\":\"%s\"}\n",
+          OpName(r.op), n, std::string(collectived::DTypeName(cfg_.dtype)).c_str(), r.bytes,
+          r.count, res.med_us, res.min_us, res.algbw, res.busbw, res.check.c_str());
+      std::fflush(stdout);
+      return;
+    }
+    if (!open_ || r.op != op_ || n != n_) {
+      Footer();
+      Header(r.op, n);
+    }
+    const std::string type =
+        r.op == Op::kBarrier ? "-" : std::string(collectived::DTypeName(cfg_.dtype));
+    std::printf("%12" PRId64 " %12" PRId64 " %9s %13.2f %13.2f %12.3f %12.3f %7s\n", r.bytes,
+                r.count, type.c_str(), res.med_us,
+                res.min_us, res.algbw, res.busbw, res.check.c_str());
+    std::fflush(stdout);
+    if (r.op != Op::kBarrier) {
+      busbw_sum_ += res.busbw;
+      ++rows_;
+    }
+  }
+
+  void Footer() {
+    if (!open_ || cfg_.json) return;
+    if (rows_ > 0) std::printf("# avg busbw: %.3f GB/s over %d sizes\n", busbw_sum_ / rows_, rows_);
+    std::printf("\n");
+    std::fflush(stdout);
+    open_ = false;
+  }
+
+ private:
+  void Header(Op op, int n) {
+    open_ = true;
+    op_ = op;
+    n_ = n;
+    busbw_sum_ = 0;
+    rows_ = 0;
+    std::printf("# collectived_perf: op %s, members %d, dtype %s, daemon %s\n", OpName(op), n,
+                std::string(collectived::DTypeName(cfg_.dtype)).c_str(), daemon_.c_str());
+    std::printf(
+        "# iters %d, warmup %d, check %s; time = median (and min) over iterations of the slowest "
+        "member's op time\n",
+        cfg_.iters, cfg_.warmup, cfg_.check ? "on" : "off");
+    std::printf("#\n# %10s %12s %9s %13s %13s %12s %12s %7s\n", "size(B)", "count", "type",
+                "time_us(med)", "time_us(min)", "algbw(GB/s)", "busbw(GB/s)", "check");
+  }
+
+  const Config& cfg_;
+  std::string daemon_;
+  bool open_ = false;
+  Op op_ = Op::kPsum;
+  int n_ = 0;
+  double busbw_sum_ = 0;
+  int rows_ = 0;
+};
+
+struct Member {
+  pid_t pid = -1;
+  int report_fd = -1;  // protocol lines
+  int output_fd = -1;  // stdout+stderr
+  std::string report_buf, output;
+  bool done = false;     // sent DONE
+  bool failed = false;
+  int fail_order = 0;  // 1 for the first member that failed, ...
+  bool reported = false;  // failed with an ERR line (not a crash)
+  std::string error;
+  size_t rows_received = 0;
+  std::vector<std::vector<int64_t>> times;  // per row
+  std::vector<std::string> checks;          // per row
+  int status = 0;
+  bool reaped = false;
+};
+
+void CloseFd(int* fd) {
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
+}
+
+// Runs one member count; returns 0 (all fine), 1 (failure, reported) or 3
+// (checks failed).
+int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& printer,
+               OwnDaemon* daemon, int* check_failures) {
+  const std::vector<Row> rows = PlanRows(cfg, n);
+  const std::string mesh = absl::StrCat("collectived_perf-", getpid(), "-n", n);
+  const std::string self = SelfExe();
+  std::vector<std::string> ops;
+  for (Op op : cfg.ops) ops.push_back(OpName(op));
+
+  std::vector<Member> members(static_cast<size_t>(n));
+  auto kill_all = [&] {
+    for (Member& m : members) {
+      if (m.pid > 0 && !m.reaped) kill(m.pid, SIGKILL);
+    }
+    for (Member& m : members) {
+      if (m.pid > 0 && !m.reaped) {
+        waitpid(m.pid, &m.status, 0);
+        m.reaped = true;
+      }
+      CloseFd(&m.report_fd);
+      CloseFd(&m.output_fd);
+    }
+  };
+
+  const pid_t parent = getpid();
+  for (int i = 0; i < n; ++i) {
+    int rep[2], outp[2];
+    if (pipe2(rep, O_CLOEXEC) != 0 || pipe2(outp, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "collectived_perf: pipe: %s\n", strerror(errno));
+      kill_all();
+      return 1;
+    }
+    std::vector<std::string> argv = {
+        self,
+        absl::StrCat("--member=", i),
+        absl::StrCat("--members=", n),
+        "--report-fd=3",
+        "--mesh=" + mesh,
+        "--socket=" + socket,
+        "--op=" + absl::StrJoin(ops, ","),
+        absl::StrCat("--dtype=", std::string(collectived::DTypeName(cfg.dtype))),
+        absl::StrCat("--min-bytes=", cfg.min_bytes),
+        absl::StrCat("--max-bytes=", cfg.max_bytes),
+        absl::StrCat("--step-factor=", cfg.step_factor),
+        absl::StrCat("--iters=", cfg.iters),
+        absl::StrCat("--warmup=", cfg.warmup),
+        absl::StrCat("--check=", cfg.check ? "true" : "false"),
+    };
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "collectived_perf: fork: %s\n", strerror(errno));
+      close(rep[0]); close(rep[1]); close(outp[0]); close(outp[1]);
+      kill_all();
+      return 1;
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      dup2(rep[1], 3);
+      dup2(outp[1], STDOUT_FILENO);
+      dup2(outp[1], STDERR_FILENO);
+      int devnull = open("/dev/null", O_RDONLY);
+      if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+      execv(args[0], args.data());
+      std::fprintf(stderr, "exec %s: %s\n", args[0], strerror(errno));
+      _exit(127);
+    }
+    close(rep[1]);
+    close(outp[1]);
+    Member& m = members[static_cast<size_t>(i)];
+    m.pid = pid;
+    m.report_fd = rep[0];
+    m.output_fd = outp[0];
+    m.times.resize(rows.size());
+    m.checks.resize(rows.size());
+  }
+
+  size_t next_row = 0;
+  std::optional<absl::Time> fail_deadline;  // after the first failure: collect the others'
+  std::vector<std::string> check_messages;
+  int check_lines = 0;
+  int failures = 0;
+  auto fail = [&](Member& m, std::string error) {
+    if (m.failed || m.done) return;
+    m.failed = true;
+    m.fail_order = ++failures;
+    m.error = std::move(error);
+    if (!fail_deadline) fail_deadline = absl::Now() + absl::Seconds(1);
+  };
+  auto handle_line = [&](Member& m, size_t index, absl::string_view line) {
+    if (line == "READY") return;
+    if (line == "DONE") {
+      m.done = true;
+      return;
+    }
+    if (absl::StartsWith(line, "ERR ")) {
+      m.reported = true;
+      fail(m, std::string(line.substr(4)));
+      return;
+    }
+    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+    size_t row = 0;
+    if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &row) && row < rows.size()) {
+      if (parts[0] == "CHECKFAIL") {
+        size_t skip = parts[0].size() + 1 + parts[1].size() + 1;
+        const Row& r = rows[row];
+        check_messages.push_back(absl::StrCat(
+            "check failed: member ", index, ", ", OpName(r.op), " ", r.bytes, " B: ",
+            line.size() > skip ? line.substr(skip) : absl::string_view()));
+        return;
+      }
+      if (parts[0] == "ROW" && parts.size() == 3 + static_cast<size_t>(cfg.iters)) {
+        m.checks[row] = std::string(parts[2]);
+        m.times[row].resize(static_cast<size_t>(cfg.iters));
+        bool ok = true;
+        for (int it = 0; it < cfg.iters; ++it) {
+          ok = ok && absl::SimpleAtoi(parts[3 + static_cast<size_t>(it)],
+                                      &m.times[row][static_cast<size_t>(it)]);
+        }
+        if (ok) {
+          m.rows_received = std::max(m.rows_received, row + 1);
+          return;
+        }
+      }
+    }
+    fail(m, absl::StrCat("unexpected report line: ", line));
+  };
+
+  while (true) {
+    // Print the rows every member has reported.
+    while (next_row < rows.size() &&
+           std::all_of(members.begin(), members.end(),
+                       [&](const Member& m) { return m.rows_received > next_row; })) {
+      std::vector<std::vector<int64_t>> times;
+      std::vector<std::string> checks;
+      for (const Member& m : members) {
+        times.push_back(m.times[next_row]);
+        checks.push_back(m.checks[next_row]);
+      }
+      RowResult res = Summarize(rows[next_row], n, times, checks);
+      if (res.check == "fail") ++*check_failures;
+      printer.PrintRow(rows[next_row], n, res);
+      ++next_row;
+    }
+    for (const std::string& msg : check_messages) {
+      if (++check_lines <= 20) {
+        std::fprintf(stderr, "collectived_perf: %s\n", msg.c_str());
+      } else if (check_lines == 21) {
+        std::fprintf(stderr, "collectived_perf: (more check failures not shown)\n");
+      }
+    }
+    check_messages.clear();
+    const bool all_done = std::all_of(members.begin(), members.end(), [](const Member& m) {
+      return m.done && m.report_fd < 0 && m.output_fd < 0;
+    });
+    if (all_done) break;
+    if (fail_deadline && absl::Now() >= *fail_deadline) break;
+    if (g_stop_signal != 0) break;
+
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, bool>> owner;  // member, is_report
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i].report_fd >= 0) {
+        fds.push_back({members[i].report_fd, POLLIN, 0});
+        owner.emplace_back(i, true);
+      }
+      if (members[i].output_fd >= 0) {
+        fds.push_back({members[i].output_fd, POLLIN, 0});
+        owner.emplace_back(i, false);
+      }
+    }
+    int timeout_ms = 1000;
+    if (fail_deadline) {
+      timeout_ms = static_cast<int>(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(*fail_deadline - absl::Now())));
+    }
+    if (fds.empty()) {
+      absl::SleepFor(absl::Milliseconds(std::min(timeout_ms, 20)));
+    } else if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      std::fprintf(stderr, "collectived_perf: poll: %s\n", strerror(errno));
+      kill_all();
+      return 1;
+    }
+    for (size_t f = 0; f < fds.size(); ++f) {
+      if (fds[f].revents == 0) continue;
+      Member& m = members[owner[f].first];
+      int* fd = owner[f].second ? &m.report_fd : &m.output_fd;
+      char buf[65536];
+      ssize_t got = read(*fd, buf, sizeof(buf));
+      if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (got <= 0) {
+        CloseFd(fd);
+        continue;
+      }
+      if (!owner[f].second) {
+        m.output.append(buf, static_cast<size_t>(got));
+        if (m.output.size() > 256 * 1024) m.output.erase(0, m.output.size() - 128 * 1024);
+        continue;
+      }
+      m.report_buf.append(buf, static_cast<size_t>(got));
+      size_t nl;
+      while ((nl = m.report_buf.find('\n')) != std::string::npos) {
+        std::string line = m.report_buf.substr(0, nl);
+        m.report_buf.erase(0, nl + 1);
+        handle_line(m, owner[f].first, line);
+      }
+    }
+    // Members that ended: a clean exit after DONE is fine; anything else fails.
+    for (Member& m : members) {
+      if (m.reaped) continue;
+      if (waitpid(m.pid, &m.status, WNOHANG) != m.pid) continue;
+      m.reaped = true;
+      // Collect what is left in its pipes.
+      for (int* fd : {&m.report_fd, &m.output_fd}) {
+        if (*fd < 0) continue;
+        fcntl(*fd, F_SETFL, O_NONBLOCK);
+        char buf[65536];
+        ssize_t got;
+        while ((got = read(*fd, buf, sizeof(buf))) > 0) {
+          if (fd == &m.output_fd) {
+            m.output.append(buf, static_cast<size_t>(got));
+          } else {
+            m.report_buf.append(buf, static_cast<size_t>(got));
+          }
+        }
+        CloseFd(fd);
+      }
+      size_t nl;
+      while ((nl = m.report_buf.find('\n')) != std::string::npos) {
+        std::string line = m.report_buf.substr(0, nl);
+        m.report_buf.erase(0, nl + 1);
+        handle_line(m, static_cast<size_t>(&m - members.data()), line);
+      }
+      const bool clean = WIFEXITED(m.status) && WEXITSTATUS(m.status) == 0;
+      if (!m.done || !clean) {
+        std::string out = Tail(m.output);
+        fail(m, absl::StrCat(DescribeExit(m.status), out.empty() ? "" : ": ", out));
+      }
+    }
+  }
+
+  if (g_stop_signal != 0) {
+    kill_all();
+    std::fprintf(stderr, "collectived_perf: stopped by signal %d\n",
+                 static_cast<int>(g_stop_signal));
+    return 1;
+  }
+  const bool any_failed =
+      std::any_of(members.begin(), members.end(), [](const Member& m) { return m.failed; });
+  if (!any_failed) {
+    kill_all();  // all reaped already; closes what is left
+    return 0;
+  }
+  printer.Footer();
+  // Report the root cause first, then the others (usually consequences of it,
+  // such as the mesh breaking when one member died). A member that died
+  // without reporting an error (crashed, killed) is the likeliest root cause;
+  // otherwise the first to report.
+  kill_all();
+  std::string daemon_problem = daemon != nullptr ? daemon->Died() : "";
+  std::vector<size_t> order;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].failed) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) {
+              return std::make_pair(members[a].reported, members[a].fail_order) <
+                     std::make_pair(members[b].reported, members[b].fail_order);
+            });
+  for (size_t i : order) {
+    const Member& m = members[i];
+    std::fprintf(stderr, "collectived_perf: %s member %zu of %d (pid %d) failed: %s\n",
+                 i == order[0] ? "error:" : "also:", i, n, static_cast<int>(m.pid),
+                 m.error.c_str());
+  }
+  if (!daemon_problem.empty()) {
+    std::fprintf(stderr, "collectived_perf: %s\n", daemon_problem.c_str());
+  }
+  return 1;
+}
+
+int RunParent(const Config& cfg) {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<OwnDaemon> daemon;
+  std::string socket = cfg.socket, daemon_desc;
+  if (socket.empty()) {
+    auto d = OwnDaemon::Start();
+    if (!d.ok()) {
+      std::fprintf(stderr, "collectived_perf: cannot start a daemon: %s\n",
+                   d.status().ToString().c_str());
+      return 1;
+    }
+    daemon = *std::move(d);
+    socket = daemon->socket();
+    daemon_desc = absl::StrCat(daemon->binary(), " (started, pid ", daemon->pid(), ", socket ",
+                               socket, ")");
+  } else {
+    if (!SocketLive(socket)) {
+      std::fprintf(stderr, "collectived_perf: no daemon is listening on %s\n", socket.c_str());
+      return 1;
+    }
+    daemon_desc = socket;
+  }
+
+  Printer printer(cfg, daemon_desc);
+  int check_failures = 0;
+  int rc = 0;
+  for (int n : cfg.members) {
+    rc = RunMembers(cfg, n, socket, printer, daemon.get(), &check_failures);
+    if (rc != 0) break;
+  }
+  printer.Footer();
+  if (daemon) {
+    std::string problem = daemon->Stop();
+    if (!problem.empty()) {
+      std::fprintf(stderr, "collectived_perf: the daemon %s\n", problem.c_str());
+      if (rc == 0) rc = 1;
+    }
+  }
+  if (rc == 0 && check_failures > 0) {
+    std::fprintf(stderr, "collectived_perf: %d row(s) failed the check\n", check_failures);
+    rc = 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Config cfg = ParseFlags(argc, argv);
+  if (cfg.member >= 0) return RunMember(cfg);
+  return RunParent(cfg);
+}
