@@ -1,0 +1,156 @@
+#include "daemon/exec/dtype.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace collectived {
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  size_t size;
+  std::string_view name;
+  std::string_view short_name;
+};
+
+// Indexed by the enum value.
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kInvalid, 0, "invalid", "invalid"},
+    {DType::kF32, 4, "float32", "f32"},
+    {DType::kF64, 8, "float64", "f64"},
+    {DType::kF16, 2, "float16", "f16"},
+    {DType::kBF16, 2, "bfloat16", "bf16"},
+    {DType::kI8, 1, "int8", "i8"},
+    {DType::kU8, 1, "uint8", "u8"},
+    {DType::kI32, 4, "int32", "i32"},
+    {DType::kU32, 4, "uint32", "u32"},
+    {DType::kI64, 8, "int64", "i64"},
+    {DType::kU64, 8, "uint64", "u64"},
+    {DType::kBool, 1, "bool", "bool"},
+};
+constexpr size_t kNumDTypes = sizeof(kDTypes) / sizeof(kDTypes[0]);
+
+// Out-of-range enum values (e.g. cast from an unchecked wire byte) map to the
+// kInvalid entry.
+const DTypeInfo& Info(DType dt) {
+  const size_t i = static_cast<size_t>(dt);
+  return i < kNumDTypes ? kDTypes[i] : kDTypes[0];
+}
+
+}  // namespace
+
+size_t DTypeSize(DType dt) { return Info(dt).size; }
+
+std::string_view DTypeName(DType dt) { return Info(dt).name; }
+
+std::optional<DType> DTypeFromName(std::string_view name) {
+  for (size_t i = 1; i < kNumDTypes; ++i) {
+    if (kDTypes[i].name == name) return kDTypes[i].dtype;
+  }
+  return std::nullopt;
+}
+
+std::string_view DTypeShortName(DType dt) { return Info(dt).short_name; }
+
+bool IsFloat(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF16:
+    case DType::kBF16:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsInteger(DType dt) {
+  switch (dt) {
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kI32:
+    case DType::kU32:
+    case DType::kI64:
+    case DType::kU64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// These are the readable reference conversions. reduce.cc carries branch-free
+// copies that the compiler can vectorize; the tests check both agree.
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    // Inf, or NaN: keep the payload and make it quiet (as hardware does).
+    bits = sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x00400000u : 0);
+  } else if (exp == 0) {
+    // Zero or subnormal: mant * 2^-24, exact in float.
+    const float magnitude = static_cast<float>(mant) * 0x1p-24f;
+    bits = sign | std::bit_cast<uint32_t>(magnitude);
+  } else {
+    // Normal: rebias the exponent from 15 to 127.
+    bits = sign | ((exp + (127 - 15)) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+uint16_t FloatToHalf(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;  // |f|
+  uint32_t h;
+  if (a > 0x7f800000u) {
+    // NaN: quiet it and keep the top of the payload.
+    h = 0x7e00u | ((a >> 13) & 0x3ffu);
+  } else if (a >= 0x477ff000u) {
+    // >= 65520 (halfway from 65504, the largest half, to 2^16) rounds to
+    // inf; so does inf itself.
+    h = 0x7c00u;
+  } else if (a >= 0x38800000u) {
+    // Normal half (>= 2^-14): rebias, then round the 13 dropped bits to
+    // nearest even. A mantissa carry correctly bumps the exponent.
+    const uint32_t r = a - ((127u - 15u) << 23);
+    h = (r + 0xfffu + ((r >> 13) & 1u)) >> 13;
+  } else {
+    // Subnormal half or zero: the result counts units of 2^-24. With
+    // m = significand (implicit bit included) and |f| = m * 2^(e - 150),
+    // the count is m >> (126 - e), rounded to nearest even.
+    const uint32_t e = a >> 23;
+    const uint32_t m = e == 0 ? a : ((a & 0x7fffffu) | 0x800000u);
+    // Float subnormals have an effective exponent of 1. Past a shift of 25
+    // the value is below half a unit (m < 2^24) and rounds to zero anyway.
+    const uint32_t shift = std::min(126u - std::max(e, 1u), 25u);
+    h = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1u) != 0)) ++h;
+  }
+  return static_cast<uint16_t>(sign | h);
+}
+
+float BF16ToFloat(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+uint16_t FloatToBF16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    // NaN: truncating could drop every payload bit (and give inf); force the
+    // quiet bit instead.
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  }
+  // Round to nearest even; a carry out of the mantissa bumps the exponent,
+  // and past the largest finite value that gives inf.
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+}  // namespace collectived
