@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "collectived/v1/collective.grpc.pb.h"
 #include "common/socket_path.h"
 #include "common/status_util.h"
@@ -53,7 +53,7 @@ class OpState {
   explicit OpState(absl::Duration default_wait) : default_wait_(default_wait) {}
   void Complete(absl::Status status, int64_t sequence, std::vector<int64_t> out_shape,
                 DType out_dtype) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (done_) return;
     done_ = true;
     status_ = std::move(status);
@@ -62,34 +62,34 @@ class OpState {
     out_dtype_ = out_dtype;
   }
   absl::Status Wait(std::optional<absl::Duration> timeout) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     absl::Duration t = timeout.value_or(default_wait_);
-    if (!mu_.AwaitWithTimeout(absl::Condition(&done_), t)) {
+    if (!mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; }, t)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no answer from the daemon for this op within ", absl::FormatDuration(t)));
     }
     return status_;
   }
   bool Ready() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return done_;
   }
   int64_t sequence() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return sequence_;
   }
   std::vector<int64_t> out_shape() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return out_shape_;
   }
   DType out_dtype() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return out_dtype_;
   }
 
  private:
   const absl::Duration default_wait_;
-  absl::Mutex mu_;
+  Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t sequence_ ABSL_GUARDED_BY(mu_) = -1;
@@ -156,7 +156,7 @@ class ClientImpl {
       stub_->CloseSession(&ctx, req, &resp);  // best effort: the side socket closes anyway
     }
     {
-      absl::MutexLock lock(&stream_mu_);
+      MutexLock lock(&stream_mu_);
       if (stream_) stream_ctx_->TryCancel();
     }
     if (reader_.joinable()) reader_.join();
@@ -166,7 +166,7 @@ class ClientImpl {
 
   // One request/reply on the side socket.
   absl::StatusOr<Packet> SideRequest(const std::string& request) {
-    absl::MutexLock lock(&side_mu_);
+    MutexLock lock(&side_mu_);
     if (auto st = SendPacket(side_fd_, request); !st.ok()) return st;
     auto reply = ReceivePacket(side_fd_, options_.rpc_timeout);
     if (!reply.ok()) return reply.status();
@@ -258,7 +258,7 @@ class ClientImpl {
   // Sends `op` on the Execute stream (opened on first use).
   OpFuture Submit(const v1::OpSpec& op, absl::Duration wait) {
     auto state = std::make_shared<OpState>(wait);
-    absl::MutexLock lock(&stream_mu_);
+    MutexLock lock(&stream_mu_);
     if (closed_.load()) {
       state->Complete(absl::FailedPreconditionError("client is closed"), -1, {}, DType::kInvalid);
       return OpFuture(state);
@@ -295,7 +295,7 @@ class ClientImpl {
     while (stream_->Read(&result)) {
       std::shared_ptr<OpState> state;
       {
-        absl::MutexLock lock(&stream_mu_);
+        MutexLock lock(&stream_mu_);
         auto it = pending_.find(result.tag());
         if (it == pending_.end()) continue;
         state = std::move(it->second);
@@ -313,7 +313,7 @@ class ClientImpl {
                                               st.ok() ? "stream ended" : st.error_message()));
     std::map<int64_t, std::shared_ptr<OpState>> orphans;
     {
-      absl::MutexLock lock(&stream_mu_);
+      MutexLock lock(&stream_mu_);
       stream_failure_ = failure;
       orphans.swap(pending_);
     }
@@ -326,10 +326,10 @@ class ClientImpl {
   std::string session_id_;
   std::atomic<bool> closed_{false};
 
-  absl::Mutex side_mu_;
+  Mutex side_mu_;
   int side_fd_ = -1;
 
-  absl::Mutex stream_mu_;
+  Mutex stream_mu_;
   std::unique_ptr<grpc::ClientContext> stream_ctx_ ABSL_GUARDED_BY(stream_mu_);
   std::unique_ptr<grpc::ClientReaderWriter<v1::OpRequest, v1::OpResult>> stream_;
   std::thread reader_;

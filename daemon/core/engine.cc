@@ -106,7 +106,7 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
   }
   v1::CreateSessionResponse resp;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
     if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
       return absl::ResourceExhaustedError(
@@ -120,7 +120,7 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
     s->attach_timer = timer_->Schedule(absl::Now() + options_.attach_timeout, [this, id] {
       bool expired = false;
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         Session* s = FindSession(id);
         expired = s != nullptr && !s->attached;
       }
@@ -140,7 +140,7 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
 
 absl::Status Engine::AttachSession(const std::string& session_id, const std::string& token,
                                    int pid, int uid) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
@@ -162,7 +162,7 @@ absl::Status Engine::AttachSession(const std::string& session_id, const std::str
 absl::Status Engine::CloseSession(const std::string& session_id, const std::string& reason) {
   Callbacks cbs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Session* session = FindSession(session_id);
     if (session == nullptr) {
       return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
@@ -258,7 +258,7 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
                       std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done) {
   Callbacks cbs;
   absl::Status error = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto s = GetSession(req.session_id());
     if (!s.ok()) return s.status();
     Session* session = *s;
@@ -454,7 +454,7 @@ void Engine::RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Cal
 void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
   Callbacks cbs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
     if (it == meshes_.end()) return;
     Mesh& mesh = *it->second;
@@ -530,7 +530,7 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
 absl::Status Engine::LeaveMesh(const std::string& session_id, const std::string& mesh_id) {
   Callbacks cbs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto s = GetSession(session_id);
     if (!s.ok()) return s.status();
     Session* session = *s;
@@ -559,7 +559,7 @@ absl::Status Engine::LeaveMesh(const std::string& session_id, const std::string&
 
 absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
                                                   const std::string& mesh_name) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::string id = mesh_id;
   if (id.empty()) {
     if (mesh_name.empty()) return absl::InvalidArgumentError("give mesh_id or mesh_name");
@@ -581,7 +581,7 @@ absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
 absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session_id,
                                                       int64_t size_bytes) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto s = GetSession(session_id);
     if (!s.ok()) return s.status();
     Session* session = *s;
@@ -608,7 +608,7 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
   // Allocate outside the lock: faulting in pages takes time.
   auto buffer = CreateMemfdBuffer(static_cast<size_t>(size_bytes));
   if (!buffer.ok()) return buffer.status();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
@@ -627,7 +627,7 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
 
 absl::Status Engine::FreeBuffer(const std::string& session_id, const std::string& buffer_id) {
   std::shared_ptr<SharedBuffer> released;  // unmapped outside the lock
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
@@ -643,7 +643,7 @@ absl::Status Engine::FreeBuffer(const std::string& session_id, const std::string
 
 absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetBuffer(const std::string& session_id,
                                                                 const std::string& buffer_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   auto it = (*s)->buffers.find(buffer_id);
@@ -663,7 +663,7 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
   Callbacks cbs;
   v1::SubmitResponse resp;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto s = GetSession(session_id);
     if (!s.ok()) return s.status();
     Session* session = *s;
@@ -770,7 +770,7 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
       done = [this, sid, op_id, user_done](const OpOutcome& outcome) {
         std::vector<std::function<void(const OpOutcome&)>> waiters;
         {
-          absl::MutexLock lock(&mu_);
+          MutexLock lock(&mu_);
           if (Session* s = FindSession(sid)) {
             auto it = s->retained.find(op_id);
             if (it != s->retained.end()) {
@@ -898,7 +898,7 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
 void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status) {
   Callbacks cbs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     --running_ops_;
     auto it = meshes_.find(mesh_id);
     if (it == meshes_.end()) return;
@@ -927,7 +927,7 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
 void Engine::OnOpDeadline(const std::string& mesh_id, int64_t sequence) {
   Callbacks cbs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
     if (it == meshes_.end()) return;
     Mesh& mesh = *it->second;
@@ -974,7 +974,7 @@ void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration t
   absl::Status error;
   std::optional<OpOutcome> ready;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto s = GetSession(session_id);
     if (!s.ok()) {
       error = s.status();
@@ -1016,7 +1016,7 @@ void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration t
 // ---------------------------------------------------------------------------
 
 v1::ListSessionsResponse Engine::ListSessions() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   v1::ListSessionsResponse resp;
   for (const auto& [id, s] : sessions_) {
     auto* info = resp.add_sessions();
@@ -1034,14 +1034,14 @@ v1::ListSessionsResponse Engine::ListSessions() {
 }
 
 v1::ListMeshesResponse Engine::ListMeshes() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   v1::ListMeshesResponse resp;
   for (const auto& [id, mesh] : meshes_) *resp.add_meshes() = MeshInfoOf(*mesh);
   return resp;
 }
 
 absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::string& mesh_id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!mesh_id.empty() && !meshes_.count(mesh_id)) {
     return absl::NotFoundError(absl::StrCat("mesh '", mesh_id, "' not found"));
   }
@@ -1073,7 +1073,7 @@ absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::str
 }
 
 v1::GetStatsResponse Engine::GetStats() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   v1::GetStatsResponse resp;
   resp.set_daemon_id(options_.daemon_id);
   resp.set_uptime_ms(Millis(absl::Now() - started_));
@@ -1105,7 +1105,7 @@ v1::GetStatsResponse Engine::GetStats() {
 void Engine::Shutdown(const std::string& reason) {
   Callbacks cbs;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;
     shutdown_reason_ = reason;

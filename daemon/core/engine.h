@@ -24,7 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "absl/time/time.h"
 #include "collectived/v1/collective.pb.h"
 #include "daemon/core/op_plan.h"
@@ -233,7 +233,7 @@ class Engine {
   const std::unique_ptr<Executor> executor_;
   const absl::Time started_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

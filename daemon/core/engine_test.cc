@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
+#include "common/sync.h"
 #include "daemon/exec/cpu_executor.h"
 
 namespace collectived {
@@ -33,10 +33,10 @@ class Result {
     EXPECT_TRUE(done_.WaitForNotificationWithTimeout(kWait)) << "callback never ran";
     return *value_;
   }
-  bool Done() const { return done_.HasBeenNotified(); }
+  bool Done() { return done_.HasBeenNotified(); }
 
  private:
-  absl::Notification done_;
+  Notification done_;
   std::optional<T> value_;
 };
 

@@ -6,7 +6,7 @@ DeadlineTimer::DeadlineTimer() : thread_([this] { Loop(); }) {}
 
 DeadlineTimer::~DeadlineTimer() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   thread_.join();
@@ -14,7 +14,7 @@ DeadlineTimer::~DeadlineTimer() {
 
 DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time deadline,
                                                std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TimerId id = next_id_++;
   queue_.emplace(deadline, std::make_pair(id, std::move(fn)));
   deadline_of_[id] = deadline;
@@ -22,7 +22,7 @@ DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time deadline,
 }
 
 void DeadlineTimer::Cancel(TimerId id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = deadline_of_.find(id);
   if (it == deadline_of_.end()) return;
   auto [begin, end] = queue_.equal_range(it->second);
@@ -36,30 +36,22 @@ void DeadlineTimer::Cancel(TimerId id) {
 }
 
 void DeadlineTimer::Loop() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (;;) {
     if (stopping_) return;
     if (queue_.empty()) {
-      mu_.Await(absl::Condition(
-          +[](DeadlineTimer* t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(t->mu_) {
-            return t->stopping_ || !t->queue_.empty();
-          },
-          this));
+      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stopping_ || !queue_.empty();
+      });
       continue;
     }
     absl::Time next = queue_.begin()->first;
     if (absl::Now() < next) {
       // Wake at the deadline, or earlier when an earlier timer or stop arrives.
-      std::pair<DeadlineTimer*, absl::Time> arg(this, next);
       mu_.AwaitWithDeadline(
-          absl::Condition(
-              +[](std::pair<DeadlineTimer*, absl::Time>* arg)
-                  ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                    DeadlineTimer* t = arg->first;
-                    return t->stopping_ ||
-                           (!t->queue_.empty() && t->queue_.begin()->first < arg->second);
-                  },
-              &arg),
+          [this, next]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return stopping_ || (!queue_.empty() && queue_.begin()->first < next);
+          },
           next);
       continue;
     }

@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "absl/time/time.h"
 
 namespace collectived {
@@ -36,7 +36,7 @@ class DeadlineTimer {
  private:
   void Loop();
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::multimap<absl::Time, std::pair<TimerId, std::function<void()>>> queue_
       ABSL_GUARDED_BY(mu_);
   std::map<TimerId, absl::Time> deadline_of_ ABSL_GUARDED_BY(mu_);

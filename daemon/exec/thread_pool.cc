@@ -11,14 +11,14 @@ ThreadPool::ThreadPool(int threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   for (auto& t : workers_) t.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> fn) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   queue_.push_back(std::move(fn));
 }
 
@@ -26,12 +26,8 @@ void ThreadPool::WorkerLoop() {
   for (;;) {
     std::function<void()> fn;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](ThreadPool* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu_) {
-            return p->stopping_ || !p->queue_.empty();
-          },
-          this));
+      MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
       fn = std::move(queue_.front());
       queue_.pop_front();
@@ -52,7 +48,7 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   struct Loop {
     std::atomic<size_t> next{0};
     std::atomic<size_t> done{0};
-    absl::Mutex mu;
+    Mutex mu;
     bool finished = false;
   };
   auto loop = std::make_shared<Loop>();
@@ -62,19 +58,19 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
       if (i >= n) return;
       fn(i);
       if (loop->done.fetch_add(1) + 1 == n) {
-        absl::MutexLock lock(&loop->mu);
+        MutexLock lock(&loop->mu);
         loop->finished = true;
       }
     }
   };
   size_t helpers = std::min(n - 1, workers_.size());
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (size_t h = 0; h < helpers; ++h) queue_.push_back(run);
   }
   run();
-  absl::MutexLock lock(&loop->mu);
-  loop->mu.Await(absl::Condition(&loop->finished));
+  MutexLock lock(&loop->mu);
+  loop->mu.Await([&loop]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return loop->finished; });
 }
 
 }  // namespace collectived

@@ -23,7 +23,7 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
   }
   // Sends `serving` (coalescing updates while a write is in flight).
   void Update(bool serving) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     next_ = !known_ ? HealthCheckResponse::SERVICE_UNKNOWN
             : serving ? HealthCheckResponse::SERVING
@@ -32,13 +32,13 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
     MaybeWrite();
   }
   void End() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (finished_) return;
     finished_ = true;
     if (!writing_) Finish(grpc::Status::OK);
   }
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
       if (!finished_) {
@@ -70,7 +70,7 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
 
   HealthService* const service_;
   const bool known_;
-  absl::Mutex mu_;
+  Mutex mu_;
   HealthCheckResponse response_ ABSL_GUARDED_BY(mu_);
   HealthCheckResponse::ServingStatus next_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
   bool have_next_ ABSL_GUARDED_BY(mu_) = false;
@@ -79,20 +79,20 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
 };
 
 void HealthService::SetServing(bool serving) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   serving_ = serving;
   for (Watcher* w : watchers_) w->Update(serving);
 }
 
 void HealthService::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   shutdown_ = true;
   serving_ = false;
   for (Watcher* w : watchers_) w->End();
 }
 
 void HealthService::Remove(Watcher* w) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   watchers_.erase(w);
 }
 
@@ -105,7 +105,7 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx,
                                  "unknown service '" + req->service() + "'"));
     return reactor;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   resp->set_status(serving_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -113,7 +113,7 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx,
 
 grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
     grpc::CallbackServerContext* ctx, const HealthCheckRequest* req) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto* w = new Watcher(this, KnownService(req->service()), serving_);
   if (shutdown_) {
     w->End();

@@ -11,7 +11,7 @@
 #include <set>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace collectived {
@@ -36,7 +36,7 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   void Remove(Watcher* w);
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   bool serving_ ABSL_GUARDED_BY(mu_) = true;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::set<Watcher*> watchers_ ABSL_GUARDED_BY(mu_);

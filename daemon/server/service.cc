@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 
 namespace collectived {
 namespace {
@@ -37,14 +37,14 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       reads_done_ = true;
       MaybeFinish();
       return;
     }
     const int64_t tag = request_.tag();
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ++outstanding_;
     }
     auto accepted = engine_->Submit(session_id_, request_.op(), /*retain=*/false,
@@ -54,7 +54,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
   }
 
   void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     queue_.pop_front();
     if (!ok) {
@@ -69,7 +69,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
 
  private:
   void OnOpDone(int64_t tag, const OpOutcome& outcome) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     --outstanding_;
     if (!write_failed_) {
       v1::OpResult& r = queue_.emplace_back();
@@ -99,7 +99,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
   Engine* const engine_;
   const std::string session_id_;
   v1::OpRequest request_;  // read target; touched by reactions only
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<v1::OpResult> queue_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
