@@ -1,8 +1,11 @@
 // Type-erased element-wise reduction kernels of the CPU executor.
 //
-// The reduction order is fixed: out = ((in[0] op in[1]) op in[2]) ... so every
-// run and every member sees the same bits. The kernels are single-threaded;
-// callers split large arrays into chunks and run chunks on several threads.
+// They compute what jax.lax computes on CPU (XLA CPU), bit for bit. The
+// reduction order is fixed: each element starts from the op's identity and
+// takes the members in order, acc = op(acc, in[0]); acc = op(acc, in[1]); ...
+// so every run and every member sees the same bits. The kernels are
+// single-threaded; callers split large arrays into chunks and run chunks on
+// several threads.
 //
 // Thread-safety: pure functions; safe to call concurrently on disjoint outputs.
 #ifndef COLLECTIVED_DAEMON_EXEC_REDUCE_H_
@@ -24,13 +27,41 @@ enum class ReduceKind { kSum, kMax, kMin, kMean };
 DType ReduceResultDType(ReduceKind kind, DType dt);
 
 // Reduces `count` elements of the `n` (>= 1) arrays `inputs[0..n)`, each of
-// dtype `dt`, into `out`, of dtype ReduceResultDType(kind, dt).
-//  - kSum: floats add in order; float16/bfloat16 accumulate in float32 and are
-//    rounded once at the end; integers wrap (two's complement); bool counts.
-//  - kMax/kMin: floats propagate NaN and order -0 < +0; bool is or/and.
-//  - kMean: the kSum result (in the input dtype, wrapping for integers,
-//    rounded for f16/bf16) converted to the result dtype and divided by n
-//    in that dtype — what jax.lax.pmean computes.
+// dtype `dt`, into `out`, of dtype ReduceResultDType(kind, dt). Per element:
+//  - kSum (psum):
+//    - float32/float64: acc = +0.0; acc = acc + x_k for k = 0..n-1, in the
+//      type. So a sum of -0.0s is +0.0. A NaN result is what the x86 SSE
+//      addition gives (the NaN operand quieted, sign and payload kept; with
+//      two NaN operands, either one).
+//    - float16: acc = +0; per member acc = f16(f32(acc) + f32(x_k)), rounded
+//      to nearest even after EVERY addition (so an intermediate sum past
+//      65504 overflows to inf).
+//    - bfloat16: acc = +0.0f in float32; acc = acc + f32(x_k) per member; one
+//      rounding to bfloat16 (nearest even) at the end.
+//    - integers wrap (two's complement); bool counts the nonzero bytes, as
+//      int32.
+//  - kMax/kMin (pmax/pmin), floats: acc = -inf (max) / +inf (min); per member
+//    in order, if (x_k > acc) acc = x_k (max) / if (x_k < acc) acc = x_k
+//    (min). So a NaN never wins (an all-NaN element gives -inf / +inf), and
+//    between -0.0 and +0.0 the EARLIER member's zero is kept (max(-0, +0) =
+//    -0, max(+0, -0) = +0; min likewise). float16/bfloat16 compare as float32
+//    (exact) and give the winning input's bits, or the +-inf bits when no
+//    member beat the identity. Integers: max/min; bool: or/and (any nonzero
+//    byte is true; the result is 0 or 1).
+//  - kMean (pmean): s = the kSum result in the input dtype (integers wrapped,
+//    float16 rounded per addition, bfloat16 rounded once), converted to the
+//    result dtype and MULTIPLIED by the reciprocal of n (XLA rewrites x / n
+//    as x * (1/n)); it is not divided by n:
+//    - float32: s * (1.0f / n), the reciprocal rounded to float32;
+//    - float64: s * (1.0 / n);
+//    - float16: f16(f32(s) * f32(f16(1/n))), the reciprocal rounded to
+//      float16 first;
+//    - bfloat16: bf16(f32(s) * (1.0f / n)), the reciprocal in float32;
+//    - bool, int8, uint8, int32, uint32: float32(s) * (1.0f / n); int64,
+//      uint64: float64(s) * (1.0 / n) (s the wrapped integer sum; the bool
+//      count as int32).
+//    E.g. uint8 values summing to 218 over n = 3 give 218 * f32(1/3) =
+//    0x42915556, not 218 / 3 = 0x42915555.
 // `out` may be exactly one of the inputs (same pointer, in place); it must not
 // otherwise overlap them.
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
