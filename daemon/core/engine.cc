@@ -37,6 +37,12 @@ std::string AxesString(const MeshShape& s) {
 
 int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
+// What diagnostics show of a session id: enough to tell sessions apart, not
+// enough to act as one.
+std::string DisplayId(const std::string& id) {
+  return id.size() > 10 ? id.substr(0, 10) + "..." : id;
+}
+
 // Checks that [offset, offset + bytes) lies in a buffer of `size` bytes and
 // that offset is aligned to `align`.
 absl::Status CheckRange(absl::string_view what, const std::string& id, int64_t offset,
@@ -129,7 +135,7 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
     resp.set_session_id(s->id);
     resp.set_attach_token(s->token);
     LogEvent(LogLevel::kInfo, "session_created",
-             {{"session", s->id}, {"client", s->client_name}});
+             {{"session", DisplayId(s->id)}, {"client", s->client_name}});
     sessions_.emplace(s->id, std::move(s));
   }
   resp.set_side_socket_path(options_.side_socket_path);
@@ -155,7 +161,7 @@ absl::Status Engine::AttachSession(const std::string& session_id, const std::str
   session->uid = uid;
   timer_->Cancel(session->attach_timer);
   LogEvent(LogLevel::kInfo, "session_attached",
-           {{"session", session_id}, {"pid", absl::StrCat(pid)}, {"uid", absl::StrCat(uid)}});
+           {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(pid)}, {"uid", absl::StrCat(uid)}});
   return absl::OkStatus();
 }
 
@@ -168,7 +174,7 @@ absl::Status Engine::CloseSession(const std::string& session_id, const std::stri
       return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
     }
     timer_->Cancel(session->attach_timer);
-    const std::string who = absl::StrCat("session ", session_id, " (pid ", session->pid,
+    const std::string who = absl::StrCat("session ", DisplayId(session_id), " (pid ", session->pid,
                                          ", client '", session->client_name, "')");
     const std::map<std::string, int> memberships = session->meshes;
     for (const auto& [mesh_id, index] : memberships) {
@@ -185,7 +191,7 @@ absl::Status Engine::CloseSession(const std::string& session_id, const std::stri
                                  " [", who, "] is gone: ", reason),
                     cbs);
         }
-        DetachMember(mesh, index, cbs);
+        mesh.member_left[index] = true;
       }
       MaybeEraseMesh(mesh_id);
     }
@@ -197,7 +203,7 @@ absl::Status Engine::CloseSession(const std::string& session_id, const std::stri
       }
     }
     LogEvent(LogLevel::kInfo, "session_closed",
-             {{"session", session_id}, {"pid", absl::StrCat(session->pid)},
+             {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(session->pid)},
               {"buffers", absl::StrCat(session->buffers.size())}, {"reason", reason}});
     sessions_.erase(session_id);
   }
@@ -224,7 +230,7 @@ v1::Member Engine::MemberInfo(const Mesh& mesh, int index) {
   m.set_index(index);
   for (int c : mesh.shape.Coordinate(index)) m.add_coordinate(c);
   const std::string& sid = mesh.member_session[index];
-  m.set_session_id(sid);
+  m.set_session_id(DisplayId(sid));
   if (Session* s = sid.empty() ? nullptr : FindSession(sid)) {
     m.set_client_name(s->client_name);
     m.set_pid(s->pid);
@@ -323,7 +329,7 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
         std::string old_id = it->first;
         int index = it->second;
         it = session->meshes.erase(it);
-        DetachMember(*m->second, index, cbs);
+        m->second->member_left[index] = true;
         MaybeEraseMesh(old_id);
         continue;
       }
@@ -417,7 +423,8 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
   }();
   if (!error.ok()) {
     LogEvent(LogLevel::kWarn, "join_failed",
-             {{"mesh", req.mesh_name()}, {"session", req.session_id()}, {"error", error.ToString()}});
+             {{"mesh", req.mesh_name()}, {"session", DisplayId(req.session_id())},
+              {"error", error.ToString()}});
     cbs.push_back([done = std::move(done), error] { done(error); });
   }
   Run(cbs);
@@ -481,7 +488,7 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
   Run(cbs);
 }
 
-void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs) {
+void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, LogLevel level) {
   if (mesh.state == MeshState::kBroken) return;
   mesh.state = MeshState::kBroken;
   mesh.broken_reason = reason;
@@ -497,13 +504,9 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs) {
     FailOp(mesh, it->second, status, cbs);
     it = mesh.pending.erase(it);
   }
-  LogEvent(LogLevel::kWarn, "mesh_broken",
+  LogEvent(level, "mesh_broken",
            {{"mesh", mesh.name}, {"id", mesh.id}, {"generation", absl::StrCat(mesh.generation)},
             {"reason", reason}});
-}
-
-void Engine::DetachMember(Mesh& mesh, int index, Callbacks& cbs) {
-  mesh.member_left[index] = true;
 }
 
 void Engine::MaybeEraseMesh(const std::string& mesh_id) {
@@ -545,10 +548,10 @@ absl::Status Engine::LeaveMesh(const std::string& session_id, const std::string&
       RemoveJoiner(mesh, index, absl::CancelledError("left the mesh before it formed"), cbs);
     } else {
       if (mesh.state == MeshState::kReady) {
-        BreakMesh(mesh,
-                  absl::StrCat("member ", MemberLabel(mesh, index), " left the mesh"), cbs);
+        BreakMesh(mesh, absl::StrCat("member ", MemberLabel(mesh, index), " left the mesh"), cbs,
+                  LogLevel::kInfo);
       }
-      DetachMember(mesh, index, cbs);
+      mesh.member_left[index] = true;
       session->meshes.erase(m);
     }
     MaybeEraseMesh(mesh_id);
@@ -1020,7 +1023,7 @@ v1::ListSessionsResponse Engine::ListSessions() {
   v1::ListSessionsResponse resp;
   for (const auto& [id, s] : sessions_) {
     auto* info = resp.add_sessions();
-    info->set_session_id(id);
+    info->set_session_id(DisplayId(id));
     info->set_client_name(s->client_name);
     info->set_pid(s->pid);
     info->set_uid(s->uid);

@@ -32,6 +32,7 @@
 #include "daemon/exec/executor.h"
 #include "daemon/exec/thread_pool.h"
 #include "daemon/memory/shared_buffer.h"
+#include "daemon/util/log.h"
 
 namespace collectived {
 
@@ -208,10 +209,10 @@ class Engine {
       ABSL_LOCKS_EXCLUDED(mu_);
   void RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DetachMember(Mesh& mesh, int index, Callbacks& cbs)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails the mesh's pending ops with ABORTED; `level` is that of the log
+  // line (a member leaving on purpose is not a warning).
+  void BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs,
+                 LogLevel level = LogLevel::kWarn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEraseMesh(const std::string& mesh_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

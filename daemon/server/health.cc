@@ -31,25 +31,18 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
     have_next_ = true;
     MaybeWrite();
   }
+  // Ends the call once the statuses queued so far are written.
   void End() {
     MutexLock lock(&mu_);
-    if (finished_) return;
-    finished_ = true;
-    if (!writing_) Finish(grpc::Status::OK);
+    ending_ = true;
+    MaybeWrite();
   }
   void OnWriteDone(bool ok) override {
     MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
-      if (!finished_) {
-        finished_ = true;
-        Finish(grpc::Status::OK);
-      }
-      return;
-    }
-    if (finished_) {
-      Finish(grpc::Status::OK);
-      return;
+      have_next_ = false;
+      ending_ = true;
     }
     MaybeWrite();
   }
@@ -61,11 +54,16 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
 
  private:
   void MaybeWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || !have_next_ || finished_) return;
-    response_.set_status(next_);
-    have_next_ = false;
-    writing_ = true;
-    StartWrite(&response_);
+    if (writing_ || finished_) return;
+    if (have_next_) {
+      response_.set_status(next_);
+      have_next_ = false;
+      writing_ = true;
+      StartWrite(&response_);
+    } else if (ending_) {
+      finished_ = true;
+      Finish(grpc::Status::OK);
+    }
   }
 
   HealthService* const service_;
@@ -75,6 +73,7 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
   HealthCheckResponse::ServingStatus next_ ABSL_GUARDED_BY(mu_) = HealthCheckResponse::UNKNOWN;
   bool have_next_ ABSL_GUARDED_BY(mu_) = false;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 

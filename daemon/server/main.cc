@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "common/socket_path.h"
 #include "common/unix_socket.h"
@@ -58,6 +59,9 @@ int Fail(const absl::Status& status) {
 }
 
 int Main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return std::string("collectived " COLLECTIVED_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "collectived: runs JAX-style collectives (psum, pmean, all_gather, ppermute, ...) for the "
       "client processes of this host over shared memory.\nUsage: collectived [--socket=PATH] "
@@ -137,7 +141,11 @@ int Main(int argc, char** argv) {
   if (!tcp.empty()) builder.AddListeningPort(tcp, grpc::InsecureServerCredentials(), &tcp_port);
   builder.RegisterService(&service);
   builder.RegisterService(&health);
+  // The socket is created with `mode` from the start (no window with the
+  // umask's permissions).
+  const mode_t old_umask = umask(static_cast<mode_t>(~mode & 0777));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  umask(old_umask);
   if (!server) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", socket,
                                                     tcp.empty() ? "" : " or " + tcp)));
@@ -145,7 +153,6 @@ int Main(int argc, char** argv) {
   if (!tcp.empty() && tcp_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on TCP address ", tcp)));
   }
-  chmod(socket.c_str(), static_cast<mode_t>(mode));
   LogEvent(LogLevel::kInfo, "listening",
            {{"socket", socket}, {"side_socket", side_socket},
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
