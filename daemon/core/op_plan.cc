@@ -13,6 +13,14 @@ absl::Status Invalid(absl::string_view kind, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(kind, ": ", parts...));
 }
 
+int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= v[i];
+  return p;
+}
+
+}  // namespace
+
 ReduceKind ToReduceKind(v1::OpKind kind) {
   switch (kind) {
     case v1::PMAX: return ReduceKind::kMax;
@@ -21,14 +29,6 @@ ReduceKind ToReduceKind(v1::OpKind kind) {
     default: return ReduceKind::kSum;
   }
 }
-
-int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i) p *= v[i];
-  return p;
-}
-
-}  // namespace
 
 int MeshShape::num_members() const {
   int n = 1;

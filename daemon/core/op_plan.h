@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "collectived/v1/collective.pb.h"
 #include "daemon/exec/dtype.h"
+#include "daemon/exec/reduce.h"
 
 namespace collectived {
 
@@ -74,6 +75,9 @@ struct OpPlan {
 // duplicates, ...).
 absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& shape);
 
+// The element-wise reduction of a reducing op kind (kSum for psum and
+// psum_scatter).
+ReduceKind ToReduceKind(v1::OpKind kind);
 // "psum", "all_gather", ...
 absl::string_view OpKindName(v1::OpKind kind);
 // Conversions between the proto and internal dtype enums (same numbering).

@@ -20,15 +20,6 @@ int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
   return p;
 }
 
-ReduceKind ToReduceKind(v1::OpKind kind) {
-  switch (kind) {
-    case v1::PMAX: return ReduceKind::kMax;
-    case v1::PMIN: return ReduceKind::kMin;
-    case v1::PMEAN: return ReduceKind::kMean;
-    default: return ReduceKind::kSum;
-  }
-}
-
 // Copies the block `block` (a shape) that starts at `src_start` in an array of
 // `src_shape` to `dst_start` in an array of `dst_shape`; all row-major with
 // elements of `es` bytes. Trailing dimensions the block spans fully are copied
