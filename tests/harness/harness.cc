@@ -69,6 +69,22 @@ void Child::Drain(absl::Duration max_wait) {
   while ((n = read(fd_, buf, sizeof(buf))) > 0) output_.append(buf, static_cast<size_t>(n));
 }
 
+bool Child::WaitForOutput(const std::string& needle, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    if (output_.find(needle) != std::string::npos) return true;
+    if (reaped_ || absl::Now() > deadline) return false;
+    Drain(absl::Milliseconds(20));
+    siginfo_t info{};
+    if (output_.find(needle) == std::string::npos &&
+        waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == pid_) {
+      Drain(absl::ZeroDuration());
+      return output_.find(needle) != std::string::npos;
+    }
+  }
+}
+
 ChildResult Child::Wait(absl::Duration timeout) {
   ChildResult r;
   const absl::Time deadline = absl::Now() + timeout;
@@ -134,9 +150,13 @@ bool SocketLive(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(std::vector<std::string> flags) {
+  return StartAt(MakeTempDir() + "/collectived.sock", std::move(flags));
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartAt(const std::string& socket,
+                                                        std::vector<std::string> flags) {
   std::unique_ptr<Daemon> d(new Daemon());
-  d->dir_ = MakeTempDir();
-  d->socket_ = d->dir_ + "/collectived.sock";
+  d->socket_ = socket;
   std::vector<std::string> argv = {DaemonBinary(), "--socket=" + d->socket_};
   for (auto& f : flags) argv.push_back(std::move(f));
   auto child = Child::Start(argv);

@@ -41,6 +41,11 @@ class Child {
   void Signal(int sig);
   // Waits for exit (collecting output); kills with SIGKILL at the deadline.
   ChildResult Wait(absl::Duration timeout);
+  // Reads output until it contains `needle` (true) or `timeout` passes or
+  // the child exits without printing it (false).
+  bool WaitForOutput(const std::string& needle, absl::Duration timeout);
+  // Output read so far.
+  const std::string& output() const { return output_; }
 
  private:
   Child(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
@@ -63,6 +68,9 @@ class Daemon {
   // Starts the daemon on a socket in a fresh temp dir with `flags` added and
   // waits (at most 20 s) until it accepts connections.
   static absl::StatusOr<std::unique_ptr<Daemon>> Start(std::vector<std::string> flags = {});
+  // Starts a daemon on `socket` (e.g. the socket of a daemon that was killed).
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartAt(const std::string& socket,
+                                                         std::vector<std::string> flags = {});
   ~Daemon();  // SIGKILL if still running
 
   const std::string& socket() const { return socket_; }
@@ -74,7 +82,6 @@ class Daemon {
 
  private:
   Daemon() = default;
-  std::string dir_;
   std::string socket_;
   std::unique_ptr<Child> child_;
   bool stopped_ = false;

@@ -1,0 +1,214 @@
+// collectived_failure_worker: a member process for the failure tests.
+//
+//   --socket=S --mesh=NAME --members=N --member=I
+//   --mode=loop      psum in a loop until an op fails; print the failure
+//   --mode=stall     join, then never submit (a stuck-but-alive member)
+//   --mode=mismatch  submit --kind instead of psum as op 0, then one psum
+//   --reform         after a failure, join NAME again with --members-after
+//                    members (coordinates assigned) and run one psum
+//   --reconnect-ms=T after a failure, reconnect (to a restarted daemon)
+//                    for up to T ms, rejoin and run one psum
+//
+// Output lines (one per event, parsed by failure_test.cc):
+//   READY index=<i> pid=<pid>
+//   FAILED code=<CODE> after_ms=<ms since the failing op was submitted> msg=<message>
+//   BUFFER_INTACT value=<v>         (the shared buffer is still readable)
+//   REFORMED generation=<g> members=<n> sum=<s>
+//   RECONNECTED sum=<s>
+//   DONE
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "collectived/client.h"
+
+namespace {
+
+using collectived::Array;
+
+struct Flags {
+  std::string socket, mesh, mode = "loop", kind = "psum";
+  int members = 2, member = 0, members_after = 0;
+  bool reform = false;
+  int64_t reconnect_ms = 0, op_timeout_ms = 0;
+};
+
+bool Parse(int argc, char** argv, Flags& f) {
+  for (int a = 1; a < argc; ++a) {
+    std::string arg = argv[a];
+    auto value = [&](const char* name, std::string* out) {
+      std::string prefix = absl::StrCat("--", name, "=");
+      if (arg.rfind(prefix, 0) != 0) return false;
+      *out = arg.substr(prefix.size());
+      return true;
+    };
+    std::string v;
+    if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||
+        value("kind", &f.kind)) {
+    } else if (value("members", &v)) {
+      f.members = std::atoi(v.c_str());
+    } else if (value("member", &v)) {
+      f.member = std::atoi(v.c_str());
+    } else if (value("members-after", &v)) {
+      f.members_after = std::atoi(v.c_str());
+    } else if (value("reconnect-ms", &v)) {
+      f.reconnect_ms = std::atoll(v.c_str());
+    } else if (value("op-timeout-ms", &v)) {
+      f.op_timeout_ms = std::atoll(v.c_str());
+    } else if (arg == "--reform") {
+      f.reform = true;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", arg.c_str());
+      return false;
+    }
+  }
+  return !f.socket.empty() && !f.mesh.empty();
+}
+
+void Line(const std::string& s) {
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+// Joins `name` and runs one psum of 1.0 per member; returns the sum.
+absl::StatusOr<float> JoinAndSum(collectived::Client& client, const std::string& name,
+                                 int members, int64_t* generation) {
+  auto mesh = client.JoinMesh({.name = name, .axes = {{"i", members}},
+                               .join_timeout = absl::Seconds(20)});
+  if (!mesh.ok()) return mesh.status();
+  *generation = (*mesh)->generation();
+  auto buf = client.Allocate(sizeof(float));
+  if (!buf.ok()) return buf.status();
+  buf->as<float>()[0] = 1.0f;
+  absl::Status st = (*mesh)->psum(Array::Of<float>(*buf, {}), "i");
+  if (!st.ok()) return st;
+  return buf->as<float>()[0];
+}
+
+int Run(const Flags& f) {
+  auto client = collectived::Client::Connect(
+      {.socket_path = f.socket, .client_name = absl::StrCat("failure-", f.member)});
+  if (!client.ok()) {
+    Line(absl::StrCat("CONNECT_FAILED ", client.status().ToString()));
+    return 1;
+  }
+  auto mesh = (*client)->JoinMesh({.name = f.mesh,
+                                   .axes = {{"i", f.members}},
+                                   .coordinate = {f.member},
+                                   .join_timeout = absl::Seconds(20),
+                                   .op_timeout = absl::Milliseconds(f.op_timeout_ms)});
+  if (!mesh.ok()) {
+    Line(absl::StrCat("JOIN_FAILED ", mesh.status().ToString()));
+    return 1;
+  }
+  auto buf = (*client)->Allocate(1 << 20);
+  if (!buf.ok()) return 1;
+  Line(absl::StrCat("READY index=", (*mesh)->index(), " pid=", getpid()));
+  auto x = Array::Of<float>(*buf, {1024});
+
+  if (f.mode == "stall") {
+    absl::SleepFor(absl::Seconds(60));
+    return 0;
+  }
+  if (f.mode == "mismatch") {
+    collectived::OpFuture fut;
+    if (f.kind == "pmax") {
+      fut = (*mesh)->pmax_async(x, "i");
+    } else if (f.kind == "shape") {
+      fut = (*mesh)->psum_async(Array::Of<float>(*buf, {512}), "i");
+    } else if (f.kind == "dtype") {
+      fut = (*mesh)->psum_async(Array::Of<int32_t>(*buf, {1024}), "i");
+    } else if (f.kind == "perm") {
+      fut = (*mesh)->ppermute_async(x, "i", {{0, 1}, {1, 0}});
+    } else if (f.kind == "perm-other") {
+      fut = (*mesh)->ppermute_async(x, "i", {{0, 0}, {1, 1}});
+    } else if (f.kind == "root") {
+      fut = (*mesh)->broadcast_async(x, "i", f.member == 0 ? 1 : 0);
+    } else if (f.kind == "tiled") {
+      // Member 0 gathers tiled, the others untiled: same bytes, different op.
+      auto out = Array::Of<float>(*buf, {f.members * 1024}, 8192);
+      if (f.member != 0) out.shape = {f.members, 1024};
+      fut = (*mesh)->all_gather_async(x, "i", out, {.tiled = f.member == 0});
+    } else {
+      fut = (*mesh)->psum_async(x, "i");
+    }
+    absl::Status st = fut.Wait();
+    Line(absl::StrCat("FAILED code=", absl::StatusCodeToString(st.code()), " after_ms=0 msg=",
+                      st.message()));
+    // The mesh goes on: a matching op succeeds.
+    buf->as<float>()[0] = 1.0f;
+    st = (*mesh)->psum(Array::Of<float>(*buf, {}), "i");
+    Line(absl::StrCat("NEXT code=", absl::StatusCodeToString(st.code()),
+                      " sum=", buf->as<float>()[0]));
+    return 0;
+  }
+
+  // loop: psum until something fails.
+  buf->as<float>()[1023] = 42.0f;
+  absl::Status failure;
+  absl::Time submitted;
+  for (int64_t n = 0;; ++n) {
+    submitted = absl::Now();
+    failure = (*mesh)->psum(Array::Of<float>(*buf, {1}), "i");
+    if (!failure.ok()) break;
+  }
+  Line(absl::StrCat("FAILED code=", absl::StatusCodeToString(failure.code()),
+                    " after_ms=", absl::ToInt64Milliseconds(absl::Now() - submitted),
+                    " msg=", failure.message()));
+  Line(absl::StrCat("BUFFER_INTACT value=", buf->as<float>()[1023]));
+  if (f.reform) {
+    int64_t generation = 0;
+    auto sum = JoinAndSum(**client, f.mesh, f.members_after, &generation);
+    if (!sum.ok()) {
+      Line(absl::StrCat("REFORM_FAILED ", sum.status().ToString()));
+      return 1;
+    }
+    Line(absl::StrCat("REFORMED generation=", generation, " members=", f.members_after,
+                      " sum=", *sum));
+  }
+  if (f.reconnect_ms > 0) {
+    mesh->reset();
+    client->reset();
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(f.reconnect_ms);
+    absl::Status last;
+    while (absl::Now() < deadline) {
+      auto again = collectived::Client::Connect(
+          {.socket_path = f.socket, .connect_timeout = absl::Milliseconds(500)});
+      if (!again.ok()) {
+        last = again.status();
+        absl::SleepFor(absl::Milliseconds(50));
+        continue;
+      }
+      int64_t generation = 0;
+      auto sum = JoinAndSum(**again, f.mesh, f.members, &generation);
+      if (!sum.ok()) {
+        Line(absl::StrCat("RECONNECT_FAILED ", sum.status().ToString()));
+        return 1;
+      }
+      Line(absl::StrCat("RECONNECTED sum=", *sum));
+      Line("DONE");
+      return 0;
+    }
+    Line(absl::StrCat("RECONNECT_FAILED ", last.ToString()));
+    return 1;
+  }
+  Line("DONE");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  if (!Parse(argc, argv, f)) {
+    std::fprintf(stderr, "usage: see the comment at the top of failure_worker.cc\n");
+    return 2;
+  }
+  return Run(f);
+}
