@@ -227,6 +227,8 @@ class ClientImpl {
     for (int c : options.coordinate) req.add_coordinate(c);
     req.set_timeout_ms(absl::ToInt64Milliseconds(options.join_timeout));
     req.set_op_timeout_ms(absl::ToInt64Milliseconds(options.op_timeout));
+    req.set_scope(options.scope);
+    req.set_join_token(options.join_token);
     v1::JoinMeshResponse resp;
     if (auto st = FromGrpc(stub_->JoinMesh(&ctx, req, &resp)); !st.ok()) return st;
     std::unique_ptr<Mesh> mesh(new Mesh());

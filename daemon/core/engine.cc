@@ -29,6 +29,11 @@ std::string CoordString(const std::vector<int>& c) {
   return absl::StrCat("(", absl::StrJoin(c, ","), ")");
 }
 
+// Meshes are named within a scope.
+std::string MeshKey(const std::string& scope, const std::string& name) {
+  return absl::StrCat(scope, "/", name);
+}
+
 std::string AxesString(const MeshShape& s) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < s.names.size(); ++i) parts.push_back(absl::StrCat(s.names[i], "=", s.sizes[i]));
@@ -243,6 +248,7 @@ v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
   v1::MeshInfo info;
   info.set_mesh_id(mesh.id);
   info.set_name(mesh.name);
+  info.set_scope(mesh.scope);
   for (size_t i = 0; i < mesh.shape.names.size(); ++i) {
     auto* a = info.add_axes();
     a->set_name(mesh.shape.names[i]);
@@ -317,10 +323,19 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
     if (req.timeout_ms() < 0 || req.op_timeout_ms() < 0) {
       return absl::InvalidArgumentError("timeouts must be >= 0");
     }
+    if (!req.scope().empty() && !ValidName(req.scope(), kMaxMeshName, ".:-")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scope '", req.scope(), "' must be up to ", kMaxMeshName,
+          " characters of [A-Za-z0-9_.:-]"));
+    }
+    if (req.join_token().size() > 256) {
+      return absl::InvalidArgumentError("join_token is longer than 256 bytes");
+    }
+    const std::string key = MeshKey(req.scope(), req.mesh_name());
     // Leave an older, broken generation of the same name automatically.
     for (auto it = session->meshes.begin(); it != session->meshes.end();) {
       auto m = meshes_.find(it->first);
-      if (m != meshes_.end() && m->second->name == req.mesh_name()) {
+      if (m != meshes_.end() && m->second->key == key) {
         if (m->second->state != MeshState::kBroken) {
           return absl::AlreadyExistsError(absl::StrCat(
               "this session is already member ", it->second, " of mesh '", req.mesh_name(),
@@ -337,9 +352,13 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
     }
 
     Mesh* mesh = nullptr;
-    auto by_name = mesh_by_name_.find(req.mesh_name());
+    auto by_name = mesh_by_name_.find(key);
     if (by_name != mesh_by_name_.end()) {
       mesh = meshes_.at(by_name->second).get();
+      if (mesh->token != req.join_token()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "mesh '", mesh->name, "' needs the join token its first member set"));
+      }
       if (mesh->state == MeshState::kReady) {
         return absl::FailedPreconditionError(absl::StrCat(
             "mesh '", mesh->name, "' generation ", mesh->generation, " is already full (",
@@ -371,15 +390,18 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       auto m = std::make_unique<Mesh>();
       m->id = RandomId("m-");
       m->name = req.mesh_name();
+      m->scope = req.scope();
+      m->key = key;
+      m->token = req.join_token();
       m->shape = shape;
-      m->generation = ++last_generation_[m->name];
+      m->generation = ++last_generation_[key];
       m->assign = assign;
       m->op_timeout = options_.op_timeout;
       m->member_session.assign(members, "");
       m->member_left.assign(members, false);
       m->next_sequence.assign(members, 0);
       mesh = m.get();
-      mesh_by_name_[m->name] = m->id;
+      mesh_by_name_[m->key] = m->id;
       meshes_.emplace(m->id, std::move(m));
       LogEvent(LogLevel::kInfo, "mesh_forming",
                {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(shape)},
@@ -481,7 +503,7 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
     LogEvent(LogLevel::kWarn, "join_timeout", {{"mesh", mesh.name}, {"error", status.ToString()}});
     RemoveJoiner(mesh, index, status, cbs);
     if (mesh.join_waiters.empty()) {
-      mesh_by_name_.erase(mesh.name);
+      mesh_by_name_.erase(mesh.key);
       meshes_.erase(it);
     }
   }
@@ -492,7 +514,7 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
   if (mesh.state == MeshState::kBroken) return;
   mesh.state = MeshState::kBroken;
   mesh.broken_reason = reason;
-  auto name = mesh_by_name_.find(mesh.name);
+  auto name = mesh_by_name_.find(mesh.key);
   if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
   absl::Status status = absl::AbortedError(absl::StrCat(
       "mesh '", mesh.name, "' generation ", mesh.generation, " is broken: ", reason));
@@ -515,7 +537,7 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
   Mesh& mesh = *it->second;
   if (mesh.state == MeshState::kForming) {
     if (mesh.join_waiters.empty()) {
-      mesh_by_name_.erase(mesh.name);
+      mesh_by_name_.erase(mesh.key);
       meshes_.erase(it);
     }
     return;
@@ -561,12 +583,13 @@ absl::Status Engine::LeaveMesh(const std::string& session_id, const std::string&
 }
 
 absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
-                                                  const std::string& mesh_name) {
+                                                  const std::string& mesh_name,
+                                                  const std::string& scope) {
   MutexLock lock(&mu_);
   std::string id = mesh_id;
   if (id.empty()) {
     if (mesh_name.empty()) return absl::InvalidArgumentError("give mesh_id or mesh_name");
-    auto it = mesh_by_name_.find(mesh_name);
+    auto it = mesh_by_name_.find(MeshKey(scope, mesh_name));
     if (it == mesh_by_name_.end()) {
       return absl::NotFoundError(absl::StrCat("no forming or ready mesh named '", mesh_name, "'"));
     }

@@ -94,7 +94,8 @@ class Engine {
                 std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done);
   absl::Status LeaveMesh(const std::string& session_id, const std::string& mesh_id);
   absl::StatusOr<v1::MeshInfo> DescribeMesh(const std::string& mesh_id,
-                                            const std::string& mesh_name);
+                                            const std::string& mesh_name,
+                                            const std::string& scope = "");
 
   absl::StatusOr<v1::BufferInfo> AllocateBuffer(const std::string& session_id,
                                                 int64_t size_bytes);
@@ -183,6 +184,9 @@ class Engine {
   struct Mesh {
     std::string id;
     std::string name;
+    std::string scope;
+    std::string key;    // scope and name: what mesh_by_name_ is keyed by
+    std::string token;  // join token set by the first member
     MeshShape shape;
     int64_t generation = 1;
     MeshState state = MeshState::kForming;
@@ -239,7 +243,8 @@ class Engine {
   std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Mesh>> meshes_ ABSL_GUARDED_BY(mu_);
-  // Name -> id of the mesh that currently holds the name (forming or ready).
+  // Key (scope and name) -> id of the mesh that currently holds the name
+  // (forming or ready).
   absl::flat_hash_map<std::string, std::string> mesh_by_name_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
   int running_ops_ ABSL_GUARDED_BY(mu_) = 0;

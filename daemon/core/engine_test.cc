@@ -175,6 +175,46 @@ TEST_F(EngineTest, JoinRejectsDisagreeingAxesAndTakenCoordinates) {
   EXPECT_EQ(ra.Get().status().code(), absl::StatusCode::kAborted);
 }
 
+TEST_F(EngineTest, ScopesKeepJobsApartAndTokensGuardJoins) {
+  // Two jobs use the same mesh name in different scopes: two meshes.
+  std::vector<Result<absl::StatusOr<v1::JoinMeshResponse>>> joins(2);
+  for (int job = 0; job < 2; ++job) {
+    auto req = JoinRequest(NewSession(), "train", 1);
+    req.set_scope(absl::StrCat("job-", job));
+    engine_->JoinMesh(req, joins[job].Callback());
+  }
+  ASSERT_TRUE(joins[0].Get().ok()) << joins[0].Get().status();
+  ASSERT_TRUE(joins[1].Get().ok()) << joins[1].Get().status();
+  EXPECT_NE(joins[0].Get()->mesh().mesh_id(), joins[1].Get()->mesh().mesh_id());
+  EXPECT_EQ(joins[1].Get()->mesh().scope(), "job-1");
+  EXPECT_EQ(joins[1].Get()->mesh().generation(), 1);
+  auto described = engine_->DescribeMesh("", "train", "job-1");
+  ASSERT_TRUE(described.ok());
+  EXPECT_EQ(described->mesh_id(), joins[1].Get()->mesh().mesh_id());
+
+  // A join token set by the first member keeps others out.
+  Result<absl::StatusOr<v1::JoinMeshResponse>> owner, intruder, teammate;
+  auto req = JoinRequest(NewSession(), "guarded", 2);
+  req.set_join_token("secret");
+  engine_->JoinMesh(req, owner.Callback());
+  auto bad = JoinRequest(NewSession(), "guarded", 2);
+  bad.set_join_token("guess");
+  engine_->JoinMesh(bad, intruder.Callback());
+  EXPECT_EQ(intruder.Get().status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(owner.Done());
+  auto good = JoinRequest(NewSession(), "guarded", 2);
+  good.set_join_token("secret");
+  engine_->JoinMesh(good, teammate.Callback());
+  ASSERT_TRUE(teammate.Get().ok()) << teammate.Get().status();
+  ASSERT_TRUE(owner.Get().ok()) << owner.Get().status();
+
+  auto bad_scope = JoinRequest(NewSession(), "m", 1);
+  bad_scope.set_scope("a b");
+  Result<absl::StatusOr<v1::JoinMeshResponse>> rejected;
+  engine_->JoinMesh(bad_scope, rejected.Callback());
+  EXPECT_EQ(rejected.Get().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(EngineTest, PsumFromThreadsGivesEveryMemberTheSum) {
   constexpr int kMembers = 4;
   constexpr int kCount = 1000;

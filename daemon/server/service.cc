@@ -156,7 +156,7 @@ grpc::ServerUnaryReactor* CollectiveService::LeaveMesh(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CollectiveService::DescribeMesh(grpc::CallbackServerContext* ctx,
                                                           const v1::DescribeMeshRequest* req,
                                                           v1::MeshInfo* resp) {
-  return FinishWith(ctx, engine_->DescribeMesh(req->mesh_id(), req->mesh_name()), resp);
+  return FinishWith(ctx, engine_->DescribeMesh(req->mesh_id(), req->mesh_name(), req->scope()), resp);
 }
 
 grpc::ServerUnaryReactor* CollectiveService::AllocateBuffer(

@@ -177,6 +177,10 @@ struct MeshOptions {
   absl::Duration join_timeout = absl::Seconds(60);
   // Per-op deadline for every member to submit (zero: the daemon's default).
   absl::Duration op_timeout = absl::ZeroDuration();
+  // The job or tenant the mesh belongs to: meshes are named within a scope.
+  std::string scope;
+  // Optional secret: the first member sets it, later members must match it.
+  std::string join_token;
 };
 
 // One member's place in a joined mesh, and the collectives over its axes.
