@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <sstream>
 #include <climits>
 #include <cstdlib>
 #include <memory>
@@ -17,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/socket_path.h"
 #include "common/unix_socket.h"
@@ -33,7 +36,14 @@ ABSL_FLAG(std::string, socket, "",
           "The descriptor side socket is <socket>.fds.");
 ABSL_FLAG(std::string, tcp, "",
           "Also listen for gRPC on this TCP address (e.g. 127.0.0.1:50051); off when empty. "
-          "Plaintext: use only on loopback or a trusted network.");
+          "Plaintext is allowed on loopback only; other addresses need --tls-cert/--tls-key "
+          "(or --tcp-insecure).");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for the TCP listener (enables TLS).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls-cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: when set, TCP clients must present a certificate it signs (mTLS).");
+ABSL_FLAG(bool, tcp_insecure, false,
+          "Allow a plaintext TCP listener on a non-loopback address (not recommended).");
 ABSL_FLAG(std::string, socket_mode, "0660", "Permissions (octal) of the Unix sockets.");
 ABSL_FLAG(std::string, log_level, "info", "Lowest log level printed: debug, info, warn, error.");
 ABSL_FLAG(int, threads, 0, "Executor threads (0: one per CPU).");
@@ -52,6 +62,51 @@ ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30, "Largest single buffer."
 
 namespace collectived {
 namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool IsLoopback(const std::string& addr) {
+  return absl::StartsWith(addr, "127.") || absl::StartsWith(addr, "localhost:") ||
+         absl::StartsWith(addr, "[::1]:");
+}
+
+// Credentials of the TCP listener: TLS (mTLS with a client CA) when a
+// certificate is given; plaintext only on loopback unless --tcp-insecure.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const std::string& tcp) {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
+                    ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (cert.empty()) {
+    if (!ca.empty()) return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert");
+    if (!IsLoopback(tcp) && !absl::GetFlag(FLAGS_tcp_insecure)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tcp=", tcp, " is not a loopback address: give --tls-cert and --tls-key, "
+          "or --tcp-insecure to accept plaintext"));
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  auto cert_pem = ReadFile(cert);
+  if (!cert_pem.ok()) return cert_pem.status();
+  auto key_pem = ReadFile(key);
+  if (!key_pem.ok()) return key_pem.status();
+  ssl.pem_key_cert_pairs.push_back({*key_pem, *cert_pem});
+  if (!ca.empty()) {
+    auto ca_pem = ReadFile(ca);
+    if (!ca_pem.ok()) return ca_pem.status();
+    ssl.pem_root_certs = *ca_pem;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
 
 int Fail(const absl::Status& status) {
   LogEvent(LogLevel::kError, "startup_failed", {{"error", status.ToString()}});
@@ -138,7 +193,15 @@ int Main(int argc, char** argv) {
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   int tcp_port = 0;
   const std::string tcp = absl::GetFlag(FLAGS_tcp);
-  if (!tcp.empty()) builder.AddListeningPort(tcp, grpc::InsecureServerCredentials(), &tcp_port);
+  std::string tcp_security = "off";
+  if (!tcp.empty()) {
+    auto creds = TcpCredentials(tcp);
+    if (!creds.ok()) return Fail(creds.status());
+    builder.AddListeningPort(tcp, *creds, &tcp_port);
+    tcp_security = absl::GetFlag(FLAGS_tls_cert).empty()          ? "plaintext"
+                   : absl::GetFlag(FLAGS_tls_client_ca).empty() ? "tls"
+                                                                 : "mtls";
+  }
   builder.RegisterService(&service);
   builder.RegisterService(&health);
   // The socket is created with `mode` from the start (no window with the
@@ -156,6 +219,7 @@ int Main(int argc, char** argv) {
   LogEvent(LogLevel::kInfo, "listening",
            {{"socket", socket}, {"side_socket", side_socket},
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
+            {"tcp_security", tcp_security},
             {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
             {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
 

@@ -572,3 +572,88 @@ def test_sigterm_fails_pending_join_and_op(fresh_daemon, pb):
             fut.result(timeout=RPC_TIMEOUT)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE, (what, info.value)
         assert "shutting down" in info.value.details(), (what, info.value.details())
+
+
+# ---------------------------------------------------------------------------
+# TCP listener: TLS, mTLS, and plaintext refused off loopback
+# ---------------------------------------------------------------------------
+
+
+def _free_port():
+    import socket as so
+
+    with so.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        (d / f"{name}.ext").write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext",
+                 "-out", f"{name}.pem", cwd=d)
+    return d
+
+
+def _tls_check(port, pki, with_client_cert):
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        private_key=(pki / "client.key").read_bytes() if with_client_cert else None,
+        certificate_chain=(pki / "client.pem").read_bytes() if with_client_cert else None,
+    )
+    with grpc.secure_channel(f"127.0.0.1:{port}", creds) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+
+
+def test_tcp_tls(pki):
+    port = _free_port()
+    d = Daemon(f"--tcp=127.0.0.1:{port}", f"--tls-cert={pki / 'server.pem'}",
+               f"--tls-key={pki / 'server.key'}")
+    try:
+        assert _tls_check(port, pki, False).status == health_pb2.HealthCheckResponse.SERVING
+        # A plaintext client cannot talk to the TLS listener.
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.RpcError):
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert "tcp_security=tls" in d.log()
+    finally:
+        d.close()
+
+
+def test_tcp_mtls_requires_a_client_certificate(pki):
+    port = _free_port()
+    d = Daemon(f"--tcp=127.0.0.1:{port}", f"--tls-cert={pki / 'server.pem'}",
+               f"--tls-key={pki / 'server.key'}", f"--tls-client-ca={pki / 'ca.pem'}")
+    try:
+        assert _tls_check(port, pki, True).status == health_pb2.HealthCheckResponse.SERVING
+        with pytest.raises(grpc.RpcError) as err:
+            _tls_check(port, pki, False)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "tcp_security=mtls" in d.log()
+    finally:
+        d.close()
+
+
+def test_plaintext_tcp_is_refused_off_loopback():
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run(
+            [str(DAEMON_BIN), f"--socket={tmp}/s.sock", "--tcp=0.0.0.0:0"],
+            capture_output=True, text=True, timeout=30,
+        )
+    assert r.returncode != 0
+    assert "is not a loopback address" in r.stderr
