@@ -108,6 +108,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const st
   return grpc::SslServerCredentials(ssl);
 }
 
+// Largest request accepted (RESOURCE_EXHAUSTED beyond).
+constexpr int kMaxRequestBytes = 1 << 20;
+
 int Fail(const absl::Status& status) {
   LogEvent(LogLevel::kError, "startup_failed", {{"error", status.ToString()}});
   return 1;
@@ -202,6 +205,8 @@ int Main(int argc, char** argv) {
                    : absl::GetFlag(FLAGS_tls_client_ca).empty() ? "tls"
                                                                  : "mtls";
   }
+  // No payload travels over gRPC, so requests are small; refuse big ones.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(&service);
   builder.RegisterService(&health);
   // The socket is created with `mode` from the start (no window with the

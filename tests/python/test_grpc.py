@@ -657,3 +657,12 @@ def test_plaintext_tcp_is_refused_off_loopback():
         )
     assert r.returncode != 0
     assert "is not a loopback address" in r.stderr
+
+
+def test_oversized_request_is_refused(daemon, pb):
+    m, stub = pb.msgs, pb.grpc.CollectiveStub(daemon.channel)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.CreateSession(m.CreateSessionRequest(client_name="x" * (2 << 20)), timeout=RPC_TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The daemon is unharmed.
+    assert stub.GetStats(m.GetStatsRequest(), timeout=RPC_TIMEOUT).daemon_id
