@@ -18,3 +18,14 @@ endif()
 if(COLLECTIVED_WITH_CUDA)
   message(FATAL_ERROR "COLLECTIVED_WITH_CUDA: the CUDA executor is not part of this release yet; build with -DCOLLECTIVED_WITH_CUDA=OFF")
 endif()
+
+# libFuzzer targets (clang only): instrument everything for coverage and
+# address errors; scripts/fuzz.sh configures this.
+option(COLLECTIVED_FUZZ "Build the libFuzzer targets (needs clang)" OFF)
+if(COLLECTIVED_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "COLLECTIVED_FUZZ needs clang (CXX=clang++)")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+endif()
