@@ -7,7 +7,7 @@ packages=(
   cmake g++ make pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
-  docker-compose python3-pip openssl clang
+  docker-compose python3-pip openssl clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
