@@ -4,6 +4,8 @@
 //   --mode=loop      psum in a loop until an op fails; print the failure
 //   --mode=stall     join, then never submit (a stuck-but-alive member)
 //   --mode=mismatch  submit --kind instead of psum as op 0, then one psum
+//   --mode=mixed     --ops=N ops of random kinds (same --seed on every member),
+//                    four in flight at a time; stops at the first failure
 //   --reform         after a failure, join NAME again with --members-after
 //                    members (coordinates assigned) and run one psum
 //   --reconnect-ms=T after a failure, reconnect (to a restarted daemon)
@@ -20,6 +22,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <random>
+#include <vector>
 #include <string>
 
 #include "absl/status/status.h"
@@ -36,7 +40,7 @@ struct Flags {
   std::string socket, mesh, mode = "loop", kind = "psum";
   int members = 2, member = 0, members_after = 0;
   bool reform = false;
-  int64_t reconnect_ms = 0, op_timeout_ms = 0;
+  int64_t reconnect_ms = 0, op_timeout_ms = 0, ops = 100, seed = 1;
 };
 
 bool Parse(int argc, char** argv, Flags& f) {
@@ -59,6 +63,10 @@ bool Parse(int argc, char** argv, Flags& f) {
       f.members_after = std::atoi(v.c_str());
     } else if (value("reconnect-ms", &v)) {
       f.reconnect_ms = std::atoll(v.c_str());
+    } else if (value("ops", &v)) {
+      f.ops = std::atoll(v.c_str());
+    } else if (value("seed", &v)) {
+      f.seed = std::atoll(v.c_str());
     } else if (value("op-timeout-ms", &v)) {
       f.op_timeout_ms = std::atoll(v.c_str());
     } else if (arg == "--reform") {
@@ -146,6 +154,46 @@ int Run(const Flags& f) {
     st = (*mesh)->psum(Array::Of<float>(*buf, {}), "i");
     Line(absl::StrCat("NEXT code=", absl::StatusCodeToString(st.code()),
                       " sum=", buf->as<float>()[0]));
+    return 0;
+  }
+
+  if (f.mode == "mixed") {
+    std::mt19937_64 rng(static_cast<uint64_t>(f.seed));
+    const int n = f.members;
+    std::vector<std::pair<int, int>> ring;
+    for (int s = 0; s < n; ++s) ring.emplace_back(s, (s + 1) % n);
+    int64_t done = 0;
+    absl::Status failure;
+    while (done < f.ops && failure.ok()) {
+      std::vector<collectived::OpFuture> batch;
+      for (int k = 0; k < 4; ++k) {
+        // Each op uses its own 64 KiB slice, so ops in flight do not overlap.
+        const size_t base = static_cast<size_t>(k) * 65536;
+        auto in = Array::Of<float>(*buf, {256}, base);
+        auto out = Array::Of<float>(*buf, {n * 256}, base + 32768);
+        switch (rng() % 6) {
+          case 0: batch.push_back((*mesh)->psum_async(in, "i")); break;
+          case 1: batch.push_back((*mesh)->pmax_async(in, "i")); break;
+          case 2: batch.push_back((*mesh)->all_gather_async(in, "i", out, {.tiled = true})); break;
+          case 3: batch.push_back((*mesh)->ppermute_async(in, "i", ring)); break;
+          case 4: batch.push_back((*mesh)->broadcast_async(in, "i", 0)); break;
+          default: batch.push_back((*mesh)->barrier_async()); break;
+        }
+      }
+      for (auto& fut : batch) {
+        absl::Status st = fut.Wait();
+        if (st.ok()) {
+          ++done;
+        } else if (failure.ok()) {
+          failure = st;
+        }
+      }
+    }
+    if (!failure.ok()) {
+      Line(absl::StrCat("FAILED code=", absl::StatusCodeToString(failure.code()),
+                        " after_ms=0 msg=", failure.message()));
+    }
+    Line(absl::StrCat("COMPLETED ops=", done));
     return 0;
   }
 
