@@ -1,4 +1,5 @@
 // collectived: the per-host collective-communication daemon.
+#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,8 +21,10 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/socket_path.h"
+#include "common/status_util.h"
 #include "common/unix_socket.h"
 #include "daemon/core/engine.h"
 #include "daemon/exec/cpu_executor.h"
@@ -45,6 +48,9 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(bool, tcp_insecure, false,
           "Allow a plaintext TCP listener on a non-loopback address (not recommended).");
 ABSL_FLAG(std::string, socket_mode, "0660", "Permissions (octal) of the Unix sockets.");
+ABSL_FLAG(std::string, socket_group, "",
+          "Group (name or number) that owns the Unix sockets, so that its members may "
+          "connect with --socket-mode=0660 (default: the daemon's group).");
 ABSL_FLAG(std::string, log_level, "info", "Lowest log level printed: debug, info, warn, error.");
 ABSL_FLAG(int, threads, 0, "Executor threads (0: one per CPU).");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
@@ -220,6 +226,22 @@ int Main(int argc, char** argv) {
   }
   if (!tcp.empty() && tcp_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on TCP address ", tcp)));
+  }
+  if (const std::string group = absl::GetFlag(FLAGS_socket_group); !group.empty()) {
+    gid_t gid = 0;
+    unsigned parsed = 0;
+    if (absl::SimpleAtoi(group, &parsed)) {
+      gid = static_cast<gid_t>(parsed);
+    } else if (const struct group* g = getgrnam(group.c_str())) {
+      gid = g->gr_gid;
+    } else {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("unknown group '", group, "'")));
+    }
+    for (const std::string& path : {socket, side_socket}) {
+      if (chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+        return Fail(ErrnoStatus(errno, absl::StrCat("chown ", path, " to group ", group)));
+      }
+    }
   }
   LogEvent(LogLevel::kInfo, "listening",
            {{"socket", socket}, {"side_socket", side_socket},

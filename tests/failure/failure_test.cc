@@ -12,6 +12,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include <grpcpp/grpcpp.h>
+
+#include "collectived/v1/collective.grpc.pb.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::testing {
@@ -206,6 +209,58 @@ TEST(DaemonDeathTest, ClientsReconnectToARestartedDaemon) {
     ChildResult r = c->Wait(kFinish);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(Field(r.output, "RECONNECTED", "sum"), "2") << r.output;
+  }
+}
+
+// Two jobs use the same mesh name at the same time in different scopes and
+// each gets its own mesh; a process with the wrong join token is refused and
+// disturbs nobody.
+TEST(IsolationTest, JobsInDifferentScopesNeverMeetAndTokensKeepIntrudersOut) {
+  auto daemon = Daemon::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto start = [&](const char* job, int i) {
+    auto c = Child::Start(WorkerArgs(**daemon, "train", 2, i,
+                                     {"--mode=mismatch", "--kind=psum",
+                                      std::string("--scope=") + job,
+                                      std::string("--token=t-") + job}));
+    EXPECT_TRUE(c.ok());
+    return *std::move(c);
+  };
+  // Job A's first member joins and waits for its partner.
+  std::vector<std::unique_ptr<Child>> members;
+  members.push_back(start("job-a", 0));
+  auto channel = grpc::CreateChannel("unix:" + (*daemon)->socket(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Collective::NewStub(channel);
+  bool forming = false;
+  for (int i = 0; i < 1000 && !forming; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::DescribeMeshRequest req;
+    req.set_mesh_name("train");
+    req.set_scope("job-a");
+    v1::MeshInfo info;
+    forming = stub->DescribeMesh(&ctx, req, &info).ok();
+    if (!forming) absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(forming) << "job-a's mesh never appeared";
+  // An intruder with the wrong token is refused at once.
+  auto intruder = RunAll({WorkerArgs(**daemon, "train", 2, 1,
+                                     {"--mode=mismatch", "--scope=job-a", "--token=guess"})},
+                         kFinish);
+  EXPECT_NE(intruder[0].exit_code, 0);
+  EXPECT_EQ(Field(intruder[0].output, "JOIN_FAILED", "code"), "PERMISSION_DENIED")
+      << intruder[0].output;
+  // Job B uses the same mesh name at the same time; job A completes.
+  members.push_back(start("job-b", 0));
+  members.push_back(start("job-b", 1));
+  members.push_back(start("job-a", 1));
+  for (auto& m : members) {
+    ChildResult r = m->Wait(kFinish);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // psum of 1024 floats in place; the 'NEXT' psum of 1.0 per member gives 2.
+    EXPECT_EQ(Field(r.output, "FAILED", "code"), "OK") << r.output;
+    EXPECT_EQ(Field(r.output, "NEXT", "sum"), "2") << r.output;
   }
 }
 

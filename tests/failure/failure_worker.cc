@@ -8,6 +8,7 @@
 //                    four in flight at a time; stops at the first failure
 //   --reform         after a failure, join NAME again with --members-after
 //                    members (coordinates assigned) and run one psum
+//   --scope=S --token=T  join within scope S with join token T
 //   --reconnect-ms=T after a failure, reconnect (to a restarted daemon)
 //                    for up to T ms, rejoin and run one psum
 //
@@ -37,7 +38,7 @@ namespace {
 using collectived::Array;
 
 struct Flags {
-  std::string socket, mesh, mode = "loop", kind = "psum";
+  std::string socket, mesh, mode = "loop", kind = "psum", scope, token;
   int members = 2, member = 0, members_after = 0;
   bool reform = false;
   int64_t reconnect_ms = 0, op_timeout_ms = 0, ops = 100, seed = 1;
@@ -54,7 +55,7 @@ bool Parse(int argc, char** argv, Flags& f) {
     };
     std::string v;
     if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||
-        value("kind", &f.kind)) {
+        value("kind", &f.kind) || value("scope", &f.scope) || value("token", &f.token)) {
     } else if (value("members", &v)) {
       f.members = std::atoi(v.c_str());
     } else if (value("member", &v)) {
@@ -110,9 +111,12 @@ int Run(const Flags& f) {
                                    .axes = {{"i", f.members}},
                                    .coordinate = {f.member},
                                    .join_timeout = absl::Seconds(20),
-                                   .op_timeout = absl::Milliseconds(f.op_timeout_ms)});
+                                   .op_timeout = absl::Milliseconds(f.op_timeout_ms),
+                                   .scope = f.scope,
+                                   .join_token = f.token});
   if (!mesh.ok()) {
-    Line(absl::StrCat("JOIN_FAILED ", mesh.status().ToString()));
+    Line(absl::StrCat("JOIN_FAILED code=", absl::StatusCodeToString(mesh.status().code()),
+                      " msg=", mesh.status().message()));
     return 1;
   }
   auto buf = (*client)->Allocate(1 << 20);
