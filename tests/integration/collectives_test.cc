@@ -1,0 +1,285 @@
+// Integration tests: a real collectived daemon and real member processes
+// (collectived_test_worker) running every collective through the SDK, each
+// worker checking its outputs bitwise against a naive reference model.
+//
+// The driver knows every sweep's case list (sweep.h), so it checks that every
+// worker reported every case exactly once and OK, that the members of each
+// group got bitwise-identical results where the semantics say so, and (in
+// RepeatableAcrossDaemonsAndMeshes) that the same sweep gives the same bits
+// on another daemon with another chunking and on concurrent meshes.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "tests/harness/harness.h"
+#include "tests/integration/sweep.h"
+
+namespace collectived::integration {
+namespace {
+
+using collectived::testing::ChildResult;
+using collectived::testing::Daemon;
+using collectived::testing::RunAll;
+
+// Generous: the large sweep under ASan with a dozen processes on two cores.
+constexpr absl::Duration kWorkerTimeout = absl::Seconds(300);
+
+// Flags of the daemon for most tests: 4 KiB chunks so that arrays of a few
+// thousand elements already take the executor's multi-chunk paths.
+const std::vector<std::string> kSmallChunks = {"--chunk_bytes=4096", "--threads=3",
+                                               "--log_level=warn"};
+
+struct MeshRun {
+  std::string mesh;   // mesh name
+  std::string axes;   // "x:2,y:4"
+  std::string sweep;  // main, large, async, errors
+  uint64_t seed = 1;
+};
+
+// Per member: case name -> hash of its output.
+using MemberHashes = std::map<std::string, std::string>;
+
+std::string Tail(const std::string& s, size_t n) {
+  return s.size() <= n ? s : "..." + s.substr(s.size() - n);
+}
+
+// Checks one mesh's worker results against its sweep; returns the hashes.
+std::vector<MemberHashes> CheckMesh(const MeshRun& run, const std::vector<ChildResult>& results) {
+  MeshSpec spec;
+  EXPECT_TRUE(ParseMeshSpec(run.axes, &spec)) << run.axes;
+  std::vector<Case> cases;
+  EXPECT_TRUE(BuildSweep(run.sweep, spec, &cases)) << run.sweep;
+  std::set<std::string> names;
+  for (const Case& c : cases) EXPECT_TRUE(names.insert(c.name).second) << "duplicate case " << c.name;
+  EXPECT_FALSE(cases.empty());
+
+  std::vector<MemberHashes> hashes(results.size());
+  for (size_t m = 0; m < results.size(); ++m) {
+    const ChildResult& r = results[m];
+    const std::string who = absl::StrCat("mesh ", run.mesh, " (", run.axes, ", sweep ", run.sweep,
+                                         ") member ", m);
+    EXPECT_FALSE(r.timed_out) << who << " timed out; output:\n" << Tail(r.output, 4000);
+    EXPECT_EQ(r.exit_code, 0) << who << " exited " << r.exit_code << "; output:\n"
+                              << Tail(r.output, 4000);
+    std::istringstream lines(r.output);
+    std::string line;
+    std::vector<std::string> failures, unexpected, duplicates, other;
+    bool done = false;
+    while (std::getline(lines, line)) {
+      if (line.rfind("DONE ", 0) == 0) {
+        done = true;
+        continue;
+      }
+      if (line.rfind("CASE ", 0) != 0) {
+        if (!line.empty()) other.push_back(line);
+        continue;
+      }
+      std::istringstream words(line.substr(5));
+      std::string name, verdict, hash;
+      words >> name >> verdict >> hash;
+      if (!names.count(name)) {
+        unexpected.push_back(name);
+      } else if (hashes[m].count(name)) {
+        duplicates.push_back(name);
+      } else if (verdict == "OK" && !hash.empty()) {
+        hashes[m][name] = hash;
+      } else {
+        failures.push_back(line);
+      }
+    }
+    EXPECT_TRUE(done) << who << " printed no DONE line; output:\n" << Tail(r.output, 4000);
+    std::vector<std::string> missing;
+    for (const Case& c : cases) {
+      if (!hashes[m].count(c.name) &&
+          std::none_of(failures.begin(), failures.end(),
+                       [&](const std::string& f) { return f.rfind("CASE " + c.name + " ", 0) == 0; })) {
+        missing.push_back(c.name);
+      }
+    }
+    EXPECT_EQ(hashes[m].size(), cases.size())
+        << who << ": " << hashes[m].size() << " of " << cases.size() << " cases OK";
+    if (!failures.empty()) {
+      std::vector<std::string> first(failures.begin(),
+                                     failures.begin() + std::min<size_t>(failures.size(), 25));
+      ADD_FAILURE() << who << ": " << failures.size() << " failed cases, e.g.\n"
+                    << absl::StrJoin(first, "\n");
+    }
+    EXPECT_TRUE(missing.empty()) << who << ": " << missing.size() << " cases never reported, e.g. "
+                                 << missing.front();
+    EXPECT_TRUE(unexpected.empty()) << who << ": unexpected case " << unexpected.front();
+    EXPECT_TRUE(duplicates.empty()) << who << ": case reported twice: " << duplicates.front();
+    if (!other.empty()) {
+      // FATAL lines (connect/join/allocate) and sanitizer reports land here.
+      bool fatal = std::any_of(other.begin(), other.end(), [](const std::string& l) {
+        return l.rfind("FATAL", 0) == 0 || l.find("Sanitizer") != std::string::npos;
+      });
+      EXPECT_FALSE(fatal) << who << ":\n" << Tail(r.output, 4000);
+    }
+  }
+
+  // Members of one group must hold bitwise-identical results where the
+  // semantics say so (reductions, all_gather, broadcast, the error cases'
+  // follow-up psum, whose hash also covers its sequence number).
+  for (const Case& c : cases) {
+    if (!c.group_identical) continue;
+    std::map<int, std::pair<int, std::string>> first_of_group;  // key -> (member, hash)
+    for (size_t m = 0; m < results.size(); ++m) {
+      auto it = hashes[m].find(c.name);
+      if (it == hashes[m].end()) continue;
+      const int key = GroupOf(spec, c.axes, static_cast<int>(m), c.op == Op::kPpermute).key;
+      auto [g, inserted] = first_of_group.try_emplace(key, static_cast<int>(m), it->second);
+      if (!inserted) {
+        EXPECT_EQ(g->second.second, it->second)
+            << "case " << c.name << " on mesh " << run.mesh << ": members " << g->second.first
+            << " and " << m << " of one group got different results";
+      }
+    }
+  }
+  return hashes;
+}
+
+// Starts one worker per member of every mesh in `runs` (all at once) against
+// `daemon` and checks them; returns the hashes per mesh and member.
+std::vector<std::vector<MemberHashes>> RunMeshes(const Daemon& daemon,
+                                                 const std::vector<MeshRun>& runs) {
+  std::vector<std::vector<std::string>> argvs;
+  std::vector<size_t> first;
+  for (const MeshRun& run : runs) {
+    MeshSpec spec;
+    EXPECT_TRUE(ParseMeshSpec(run.axes, &spec));
+    first.push_back(argvs.size());
+    for (int m = 0; m < spec.num_members(); ++m) {
+      argvs.push_back({COLLECTIVED_TEST_WORKER_BIN, "--socket=" + daemon.socket(),
+                       "--mesh=" + run.mesh, "--axes=" + run.axes,
+                       absl::StrCat("--member=", m), "--sweep=" + run.sweep,
+                       absl::StrCat("--seed=", run.seed)});
+    }
+  }
+  std::vector<ChildResult> results = RunAll(argvs, kWorkerTimeout);
+  std::vector<std::vector<MemberHashes>> out;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const size_t end = i + 1 < runs.size() ? first[i + 1] : results.size();
+    out.push_back(CheckMesh(runs[i], std::vector<ChildResult>(results.begin() + first[i],
+                                                              results.begin() + end)));
+  }
+  return out;
+}
+
+std::unique_ptr<Daemon> StartDaemon(std::vector<std::string> flags = kSmallChunks) {
+  auto d = Daemon::Start(std::move(flags));
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
+// The daemon must still stop cleanly on SIGTERM after the workers are gone.
+void StopDaemon(std::unique_ptr<Daemon> d) {
+  ChildResult r = d->Stop(absl::Seconds(30));
+  EXPECT_FALSE(r.timed_out) << "daemon did not stop on SIGTERM";
+  EXPECT_EQ(r.exit_code, 0) << "daemon log:\n" << Tail(r.output, 6000);
+}
+
+// ---------------------------------------------------------------------------
+// The main sweep on every mesh shape.
+
+struct MeshConfig {
+  const char* test_name;
+  const char* axes;
+  uint64_t seed;
+};
+
+void PrintTo(const MeshConfig& c, std::ostream* os) { *os << c.axes; }
+
+class MainSweepTest : public ::testing::TestWithParam<MeshConfig> {};
+
+TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const MeshConfig& cfg = GetParam();
+  RunMeshes(*daemon, {{absl::StrCat("main-", cfg.test_name), cfg.axes, "main", cfg.seed}});
+  StopDaemon(std::move(daemon));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, MainSweepTest,
+    ::testing::Values(MeshConfig{"x2", "x:2", 102}, MeshConfig{"x3", "x:3", 103},
+                      MeshConfig{"x4", "x:4", 104}, MeshConfig{"x8", "x:8", 108},
+                      MeshConfig{"x2y2", "x:2,y:2", 122}, MeshConfig{"x2y4", "x:2,y:4", 124},
+                      // A size-1 axis (groups of one) and non-adjacent axis pairs.
+                      MeshConfig{"x2y1z3", "x:2,y:1,z:3", 213}),
+    [](const ::testing::TestParamInfo<MeshConfig>& info) { return info.param.test_name; });
+
+// ---------------------------------------------------------------------------
+
+// Multi-MiB buffers (1024 chunks of 4 KiB) on two meshes at once.
+TEST(CollectivesIntegration, LargeBuffers) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  RunMeshes(*daemon, {{"large-x4", "x:4", "large", 7}, {"large-x2y4", "x:2,y:4", "large", 8}});
+  StopDaemon(std::move(daemon));
+}
+
+// Batches of 8 ops submitted with the *_async API before any is waited for.
+TEST(CollectivesIntegration, AsyncOpsOutstanding) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  RunMeshes(*daemon, {{"async-x2y4", "x:2,y:4", "async", 11}, {"async-x3", "x:3", "async", 12}});
+  StopDaemon(std::move(daemon));
+}
+
+// Invalid ops rejected at submit (in place with a different result size,
+// out-of-range regions, unknown axes, ...), each followed by a valid psum.
+TEST(CollectivesIntegration, ErrorPathsLeaveMeshUsable) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  RunMeshes(*daemon,
+            {{"errors-x2y2", "x:2,y:2", "errors", 21}, {"errors-x3", "x:3", "errors", 22}});
+  StopDaemon(std::move(daemon));
+}
+
+// The same sweep on two daemons (different chunk size and thread count) and
+// on two meshes running concurrently: every member's every result must be
+// the same bits everywhere.
+TEST(CollectivesIntegration, RepeatableAcrossDaemonsAndMeshes) {
+  const std::string axes = "x:2,y:2";
+  const uint64_t seed = 31;
+  std::vector<std::vector<MemberHashes>> runs;
+  {
+    auto daemon = StartDaemon();
+    ASSERT_NE(daemon, nullptr);
+    auto r = RunMeshes(*daemon, {{"repeat-1", axes, "main", seed}});
+    runs.push_back(r[0]);
+    StopDaemon(std::move(daemon));
+  }
+  {
+    auto daemon = StartDaemon({"--threads=1", "--log_level=warn"});  // default chunks
+    ASSERT_NE(daemon, nullptr);
+    auto r = RunMeshes(*daemon, {{"repeat-2a", axes, "main", seed}, {"repeat-2b", axes, "main", seed}});
+    runs.push_back(r[0]);
+    runs.push_back(r[1]);
+    StopDaemon(std::move(daemon));
+  }
+  ASSERT_EQ(runs.size(), 3u);
+  for (size_t m = 0; m < runs[0].size(); ++m) {
+    EXPECT_FALSE(runs[0][m].empty());
+    for (size_t k = 1; k < runs.size(); ++k) {
+      ASSERT_EQ(runs[k].size(), runs[0].size());
+      for (const auto& [name, hash] : runs[0][m]) {
+        auto it = runs[k][m].find(name);
+        if (it == runs[k][m].end()) continue;  // already reported as failed
+        EXPECT_EQ(it->second, hash) << "case " << name << " member " << m << ": run " << k
+                                    << " differs from run 0";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace collectived::integration

@@ -1,0 +1,629 @@
+#include "tests/integration/reference.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+namespace collectived::integration {
+namespace {
+
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+template <typename T>
+void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+// ---------------------------------------------------------------------------
+// IEEE arithmetic with explicit NaN rules: those of x86 SSE with the
+// accumulator as the first operand (what XLA:CPU and numpy produce), so the
+// result does not depend on how the compiler orders the operands:
+//   a NaN -> a (quieted); else b NaN -> b (quieted); else an invalid
+//   operation (inf - inf, 0 * inf) -> the default NaN, which has the sign bit
+//   set (0xffc00000 / 0xfff8000000000000).
+
+float QuietF32(float a) {
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(a) | 0x00400000u);
+}
+double QuietF64(double a) {
+  return std::bit_cast<double>(std::bit_cast<uint64_t>(a) | 0x0008000000000000ull);
+}
+
+float AddF32(float a, float b) {
+  if (std::isnan(a)) return QuietF32(a);
+  if (std::isnan(b)) return QuietF32(b);
+  float r = a + b;
+  if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
+  return r;
+}
+
+double AddF64(double a, double b) {
+  if (std::isnan(a)) return QuietF64(a);
+  if (std::isnan(b)) return QuietF64(b);
+  double r = a + b;
+  if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
+  return r;
+}
+
+float MulF32(float a, float b) {
+  if (std::isnan(a)) return QuietF32(a);
+  if (std::isnan(b)) return QuietF32(b);
+  float r = a * b;
+  if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
+  return r;
+}
+
+double MulF64(double a, double b) {
+  if (std::isnan(a)) return QuietF64(a);
+  if (std::isnan(b)) return QuietF64(b);
+  double r = a * b;
+  if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Reductions of one element over the group (xs[j] points at member j's
+// element), writing the result element at `out`.
+
+template <typename T>
+void SumInt(const std::vector<const uint8_t*>& xs, uint8_t* out) {
+  using U = std::make_unsigned_t<T>;
+  U acc = 0;
+  for (const uint8_t* x : xs) acc = static_cast<U>(acc + static_cast<U>(Load<T>(x)));
+  Store<T>(out, static_cast<T>(acc));
+}
+
+// psum of one element; the result has the psum dtype (bool -> int32).
+void SumElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
+  switch (dt) {
+    case DType::kF32: {
+      float acc = 0.0f;
+      for (const uint8_t* x : xs) acc = AddF32(acc, Load<float>(x));
+      Store(out, acc);
+      return;
+    }
+    case DType::kF64: {
+      double acc = 0.0;
+      for (const uint8_t* x : xs) acc = AddF64(acc, Load<double>(x));
+      Store(out, acc);
+      return;
+    }
+    case DType::kF16: {
+      // Rounded to float16 after every addition.
+      uint16_t acc = 0;
+      for (const uint8_t* x : xs) {
+        acc = F32ToF16(AddF32(F16ToF32(acc), F16ToF32(Load<uint16_t>(x))));
+      }
+      Store(out, acc);
+      return;
+    }
+    case DType::kBF16: {
+      // Accumulated in float32, rounded once.
+      float acc = 0.0f;
+      for (const uint8_t* x : xs) acc = AddF32(acc, BF16ToF32(Load<uint16_t>(x)));
+      Store(out, F32ToBF16(acc));
+      return;
+    }
+    case DType::kI8: return SumInt<int8_t>(xs, out);
+    case DType::kU8: return SumInt<uint8_t>(xs, out);
+    case DType::kI32: return SumInt<int32_t>(xs, out);
+    case DType::kU32: return SumInt<uint32_t>(xs, out);
+    case DType::kI64: return SumInt<int64_t>(xs, out);
+    case DType::kU64: return SumInt<uint64_t>(xs, out);
+    case DType::kBool: {
+      int32_t count = 0;
+      for (const uint8_t* x : xs) count += (*x != 0) ? 1 : 0;
+      Store(out, count);
+      return;
+    }
+    default: std::abort();
+  }
+}
+
+DType MeanDType(DType dt) {
+  switch (dt) {
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF16:
+    case DType::kBF16: return dt;
+    case DType::kI64:
+    case DType::kU64: return DType::kF64;
+    default: return DType::kF32;
+  }
+}
+
+DType SumDType(DType dt) { return dt == DType::kBool ? DType::kI32 : dt; }
+
+void MeanElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
+  uint8_t sum[8];
+  SumElem(dt, xs, sum);
+  const int n = static_cast<int>(xs.size());
+  const double recip = 1.0 / n;
+  switch (dt) {
+    case DType::kF32: Store(out, MulF32(Load<float>(sum), static_cast<float>(recip))); return;
+    case DType::kF64: Store(out, MulF64(Load<double>(sum), recip)); return;
+    case DType::kF16:
+      // The reciprocal is rounded to float16; the product is computed in
+      // float32 (exact for two float16 values) and rounded to float16.
+      Store(out, F32ToF16(MulF32(F16ToF32(Load<uint16_t>(sum)), F16ToF32(F64ToF16(recip)))));
+      return;
+    case DType::kBF16:
+      Store(out, F32ToBF16(MulF32(BF16ToF32(Load<uint16_t>(sum)), static_cast<float>(recip))));
+      return;
+    case DType::kI8: Store(out, MulF32(static_cast<float>(Load<int8_t>(sum)), static_cast<float>(recip))); return;
+    case DType::kU8: Store(out, MulF32(static_cast<float>(Load<uint8_t>(sum)), static_cast<float>(recip))); return;
+    case DType::kI32:
+    case DType::kBool:
+      Store(out, MulF32(static_cast<float>(Load<int32_t>(sum)), static_cast<float>(recip)));
+      return;
+    case DType::kU32: Store(out, MulF32(static_cast<float>(Load<uint32_t>(sum)), static_cast<float>(recip))); return;
+    case DType::kI64: Store(out, MulF64(static_cast<double>(Load<int64_t>(sum)), recip)); return;
+    case DType::kU64: Store(out, MulF64(static_cast<double>(Load<uint64_t>(sum)), recip)); return;
+    default: std::abort();
+  }
+}
+
+// The value of an element for ordering (pmax/pmin): floats exactly as double.
+template <typename T>
+void MaxMinTyped(bool is_max, const std::vector<const uint8_t*>& xs, uint8_t* out) {
+  T acc = is_max ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max();
+  for (const uint8_t* x : xs) {
+    T v = Load<T>(x);
+    if (is_max ? (v > acc) : (v < acc)) acc = v;
+  }
+  Store(out, acc);
+}
+
+double FloatValue(DType dt, const uint8_t* p) {
+  switch (dt) {
+    case DType::kF32: return Load<float>(p);
+    case DType::kF64: return Load<double>(p);
+    case DType::kF16: return F16ToF32(Load<uint16_t>(p));
+    case DType::kBF16: return BF16ToF32(Load<uint16_t>(p));
+    default: std::abort();
+  }
+}
+
+void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
+  switch (dt) {
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF16:
+    case DType::kBF16: {
+      // acc = -inf (+inf); if (x > acc) acc = x: NaN never wins, and on ties
+      // the earlier member's value (bits) stays. The result keeps the bits of
+      // the winning input.
+      const size_t es = ElemSize(dt);
+      uint8_t acc[8];
+      double acc_value = is_max ? -INFINITY : INFINITY;
+      switch (dt) {
+        case DType::kF32: Store(acc, static_cast<float>(acc_value)); break;
+        case DType::kF64: Store(acc, acc_value); break;
+        case DType::kF16: Store<uint16_t>(acc, is_max ? 0xfc00 : 0x7c00); break;
+        default: Store<uint16_t>(acc, is_max ? 0xff80 : 0x7f80); break;
+      }
+      for (const uint8_t* x : xs) {
+        double v = FloatValue(dt, x);
+        if (is_max ? (v > acc_value) : (v < acc_value)) {
+          acc_value = v;
+          std::memcpy(acc, x, es);
+        }
+      }
+      std::memcpy(out, acc, es);
+      return;
+    }
+    case DType::kI8: return MaxMinTyped<int8_t>(is_max, xs, out);
+    case DType::kU8: return MaxMinTyped<uint8_t>(is_max, xs, out);
+    case DType::kI32: return MaxMinTyped<int32_t>(is_max, xs, out);
+    case DType::kU32: return MaxMinTyped<uint32_t>(is_max, xs, out);
+    case DType::kI64: return MaxMinTyped<int64_t>(is_max, xs, out);
+    case DType::kU64: return MaxMinTyped<uint64_t>(is_max, xs, out);
+    case DType::kBool: {
+      bool acc = !is_max;
+      for (const uint8_t* x : xs) acc = is_max ? (acc || *x != 0) : (acc && *x != 0);
+      *out = acc ? 1 : 0;
+      return;
+    }
+    default: std::abort();
+  }
+}
+
+// The admissible NaN results of a float sum over xs (see NanChoices), in
+// the format of `out_dt` (dt for psum/psum_scatter, also for float pmean).
+std::vector<uint64_t> SumNanChoices(DType dt, const std::vector<const uint8_t*>& xs) {
+  std::vector<uint64_t> choices;
+  auto add = [&](uint64_t bits) {
+    if (std::find(choices.begin(), choices.end(), bits) == choices.end()) choices.push_back(bits);
+  };
+  double magnitude = 0;  // sum of |finite inputs|: an upper bound of |partial sums|
+  bool inf = false;
+  for (const uint8_t* x : xs) {
+    const double v = FloatValue(dt, x);
+    if (std::isinf(v)) inf = true;
+    if (std::isfinite(v)) magnitude += std::fabs(v);
+    if (!std::isnan(v)) continue;
+    switch (dt) {
+      case DType::kF32: add(Load<uint32_t>(x) | 0x00400000u); break;
+      case DType::kF64: add(Load<uint64_t>(x) | 0x0008000000000000ull); break;
+      case DType::kF16: add(F32ToF16(F16ToF32(Load<uint16_t>(x)))); break;
+      default: add(F32ToBF16(BF16ToF32(Load<uint16_t>(x)))); break;
+    }
+  }
+  const double max_finite = dt == DType::kF32 ? 3.4028234663852886e38
+                            : dt == DType::kF64 ? 1.7976931348623157e308
+                            : dt == DType::kF16 ? 65504.0
+                                                : 3.3895313892515355e38;
+  if (inf || magnitude >= max_finite) {  // inf - inf may happen: the default NaN
+    switch (dt) {
+      case DType::kF32: add(0xffc00000u); break;
+      case DType::kF64: add(0xfff8000000000000ull); break;
+      case DType::kF16: add(0xfe00); break;
+      default: add(0xffc0); break;
+    }
+  }
+  return choices;
+}
+
+Shape Unravel(int64_t flat, const Shape& shape) {
+  Shape idx(shape.size());
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    idx[i] = flat % shape[i];
+    flat /= shape[i];
+  }
+  return idx;
+}
+
+int64_t Ravel(const Shape& idx, const Shape& shape) {
+  int64_t flat = 0;
+  for (size_t i = 0; i < shape.size(); ++i) flat = flat * shape[i] + idx[i];
+  return flat;
+}
+
+}  // namespace
+
+const char* OpName(Op op) {
+  switch (op) {
+    case Op::kPsum: return "psum";
+    case Op::kPmean: return "pmean";
+    case Op::kPmax: return "pmax";
+    case Op::kPmin: return "pmin";
+    case Op::kAllGather: return "all_gather";
+    case Op::kPpermute: return "ppermute";
+    case Op::kPsumScatter: return "psum_scatter";
+    case Op::kAllToAll: return "all_to_all";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+size_t ElemSize(DType dt) {
+  switch (dt) {
+    case DType::kF64:
+    case DType::kI64:
+    case DType::kU64: return 8;
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kU32: return 4;
+    case DType::kF16:
+    case DType::kBF16: return 2;
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool: return 1;
+    default: return 0;
+  }
+}
+
+const char* ShortName(DType dt) {
+  switch (dt) {
+    case DType::kF32: return "f32";
+    case DType::kF64: return "f64";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+    case DType::kI8: return "i8";
+    case DType::kU8: return "u8";
+    case DType::kI32: return "i32";
+    case DType::kU32: return "u32";
+    case DType::kI64: return "i64";
+    case DType::kU64: return "u64";
+    case DType::kBool: return "bool";
+    default: return "invalid";
+  }
+}
+
+bool IsFloatType(DType dt) {
+  return dt == DType::kF32 || dt == DType::kF64 || dt == DType::kF16 || dt == DType::kBF16;
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeStr(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h >> 15) << 31;
+  const uint32_t e = (h >> 10) & 0x1f;
+  const uint32_t m = h & 0x3ff;
+  if (e == 0) {
+    float v = std::ldexp(static_cast<float>(m), -24);  // exact
+    return sign ? -v : v;
+  }
+  if (e == 31) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
+  return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+
+uint16_t F64ToF16(double d) {
+  const uint16_t sign = std::signbit(d) ? 0x8000 : 0;
+  if (std::isnan(d)) return sign | 0x7e00;
+  const double a = std::fabs(d);
+  // 65520 is the midpoint between the largest half (65504) and 2^16; it and
+  // everything above round to infinity.
+  if (a >= 65520.0) return sign | 0x7c00;
+  if (a < std::ldexp(1.0, -14)) {
+    // Subnormal: a multiple of 2^-24; nearbyint rounds to nearest even.
+    const double q = std::nearbyint(std::ldexp(a, 24));  // 0..1024 (1024: smallest normal)
+    return sign | static_cast<uint16_t>(q);
+  }
+  int k;
+  std::frexp(a, &k);  // a = f * 2^k, f in [0.5, 1)
+  int exp = k - 1;     // a in [2^exp, 2^(exp+1))
+  double q = std::nearbyint(std::ldexp(a, 10 - exp));  // 1024..2048
+  if (q == 2048.0) {
+    q = 1024.0;
+    ++exp;
+  }
+  if (exp > 15) return sign | 0x7c00;
+  return sign | static_cast<uint16_t>(((exp + 15) << 10) | (static_cast<int>(q) - 1024));
+}
+
+float BF16ToF32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+uint16_t F32ToBF16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if (std::isnan(f)) return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7fc0u);
+  // Round to nearest even on the 16 dropped bits (overflow gives inf).
+  const uint32_t upper = u >> 16;
+  const uint32_t lower = u & 0xffffu;
+  uint32_t r = upper;
+  if (lower > 0x8000u || (lower == 0x8000u && (upper & 1u))) ++r;
+  return static_cast<uint16_t>(r);
+}
+
+std::string ElemString(DType dt, const uint8_t* p) {
+  char buf[96];
+  switch (dt) {
+    case DType::kF32: {
+      float v = Load<float>(p);
+      std::snprintf(buf, sizeof(buf), "%.9g(0x%08x)", v, std::bit_cast<uint32_t>(v));
+      break;
+    }
+    case DType::kF64: {
+      double v = Load<double>(p);
+      std::snprintf(buf, sizeof(buf), "%.17g(0x%016llx)", v,
+                    static_cast<unsigned long long>(std::bit_cast<uint64_t>(v)));
+      break;
+    }
+    case DType::kF16:
+      std::snprintf(buf, sizeof(buf), "%.6g(0x%04x)", F16ToF32(Load<uint16_t>(p)), Load<uint16_t>(p));
+      break;
+    case DType::kBF16:
+      std::snprintf(buf, sizeof(buf), "%.4g(0x%04x)", BF16ToF32(Load<uint16_t>(p)), Load<uint16_t>(p));
+      break;
+    case DType::kI8: std::snprintf(buf, sizeof(buf), "%d", Load<int8_t>(p)); break;
+    case DType::kU8: std::snprintf(buf, sizeof(buf), "%u", Load<uint8_t>(p)); break;
+    case DType::kBool: std::snprintf(buf, sizeof(buf), "bool(0x%02x)", Load<uint8_t>(p)); break;
+    case DType::kI32: std::snprintf(buf, sizeof(buf), "%d", Load<int32_t>(p)); break;
+    case DType::kU32: std::snprintf(buf, sizeof(buf), "%u", Load<uint32_t>(p)); break;
+    case DType::kI64: std::snprintf(buf, sizeof(buf), "%lld", static_cast<long long>(Load<int64_t>(p))); break;
+    case DType::kU64:
+      std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(Load<uint64_t>(p)));
+      break;
+    default: std::snprintf(buf, sizeof(buf), "?"); break;
+  }
+  return buf;
+}
+
+bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, DType* out_dt,
+                Shape* out_shape, std::string* why) {
+  auto fail = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  const int rank = static_cast<int>(shape.size());
+  *out_dt = dt;
+  *out_shape = shape;
+  switch (op) {
+    case Op::kPsum: *out_dt = SumDType(dt); return true;
+    case Op::kPmean: *out_dt = MeanDType(dt); return true;
+    case Op::kPmax:
+    case Op::kPmin:
+    case Op::kBroadcast:
+    case Op::kBarrier: return true;
+    case Op::kPpermute: {
+      std::vector<bool> src(n, false), dst(n, false);
+      for (auto [s, d] : p.perm) {
+        if (s < 0 || s >= n || d < 0 || d >= n) return fail("perm pair out of range");
+        if (src[s] || dst[d]) return fail("perm repeats a source or dest");
+        src[s] = dst[d] = true;
+      }
+      return true;
+    }
+    case Op::kAllGather:
+      if (p.tiled) {
+        if (p.axis < 0 || p.axis >= rank) return fail("tiled all_gather axis out of range");
+        (*out_shape)[p.axis] *= n;
+      } else {
+        if (p.axis < 0 || p.axis > rank) return fail("all_gather axis out of range");
+        out_shape->insert(out_shape->begin() + p.axis, n);
+      }
+      return true;
+    case Op::kPsumScatter:
+      if (dt == DType::kBool) return fail("psum_scatter of bool");
+      if (p.axis < 0 || p.axis >= rank) return fail("scatter_dimension out of range");
+      if (p.tiled) {
+        if (shape[p.axis] % n != 0) return fail("not divisible");
+        (*out_shape)[p.axis] /= n;
+      } else {
+        if (shape[p.axis] != n) return fail("dimension != group size");
+        out_shape->erase(out_shape->begin() + p.axis);
+      }
+      return true;
+    case Op::kAllToAll: {
+      const int s = p.axis, c = p.concat_axis;
+      if (s < 0 || s >= rank || c < 0 || c >= rank) return fail("axes out of range");
+      if (p.tiled) {
+        if (shape[s] % n != 0) return fail("not divisible");
+        (*out_shape)[s] /= n;
+        (*out_shape)[c] *= n;
+      } else {
+        if (shape[s] != n) return fail("split dimension != group size");
+        out_shape->erase(out_shape->begin() + s);
+        out_shape->insert(out_shape->begin() + c, n);
+      }
+      return true;
+    }
+  }
+  return fail("unknown op");
+}
+
+bool IsNaNElem(DType dt, const uint8_t* p) {
+  switch (dt) {
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF16:
+    case DType::kBF16: return std::isnan(FloatValue(dt, p));
+    default: return false;
+  }
+}
+
+std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
+                               const std::vector<const uint8_t*>& inputs, int rank,
+                               NanChoices* nan_choices) {
+  // Records the admissible NaNs of element o of a float sum, if ambiguous.
+  auto note_nan = [&](int64_t o, const std::vector<const uint8_t*>& xs, const uint8_t* dst) {
+    if (nan_choices == nullptr || !IsFloatType(dt) || !IsNaNElem(dt, dst)) return;
+    std::vector<uint64_t> c = SumNanChoices(dt, xs);
+    if (c.size() > 1) nan_choices->emplace_back(o, std::move(c));
+  };
+  const int n = static_cast<int>(inputs.size());
+  DType out_dt;
+  Shape out_shape;
+  if (!ResultType(op, dt, shape, n, p, &out_dt, &out_shape)) std::abort();
+  const size_t es = ElemSize(dt);
+  const size_t oes = ElemSize(out_dt);
+  const int64_t count = NumElements(out_shape);
+  std::vector<uint8_t> out(static_cast<size_t>(count) * oes);
+  std::vector<const uint8_t*> xs(n);
+  // Element `flat` of member j's input.
+  auto in_at = [&](int j, int64_t flat) { return inputs[j] + static_cast<size_t>(flat) * es; };
+  auto copy_elem = [&](int64_t o, int j, int64_t flat) {
+    std::memcpy(out.data() + static_cast<size_t>(o) * oes, in_at(j, flat), es);
+  };
+
+  for (int64_t o = 0; o < count; ++o) {
+    uint8_t* dst = out.data() + static_cast<size_t>(o) * oes;
+    switch (op) {
+      case Op::kPsum:
+      case Op::kPmean:
+      case Op::kPmax:
+      case Op::kPmin:
+        for (int j = 0; j < n; ++j) xs[j] = in_at(j, o);
+        if (op == Op::kPsum) {
+          SumElem(dt, xs, dst);
+          note_nan(o, xs, dst);
+        } else if (op == Op::kPmean) {
+          MeanElem(dt, xs, dst);
+          note_nan(o, xs, dst);  // NaN * (1/n) keeps the sum's NaN
+        } else {
+          MaxMinElem(op == Op::kPmax, dt, xs, dst);
+        }
+        break;
+      case Op::kBroadcast: copy_elem(o, p.root, o); break;
+      case Op::kPpermute: {
+        int source = -1;
+        for (auto [s, d] : p.perm) {
+          if (d == rank) source = s;
+        }
+        if (source < 0) {
+          std::memset(dst, 0, oes);
+        } else {
+          copy_elem(o, source, o);
+        }
+        break;
+      }
+      case Op::kAllGather: {
+        Shape idx = Unravel(o, out_shape);
+        int j;
+        if (p.tiled) {
+          j = static_cast<int>(idx[p.axis] / shape[p.axis]);
+          idx[p.axis] %= shape[p.axis];
+        } else {
+          j = static_cast<int>(idx[p.axis]);
+          idx.erase(idx.begin() + p.axis);
+        }
+        copy_elem(o, j, Ravel(idx, shape));
+        break;
+      }
+      case Op::kPsumScatter: {
+        Shape idx = Unravel(o, out_shape);
+        if (p.tiled) {
+          idx[p.axis] += static_cast<int64_t>(rank) * (shape[p.axis] / n);
+        } else {
+          idx.insert(idx.begin() + p.axis, rank);
+        }
+        const int64_t flat = Ravel(idx, shape);
+        for (int j = 0; j < n; ++j) xs[j] = in_at(j, flat);
+        SumElem(dt, xs, dst);
+        note_nan(o, xs, dst);
+        break;
+      }
+      case Op::kAllToAll: {
+        const int s = p.axis, c = p.concat_axis;
+        Shape idx = Unravel(o, out_shape);
+        int j;
+        if (p.tiled) {
+          // Output block j along c holds member j's chunk `rank` along s.
+          const int64_t chunk = shape[s] / n;  // chunk size along s
+          if (s == c) {
+            j = static_cast<int>(idx[s] / chunk);
+            idx[s] = static_cast<int64_t>(rank) * chunk + idx[s] % chunk;
+          } else {
+            j = static_cast<int>(idx[c] / shape[c]);
+            idx[c] %= shape[c];
+            idx[s] += static_cast<int64_t>(rank) * chunk;
+          }
+        } else {
+          // out = stack_j(take(x_j, rank, axis=s), axis=c)
+          j = static_cast<int>(idx[c]);
+          idx.erase(idx.begin() + c);
+          idx.insert(idx.begin() + s, rank);
+        }
+        copy_elem(o, j, Ravel(idx, shape));
+        break;
+      }
+      case Op::kBarrier: break;
+    }
+  }
+  return out;
+}
+
+}  // namespace collectived::integration

@@ -1,0 +1,92 @@
+// Naive reference model of the jax.lax named-axis collectives, written from
+// their specification (as measured from JAX 0.10 on x86 CPU) and independent
+// of the daemon's code: every output element is computed on its own by index
+// arithmetic, with scalar arithmetic and explicit NaN rules.
+//
+// Only the DType enum of the public SDK header is used (as a name for element
+// types); sizes, names and the float16/bfloat16 conversions are our own.
+#ifndef COLLECTIVED_TESTS_INTEGRATION_REFERENCE_H_
+#define COLLECTIVED_TESTS_INTEGRATION_REFERENCE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collectived/dtype.h"
+
+namespace collectived::integration {
+
+using Shape = std::vector<int64_t>;
+
+enum class Op {
+  kPsum,
+  kPmean,
+  kPmax,
+  kPmin,
+  kAllGather,
+  kPpermute,
+  kPsumScatter,
+  kAllToAll,
+  kBroadcast,
+  kBarrier,
+};
+
+const char* OpName(Op op);
+// Our own element size / short name tables (not the SDK's).
+size_t ElemSize(DType dt);
+const char* ShortName(DType dt);  // f32 f64 f16 bf16 i8 u8 i32 u32 i64 u64 bool
+bool IsFloatType(DType dt);
+
+int64_t NumElements(const Shape& shape);
+std::string ShapeStr(const Shape& shape);  // "[3,5]"
+
+// Parameters of the ops that take any.
+struct OpParams {
+  int axis = 0;         // all_gather axis / psum_scatter scatter_dimension / all_to_all split_axis
+  int concat_axis = 0;  // all_to_all
+  bool tiled = false;
+  int root = 0;                              // broadcast
+  std::vector<std::pair<int, int>> perm;     // ppermute (source, dest)
+};
+
+// The result dtype and shape of `op` on an input of (dt, shape) in a group of
+// n members; false (and a reason) when the op is invalid for these arguments.
+bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, DType* out_dt,
+                Shape* out_shape, std::string* why = nullptr);
+
+// Computes the output of one member. `inputs` holds the raw input bytes of
+// the n group members in group order (for ppermute: in mesh order, see the
+// Group helper in sweep.h); `rank` is this member's index in that order.
+//
+// NaN results of float sums (psum, pmean, psum_scatter): x86 additions keep
+// the first operand's NaN, and the result above follows the accumulator-first
+// order of XLA:CPU, but which operand comes first is up to code generation
+// (vectorized adds may swap them) and the JAX conformance vectors do not pin
+// it down. So where an element's sum is NaN and more than one NaN could come
+// out, `nan_choices` (if given) receives element index -> every admissible
+// bit pattern: the input NaNs (quieted, in the output format) and, when an
+// infinity is present or could arise, the default NaN.
+using NanChoices = std::vector<std::pair<int64_t, std::vector<uint64_t>>>;
+std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
+                               const std::vector<const uint8_t*>& inputs, int rank,
+                               NanChoices* nan_choices = nullptr);
+
+// Whether the element at p (of a float dtype) is a NaN.
+bool IsNaNElem(DType dt, const uint8_t* p);
+
+// float16 / bfloat16 conversions (round to nearest even). NaN results follow
+// Eigen (used by XLA): float16 NaN -> sign|0x7e00, bfloat16 NaN -> sign|0x7fc0.
+float F16ToF32(uint16_t h);
+uint16_t F64ToF16(double d);
+inline uint16_t F32ToF16(float f) { return F64ToF16(static_cast<double>(f)); }
+float BF16ToF32(uint16_t b);
+uint16_t F32ToBF16(float f);
+
+// Human-readable value of one element (for FAIL lines): bits and value.
+std::string ElemString(DType dt, const uint8_t* p);
+
+}  // namespace collectived::integration
+
+#endif  // COLLECTIVED_TESTS_INTEGRATION_REFERENCE_H_
