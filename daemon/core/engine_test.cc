@@ -390,6 +390,27 @@ TEST_F(EngineTest, BufferQuotas) {
   EXPECT_TRUE(engine_->AllocateBuffer(s, 4096).ok());
 }
 
+TEST_F(EngineTest, SessionAndMeshQuotas) {
+  EngineOptions options;
+  options.max_sessions = 3;
+  options.max_meshes = 1;
+  Start(options);
+  std::string a = NewSession(), b = NewSession(), c = NewSession();
+  EXPECT_EQ(engine_->CreateSession("one too many").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  Result<absl::StatusOr<v1::JoinMeshResponse>> first, second;
+  engine_->JoinMesh(JoinRequest(a, "one", 1), first.Callback());
+  ASSERT_TRUE(first.Get().ok());
+  engine_->JoinMesh(JoinRequest(b, "two", 1), second.Callback());
+  EXPECT_EQ(second.Get().status().code(), absl::StatusCode::kResourceExhausted);
+  // Closing frees the slots.
+  ASSERT_TRUE(engine_->CloseSession(a, "test").ok());
+  EXPECT_TRUE(engine_->CreateSession("fits again").ok());
+  Result<absl::StatusOr<v1::JoinMeshResponse>> third;
+  engine_->JoinMesh(JoinRequest(c, "three", 1), third.Callback());
+  EXPECT_TRUE(third.Get().ok()) << third.Get().status();
+}
+
 TEST_F(EngineTest, WaitReturnsTheOutcomeOrTimesOut) {
   auto members = FormMesh("wait", 2);
   std::vector<std::string> buffers;
