@@ -76,7 +76,7 @@ absl::StatusOr<int> ConnectSeqPacket(const std::string& path) {
   return fd;
 }
 
-absl::Status SendPacket(int sock, const std::string& data, int fd) {
+absl::Status SendPacket(int sock, const std::string& data, int fd, bool nonblocking) {
   iovec iov{const_cast<char*>(data.data()), data.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -93,7 +93,7 @@ absl::Status SendPacket(int sock, const std::string& data, int fd) {
     std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
   }
   for (;;) {
-    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL | (nonblocking ? MSG_DONTWAIT : 0));
     if (n >= 0) return absl::OkStatus();
     if (errno == EINTR) continue;
     return ErrnoStatus(errno, "sendmsg on side socket");

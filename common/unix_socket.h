@@ -19,8 +19,9 @@ absl::StatusOr<int> ConnectSeqPacket(const std::string& path);
 // True if something accepts connections on the stream socket `path`.
 bool StreamSocketIsLive(const std::string& path);
 
-// Sends one packet, with `fd` attached when fd >= 0.
-absl::Status SendPacket(int sock, const std::string& data, int fd = -1);
+// Sends one packet, with `fd` attached when fd >= 0. With `nonblocking`, a
+// full socket buffer is UNAVAILABLE instead of a wait.
+absl::Status SendPacket(int sock, const std::string& data, int fd = -1, bool nonblocking = false);
 // Receives one packet (at most 4 KiB) and the descriptor attached to it, if
 // any (-1 otherwise), waiting at most `timeout`. UNAVAILABLE when the peer
 // closed, DEADLINE_EXCEEDED on timeout.

@@ -164,12 +164,19 @@ class ClientImpl {
     side_fd_ = -1;
   }
 
-  // One request/reply on the side socket.
+  // One request/reply on the side socket. After a failed exchange the socket
+  // is closed: a late reply must never be taken for the next request's.
   absl::StatusOr<Packet> SideRequest(const std::string& request) {
     MutexLock lock(&side_mu_);
-    if (auto st = SendPacket(side_fd_, request); !st.ok()) return st;
-    auto reply = ReceivePacket(side_fd_, options_.rpc_timeout);
-    if (!reply.ok()) return reply.status();
+    if (side_fd_ < 0) return absl::UnavailableError("the side socket to the daemon is closed");
+    absl::Status sent = SendPacket(side_fd_, request);
+    absl::StatusOr<Packet> reply =
+        sent.ok() ? ReceivePacket(side_fd_, options_.rpc_timeout) : absl::StatusOr<Packet>(sent);
+    if (!reply.ok()) {
+      close(side_fd_);
+      side_fd_ = -1;
+      return reply.status();
+    }
     if (reply->data.rfind("OK", 0) == 0) return reply;
     if (reply->fd >= 0) close(reply->fd);
     // "ERR <code> <message>"
@@ -190,15 +197,26 @@ class ClientImpl {
     v1::AllocateBufferResponse resp;
     if (auto st = FromGrpc(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
     const std::string& id = resp.buffer().buffer_id();
+    auto mapped = MapBuffer(id, static_cast<size_t>(resp.buffer().size_bytes()));
+    if (!mapped.ok()) {
+      // Not usable here: release it in the daemon too (best effort).
+      Buffer unmapped(id, nullptr, 0);
+      Free(unmapped).IgnoreError();
+      return mapped.status();
+    }
+    return Buffer(id, *mapped, static_cast<size_t>(resp.buffer().size_bytes()));
+  }
+
+  // Fetches buffer `id`'s descriptor on the side socket and maps it.
+  absl::StatusOr<void*> MapBuffer(const std::string& id, size_t size) {
     auto reply = SideRequest(absl::StrCat("FD ", id));
     if (!reply.ok()) return reply.status();
     if (reply->fd < 0) return absl::InternalError("daemon sent no descriptor for the buffer");
-    size_t size = static_cast<size_t>(resp.buffer().size_bytes());
     void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd, 0);
     int err = errno;
     close(reply->fd);
     if (data == MAP_FAILED) return ErrnoStatus(err, "mapping the shared buffer");
-    return Buffer(id, data, size);
+    return data;
   }
 
   absl::Status Free(Buffer& buffer) {
@@ -260,28 +278,36 @@ class ClientImpl {
   // Sends `op` on the Execute stream (opened on first use).
   OpFuture Submit(const v1::OpSpec& op, absl::Duration wait) {
     auto state = std::make_shared<OpState>(wait);
-    MutexLock lock(&stream_mu_);
-    if (closed_.load()) {
-      state->Complete(absl::FailedPreconditionError("client is closed"), -1, {}, DType::kInvalid);
-      return OpFuture(state);
-    }
-    if (!stream_failure_.ok()) {
-      state->Complete(stream_failure_, -1, {}, DType::kInvalid);
-      return OpFuture(state);
-    }
-    if (!stream_) {
-      stream_ctx_ = std::make_unique<grpc::ClientContext>();
-      stream_ctx_->AddMetadata(kSessionMetadataKey, session_id_);
-      stream_ = stub_->Execute(stream_ctx_.get());
-      reader_ = std::thread([this] { ReadLoop(); });
-    }
-    const int64_t tag = next_tag_++;
-    pending_[tag] = state;
+    // write_mu_ keeps writes in submission order; stream_mu_ is not held
+    // while writing, so Close can always cancel a write that blocks.
+    MutexLock write_lock(&write_mu_);
     v1::OpRequest req;
-    req.set_tag(tag);
+    {
+      MutexLock lock(&stream_mu_);
+      if (closed_.load()) {
+        state->Complete(absl::FailedPreconditionError("client is closed"), -1, {}, DType::kInvalid);
+        return OpFuture(state);
+      }
+      if (!stream_failure_.ok()) {
+        state->Complete(stream_failure_, -1, {}, DType::kInvalid);
+        return OpFuture(state);
+      }
+      if (!stream_) {
+        stream_ctx_ = std::make_unique<grpc::ClientContext>();
+        stream_ctx_->AddMetadata(kSessionMetadataKey, session_id_);
+        stream_ = stub_->Execute(stream_ctx_.get());
+        reader_ = std::thread([this] { ReadLoop(); });
+      }
+      const int64_t tag = next_tag_++;
+      pending_[tag] = state;
+      req.set_tag(tag);
+    }
     *req.mutable_op() = op;
     if (!stream_->Write(req)) {
-      pending_.erase(tag);
+      {
+        MutexLock lock(&stream_mu_);
+        pending_.erase(req.tag());
+      }
       state->Complete(absl::UnavailableError("connection to the daemon lost while submitting"),
                       -1, {}, DType::kInvalid);
     }
@@ -331,6 +357,7 @@ class ClientImpl {
   Mutex side_mu_;
   int side_fd_ = -1;
 
+  Mutex write_mu_;  // serializes stream writes (taken before stream_mu_)
   Mutex stream_mu_;
   std::unique_ptr<grpc::ClientContext> stream_ctx_ ABSL_GUARDED_BY(stream_mu_);
   std::unique_ptr<grpc::ClientReaderWriter<v1::OpRequest, v1::OpResult>> stream_;
@@ -387,8 +414,7 @@ struct Mesh::OpRequest {
 Mesh::~Mesh() { Leave().IgnoreError(); }
 
 absl::Status Mesh::Leave() {
-  if (left_) return absl::OkStatus();
-  left_ = true;
+  if (left_.exchange(true)) return absl::OkStatus();
   return client_->LeaveMesh(id_);
 }
 

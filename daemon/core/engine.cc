@@ -80,6 +80,7 @@ Engine::Engine(EngineOptions options, std::unique_ptr<Executor> executor)
 Engine::~Engine() {
   Shutdown("daemon stopped");
   runners_.reset();  // finishes running ops
+  timer_->Stop();    // callbacks may still use timer_ while it stops
   timer_.reset();
 }
 
@@ -129,13 +130,16 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
     s->client_name = std::move(client_name);
     std::string id = s->id;
     s->attach_timer = timer_->Schedule(absl::Now() + options_.attach_timeout, [this, id] {
-      bool expired = false;
+      Callbacks cbs;
       {
         MutexLock lock(&mu_);
         Session* s = FindSession(id);
-        expired = s != nullptr && !s->attached;
+        // Checked and closed under one lock: an attach cannot slip between.
+        if (s != nullptr && !s->attached) {
+          CloseSessionLocked(id, "side socket not attached in time", cbs);
+        }
       }
-      if (expired) CloseSession(id, "side socket not attached in time").IgnoreError();
+      Run(cbs);
     });
     resp.set_session_id(s->id);
     resp.set_attach_token(s->token);
@@ -174,46 +178,51 @@ absl::Status Engine::CloseSession(const std::string& session_id, const std::stri
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
-    Session* session = FindSession(session_id);
-    if (session == nullptr) {
-      return absl::NotFoundError(absl::StrCat("session '", session_id, "' not found"));
+    if (FindSession(session_id) == nullptr) {
+      return absl::NotFoundError(absl::StrCat("session '", DisplayId(session_id), "' not found"));
     }
-    timer_->Cancel(session->attach_timer);
-    const std::string who = absl::StrCat("session ", DisplayId(session_id), " (pid ", session->pid,
-                                         ", client '", session->client_name, "')");
-    const std::map<std::string, int> memberships = session->meshes;
-    for (const auto& [mesh_id, index] : memberships) {
-      auto it = meshes_.find(mesh_id);
-      if (it == meshes_.end()) continue;
-      Mesh& mesh = *it->second;
-      if (mesh.state == MeshState::kForming) {
-        RemoveJoiner(mesh, index,
-                     absl::AbortedError(absl::StrCat("session closed: ", reason)), cbs);
-      } else {
-        if (mesh.state == MeshState::kReady) {
-          BreakMesh(mesh,
-                    absl::StrCat("member ", index, " ", CoordString(mesh.shape.Coordinate(index)),
-                                 " [", who, "] is gone: ", reason),
-                    cbs);
-        }
-        mesh.member_left[index] = true;
-      }
-      MaybeEraseMesh(mesh_id);
-    }
-    for (auto& [op_id, op] : session->retained) {
-      for (auto& w : op.waiters) {
-        cbs.push_back([w = std::move(w), reason] {
-          w(OpOutcome{absl::CancelledError(absl::StrCat("session closed: ", reason)), -1});
-        });
-      }
-    }
-    LogEvent(LogLevel::kInfo, "session_closed",
-             {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(session->pid)},
-              {"buffers", absl::StrCat(session->buffers.size())}, {"reason", reason}});
-    sessions_.erase(session_id);
+    CloseSessionLocked(session_id, reason, cbs);
   }
   Run(cbs);
   return absl::OkStatus();
+}
+
+void Engine::CloseSessionLocked(const std::string& session_id, const std::string& reason,
+                                Callbacks& cbs) {
+  Session* session = FindSession(session_id);
+  timer_->Cancel(session->attach_timer);
+  const std::string who = absl::StrCat("session ", DisplayId(session_id), " (pid ", session->pid,
+                                       ", client '", session->client_name, "')");
+  const std::map<std::string, int> memberships = session->meshes;
+  for (const auto& [mesh_id, index] : memberships) {
+    auto it = meshes_.find(mesh_id);
+    if (it == meshes_.end()) continue;
+    Mesh& mesh = *it->second;
+    if (mesh.state == MeshState::kForming) {
+      RemoveJoiner(mesh, index,
+                   absl::AbortedError(absl::StrCat("session closed: ", reason)), cbs);
+    } else {
+      if (mesh.state == MeshState::kReady) {
+        BreakMesh(mesh,
+                  absl::StrCat("member ", index, " ", CoordString(mesh.shape.Coordinate(index)),
+                               " [", who, "] is gone: ", reason),
+                  cbs);
+      }
+      mesh.member_left[index] = true;
+    }
+    MaybeEraseMesh(mesh_id);
+  }
+  for (auto& [op_id, op] : session->retained) {
+    for (auto& w : op.waiters) {
+      cbs.push_back([w = std::move(w), reason] {
+        w(OpOutcome{absl::CancelledError(absl::StrCat("session closed: ", reason)), -1});
+      });
+    }
+  }
+  LogEvent(LogLevel::kInfo, "session_closed",
+           {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(session->pid)},
+            {"buffers", absl::StrCat(session->buffers.size())}, {"reason", reason}});
+  sessions_.erase(session_id);
 }
 
 // ---------------------------------------------------------------------------
@@ -332,23 +341,18 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       return absl::InvalidArgumentError("join_token is longer than 256 bytes");
     }
     const std::string key = MeshKey(req.scope(), req.mesh_name());
-    // Leave an older, broken generation of the same name automatically.
-    for (auto it = session->meshes.begin(); it != session->meshes.end();) {
-      auto m = meshes_.find(it->first);
-      if (m != meshes_.end() && m->second->key == key) {
-        if (m->second->state != MeshState::kBroken) {
-          return absl::AlreadyExistsError(absl::StrCat(
-              "this session is already member ", it->second, " of mesh '", req.mesh_name(),
-              "' (generation ", m->second->generation, ")"));
-        }
-        std::string old_id = it->first;
-        int index = it->second;
-        it = session->meshes.erase(it);
-        m->second->member_left[index] = true;
-        MaybeEraseMesh(old_id);
-        continue;
+    // An older, broken generation of the same name is left automatically,
+    // once every check below has passed (a rejected join changes nothing).
+    std::vector<std::pair<std::string, int>> stale;
+    for (const auto& [mesh_id, member_index] : session->meshes) {
+      auto m = meshes_.find(mesh_id);
+      if (m == meshes_.end() || m->second->key != key) continue;
+      if (m->second->state != MeshState::kBroken) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "this session is already member ", member_index, " of mesh '", req.mesh_name(),
+            "' (generation ", m->second->generation, ")"));
       }
-      ++it;
+      stale.emplace_back(mesh_id, member_index);
     }
 
     Mesh* mesh = nullptr;
@@ -407,10 +411,6 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
                {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(shape)},
                 {"generation", absl::StrCat(mesh->generation)}});
     }
-    if (req.op_timeout_ms() > 0 && !mesh->op_timeout_set) {
-      mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms());
-      mesh->op_timeout_set = true;
-    }
     int index = -1;
     if (assign) {
       for (int i = 0; i < static_cast<int>(mesh->member_session.size()); ++i) {
@@ -426,6 +426,16 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
             "coordinate ", CoordString(shape.Coordinate(index)), " of mesh '", mesh->name,
             "' is taken by member ", MemberLabel(*mesh, index)));
       }
+    }
+    // Every check passed: from here on the join takes effect.
+    for (const auto& [old_id, old_index] : stale) {
+      session->meshes.erase(old_id);
+      meshes_.at(old_id)->member_left[old_index] = true;
+      MaybeEraseMesh(old_id);
+    }
+    if (req.op_timeout_ms() > 0 && !mesh->op_timeout_set) {
+      mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms());
+      mesh->op_timeout_set = true;
     }
     mesh->member_session[index] = session->id;
     session->meshes[mesh->id] = index;
@@ -1012,20 +1022,24 @@ void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration t
       } else if (it->second.done) {
         ready = it->second.outcome;
       } else {
-        // Both the op and the wait timer may fire; the first one answers.
+        // Both the op and the wait timer may fire; the first one answers
+        // (and the op cancels the timer, so no closure lingers).
         auto once = std::make_shared<std::atomic<bool>>(false);
-        it->second.waiters.push_back([once, respond](const OpOutcome& o) {
-          if (!once->exchange(true)) respond(o);
+        auto timer_id = std::make_shared<std::atomic<DeadlineTimer::TimerId>>(0);
+        it->second.waiters.push_back([this, once, timer_id, respond](const OpOutcome& o) {
+          if (once->exchange(true)) return;
+          timer_->Cancel(timer_id->load());
+          respond(o);
         });
         if (timeout > absl::ZeroDuration()) {
-          timer_->Schedule(absl::Now() + timeout, [once, respond, op_id, timeout] {
+          timer_id->store(timer_->Schedule(absl::Now() + timeout, [once, respond, op_id, timeout] {
             if (!once->exchange(true)) {
               respond(OpOutcome{absl::DeadlineExceededError(absl::StrCat(
                                     "op ", op_id, " still running after waiting ",
                                     Millis(timeout), " ms")),
                                 -1});
             }
-          });
+          }));
         }
       }
     }

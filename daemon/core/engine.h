@@ -206,6 +206,9 @@ class Engine {
   // All of these require mu_ held. Callbacks to run after unlocking are
   // appended to `cbs`.
   Session* FindSession(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CloseSession's work; the session must exist.
+  void CloseSessionLocked(const std::string& session_id, const std::string& reason,
+                          Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Session*> GetSession(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteJoin(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -4,12 +4,14 @@ namespace collectived {
 
 DeadlineTimer::DeadlineTimer() : thread_([this] { Loop(); }) {}
 
-DeadlineTimer::~DeadlineTimer() {
+DeadlineTimer::~DeadlineTimer() { Stop(); }
+
+void DeadlineTimer::Stop() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time deadline,

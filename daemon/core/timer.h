@@ -32,6 +32,9 @@ class DeadlineTimer {
   TimerId Schedule(absl::Time deadline, std::function<void()> fn);
   // Drops the callback if it has not started; no-op for unknown ids and 0.
   void Cancel(TimerId id);
+  // Stops the thread (waiting for a running callback); later callbacks are
+  // dropped. Idempotent; the destructor calls it.
+  void Stop();
 
  private:
   void Loop();

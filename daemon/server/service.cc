@@ -50,6 +50,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
     auto accepted = engine_->Submit(session_id_, request_.op(), /*retain=*/false,
                                     [this, tag](const OpOutcome& o) { OnOpDone(tag, o); });
     if (!accepted.ok()) OnOpDone(tag, OpOutcome(accepted.status(), -1));
+    // Reads are not done, so the stream cannot have finished above.
     StartRead(&request_);
   }
 
@@ -68,8 +69,11 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
   void OnDone() override { delete this; }
 
  private:
+  // Runs on engine threads, not as a gRPC reaction: OnDone (delete this) may
+  // run on another thread as soon as Finish is called, so Finish is called
+  // after unlocking and is the last use of `this`.
   void OnOpDone(int64_t tag, const OpOutcome& outcome) {
-    MutexLock lock(&mu_);
+    mu_.Lock();
     --outstanding_;
     if (!write_failed_) {
       v1::OpResult& r = queue_.emplace_back();
@@ -81,7 +85,9 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
       r.set_out_dtype(ToProto(outcome.out_dtype));
     }
     MaybeWrite();
-    MaybeFinish();
+    const bool finish = ShouldFinish();
+    mu_.Unlock();
+    if (finish) Finish(grpc::Status::OK);
   }
 
   void MaybeWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -90,10 +96,16 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
     StartWrite(&queue_.front());
   }
 
-  void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !reads_done_ || outstanding_ > 0 || writing_ || !queue_.empty()) return;
+  // Whether the stream is done (and marks it finished): the client
+  // half-closed, every op answered and every answer was written.
+  bool ShouldFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !reads_done_ || outstanding_ > 0 || writing_ || !queue_.empty()) return false;
     finished_ = true;
-    Finish(grpc::Status::OK);
+    return true;
+  }
+  // For reactions only (OnDone cannot run before a reaction returns).
+  void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ShouldFinish()) Finish(grpc::Status::OK);
   }
 
   Engine* const engine_;

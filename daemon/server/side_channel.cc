@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -81,8 +84,16 @@ void SideChannel::Loop() {
       if (fd == wake_fd_) return;
       if (fd == listen_fd_) {
         for (;;) {
-          int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-          if (c < 0) break;
+          int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (c < 0) {
+            if (errno == EMFILE || errno == ENFILE) {
+              // Out of descriptors: back off instead of spinning on the
+              // still-readable listener.
+              LogEvent(LogLevel::kWarn, "side_accept_failed", {{"error", std::strerror(errno)}});
+              std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+            break;
+          }
           ucred cred{};
           socklen_t len = sizeof(cred);
           Conn conn;
@@ -113,39 +124,50 @@ void SideChannel::Loop() {
       if (packet->fd >= 0) close(packet->fd);  // clients send no descriptors
       HandleRequest(fd, it->second, packet->data);
     }
+    for (int fd : doomed_) CloseConn(fd);
+    doomed_.clear();
   }
+}
+
+bool SideChannel::Reply(int fd, const std::string& data, int pass_fd) {
+  // Never block the loop on one peer: a client that does not read its
+  // replies loses its connection (and so its session).
+  absl::Status st = SendPacket(fd, data, pass_fd, /*nonblocking=*/true);
+  if (!st.ok()) {
+    LogEvent(LogLevel::kWarn, "side_reply_failed", {{"error", st.ToString()}});
+    doomed_.push_back(fd);
+  }
+  return st.ok();
 }
 
 void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) {
   std::vector<std::string> words = absl::StrSplit(request, ' ', absl::SkipEmpty());
   if (words.size() == 3 && words[0] == "ATTACH") {
     if (!conn.session_id.empty()) {
-      SendPacket(fd, ErrorReply(absl::FailedPreconditionError(
-                         "this connection is already attached"))).IgnoreError();
+      Reply(fd, ErrorReply(absl::FailedPreconditionError("this connection is already attached")));
       return;
     }
     absl::Status st = engine_->AttachSession(words[1], words[2], conn.pid, conn.uid);
     if (st.ok()) conn.session_id = words[1];
-    SendPacket(fd, st.ok() ? "OK" : ErrorReply(st)).IgnoreError();
+    Reply(fd, st.ok() ? "OK" : ErrorReply(st));
     return;
   }
   if (words.size() == 2 && words[0] == "FD") {
     if (conn.session_id.empty()) {
-      SendPacket(fd, ErrorReply(absl::FailedPreconditionError(
-                         "attach the session before asking for descriptors"))).IgnoreError();
+      Reply(fd, ErrorReply(absl::FailedPreconditionError(
+                    "attach the session before asking for descriptors")));
       return;
     }
     auto buffer = engine_->GetBuffer(conn.session_id, words[1]);
     if (!buffer.ok()) {
-      SendPacket(fd, ErrorReply(buffer.status())).IgnoreError();
+      Reply(fd, ErrorReply(buffer.status()));
       return;
     }
-    SendPacket(fd, absl::StrCat("OK ", (*buffer)->size()), (*buffer)->fd()).IgnoreError();
+    Reply(fd, absl::StrCat("OK ", (*buffer)->size()), (*buffer)->fd());
     return;
   }
-  SendPacket(fd, ErrorReply(absl::InvalidArgumentError(absl::StrCat(
-                     "malformed side-socket request (", request.size(), " bytes)"))))
-      .IgnoreError();
+  Reply(fd, ErrorReply(absl::InvalidArgumentError(absl::StrCat(
+                "malformed side-socket request (", request.size(), " bytes)"))));
 }
 
 }  // namespace collectived

@@ -16,6 +16,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "daemon/core/engine.h"
@@ -45,6 +46,9 @@ class SideChannel {
   void Loop();
   void HandleRequest(int fd, Conn& conn, const std::string& request);
   void CloseConn(int fd);
+  // Sends a reply without blocking; on failure the connection is closed after
+  // this round of events. Returns whether it was sent.
+  bool Reply(int fd, const std::string& data, int pass_fd = -1);
 
   Engine* const engine_;
   std::string path_;
@@ -52,6 +56,7 @@ class SideChannel {
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::map<int, Conn> conns_;  // loop thread only
+  std::vector<int> doomed_;    // loop thread only: connections to close
   std::thread thread_;
 };
 

@@ -22,6 +22,7 @@
 #ifndef COLLECTIVED_CLIENT_H_
 #define COLLECTIVED_CLIENT_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -268,7 +269,7 @@ class Mesh {
   std::vector<std::pair<std::string, int>> axes_;
   std::vector<int> coordinate_;
   absl::Duration op_deadline_;
-  bool left_ = false;
+  std::atomic<bool> left_{false};
 };
 
 // A session with the daemon. Create with Connect.
