@@ -2,6 +2,7 @@
 // ops, a stalled member, members and the daemon killed with SIGKILL, daemon
 // restart. Survivors must be told at once, with names, and be able to go on.
 #include <signal.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "collectived/v1/collective.grpc.pb.h"
+#include "common/unix_socket.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::testing {
@@ -262,6 +264,27 @@ TEST(IsolationTest, JobsInDifferentScopesNeverMeetAndTokensKeepIntrudersOut) {
     EXPECT_EQ(Field(r.output, "FAILED", "code"), "OK") << r.output;
     EXPECT_EQ(Field(r.output, "NEXT", "sum"), "2") << r.output;
   }
+}
+
+// A peer that floods the side socket and never reads its replies loses its
+// connection; other clients and a SIGTERM are served as usual.
+TEST(SideChannelTest, APeerThatNeverReadsCannotStallOthers) {
+  auto daemon = Daemon::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  auto flood = ConnectSeqPacket((*daemon)->socket() + ".fds");
+  ASSERT_TRUE(flood.ok()) << flood.status();
+  int sent = 0;
+  for (; sent < 20000; ++sent) {
+    if (!SendPacket(*flood, "FD b-unknown", -1, /*nonblocking=*/true).ok()) break;
+  }
+  EXPECT_GT(sent, 100);
+  auto other = RunAll({WorkerArgs(**daemon, "after-flood", 1, 0, {"--mode=mismatch"})}, kFinish);
+  EXPECT_EQ(other[0].exit_code, 0) << other[0].output;
+  EXPECT_EQ(Field(other[0].output, "NEXT", "sum"), "1") << other[0].output;
+  ChildResult stop = (*daemon)->Stop(absl::Seconds(20));
+  EXPECT_FALSE(stop.timed_out) << stop.output;
+  EXPECT_EQ(stop.exit_code, 0) << stop.output;
+  close(*flood);
 }
 
 }  // namespace
