@@ -159,13 +159,12 @@ TEST_P(KillMemberTest, SurvivorsFailFastAndReform) {
     latencies.push_back(ms);
   }
   // Time from the failing op's submission: reported, not asserted (timings
-  // are not checked in tests); the op timeout is 60 s, so a survivor that was
-  // told by the timeout instead of the death would show ~60000 here.
+  // are not checked in tests). That the death, not the 60 s op timeout, told
+  // them is what ABORTED (rather than DEADLINE_EXCEEDED) above shows.
   std::sort(latencies.begin(), latencies.end());
   std::printf("kill -9 of 1 of %d members: survivors told after %lld ms (median), %lld ms (max)\n",
               n, static_cast<long long>(latencies[latencies.size() / 2]),
               static_cast<long long>(latencies.back()));
-  EXPECT_LT(latencies.back(), 30000) << "survivors were not told promptly";
 }
 
 INSTANTIATE_TEST_SUITE_P(MemberCounts, KillMemberTest, ::testing::Values(2, 3, 4, 8));
@@ -186,9 +185,10 @@ TEST(DaemonDeathTest, WaitingClientsGetUnavailableAndKeepTheirData) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(Field(r.output, "FAILED", "code"), "UNAVAILABLE") << r.output;
     EXPECT_EQ(Field(r.output, "BUFFER_INTACT", "value"), "42") << r.output;
+    // UNAVAILABLE (not the SDK's DEADLINE_EXCEEDED) shows the broken
+    // connection told them; the delay is reported, not asserted.
     int64_t ms = 0;
     ASSERT_TRUE(absl::SimpleAtoi(Field(r.output, "FAILED", "after_ms"), &ms));
-    EXPECT_LT(ms, 30000) << "not told promptly";
     std::printf("daemon SIGKILLed: member %d told after %lld ms\n", i, static_cast<long long>(ms));
   }
 }
