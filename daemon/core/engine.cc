@@ -910,7 +910,6 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   PendingOp& op = mesh.pending.begin()->second;
   if (op.running || op.submitted < mesh.shape.num_members()) return;
   op.running = true;
-  ++running_ops_;
   auto plan = op.subs[0]->plan;
   std::vector<MemberIo> io(op.subs.size());
   std::vector<std::shared_ptr<SharedBuffer>> keep;
@@ -935,7 +934,6 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
-    --running_ops_;
     auto it = meshes_.find(mesh_id);
     if (it == meshes_.end()) return;
     Mesh& mesh = *it->second;

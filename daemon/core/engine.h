@@ -250,7 +250,6 @@ class Engine {
   // (forming or ready).
   absl::flat_hash_map<std::string, std::string> mesh_by_name_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
-  int running_ops_ ABSL_GUARDED_BY(mu_) = 0;
 
   struct KindStats {
     int64_t completed = 0, failed = 0, bytes = 0;
