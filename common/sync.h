@@ -1,4 +1,4 @@
-// Mutex, MutexLock and Notification on top of the C++ standard library.
+// Mutex, MutexLock, CondVar and Notification on top of the C++ standard library.
 //
 // Same shape as absl::Mutex (Lock/Unlock, Await on a condition re-checked on
 // every unlock, thread-safety annotations), but built on std::mutex so that
@@ -60,9 +60,31 @@ class ABSL_LOCKABLE Mutex {
   }
 
  private:
+  friend class CondVar;
   std::mutex mu_;
   std::condition_variable_any cv_;
   int waiters_ = 0;  // guarded by mu_
+};
+
+// A condition variable for Mutex, for waits that only a specific event should
+// end: unlike Await, waiting here does not make every Unlock wake the waiter;
+// only Signal/SignalAll do.
+class CondVar {
+ public:
+  void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { cv_.wait(mu->mu_); }
+  // Returns false if `deadline` passed (spurious returns are possible).
+  bool WaitWithDeadline(Mutex* mu, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (deadline == absl::InfiniteFuture()) {
+      cv_.wait(mu->mu_);
+      return true;
+    }
+    return cv_.wait_until(mu->mu_, absl::ToChronoTime(deadline)) == std::cv_status::no_timeout;
+  }
+  void Signal() { cv_.notify_one(); }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable_any cv_;
 };
 
 class ABSL_SCOPED_LOCKABLE MutexLock {

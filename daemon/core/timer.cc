@@ -10,6 +10,7 @@ void DeadlineTimer::Stop() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
+    cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -20,6 +21,9 @@ DeadlineTimer::TimerId DeadlineTimer::Schedule(absl::Time deadline,
   TimerId id = next_id_++;
   queue_.emplace(deadline, std::make_pair(id, std::move(fn)));
   deadline_of_[id] = deadline;
+  // Most deadlines are later than the one the thread sleeps for (ops are
+  // scheduled in order with equal timeouts): no wake-up then.
+  if (deadline < wake_at_) cv_.Signal();
   return id;
 }
 
@@ -41,20 +45,13 @@ void DeadlineTimer::Loop() {
   MutexLock lock(&mu_);
   for (;;) {
     if (stopping_) return;
-    if (queue_.empty()) {
-      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return stopping_ || !queue_.empty();
-      });
-      continue;
-    }
-    absl::Time next = queue_.begin()->first;
+    const absl::Time next = queue_.empty() ? absl::InfiniteFuture() : queue_.begin()->first;
     if (absl::Now() < next) {
-      // Wake at the deadline, or earlier when an earlier timer or stop arrives.
-      mu_.AwaitWithDeadline(
-          [this, next]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return stopping_ || (!queue_.empty() && queue_.begin()->first < next);
-          },
-          next);
+      // Cancelled timers stay the wake-up time: waking once for nothing is
+      // cheaper than waking on every Cancel.
+      wake_at_ = next;
+      cv_.WaitWithDeadline(&mu_, next);
+      wake_at_ = absl::InfinitePast();
       continue;
     }
     auto it = queue_.begin();

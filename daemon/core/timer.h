@@ -40,6 +40,12 @@ class DeadlineTimer {
   void Loop();
 
   Mutex mu_;
+  // Signalled only when the thread must wake earlier than it planned: a
+  // timer earlier than the one it sleeps for, or Stop.
+  CondVar cv_;
+  // When the sleeping thread wakes on its own; InfinitePast while it is awake
+  // (it looks at the queue again before sleeping).
+  absl::Time wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::multimap<absl::Time, std::pair<TimerId, std::function<void()>>> queue_
       ABSL_GUARDED_BY(mu_);
   std::map<TimerId, absl::Time> deadline_of_ ABSL_GUARDED_BY(mu_);

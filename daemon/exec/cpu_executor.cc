@@ -102,6 +102,16 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
   }
 }
 
+void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n,
+                              const std::function<void(size_t)>& fn) {
+  const size_t members = plan.groups.size() * static_cast<size_t>(plan.group_size);
+  if ((plan.in_bytes + plan.out_bytes) * members <= options_.serial_bytes) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  pool_->ParallelFor(n, fn);
+}
+
 void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io) {
   const size_t in_es = DTypeSize(plan.dtype);
   const size_t out_es = DTypeSize(plan.out_dtype);
@@ -111,7 +121,7 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   const size_t chunks = (count + chunk - 1) / chunk;
   const ReduceKind kind = ToReduceKind(plan.kind);
   const int n = plan.group_size;
-  pool_->ParallelFor(plan.groups.size() * chunks, [&](size_t task) {
+  ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {
     const auto& group = plan.groups[task / chunks];
     const size_t begin = (task % chunks) * chunk;
     const size_t len = std::min(chunk, count - begin);
@@ -130,7 +140,7 @@ void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io)
   const size_t inner_bytes = plan.in_bytes / outer;
   const int n = plan.group_size;
   const size_t pairs = static_cast<size_t>(n) * n;
-  pool_->ParallelFor(plan.groups.size() * pairs, [&](size_t task) {
+  ParallelFor(plan, plan.groups.size() * pairs, [&](size_t task) {
     const auto& group = plan.groups[task / pairs];
     const int dst = static_cast<int>((task % pairs) / n);
     const int src = static_cast<int>(task % n);
@@ -153,7 +163,7 @@ void CpuExecutor::RunReduceScatter(const OpPlan& plan, const std::vector<MemberI
   const size_t chunk = std::max<size_t>(64, options_.chunk_bytes / es);
   const size_t chunks = (inner + chunk - 1) / chunk;
   const size_t per_group = static_cast<size_t>(n) * chunks;
-  pool_->ParallelFor(plan.groups.size() * per_group, [&](size_t task) {
+  ParallelFor(plan, plan.groups.size() * per_group, [&](size_t task) {
     const auto& group = plan.groups[task / per_group];
     const int j = static_cast<int>((task % per_group) / chunks);
     const size_t begin = (task % chunks) * chunk;
@@ -184,7 +194,7 @@ void CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io
   }
   const size_t chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
   const size_t per_group = static_cast<size_t>(n) * chunks;
-  pool_->ParallelFor(plan.groups.size() * per_group, [&](size_t task) {
+  ParallelFor(plan, plan.groups.size() * per_group, [&](size_t task) {
     const auto& group = plan.groups[task / per_group];
     const int dst = static_cast<int>((task % per_group) / chunks);
     const size_t begin = (task % chunks) * options_.chunk_bytes;
@@ -219,7 +229,7 @@ void CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& i
     }
   }
   const size_t pairs = static_cast<size_t>(n) * n;
-  pool_->ParallelFor(plan.groups.size() * pairs, [&](size_t task) {
+  ParallelFor(plan, plan.groups.size() * pairs, [&](size_t task) {
     const auto& group = plan.groups[task / pairs];
     const int dst = static_cast<int>((task % pairs) / n);
     const int from = static_cast<int>(task % n);

@@ -21,6 +21,9 @@ struct CpuExecutorOptions {
   int threads = 0;
   // Bytes of one work item; small values reach the multi-chunk paths in tests.
   size_t chunk_bytes = 256 * 1024;
+  // Ops touching at most this many bytes (all members' inputs and outputs)
+  // run on the calling thread alone: waking helpers costs more than they save.
+  size_t serial_bytes = 64 * 1024;
 };
 
 class CpuExecutor final : public Executor {
@@ -32,6 +35,8 @@ class CpuExecutor final : public Executor {
   int threads() const override { return pool_->size() + 1; }
 
  private:
+  // fn(0..n) for `plan`, on the pool unless the op is small.
+  void ParallelFor(const OpPlan& plan, size_t n, const std::function<void(size_t)>& fn);
   void RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io);
   void RunGather(const OpPlan& plan, const std::vector<MemberIo>& io);
   void RunReduceScatter(const OpPlan& plan, const std::vector<MemberIo>& io);

@@ -13,6 +13,7 @@ ThreadPool::~ThreadPool() {
   {
     MutexLock lock(&mu_);
     stopping_ = true;
+    work_cv_.SignalAll();
   }
   for (auto& t : workers_) t.join();
 }
@@ -20,6 +21,7 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::Schedule(std::function<void()> fn) {
   MutexLock lock(&mu_);
   queue_.push_back(std::move(fn));
+  work_cv_.Signal();
 }
 
 void ThreadPool::WorkerLoop() {
@@ -27,7 +29,7 @@ void ThreadPool::WorkerLoop() {
     std::function<void()> fn;
     {
       MutexLock lock(&mu_);
-      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || !queue_.empty(); });
+      while (!stopping_ && queue_.empty()) work_cv_.Wait(&mu_);
       if (queue_.empty()) return;  // stopping and drained
       fn = std::move(queue_.front());
       queue_.pop_front();
@@ -66,7 +68,10 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
   size_t helpers = std::min(n - 1, workers_.size());
   {
     MutexLock lock(&mu_);
-    for (size_t h = 0; h < helpers; ++h) queue_.push_back(run);
+    for (size_t h = 0; h < helpers; ++h) {
+      queue_.push_back(run);
+      work_cv_.Signal();
+    }
   }
   run();
   MutexLock lock(&loop->mu);

@@ -40,6 +40,7 @@ class ThreadPool {
   void WorkerLoop();
 
   Mutex mu_;
+  CondVar work_cv_;  // signalled once per queued item (and on stop)
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
