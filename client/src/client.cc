@@ -1,8 +1,11 @@
 #include "collectived/client.h"
 
+#include <poll.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <map>
@@ -14,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/fast_queue.h"
 #include "common/sync.h"
 #include "collectived/v1/collective.grpc.pb.h"
 #include "common/socket_path.h"
@@ -47,10 +51,16 @@ v1::BufferRef ToRef(const Array& a) {
 
 }  // namespace
 
-// Shared state of one op: written once by the stream reader, read by futures.
+class FastQueue;
+
+// Shared state of one op: written once (by the stream reader or the thread
+// reaping the fast-path queue), read by futures.
 class OpState {
  public:
-  explicit OpState(absl::Duration default_wait) : default_wait_(default_wait) {}
+  // `queue`: the fast-path queue the op was submitted on (null: gRPC). A
+  // waiter on such an op reaps the queue itself.
+  OpState(absl::Duration default_wait, std::shared_ptr<FastQueue> queue = nullptr)
+      : default_wait_(default_wait), queue_(std::move(queue)) {}
   void Complete(absl::Status status, int64_t sequence, std::vector<int64_t> out_shape,
                 DType out_dtype) {
     MutexLock lock(&mu_);
@@ -60,19 +70,23 @@ class OpState {
     sequence_ = sequence;
     out_shape_ = std::move(out_shape);
     out_dtype_ = out_dtype;
+    done_flag_.store(true, std::memory_order_release);
   }
-  absl::Status Wait(std::optional<absl::Duration> timeout) {
+  absl::Status Wait(std::optional<absl::Duration> timeout);
+  bool Ready() const { return done_flag_.load(std::memory_order_acquire); }
+  absl::Status status() {
     MutexLock lock(&mu_);
-    absl::Duration t = timeout.value_or(default_wait_);
-    if (!mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; }, t)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no answer from the daemon for this op within ", absl::FormatDuration(t)));
-    }
     return status_;
   }
-  bool Ready() {
+  // Set by the fast path: before publishing (submitted_ns), and before
+  // Complete (the rest).
+  void SetTiming(const OpTiming& t) {
     MutexLock lock(&mu_);
-    return done_;
+    timing_ = t;
+  }
+  OpTiming timing() {
+    MutexLock lock(&mu_);
+    return timing_;
   }
   int64_t sequence() {
     MutexLock lock(&mu_);
@@ -89,13 +103,220 @@ class OpState {
 
  private:
   const absl::Duration default_wait_;
+  const std::shared_ptr<FastQueue> queue_;
+  std::atomic<bool> done_flag_{false};
   Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   int64_t sequence_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int64_t> out_shape_ ABSL_GUARDED_BY(mu_);
   DType out_dtype_ ABSL_GUARDED_BY(mu_) = DType::kInvalid;
+  OpTiming timing_ ABSL_GUARDED_BY(mu_);
 };
+
+// The client's half of a session's fast-path queue (common/fast_queue.h).
+//
+// Submissions are serialized by mu_. Completions are reaped by the threads
+// that wait: one at a time takes the reaper role (reaping_), polls or sleeps
+// on the CQ doorbell, and completes whatever arrived, for every waiter; the
+// others wait on mu_ for their op or for the role to become free. No thread
+// of the SDK's own runs the queue.
+class FastQueue {
+ public:
+  // Takes ownership of the mapping of `base` and of `live_fd`, a descriptor of
+  // the side socket: it hangs up when the daemon dies.
+  FastQueue(void* base, int live_fd, absl::Duration spin)
+      : base_(base), q_(fastq::QueueView::Of(base)), live_fd_(live_fd), spin_(spin) {}
+  ~FastQueue() {
+    munmap(base_, fastq::kQueueBytes);
+    close(live_fd_);
+  }
+  FastQueue(const FastQueue&) = delete;
+  FastQueue& operator=(const FastQueue&) = delete;
+
+  // Whether `op` fits in a queue slot.
+  static bool Fits(const v1::OpSpec& op) { return op.ByteSizeLong() <= fastq::kMaxOpBytes; }
+
+  // Publishes `op` (which must fit); `state` completes when the daemon
+  // answers, or with the queue's failure.
+  void Submit(const v1::OpSpec& op, const std::shared_ptr<OpState>& state, absl::Time deadline) {
+    {
+      MutexLock lock(&mu_);
+      // At most kSlots ops in flight: that keeps an SQ slot free and matches
+      // the daemon's credit rule, so the daemon never waits for this process.
+      const bool room = WaitLocked(
+          [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tail_ - cq_head_ < fastq::kSlots; },
+          deadline);
+      if (!failure_.ok() || !room) {
+        state->Complete(!failure_.ok() ? failure_
+                                       : absl::DeadlineExceededError(
+                                             "the fast-path queue stayed full (ops in flight "
+                                             "did not complete)"),
+                        -1, {}, DType::kInvalid);
+        return;
+      }
+      fastq::SqEntry& e = q_.sq[tail_ % fastq::kSlots];
+      const uint64_t tag = next_tag_++;
+      e.tag = tag;
+      e.len = static_cast<uint32_t>(op.ByteSizeLong());
+      e.submit_ns = fastq::MonotonicNs();
+      state->SetTiming(OpTiming{.submitted_ns = e.submit_ns});
+      op.SerializeWithCachedSizesToArray(e.data);
+      pending_[tag] = state;
+      ++tail_;
+      q_.header->sq_tail.v.store(tail_, std::memory_order_release);
+    }
+    fastq::Ring(q_.header->daemon_bell, q_.header->daemon_sleeping);
+  }
+
+  // Waits until `state` completes or `deadline` passes; false at the deadline.
+  bool Wait(OpState* state, absl::Time deadline) {
+    MutexLock lock(&mu_);
+    return WaitLocked([state] { return state->Ready(); }, deadline);
+  }
+
+  // Waits until the daemon has taken every entry published so far (so each
+  // has its place in the op order). False at the deadline or on failure.
+  bool WaitTaken(absl::Time deadline) {
+    uint32_t tail;
+    {
+      MutexLock lock(&mu_);
+      tail = tail_;
+    }
+    while (q_.header->sq_head.v.load(std::memory_order_acquire) != tail) {
+      if (absl::Now() >= deadline || !Alive()) return false;
+      absl::SleepFor(absl::Microseconds(100));
+    }
+    return true;
+  }
+
+  // Whether every op submitted here has completed.
+  bool Idle() {
+    MutexLock lock(&mu_);
+    return pending_.empty();
+  }
+
+  // Fails every pending and later op with `status` (the client is closing).
+  void Fail(const absl::Status& status) {
+    MutexLock lock(&mu_);
+    FailLocked(status);
+  }
+
+ private:
+  bool Alive() {
+    pollfd p{live_fd_, POLLRDHUP, 0};
+    return poll(&p, 1, 0) == 0;
+  }
+
+  void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (failure_.ok()) failure_ = status;
+    for (auto& [tag, state] : pending_) state->Complete(failure_, -1, {}, DType::kInvalid);
+    pending_.clear();
+  }
+
+  // Completes the ops whose answers are in the CQ and hands the slots back.
+  void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint32_t tail = q_.header->cq_tail.v.load(std::memory_order_acquire);
+    if (tail != cq_head_) {
+      while (cq_head_ != tail) {
+        const fastq::CqEntry& c = q_.cq[cq_head_ % fastq::kSlots];
+        auto it = pending_.find(c.tag);
+        if (it != pending_.end()) {
+          const int rank = std::clamp<int>(c.rank, 0, fastq::kMaxRank);
+          const size_t len = std::min<size_t>(c.msg_len, sizeof(c.msg));
+          OpTiming t = it->second->timing();
+          t.taken_ns = c.taken_ns;
+          t.started_ns = c.started_ns;
+          t.completed_ns = c.done_ns;
+          t.reaped_ns = fastq::MonotonicNs();
+          it->second->SetTiming(t);
+          it->second->Complete(absl::Status(static_cast<absl::StatusCode>(c.code),
+                                            absl::string_view(c.msg, len)),
+                               c.sequence, std::vector<int64_t>(c.out_shape, c.out_shape + rank),
+                               static_cast<DType>(c.out_dtype));
+          pending_.erase(it);
+        }
+        ++cq_head_;
+      }
+      q_.header->cq_head.v.store(cq_head_, std::memory_order_release);
+      // The daemon may be out of credit, waiting for these slots.
+      fastq::Ring(q_.header->daemon_bell, q_.header->daemon_sleeping);
+    }
+    if (!failure_.ok()) return;
+    if (q_.header->closed.v.load(std::memory_order_acquire) != 0) {
+      FailLocked(absl::UnavailableError(
+          "the daemon stopped serving this session's queue (it is stopping, or the session "
+          "was closed)"));
+    } else if (dead_) {
+      FailLocked(absl::UnavailableError("connection to the daemon lost (side socket closed)"));
+    }
+  }
+
+  // Waits until pred() (evaluated under mu_), a failure, or `deadline`;
+  // returns pred(). Reaps the CQ while it waits, for every waiter.
+  template <typename Pred>
+  bool WaitLocked(Pred pred, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (;;) {
+      if (pred()) return true;
+      if (!failure_.ok() || absl::Now() >= deadline) return pred();
+      if (reaping_) {
+        mu_.AwaitWithDeadline(
+            [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return pred() || !reaping_ || !failure_.ok();
+            },
+            deadline);
+        continue;
+      }
+      reaping_ = true;
+      const uint32_t seen = cq_head_;
+      mu_.Unlock();
+      fastq::SpinThenSleep(
+          q_.header->client_bell, q_.header->client_sleeping,
+          [this, seen] {
+            return q_.header->cq_tail.v.load(std::memory_order_acquire) != seen ||
+                   q_.header->closed.v.load(std::memory_order_acquire) != 0;
+          },
+          [this] {
+            if (Alive()) return true;
+            dead_ = true;
+            return false;
+          },
+          spin_, absl::Milliseconds(100), deadline);
+      mu_.Lock();
+      reaping_ = false;
+      DrainLocked();
+    }
+  }
+
+  void* const base_;
+  const fastq::QueueView q_;
+  const int live_fd_;
+  const absl::Duration spin_;
+  Mutex mu_;
+  bool reaping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> dead_{false};
+  uint32_t tail_ ABSL_GUARDED_BY(mu_) = 0;     // SQ entries published
+  uint32_t cq_head_ ABSL_GUARDED_BY(mu_) = 0;  // completions consumed
+  uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, std::shared_ptr<OpState>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status OpState::Wait(std::optional<absl::Duration> timeout) {
+  const absl::Duration t = timeout.value_or(default_wait_);
+  bool done;
+  if (queue_) {
+    done = queue_->Wait(this, absl::Now() + t);
+  } else {
+    MutexLock lock(&mu_);
+    done = mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done_; }, t);
+  }
+  if (!done) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no answer from the daemon for this op within ", absl::FormatDuration(t)));
+  }
+  return status();
+}
 
 absl::Status OpFuture::Wait(std::optional<absl::Duration> timeout) const {
   if (!state_) return absl::FailedPreconditionError("empty OpFuture");
@@ -107,6 +328,7 @@ std::vector<int64_t> OpFuture::out_shape() const {
   return state_ ? state_->out_shape() : std::vector<int64_t>{};
 }
 DType OpFuture::out_dtype() const { return state_ ? state_->out_dtype() : DType::kInvalid; }
+OpTiming OpFuture::timing() const { return state_ ? state_->timing() : OpTiming{}; }
 
 // ---------------------------------------------------------------------------
 // ClientImpl
@@ -142,8 +364,44 @@ class ClientImpl {
     auto reply = SideRequest(absl::StrCat("ATTACH ", session_id_, " ", resp.attach_token()));
     if (!reply.ok()) return reply.status();
     if (reply->fd >= 0) close(reply->fd);
+    if (options_.fast_path) return OpenQueue();
     return absl::OkStatus();
   }
+
+  // Maps the session's fast-path queue. A daemon without one (or with
+  // another queue version) leaves the client on the gRPC path.
+  absl::Status OpenQueue() {
+    auto reply = SideRequest("QUEUE");
+    if (!reply.ok()) return absl::IsUnimplemented(reply.status()) ? absl::OkStatus() : reply.status();
+    if (reply->fd < 0) return absl::InternalError("daemon sent no descriptor for the queue");
+    std::vector<std::string> words = absl::StrSplit(reply->data, ' ');
+    if (words.size() != 3 || words[1] != absl::StrCat(fastq::kQueueBytes) ||
+        words[2] != absl::StrCat(fastq::kVersion)) {
+      close(reply->fd);
+      return absl::OkStatus();
+    }
+    void* base = mmap(nullptr, fastq::kQueueBytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd, 0);
+    const int err = errno;
+    close(reply->fd);
+    if (base == MAP_FAILED) return ErrnoStatus(err, "mapping the fast-path queue");
+    if (!fastq::HeaderValid(static_cast<fastq::Header*>(base))) {
+      munmap(base, fastq::kQueueBytes);
+      return absl::OkStatus();
+    }
+    int live_fd;
+    {
+      MutexLock lock(&side_mu_);
+      live_fd = side_fd_ >= 0 ? fcntl(side_fd_, F_DUPFD_CLOEXEC, 0) : -1;
+    }
+    if (live_fd < 0) {
+      munmap(base, fastq::kQueueBytes);
+      return ErrnoStatus(errno, "duplicating the side socket");
+    }
+    fast_ = std::make_shared<FastQueue>(base, live_fd, options_.fast_path_spin);
+    return absl::OkStatus();
+  }
+
+  bool fast_path() const { return fast_ != nullptr; }
 
   void Close() {
     if (closed_.exchange(true)) return;
@@ -160,6 +418,7 @@ class ClientImpl {
       if (stream_) stream_ctx_->TryCancel();
     }
     if (reader_.joinable()) reader_.join();
+    if (fast_) fast_->Fail(absl::CancelledError("client closed"));
     if (side_fd_ >= 0) close(side_fd_);
     side_fd_ = -1;
   }
@@ -275,8 +534,43 @@ class ClientImpl {
     return FromGrpc(stub_->LeaveMesh(&ctx, req, &resp));
   }
 
-  // Sends `op` on the Execute stream (opened on first use).
+  // Submits `op` on the fast path, else on the Execute stream (opened on
+  // first use). The daemon orders a session's ops by arrival, so a switch
+  // between the two paths first waits until the other path's ops arrived:
+  // fast-path entries taken by the daemon, stream ops completed.
   OpFuture Submit(const v1::OpSpec& op, absl::Duration wait) {
+    const absl::Time deadline = absl::Now() + wait;
+    if (fast_ && !closed_.load()) {
+      if (FastQueue::Fits(op)) {
+        auto state = std::make_shared<OpState>(wait, fast_);
+        if (!StreamIdle(deadline)) {
+          state->Complete(absl::DeadlineExceededError(
+                              "earlier ops sent over gRPC did not complete in time"),
+                          -1, {}, DType::kInvalid);
+        } else {
+          fast_->Submit(op, state, deadline);
+        }
+        return OpFuture(state);
+      }
+      if (!fast_->WaitTaken(deadline)) {
+        auto state = std::make_shared<OpState>(wait);
+        state->Complete(absl::UnavailableError(
+                            "earlier fast-path ops were not taken by the daemon in time"),
+                        -1, {}, DType::kInvalid);
+        return OpFuture(state);
+      }
+    }
+    return SubmitStream(op, wait);
+  }
+
+  // Whether every op sent on the stream has completed (waits until then).
+  bool StreamIdle(absl::Time deadline) {
+    MutexLock lock(&stream_mu_);
+    return stream_mu_.AwaitWithDeadline(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return pending_.empty(); }, deadline);
+  }
+
+  OpFuture SubmitStream(const v1::OpSpec& op, absl::Duration wait) {
     auto state = std::make_shared<OpState>(wait);
     // write_mu_ keeps writes in submission order; stream_mu_ is not held
     // while writing, so Close can always cancel a write that blocks.
@@ -356,6 +650,7 @@ class ClientImpl {
 
   Mutex side_mu_;
   int side_fd_ = -1;
+  std::shared_ptr<FastQueue> fast_;  // set by Connect, then constant
 
   Mutex write_mu_;  // serializes stream writes (taken before stream_mu_)
   Mutex stream_mu_;
@@ -568,5 +863,6 @@ absl::StatusOr<Buffer> Client::Allocate(size_t bytes) { return impl_->Allocate(b
 absl::Status Client::Free(Buffer& buffer) { return impl_->Free(buffer); }
 const std::string& Client::session_id() const { return impl_->session_id(); }
 const std::string& Client::socket_path() const { return impl_->socket_path(); }
+bool Client::fast_path() const { return impl_->fast_path(); }
 
 }  // namespace collectived

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/fast_queue.h"
 #include "daemon/util/log.h"
 #include "daemon/util/random_id.h"
 
@@ -42,12 +43,6 @@ std::string AxesString(const MeshShape& s) {
 
 int64_t Millis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
-// What diagnostics show of a session id: enough to tell sessions apart, not
-// enough to act as one.
-std::string DisplayId(const std::string& id) {
-  return id.size() > 10 ? id.substr(0, 10) + "..." : id;
-}
-
 // Checks that [offset, offset + bytes) lies in a buffer of `size` bytes and
 // that offset is aligned to `align`.
 absl::Status CheckRange(absl::string_view what, const std::string& id, int64_t offset,
@@ -69,6 +64,15 @@ absl::Status CheckRange(absl::string_view what, const std::string& id, int64_t o
 }
 
 }  // namespace
+
+namespace {
+// Set while this thread runs an op inline (see EngineOptions::inline_op_bytes).
+thread_local bool t_running_inline = false;
+}  // namespace
+
+std::string DisplayId(const std::string& id) {
+  return id.size() > 10 ? id.substr(0, 10) + "..." : id;
+}
 
 Engine::Engine(EngineOptions options, std::unique_ptr<Executor> executor)
     : options_(std::move(options)),
@@ -924,13 +928,27 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   }
   std::string mesh_id = mesh.id;
   int64_t seq = op.sequence;
-  runners_->Schedule([this, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+  auto run = [this, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+    const int64_t started_ns = fastq::MonotonicNs();
     absl::Status status = executor_->Run(*plan, io);
-    OnOpFinished(mesh_id, seq, status);
-  });
+    OnOpFinished(mesh_id, seq, status, started_ns);
+  };
+  const uint64_t touched = (plan->in_bytes + plan->out_bytes) * op.subs.size();
+  // Not inline while an inline op runs on this thread: OnOpFinished starts
+  // the next op from inside it, and chains of queued ops must not recurse.
+  if (touched <= options_.inline_op_bytes && !t_running_inline) {
+    cbs.push_back([run = std::move(run)] {
+      t_running_inline = true;
+      run();
+      t_running_inline = false;
+    });
+  } else {
+    runners_->Schedule(std::move(run));
+  }
 }
 
-void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status) {
+void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
+                          int64_t started_ns) {
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
@@ -943,7 +961,9 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
     const OpPlan& plan = *op.subs[0]->plan;
     if (status.ok()) {
       CountOp(plan.kind, true, plan.in_bytes * op.subs.size());
-      for (auto& sub : op.subs) DeliverOutcome(*sub, OpOutcome{status, sequence}, cbs);
+      OpOutcome outcome{status, sequence};
+      outcome.started_ns = started_ns;
+      for (auto& sub : op.subs) DeliverOutcome(*sub, outcome, cbs);
     } else {
       FailOp(mesh, op, status, cbs);
     }

@@ -51,11 +51,20 @@ struct EngineOptions {
   int max_retained_ops = 4096;
   // Threads that start ops (each op then fans out on the executor's pool).
   int runner_threads = 4;
+  // Ops that touch at most this many bytes (inputs plus outputs, all
+  // members) run on the thread that completed them (the last member's
+  // submission), saving the hand-off to a runner thread; bigger ones and ops
+  // queued behind another op go to the runners.
+  uint64_t inline_op_bytes = 64 * 1024;
   // Shown in diagnostics: host name and pid of the daemon.
   std::string host = "localhost";
   std::string daemon_id;
   std::string side_socket_path;
 };
+
+// What diagnostics show of a session id: enough to tell sessions apart, not
+// enough to act as one.
+std::string DisplayId(const std::string& id);
 
 // The result of one op for one member.
 struct OpOutcome {
@@ -64,6 +73,8 @@ struct OpOutcome {
   // The result's shape and dtype (empty / kInvalid when the op never planned).
   std::vector<int64_t> out_shape;
   DType out_dtype = DType::kInvalid;
+  // When the op began executing (CLOCK_MONOTONIC ns); 0 if it never ran.
+  int64_t started_ns = 0;
 
   OpOutcome() = default;
   OpOutcome(absl::Status s, int64_t seq) : status(std::move(s)), sequence(seq) {}
@@ -227,8 +238,8 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartNext(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
-  void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
+                    int64_t started_ns) ABSL_LOCKS_EXCLUDED(mu_);
   void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -30,6 +30,7 @@
 #include "daemon/exec/cpu_executor.h"
 #include "daemon/server/health.h"
 #include "daemon/server/service.h"
+#include "daemon/server/fast_path.h"
 #include "daemon/server/side_channel.h"
 #include "daemon/util/log.h"
 
@@ -54,6 +55,12 @@ ABSL_FLAG(std::string, socket_group, "",
 ABSL_FLAG(std::string, log_level, "info", "Lowest log level printed: debug, info, warn, error.");
 ABSL_FLAG(int, threads, 0, "Executor threads (0: one per CPU).");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
+ABSL_FLAG(bool, fast_path, true,
+          "Serve the shared-memory op queues (the SDK's default path); gRPC Execute "
+          "works either way.");
+ABSL_FLAG(int64_t, fast_path_spin_us, 200,
+          "Microseconds a fast-path queue thread polls for the next op before sleeping "
+          "on its futex (0: sleep at once).");
 ABSL_FLAG(int64_t, join_timeout_ms, 60000, "Default deadline for a mesh to fill.");
 ABSL_FLAG(int64_t, op_timeout_ms, 60000,
           "Default deadline for every member to submit an op, from the first submission.");
@@ -192,7 +199,10 @@ int Main(int argc, char** argv) {
   exec_options.chunk_bytes = static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));
   auto engine = std::make_unique<Engine>(options, std::make_unique<CpuExecutor>(exec_options));
 
-  SideChannel side(engine.get());
+  FastPathOptions fast_options;
+  fast_options.spin = absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_fast_path_spin_us)));
+  FastPath fast_path(engine.get(), fast_options);
+  SideChannel side(engine.get(), absl::GetFlag(FLAGS_fast_path) ? &fast_path : nullptr);
   if (absl::Status st = side.Start(side_socket, static_cast<int>(mode)); !st.ok()) return Fail(st);
 
   CollectiveService service(engine.get());
@@ -259,6 +269,7 @@ int Main(int argc, char** argv) {
   engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   side.Stop();
+  fast_path.Stop();
   engine.reset();
   unlink(socket.c_str());
   LogEvent(LogLevel::kInfo, "stopped");

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/fast_queue.h"
 #include "common/unix_socket.h"
 #include "common/status_util.h"
 #include "daemon/util/log.h"
@@ -65,6 +66,7 @@ void SideChannel::CloseConn(int fd) {
   close(fd);
   conns_.erase(it);
   if (!session.empty()) {
+    if (fast_path_ != nullptr) fast_path_->Close(session);
     // NOT_FOUND when the client closed its session first: nothing to do.
     engine_->CloseSession(session, "client disconnected (side socket closed)").IgnoreError();
   }
@@ -164,6 +166,24 @@ void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) 
       return;
     }
     Reply(fd, absl::StrCat("OK ", (*buffer)->size()), (*buffer)->fd());
+    return;
+  }
+  if (words.size() == 1 && words[0] == "QUEUE") {
+    if (conn.session_id.empty()) {
+      Reply(fd, ErrorReply(absl::FailedPreconditionError(
+                    "attach the session before opening its queue")));
+      return;
+    }
+    if (fast_path_ == nullptr) {
+      Reply(fd, ErrorReply(absl::UnimplementedError("this daemon has no fast path")));
+      return;
+    }
+    auto queue_fd = fast_path_->Open(conn.session_id);
+    if (!queue_fd.ok()) {
+      Reply(fd, ErrorReply(queue_fd.status()));
+      return;
+    }
+    Reply(fd, absl::StrCat("OK ", fastq::kQueueBytes, " ", fastq::kVersion), *queue_fd);
     return;
   }
   Reply(fd, ErrorReply(absl::InvalidArgumentError(absl::StrCat(

@@ -4,6 +4,9 @@
 // session and speaks a tiny text protocol on it (one request per packet):
 //   "ATTACH <session_id> <attach_token>"  ->  "OK"            (once, first)
 //   "FD <buffer_id>"                      ->  "OK <size>" + the descriptor
+//   "QUEUE"                               ->  "OK <size> <version>" + the
+//                                             descriptor of the session's
+//                                             fast-path queue (at most once)
 // Errors answer "ERR <grpc code number> <message>". The peer's credentials
 // come from SO_PEERCRED. When the connection closes (the process exited or
 // crashed) the session closes at once: that is how member death is noticed.
@@ -20,12 +23,14 @@
 
 #include "absl/status/status.h"
 #include "daemon/core/engine.h"
+#include "daemon/server/fast_path.h"
 
 namespace collectived {
 
 class SideChannel {
  public:
-  explicit SideChannel(Engine* engine) : engine_(engine) {}
+  // `fast_path` (may be null: no fast path) serves the QUEUE request.
+  SideChannel(Engine* engine, FastPath* fast_path) : engine_(engine), fast_path_(fast_path) {}
   ~SideChannel() { Stop(); }
   SideChannel(const SideChannel&) = delete;
   SideChannel& operator=(const SideChannel&) = delete;
@@ -51,6 +56,7 @@ class SideChannel {
   bool Reply(int fd, const std::string& data, int pass_fd = -1);
 
   Engine* const engine_;
+  FastPath* const fast_path_;
   std::string path_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;

@@ -55,6 +55,14 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // Deadline of each control RPC (allocate, free, leave, ...).
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // Submit ops through the session's shared-memory queue (no gRPC round trip
+  // per op; see DESIGN "fast path"). False, or a daemon without a fast path:
+  // ops go over the gRPC Execute stream. Results and errors are the same.
+  bool fast_path = true;
+  // How long a thread waiting for a fast-path op polls before it sleeps on
+  // the queue's futex. Polling costs a core; sleeping costs a wake-up (a few
+  // microseconds) when the op completes.
+  absl::Duration fast_path_spin = absl::Microseconds(200);
 };
 
 // A shared-memory region allocated by the daemon and mapped in this process.
@@ -127,6 +135,17 @@ class AxisNames {
 };
 
 // The outcome of an asynchronous collective. Copyable; all copies share it.
+// Where a fast-path op's time went: CLOCK_MONOTONIC nanoseconds (one clock
+// for every process of the host). All 0 for ops sent over gRPC; the daemon's
+// stamps are 0 when the op failed before reaching it.
+struct OpTiming {
+  int64_t submitted_ns = 0;  // the SDK published the op in the queue
+  int64_t taken_ns = 0;      // the daemon's queue thread took it
+  int64_t started_ns = 0;    // it began executing (every member had submitted)
+  int64_t completed_ns = 0;  // the daemon published the result
+  int64_t reaped_ns = 0;     // this process saw the result
+};
+
 class OpFuture {
  public:
   OpFuture() = default;
@@ -142,6 +161,8 @@ class OpFuture {
   // Shape and dtype of the result, once completed.
   std::vector<int64_t> out_shape() const;
   DType out_dtype() const;
+  // Valid once Ready().
+  OpTiming timing() const;
 
  private:
   friend class ClientImpl;
@@ -294,6 +315,8 @@ class Client {
   const std::string& session_id() const;
   // The path of the control socket this client talks to.
   const std::string& socket_path() const;
+  // Whether ops go through the shared-memory fast path (else gRPC).
+  bool fast_path() const;
 
  private:
   explicit Client(std::unique_ptr<ClientImpl> impl);

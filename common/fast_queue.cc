@@ -1,0 +1,42 @@
+#include "common/fast_queue.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ctime>
+
+namespace collectived::fastq {
+
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+void InitHeader(Header* h) {
+  h->magic = kMagic;
+  h->version = kVersion;
+  h->slots = kSlots;
+  h->sq_slot_bytes = kSqSlotBytes;
+  h->cq_slot_bytes = kCqSlotBytes;
+}
+
+bool HeaderValid(const Header* h) {
+  return h->magic == kMagic && h->version == kVersion && h->slots == kSlots &&
+         h->sq_slot_bytes == kSqSlotBytes && h->cq_slot_bytes == kCqSlotBytes;
+}
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr,
+          0);
+}
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) return;
+  timespec ts = absl::ToTimespec(timeout);
+  // EAGAIN (the word changed), EINTR and ETIMEDOUT all mean: look again.
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+}  // namespace collectived::fastq

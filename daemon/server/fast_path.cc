@@ -1,0 +1,190 @@
+#include "daemon/server/fast_path.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/fast_queue.h"
+#include "daemon/memory/shared_buffer.h"
+#include "daemon/util/log.h"
+
+namespace collectived {
+
+using fastq::CqEntry;
+using fastq::kSlots;
+using fastq::QueueView;
+using fastq::SqEntry;
+
+class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
+ public:
+  Queue(Engine* engine, std::string session_id, std::shared_ptr<SharedBuffer> memory,
+        absl::Duration spin)
+      : engine_(engine),
+        session_id_(std::move(session_id)),
+        memory_(std::move(memory)),
+        q_(QueueView::Of(memory_->data())),
+        spin_(spin) {
+    fastq::InitHeader(q_.header);
+  }
+
+  int fd() const { return memory_->fd(); }
+
+  void Start() { thread_ = std::thread([this] { Loop(); }); }
+
+  // Stops the thread and tells the client the queue is closed.
+  void Stop() {
+    stop_.store(true);
+    q_.header->daemon_bell.v.fetch_add(1);
+    fastq::FutexWake(&q_.header->daemon_bell.v);
+    if (thread_.joinable()) thread_.join();
+    q_.header->closed.v.store(1, std::memory_order_release);
+    q_.header->client_bell.v.fetch_add(1);
+    fastq::FutexWake(&q_.header->client_bell.v);
+  }
+
+  // Publishes op `tag`'s outcome. Every taken entry holds a CQ slot (see the
+  // credit rule), so this never waits for the client.
+  void Complete(uint64_t tag, int64_t taken_ns, const OpOutcome& outcome) {
+    {
+      MutexLock lock(&cq_mu_);
+      CqEntry& c = q_.cq[cq_tail_ % kSlots];
+      c.tag = tag;
+      c.sequence = outcome.sequence;
+      c.code = static_cast<int32_t>(outcome.status.code());
+      c.out_dtype = static_cast<int32_t>(ToProto(outcome.out_dtype));
+      const size_t rank = std::min<size_t>(outcome.out_shape.size(), fastq::kMaxRank);
+      c.rank = static_cast<int32_t>(rank);
+      for (size_t i = 0; i < rank; ++i) c.out_shape[i] = outcome.out_shape[i];
+      const size_t len = std::min(outcome.status.message().size(), sizeof(c.msg));
+      std::memcpy(c.msg, outcome.status.message().data(), len);
+      c.msg_len = static_cast<uint32_t>(len);
+      c.taken_ns = taken_ns;
+      c.started_ns = outcome.started_ns;
+      c.done_ns = fastq::MonotonicNs();
+      ++cq_tail_;
+      q_.header->cq_tail.v.store(cq_tail_, std::memory_order_release);
+    }
+    fastq::Ring(q_.header->client_bell, q_.header->client_sleeping);
+  }
+
+ private:
+  // Whether an entry can be taken now; sets corrupt_ when the client's
+  // counters are impossible.
+  bool HasWork() {
+    const uint32_t tail = q_.header->sq_tail.v.load(std::memory_order_acquire);
+    const uint32_t consumed = q_.header->cq_head.v.load(std::memory_order_acquire);
+    if (tail - head_ > kSlots || taken_ - consumed > kSlots) {
+      corrupt_ = true;
+      return false;
+    }
+    return tail != head_ && taken_ - consumed < kSlots;
+  }
+
+  void Loop() {
+    std::string scratch;
+    v1::OpSpec op;
+    while (!stop_.load(std::memory_order_relaxed)) {
+      if (!HasWork()) {
+        if (corrupt_) break;
+        fastq::SpinThenSleep(
+            q_.header->daemon_bell, q_.header->daemon_sleeping,
+            [this] { return stop_.load(std::memory_order_relaxed) || HasWork() || corrupt_; },
+            [] { return true; }, spin_, absl::Seconds(1), absl::Now() + absl::Seconds(1));
+        continue;
+      }
+      // Copy the entry out before looking at it: the client can change it.
+      const SqEntry& e = q_.sq[head_ % kSlots];
+      const uint64_t tag = e.tag;
+      const int64_t taken_ns = fastq::MonotonicNs();
+      const uint32_t len = e.len;
+      absl::Status bad;
+      if (len > fastq::kMaxOpBytes) {
+        bad = absl::InvalidArgumentError(absl::StrCat("fast-path entry claims ", len,
+                                                      " bytes; a slot holds at most ",
+                                                      fastq::kMaxOpBytes));
+      } else {
+        scratch.assign(reinterpret_cast<const char*>(e.data), len);
+        if (!op.ParseFromString(scratch)) {
+          bad = absl::InvalidArgumentError("fast-path entry is not a serialized OpSpec");
+        }
+      }
+      ++taken_;
+      if (bad.ok()) {
+        auto accepted = engine_->Submit(
+            session_id_, op, /*retain=*/false,
+            [self = shared_from_this(), tag, taken_ns](const OpOutcome& o) {
+              self->Complete(tag, taken_ns, o);
+            });
+        if (!accepted.ok()) bad = accepted.status();
+      }
+      if (!bad.ok()) Complete(tag, taken_ns, OpOutcome(bad, -1));
+      // Published after Submit: sq_head == sq_tail means every entry so far
+      // has its sequence number (the SDK relies on it before using gRPC).
+      ++head_;
+      q_.header->sq_head.v.store(head_, std::memory_order_release);
+    }
+    if (corrupt_) {
+      LogEvent(LogLevel::kWarn, "fast_path_corrupt", {{"session", DisplayId(session_id_)}});
+      engine_
+          ->CloseSession(session_id_,
+                         "the client corrupted its fast-path queue (impossible counters)")
+          .IgnoreError();
+    }
+  }
+
+  Engine* const engine_;
+  const std::string session_id_;
+  const std::shared_ptr<SharedBuffer> memory_;
+  const QueueView q_;
+  const absl::Duration spin_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  // Queue thread only.
+  uint32_t head_ = 0;
+  uint32_t taken_ = 0;
+  bool corrupt_ = false;
+
+  Mutex cq_mu_;
+  uint32_t cq_tail_ ABSL_GUARDED_BY(cq_mu_) = 0;
+};
+
+absl::StatusOr<int> FastPath::Open(const std::string& session_id) {
+  MutexLock lock(&mu_);
+  if (stopped_) return absl::UnavailableError("the daemon is stopping");
+  if (queues_.count(session_id) > 0) {
+    return absl::FailedPreconditionError("this session already has a fast-path queue");
+  }
+  auto memory = CreateMemfdBuffer(fastq::kQueueBytes);
+  if (!memory.ok()) return memory.status();
+  auto queue = std::make_shared<Queue>(engine_, session_id, *std::move(memory), options_.spin);
+  queue->Start();
+  const int fd = queue->fd();
+  queues_[session_id] = std::move(queue);
+  return fd;
+}
+
+void FastPath::Close(const std::string& session_id) {
+  std::shared_ptr<Queue> queue;
+  {
+    MutexLock lock(&mu_);
+    auto it = queues_.find(session_id);
+    if (it == queues_.end()) return;
+    queue = std::move(it->second);
+    queues_.erase(it);
+  }
+  queue->Stop();
+}
+
+void FastPath::Stop() {
+  std::map<std::string, std::shared_ptr<Queue>> queues;
+  {
+    MutexLock lock(&mu_);
+    stopped_ = true;
+    queues.swap(queues_);
+  }
+  for (auto& [id, queue] : queues) queue->Stop();
+}
+
+}  // namespace collectived
