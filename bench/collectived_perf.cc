@@ -48,6 +48,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -174,6 +175,10 @@ struct Config {
   bool json = false;
   bool check = true;
   std::string socket;
+  bool fast_path = true;       // --path=fast (default) or grpc
+  bool breakdown = false;      // print where fast-path op time goes
+  int64_t spin_us = -1;        // client polling before sleeping; -1: the SDK's default
+  std::vector<std::string> daemon_args;  // extra flags for a private daemon
   // Member mode (hidden flags).
   int member = -1;
   int report_fd = -1;
@@ -241,7 +246,16 @@ constexpr char kUsage[] =
     "  --check[=BOOL]     verify the result of the first (untimed) op of each size\n"
     "                     (default true)\n"
     "  --json[=BOOL]      one JSON object per row on stdout instead of the table\n"
-    "  --socket=PATH      use the daemon at PATH; empty (default): start a private one\n";
+    "  --socket=PATH      use the daemon at PATH; empty (default): start a private one\n"
+    "  --path=fast|grpc   submit ops through the shared-memory queue (default) or the\n"
+    "                     gRPC Execute stream\n"
+    "  --spin-us=N        microseconds a waiting member polls before sleeping\n"
+    "                     (default: the SDK's)\n"
+    "  --breakdown        after each row, where each member's fast-path op time went\n"
+    "                     (medians: submit->taken by the daemon, taken->started,\n"
+    "                     started->completed, completed->reaped by the member)\n"
+    "  --daemon-args=STR  extra flags for the private daemon, space separated\n"
+    "                     (e.g. \"--threads=2 --fast-path-spin-us=0\")\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
@@ -307,19 +321,21 @@ Config ParseFlags(int argc, char** argv) {
     }
     std::replace(name.begin(), name.end(), '_', '-');
     const bool is_bool = name == "json" || name == "check" || name == "nojson" ||
-                         name == "nocheck" || name == "no-json" || name == "no-check";
+                         name == "nocheck" || name == "no-json" || name == "no-check" ||
+                         name == "breakdown";
     if (is_bool) {
       bool negated = absl::StartsWith(name, "no");
       std::string base = negated ? name.substr(name[2] == '-' ? 3 : 2) : name;
       if (negated && has_value) UsageError(absl::StrCat("--", name, " takes no value"));
       std::optional<bool> b = negated ? std::optional<bool>(false) : ParseBool(value);
       if (!b) UsageError(absl::StrCat("--", name, "=", value, ": expected true or false"));
-      (base == "json" ? cfg.json : cfg.check) = *b;
+      (base == "json" ? cfg.json : base == "check" ? cfg.check : cfg.breakdown) = *b;
       continue;
     }
     static const char* const kValued[] = {"op",     "members", "dtype",  "min-bytes",
                                           "max-bytes", "step-factor", "iters", "warmup",
-                                          "socket", "member",  "report-fd", "mesh"};
+                                          "socket", "member",  "report-fd", "mesh",
+                                          "path",   "spin-us", "daemon-args"};
     if (std::none_of(std::begin(kValued), std::end(kValued),
                      [&](const char* f) { return name == f; })) {
       UsageError(absl::StrCat("unknown flag --", name));
@@ -352,6 +368,13 @@ Config ParseFlags(int argc, char** argv) {
       cfg.warmup = ParseInt(name, value, 0, 1000000);
     } else if (name == "socket") {
       cfg.socket = value;
+    } else if (name == "path") {
+      if (value != "fast" && value != "grpc") UsageError("--path must be fast or grpc");
+      cfg.fast_path = value == "fast";
+    } else if (name == "spin-us") {
+      cfg.spin_us = ParseInt(name, value, 0, 1000000);
+    } else if (name == "daemon-args") {
+      cfg.daemon_args = absl::StrSplit(value, ' ', absl::SkipEmpty());
     } else if (name == "member") {  // hidden: member mode
       cfg.member = ParseInt(name, value, 0, 4096);
     } else if (name == "report-fd") {  // hidden
@@ -622,22 +645,52 @@ OpCall MakeCall(Op op, DType dt, int n, const Row& r, const collectived::Buffer&
   return c;
 }
 
-absl::Status RunOp(collectived::Mesh& m, const OpCall& c) {
+collectived::OpFuture StartOp(collectived::Mesh& m, const OpCall& c) {
   switch (c.op) {
-    case Op::kPsum: return m.psum(c.x, "x", c.y);
-    case Op::kPmean: return m.pmean(c.x, "x", c.y);
-    case Op::kPmax: return m.pmax(c.x, "x", c.y);
-    case Op::kPmin: return m.pmin(c.x, "x", c.y);
-    case Op::kAllGather: return m.all_gather(c.x, "x", c.y, {.axis = 0, .tiled = true});
-    case Op::kPpermute: return m.ppermute(c.x, "x", c.ring, c.y);
+    case Op::kPsum: return m.psum_async(c.x, "x", c.y);
+    case Op::kPmean: return m.pmean_async(c.x, "x", c.y);
+    case Op::kPmax: return m.pmax_async(c.x, "x", c.y);
+    case Op::kPmin: return m.pmin_async(c.x, "x", c.y);
+    case Op::kAllGather: return m.all_gather_async(c.x, "x", c.y, {.axis = 0, .tiled = true});
+    case Op::kPpermute: return m.ppermute_async(c.x, "x", c.ring, c.y);
     case Op::kPsumScatter:
-      return m.psum_scatter(c.x, "x", c.y, {.scatter_dimension = 0, .tiled = true});
+      return m.psum_scatter_async(c.x, "x", c.y, {.scatter_dimension = 0, .tiled = true});
     case Op::kAllToAll:
-      return m.all_to_all(c.x, "x", {.split_axis = 0, .concat_axis = 0, .tiled = true}, c.y);
-    case Op::kBroadcast: return m.broadcast(c.x, "x", 0, c.y);
-    case Op::kBarrier: return m.barrier("x");
+      return m.all_to_all_async(c.x, "x", {.split_axis = 0, .concat_axis = 0, .tiled = true},
+                                c.y);
+    case Op::kBroadcast: return m.broadcast_async(c.x, "x", 0, c.y);
+    case Op::kBarrier: return m.barrier_async("x");
   }
-  return absl::InternalError("unknown op");
+  return collectived::OpFuture();
+}
+
+// Runs one op; with `timing`, also reports where its time went.
+absl::Status RunOp(collectived::Mesh& m, const OpCall& c,
+                   collectived::OpTiming* timing = nullptr) {
+  collectived::OpFuture f = StartOp(m, c);
+  absl::Status st = f.Wait();
+  if (timing != nullptr) *timing = f.timing();
+  return st;
+}
+
+// Medians of the fast-path phases over a row's iterations, for --breakdown.
+std::string PhaseSummary(const std::vector<collectived::OpTiming>& t) {
+  if (t.empty() || t[0].taken_ns == 0) return "not on the fast path";
+  auto median = [&](auto phase) {
+    std::vector<int64_t> v;
+    for (const auto& x : t) v.push_back(phase(x));
+    std::sort(v.begin(), v.end());
+    return static_cast<double>(v[v.size() / 2]) / 1e3;
+  };
+  using T = collectived::OpTiming;
+  return absl::StrFormat(
+      "submit->taken %.2f us, taken->started %.2f us, started->completed %.2f us, "
+      "completed->reaped %.2f us, total %.2f us",
+      median([](const T& x) { return x.taken_ns - x.submitted_ns; }),
+      median([](const T& x) { return x.started_ns - x.taken_ns; }),
+      median([](const T& x) { return x.completed_ns - x.started_ns; }),
+      median([](const T& x) { return x.reaped_ns - x.completed_ns; }),
+      median([](const T& x) { return x.reaped_ns - x.submitted_ns; }));
 }
 
 int RunMember(const Config& cfg) {
@@ -653,8 +706,11 @@ int RunMember(const Config& cfg) {
     fill_count[r.op] = std::max(fill_count[r.op], r.in_count);
   }
 
-  auto client = collectived::Client::Connect(
-      {.socket_path = cfg.socket, .client_name = absl::StrCat("perf-", n, "-", me)});
+  collectived::ClientOptions options{.socket_path = cfg.socket,
+                                     .client_name = absl::StrCat("perf-", n, "-", me)};
+  options.fast_path = cfg.fast_path;
+  if (cfg.spin_us >= 0) options.fast_path_spin = absl::Microseconds(cfg.spin_us);
+  auto client = collectived::Client::Connect(options);
   if (!client.ok()) return MemberFail(fd, absl::StrCat("connect: ", client.status().ToString()));
   auto mesh = (*client)->JoinMesh({.name = cfg.mesh,
                                    .axes = {{"x", n}},
@@ -703,13 +759,18 @@ int RunMember(const Config& cfg) {
       absl::Status st = RunOp(m, call);
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), " (warmup): ", st.ToString()));
     }
+    std::vector<collectived::OpTiming> phases(cfg.breakdown ? cfg.iters : 0);
     for (int it = 0; it < cfg.iters; ++it) {
       const Clock::time_point t0 = Clock::now();
-      absl::Status st = RunOp(m, call);
+      absl::Status st = RunOp(m, call, cfg.breakdown ? &phases[static_cast<size_t>(it)] : nullptr);
       const Clock::time_point t1 = Clock::now();
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
       times[static_cast<size_t>(it)] =
           std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+    }
+    if (cfg.breakdown &&
+        !WriteAll(fd, absl::StrCat("PHASES ", ri, " ", PhaseSummary(phases), "\n"))) {
+      return 1;
     }
     if (!WriteAll(fd, absl::StrCat("ROW ", ri, " ", check, " ", absl::StrJoin(times, " "), "\n"))) {
       return 1;
@@ -813,7 +874,8 @@ bool WaitFor(pid_t pid, absl::Duration timeout, int* status) {
 // A collectived started (and stopped) by this benchmark.
 class OwnDaemon {
  public:
-  static absl::StatusOr<std::unique_ptr<OwnDaemon>> Start() {
+  static absl::StatusOr<std::unique_ptr<OwnDaemon>> Start(
+      const std::vector<std::string>& extra_args) {
     std::unique_ptr<OwnDaemon> d(new OwnDaemon());
     d->binary_ = FindDaemon();
     if (d->binary_.empty()) {
@@ -836,6 +898,7 @@ class OwnDaemon {
       return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", d->socket_));
     }
     std::vector<std::string> argv = {d->binary_, "--socket=" + d->socket_, "--log_level=warn"};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
@@ -1033,6 +1096,7 @@ struct Member {
   size_t rows_received = 0;
   std::vector<std::vector<int64_t>> times;  // per row
   std::vector<std::string> checks;          // per row
+  std::vector<std::string> phases;          // per row, with --breakdown
   int status = 0;
   bool reaped = false;
 };
@@ -1090,7 +1154,11 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
         absl::StrCat("--iters=", cfg.iters),
         absl::StrCat("--warmup=", cfg.warmup),
         absl::StrCat("--check=", cfg.check ? "true" : "false"),
+        absl::StrCat("--path=", cfg.fast_path ? "fast" : "grpc"),
+        absl::StrCat("--breakdown=", cfg.breakdown ? "true" : "false"),
+        absl::StrCat("--spin-us=", cfg.spin_us < 0 ? std::string("") : absl::StrCat(cfg.spin_us)),
     };
+    if (cfg.spin_us < 0) argv.pop_back();
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
@@ -1121,6 +1189,7 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
     m.output_fd = outp[0];
     m.times.resize(rows.size());
     m.checks.resize(rows.size());
+    m.phases.resize(rows.size());
   }
 
   size_t next_row = 0;
@@ -1149,6 +1218,11 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
     std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
     size_t row = 0;
     if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &row) && row < rows.size()) {
+      if (parts[0] == "PHASES") {
+        size_t skip = parts[0].size() + 1 + parts[1].size() + 1;
+        m.phases[row] = std::string(line.size() > skip ? line.substr(skip) : absl::string_view());
+        return;
+      }
       if (parts[0] == "CHECKFAIL") {
         size_t skip = parts[0].size() + 1 + parts[1].size() + 1;
         const Row& r = rows[row];
@@ -1188,6 +1262,12 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
       RowResult res = Summarize(rows[next_row], n, times, checks);
       if (res.check == "fail") ++*check_failures;
       printer.PrintRow(rows[next_row], n, res);
+      if (cfg.breakdown && !cfg.json) {
+        for (size_t i = 0; i < members.size(); ++i) {
+          std::printf("#   member %zu: %s\n", i, members[i].phases[next_row].c_str());
+        }
+        std::fflush(stdout);
+      }
       ++next_row;
     }
     for (const std::string& msg : check_messages) {
@@ -1338,7 +1418,7 @@ int RunParent(const Config& cfg) {
   std::unique_ptr<OwnDaemon> daemon;
   std::string socket = cfg.socket, daemon_desc;
   if (socket.empty()) {
-    auto d = OwnDaemon::Start();
+    auto d = OwnDaemon::Start(cfg.daemon_args);
     if (!d.ok()) {
       std::fprintf(stderr, "collectived_perf: cannot start a daemon: %s\n",
                    d.status().ToString().c_str());
