@@ -53,8 +53,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include <grpcpp/grpcpp.h>
+
 #include "collectived/client.h"
 #include "collectived/dtype.h"
+#include "collectived/v1/collective.grpc.pb.h"
 
 namespace {
 
@@ -75,6 +78,9 @@ enum class Op {
   kAllToAll,
   kBroadcast,
   kBarrier,
+  // Not a collective: one Write and one Read on a gRPC bidi stream to a bare
+  // server in this benchmark that answers at once (the floor of the gRPC path).
+  kGrpcEcho,
 };
 
 constexpr Op kAllOps[] = {Op::kPsum,        Op::kPmean,    Op::kPmax,      Op::kPmin,
@@ -93,6 +99,7 @@ const char* OpName(Op op) {
     case Op::kAllToAll: return "all_to_all";
     case Op::kBroadcast: return "broadcast";
     case Op::kBarrier: return "barrier";
+    case Op::kGrpcEcho: return "grpc_echo";
   }
   return "?";
 }
@@ -101,8 +108,12 @@ std::optional<Op> OpFromName(absl::string_view name) {
   for (Op op : kAllOps) {
     if (name == OpName(op)) return op;
   }
+  if (name == OpName(Op::kGrpcEcho)) return Op::kGrpcEcho;
   return std::nullopt;
 }
+
+// Ops with a single row of size 0.
+bool Sizeless(Op op) { return op == Op::kBarrier || op == Op::kGrpcEcho; }
 
 bool IsReduction(Op op) {
   return op == Op::kPsum || op == Op::kPmean || op == Op::kPmax || op == Op::kPmin;
@@ -129,6 +140,7 @@ double BusFactor(Op op, int n) {
     case Op::kPpermute:
       return 1.0;
     case Op::kBarrier:
+    case Op::kGrpcEcho:
       return 0.0;
   }
   return 0.0;
@@ -179,6 +191,7 @@ struct Config {
   bool breakdown = false;      // print where fast-path op time goes
   int64_t spin_us = -1;        // client polling before sleeping; -1: the SDK's default
   std::vector<std::string> daemon_args;  // extra flags for a private daemon
+  std::string echo_socket;     // grpc_echo: the parent's echo server
   // Member mode (hidden flags).
   int member = -1;
   int report_fd = -1;
@@ -191,7 +204,7 @@ std::vector<Row> PlanRows(const Config& cfg, int n) {
   for (Op op : cfg.ops) {
     const DType out_dt = OutDType(op, cfg.dtype);
     const int64_t out_es = static_cast<int64_t>(collectived::DTypeSize(out_dt));
-    if (op == Op::kBarrier) {
+    if (Sizeless(op)) {
       rows.push_back(Row{op});
       continue;
     }
@@ -234,7 +247,9 @@ constexpr char kUsage[] =
     "usage: collectived_perf [flags]\n"
     "  --op=NAME          psum (default), pmean, pmax, pmin, all_gather, ppermute,\n"
     "                     psum_scatter, all_to_all, broadcast, barrier, or all;\n"
-    "                     a comma list is accepted too\n"
+    "                     a comma list is accepted too; grpc_echo (not in all) times\n"
+    "                     a bare gRPC bidi-stream round trip to a server in the\n"
+    "                     benchmark that answers at once\n"
     "  --members=N[,M..]  member processes (default 2)\n"
     "  --dtype=NAME       float32 (default), float64, float16, bfloat16, int8, uint8,\n"
     "                     int32, uint32, int64, uint64, bool\n"
@@ -335,7 +350,7 @@ Config ParseFlags(int argc, char** argv) {
     static const char* const kValued[] = {"op",     "members", "dtype",  "min-bytes",
                                           "max-bytes", "step-factor", "iters", "warmup",
                                           "socket", "member",  "report-fd", "mesh",
-                                          "path",   "spin-us", "daemon-args"};
+                                          "path",   "spin-us", "daemon-args", "echo-socket"};
     if (std::none_of(std::begin(kValued), std::end(kValued),
                      [&](const char* f) { return name == f; })) {
       UsageError(absl::StrCat("unknown flag --", name));
@@ -375,6 +390,8 @@ Config ParseFlags(int argc, char** argv) {
       cfg.spin_us = ParseInt(name, value, 0, 1000000);
     } else if (name == "daemon-args") {
       cfg.daemon_args = absl::StrSplit(value, ' ', absl::SkipEmpty());
+    } else if (name == "echo-socket") {  // hidden
+      cfg.echo_socket = value;
     } else if (name == "member") {  // hidden: member mode
       cfg.member = ParseInt(name, value, 0, 4096);
     } else if (name == "report-fd") {  // hidden
@@ -570,6 +587,7 @@ double Expected(Op op, DType dt, int n, int me, const Row& r, int64_t k) {
     case Op::kBroadcast:
       return static_cast<double>(MoveVal(dt, 0, k));
     case Op::kBarrier:
+    case Op::kGrpcEcho:
       break;
   }
   return 0;
@@ -660,6 +678,7 @@ collectived::OpFuture StartOp(collectived::Mesh& m, const OpCall& c) {
                                 c.y);
     case Op::kBroadcast: return m.broadcast_async(c.x, "x", 0, c.y);
     case Op::kBarrier: return m.barrier_async("x");
+    case Op::kGrpcEcho: break;  // see EchoClient
   }
   return collectived::OpFuture();
 }
@@ -691,6 +710,56 @@ std::string PhaseSummary(const std::vector<collectived::OpTiming>& t) {
       median([](const T& x) { return x.completed_ns - x.started_ns; }),
       median([](const T& x) { return x.reaped_ns - x.completed_ns; }),
       median([](const T& x) { return x.reaped_ns - x.submitted_ns; }));
+}
+
+// The member's end of grpc_echo: a bidi stream to the parent's echo server,
+// carrying the same messages as the SDK's Execute stream.
+class EchoClient {
+ public:
+  absl::Status Open(const std::string& socket, const collectived::v1::OpSpec& spec) {
+    channel_ = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+    stub_ = collectived::v1::Collective::NewStub(channel_);
+    stream_ = stub_->Execute(&ctx_);
+    *request_.mutable_op() = spec;
+    return RoundTrip();
+  }
+  absl::Status RoundTrip() {
+    request_.set_tag(request_.tag() + 1);
+    if (!stream_->Write(request_) || !stream_->Read(&result_)) {
+      return absl::UnavailableError("echo stream broke");
+    }
+    return result_.tag() == request_.tag() ? absl::OkStatus()
+                                           : absl::InternalError("echo answered another tag");
+  }
+  ~EchoClient() {
+    if (stream_) {
+      stream_->WritesDone();
+      stream_->Finish().IgnoreError();
+    }
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<collectived::v1::Collective::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<collectived::v1::OpRequest, collectived::v1::OpResult>>
+      stream_;
+  collectived::v1::OpRequest request_;
+  collectived::v1::OpResult result_;
+};
+
+// A psum OpSpec like the SDK sends, so the echo carries a realistic message.
+collectived::v1::OpSpec EchoSpec(const std::string& mesh_id, const collectived::Buffer& in,
+                                 const collectived::Buffer& out) {
+  collectived::v1::OpSpec spec;
+  spec.set_mesh_id(mesh_id);
+  spec.set_kind(collectived::v1::PSUM);
+  spec.add_axes("x");
+  spec.set_dtype(collectived::v1::FLOAT32);
+  spec.add_shape(2);
+  spec.mutable_input()->set_buffer_id(in.id());
+  spec.mutable_output()->set_buffer_id(out.id());
+  return spec;
 }
 
 int RunMember(const Config& cfg) {
@@ -726,6 +795,13 @@ int RunMember(const Config& cfg) {
   if (!out.ok()) {
     return MemberFail(fd, absl::StrCat("allocate ", max_out, " B: ", out.status().ToString()));
   }
+  std::unique_ptr<EchoClient> echo;
+  if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
+    echo = std::make_unique<EchoClient>();
+    if (absl::Status st = echo->Open(cfg.echo_socket, EchoSpec(m.id(), *in, *out)); !st.ok()) {
+      return MemberFail(fd, absl::StrCat("grpc_echo: ", st.ToString()));
+    }
+  }
   if (!WriteAll(fd, "READY\n")) return 1;
 
   using Clock = std::chrono::steady_clock;
@@ -734,16 +810,16 @@ int RunMember(const Config& cfg) {
   for (size_t ri = 0; ri < rows.size(); ++ri) {
     const Row& r = rows[ri];
     auto where = [&] {
-      return r.op == Op::kBarrier ? std::string("barrier")
+      return Sizeless(r.op) ? std::string(OpName(r.op))
                                   : absl::StrCat(OpName(r.op), " ", r.bytes, " B");
     };
-    if (filled != r.op && r.op != Op::kBarrier) {
+    if (filled != r.op && !Sizeless(r.op)) {
       FillInput(r.op, cfg.dtype, me, in->data(), fill_count[r.op]);
       filled = r.op;
     }
     const OpCall call = MakeCall(r.op, cfg.dtype, n, r, *in, *out);
     std::string check = "skipped";
-    if (cfg.check && r.op != Op::kBarrier) {
+    if (cfg.check && !Sizeless(r.op)) {
       std::memset(out->data(), 0xA5, r.out_bytes);
       absl::Status st = RunOp(m, call);
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
@@ -755,14 +831,17 @@ int RunMember(const Config& cfg) {
     if (absl::Status st = m.barrier("x"); !st.ok()) {
       return MemberFail(fd, absl::StrCat(where(), ": barrier: ", st.ToString()));
     }
+    auto run = [&](collectived::OpTiming* timing) {
+      return r.op == Op::kGrpcEcho ? echo->RoundTrip() : RunOp(m, call, timing);
+    };
     for (int w = 0; w < cfg.warmup; ++w) {
-      absl::Status st = RunOp(m, call);
+      absl::Status st = run(nullptr);
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), " (warmup): ", st.ToString()));
     }
     std::vector<collectived::OpTiming> phases(cfg.breakdown ? cfg.iters : 0);
     for (int it = 0; it < cfg.iters; ++it) {
       const Clock::time_point t0 = Clock::now();
-      absl::Status st = RunOp(m, call, cfg.breakdown ? &phases[static_cast<size_t>(it)] : nullptr);
+      absl::Status st = run(cfg.breakdown ? &phases[static_cast<size_t>(it)] : nullptr);
       const Clock::time_point t1 = Clock::now();
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
       times[static_cast<size_t>(it)] =
@@ -1038,12 +1117,12 @@ class Printer {
       Header(r.op, n);
     }
     const std::string type =
-        r.op == Op::kBarrier ? "-" : std::string(collectived::DTypeName(cfg_.dtype));
+        Sizeless(r.op) ? "-" : std::string(collectived::DTypeName(cfg_.dtype));
     std::printf("%12" PRId64 " %12" PRId64 " %9s %13.2f %13.2f %12.3f %12.3f %7s\n", r.bytes,
                 r.count, type.c_str(), res.med_us,
                 res.min_us, res.algbw, res.busbw, res.check.c_str());
     std::fflush(stdout);
-    if (r.op != Op::kBarrier) {
+    if (!Sizeless(r.op)) {
       busbw_sum_ += res.busbw;
       ++rows_;
     }
@@ -1156,6 +1235,7 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
         absl::StrCat("--check=", cfg.check ? "true" : "false"),
         absl::StrCat("--path=", cfg.fast_path ? "fast" : "grpc"),
         absl::StrCat("--breakdown=", cfg.breakdown ? "true" : "false"),
+        "--echo-socket=" + cfg.echo_socket,
         absl::StrCat("--spin-us=", cfg.spin_us < 0 ? std::string("") : absl::StrCat(cfg.spin_us)),
     };
     if (cfg.spin_us < 0) argv.pop_back();
@@ -1407,7 +1487,86 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
   return 1;
 }
 
-int RunParent(const Config& cfg) {
+// grpc_echo's server: answers each OpRequest of an Execute stream at once
+// with an OpResult of the same tag. No engine, no daemon: the round trip
+// of the gRPC path without its work.
+class EchoService final : public collectived::v1::Collective::CallbackService {
+  class Reactor final : public grpc::ServerBidiReactor<collectived::v1::OpRequest,
+                                                       collectived::v1::OpResult> {
+   public:
+    Reactor() { StartRead(&request_); }
+    void OnReadDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      result_.set_tag(request_.tag());
+      StartWrite(&result_);
+    }
+    void OnWriteDone(bool ok) override {
+      if (!ok) {
+        Finish(grpc::Status::OK);
+        return;
+      }
+      StartRead(&request_);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    collectived::v1::OpRequest request_;
+    collectived::v1::OpResult result_;
+  };
+
+ public:
+  grpc::ServerBidiReactor<collectived::v1::OpRequest, collectived::v1::OpResult>* Execute(
+      grpc::CallbackServerContext*) override {
+    return new Reactor();
+  }
+};
+
+struct EchoServer {
+  std::string dir, socket;
+  EchoService service;
+  std::unique_ptr<grpc::Server> server;
+  ~EchoServer() {
+    if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (!socket.empty()) unlink(socket.c_str());
+    if (!dir.empty()) rmdir(dir.c_str());
+  }
+};
+
+absl::StatusOr<std::unique_ptr<EchoServer>> StartEchoServer() {
+  auto e = std::make_unique<EchoServer>();
+  const char* tmp = getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/collectived-echo-XXXXXX");
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp ", tmpl, ": ", strerror(errno)));
+  }
+  e->dir = buf.data();
+  e->socket = e->dir + "/echo.sock";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + e->socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&e->service);
+  e->server = builder.BuildAndStart();
+  if (!e->server) return absl::UnavailableError(absl::StrCat("cannot listen on ", e->socket));
+  return e;
+}
+
+int RunParent(const Config& flags) {
+  Config cfg = flags;
+  std::unique_ptr<EchoServer> echo;
+  if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
+    auto e = StartEchoServer();
+    if (!e.ok()) {
+      std::fprintf(stderr, "collectived_perf: grpc_echo: %s\n", e.status().ToString().c_str());
+      return 1;
+    }
+    echo = *std::move(e);
+    cfg.echo_socket = echo->socket;
+  }
+
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
