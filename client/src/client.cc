@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <map>
 #include <thread>
 
@@ -364,6 +365,8 @@ class ClientImpl {
     auto reply = SideRequest(absl::StrCat("ATTACH ", session_id_, " ", resp.attach_token()));
     if (!reply.ok()) return reply.status();
     if (reply->fd >= 0) close(reply->fd);
+    const char* env = getenv("COLLECTIVED_FAST_PATH");
+    if (env != nullptr && std::string(env) == "0") options_.fast_path = false;
     if (options_.fast_path) return OpenQueue();
     return absl::OkStatus();
   }

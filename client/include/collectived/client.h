@@ -58,6 +58,7 @@ struct ClientOptions {
   // Submit ops through the session's shared-memory queue (no gRPC round trip
   // per op; see DESIGN "fast path"). False, or a daemon without a fast path:
   // ops go over the gRPC Execute stream. Results and errors are the same.
+  // COLLECTIVED_FAST_PATH=0 in the environment turns it off for every client.
   bool fast_path = true;
   // How long a thread waiting for a fast-path op polls before it sleeps on
   // the queue's futex. Polling costs a core; sleeping costs a wake-up (a few
