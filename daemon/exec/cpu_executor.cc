@@ -6,6 +6,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "daemon/exec/reduce.h"
+#include "daemon/exec/stream_copy.h"
 
 namespace collectived {
 namespace {
@@ -102,6 +103,11 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
   }
 }
 
+bool CpuExecutor::Streams(const OpPlan& plan) const {
+  const size_t members = plan.groups.size() * static_cast<size_t>(plan.group_size);
+  return (plan.in_bytes + plan.out_bytes) * members >= options_.stream_bytes;
+}
+
 void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n,
                               const std::function<void(size_t)>& fn) {
   const size_t members = plan.groups.size() * static_cast<size_t>(plan.group_size);
@@ -121,15 +127,20 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   const size_t chunks = (count + chunk - 1) / chunk;
   const ReduceKind kind = ToReduceKind(plan.kind);
   const int n = plan.group_size;
+  const bool stream = Streams(plan);
+  // Each chunk of the inputs is read once; its result goes to every member's
+  // output from L1 (see ReduceTo).
   ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {
     const auto& group = plan.groups[task / chunks];
     const size_t begin = (task % chunks) * chunk;
     const size_t len = std::min(chunk, count - begin);
     absl::InlinedVector<const void*, 16> inputs(n);
-    for (int i = 0; i < n; ++i) inputs[i] = io[group[i]].in + begin * in_es;
-    uint8_t* first = io[group[0]].out + begin * out_es;
-    Reduce(kind, plan.dtype, inputs.data(), n, first, len);
-    for (int i = 1; i < n; ++i) Copy(io[group[i]].out + begin * out_es, first, len * out_es);
+    absl::InlinedVector<void*, 16> outputs(n);
+    for (int i = 0; i < n; ++i) {
+      inputs[i] = io[group[i]].in + begin * in_es;
+      outputs[i] = io[group[i]].out + begin * out_es;
+    }
+    ReduceTo(kind, plan.dtype, inputs.data(), n, outputs.data(), n, len, stream);
   });
 }
 
@@ -139,15 +150,35 @@ void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io)
   const size_t outer = static_cast<size_t>(Product(plan.in_shape, 0, plan.axis));
   const size_t inner_bytes = plan.in_bytes / outer;
   const int n = plan.group_size;
-  const size_t pairs = static_cast<size_t>(n) * n;
-  ParallelFor(plan, plan.groups.size() * pairs, [&](size_t task) {
-    const auto& group = plan.groups[task / pairs];
-    const int dst = static_cast<int>((task % pairs) / n);
-    const int src = static_cast<int>(task % n);
-    uint8_t* out = io[group[dst]].out;
+  const bool stream = Streams(plan);
+  // Tasks: one source member's input, a chunk of its bytes at a time, copied
+  // to every member of its group in blocks small enough to stay in L1, so
+  // each input byte is read from memory once.
+  const size_t chunks = (plan.in_bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
+  const size_t per_group = static_cast<size_t>(n) * chunks;
+  constexpr size_t kCopyBlock = 16 * 1024;
+  ParallelFor(plan, plan.groups.size() * per_group, [&](size_t task) {
+    const auto& group = plan.groups[task / per_group];
+    const int src = static_cast<int>((task % per_group) / chunks);
+    const size_t begin = (task % chunks) * options_.chunk_bytes;
+    const size_t end = std::min(plan.in_bytes, begin + options_.chunk_bytes);
     const uint8_t* in = io[group[src]].in;
-    for (size_t o = 0; o < outer; ++o) {
-      Copy(out + (o * n + src) * inner_bytes, in + o * inner_bytes, inner_bytes);
+    for (size_t pos = begin; pos < end;) {
+      // A run of the input that stays within one row o of [outer, inner].
+      const size_t o = pos / inner_bytes;
+      const size_t off = pos % inner_bytes;
+      const size_t len = std::min({end - pos, inner_bytes - off, kCopyBlock});
+      const size_t out_pos = (o * n + src) * inner_bytes + off;
+      for (int dst = 0; dst < n; ++dst) {
+        uint8_t* out = io[group[dst]].out + out_pos;
+        if (out == in + pos) continue;  // one member, in place
+        if (stream) {
+          StreamCopy(out, in + pos, len);
+        } else {
+          Copy(out, in + pos, len);
+        }
+      }
+      pos += len;
     }
   });
 }

@@ -51,8 +51,15 @@ v1::OpSpec Kind(v1::OpKind k, std::vector<int64_t> shape) {
   return op;
 }
 
-// Small chunks so that every op crosses many work items.
-CpuExecutor Executor() { return CpuExecutor({.threads = 3, .chunk_bytes = 64}); }
+// Small chunks so that every op crosses many work items, on the pool (no
+// serial shortcut for small ops).
+CpuExecutor Executor() {
+  return CpuExecutor({.threads = 3, .chunk_bytes = 64, .serial_bytes = 0});
+}
+// The same, writing every result with streaming stores.
+CpuExecutor StreamingExecutor() {
+  return CpuExecutor({.threads = 3, .chunk_bytes = 64, .serial_bytes = 0, .stream_bytes = 0});
+}
 
 TEST(CpuExecutorTest, PsumInPlaceAcrossChunks) {
   const int n = 3;
@@ -63,6 +70,42 @@ TEST(CpuExecutorTest, PsumInPlaceAcrossChunks) {
   auto ex = Executor();
   ASSERT_TRUE(ex.Run(Plan(Kind(v1::PSUM, {count}), n), m.io(true)).ok());
   for (int i = 0; i < n; ++i) EXPECT_EQ(m.in[i], expected) << "member " << i;
+}
+
+TEST(CpuExecutorTest, StreamingPsumInPlaceAndOutOfPlaceUnaligned) {
+  const int n = 3;
+  const int64_t count = 1001;  // not a multiple of any vector width
+  Members m = Make(n, count, count + 1);
+  std::vector<int32_t> expected(count);
+  for (int64_t e = 0; e < count; ++e) expected[e] = m.in[0][e] + m.in[1][e] + m.in[2][e];
+  auto ex = StreamingExecutor();
+  // Out of place, each output starting 4 bytes past a 16-byte boundary or
+  // wherever the vector put it: head, body and tail of StreamCopy.
+  auto io = m.io(false);
+  for (auto& x : io) x.out += sizeof(int32_t);
+  ASSERT_TRUE(ex.Run(Plan(Kind(v1::PSUM, {count}), n), io).ok());
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(m.out[i][0], -7) << "member " << i << ": wrote before its output";
+    EXPECT_EQ(std::vector<int32_t>(m.out[i].begin() + 1, m.out[i].end()), expected)
+        << "member " << i;
+  }
+  ASSERT_TRUE(ex.Run(Plan(Kind(v1::PSUM, {count}), n), m.io(true)).ok());
+  for (int i = 0; i < n; ++i) EXPECT_EQ(m.in[i], expected) << "member " << i;
+}
+
+TEST(CpuExecutorTest, StreamingAllGatherAlongInnerAxis) {
+  const int n = 3;
+  const int rows = 5, cols = 37;  // rows of 148 bytes: runs cross the chunks
+  Members m = Make(n, rows * cols, rows * n * cols);
+  auto op = Kind(v1::ALL_GATHER, {rows, cols});
+  op.mutable_all_gather()->set_axis(1);
+  auto ex = StreamingExecutor();
+  ASSERT_TRUE(ex.Run(Plan(op, n), m.io(false)).ok());
+  std::vector<int32_t> expected;
+  for (int row = 0; row < rows; ++row)
+    for (int src = 0; src < n; ++src)
+      for (int col = 0; col < cols; ++col) expected.push_back(m.in[src][row * cols + col]);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(m.out[i], expected) << "member " << i;
 }
 
 TEST(CpuExecutorTest, PpermuteInPlaceRingIsStaged) {

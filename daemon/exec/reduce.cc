@@ -4,10 +4,12 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "daemon/exec/dtype.h"
+#include "daemon/exec/stream_copy.h"
 
 // How the kernels are built: an "element codec" says how an input element
 // becomes an accumulator value (Load) and how the accumulator becomes an
@@ -34,6 +36,14 @@ namespace {
 // 1024 accumulators are at most 8 KiB: they stay in L1 while the inputs
 // stream past.
 constexpr size_t kBlock = 1024;
+
+// Where Run writes each result block: `count` outputs, through the cache or
+// with streaming stores.
+struct Outs {
+  void* const* ptrs;
+  int count;
+  bool stream;
+};
 
 // ---------------------------------------------------------------------------
 // Branch-free (vectorizable) copies of the conversions in dtype.cc. They give
@@ -353,7 +363,7 @@ void StoreAll(Codec codec, const typename Codec::Acc* __restrict acc,
 }
 
 template <typename Codec, typename Combiner>
-void Run(Codec codec, Combiner op, const void* const* inputs, int n, void* out,
+void Run(Codec codec, Combiner op, const void* const* inputs, int n, const Outs& out,
          size_t count) {
   using In = typename Codec::In;
   using Acc = typename Codec::Acc;
@@ -377,7 +387,22 @@ void Run(Codec codec, Combiner op, const void* const* inputs, int n, void* out,
     for (int k = 2; k < n; ++k) {
       Accumulate(codec, op, static_cast<const In*>(inputs[k]) + base, acc, len);
     }
-    StoreAll(codec, acc, static_cast<Out*>(out) + base, len);
+    if (out.count == 1 && !out.stream) {
+      StoreAll(codec, acc, static_cast<Out*>(out.ptrs[0]) + base, len);
+      continue;
+    }
+    // Several outputs (or streaming stores): convert once into a block in
+    // L1, then copy that to each output.
+    alignas(64) Out result[kBlock];
+    StoreAll(codec, acc, result, len);
+    for (int k = 0; k < out.count; ++k) {
+      Out* dst = static_cast<Out*>(out.ptrs[k]) + base;
+      if (out.stream) {
+        StreamCopy(dst, result, len * sizeof(Out));
+      } else {
+        std::memcpy(dst, result, len * sizeof(Out));
+      }
+    }
   }
 }
 
@@ -385,7 +410,7 @@ void Run(Codec codec, Combiner op, const void* const* inputs, int n, void* out,
 // Dispatch on kind, per dtype family.
 
 template <typename T>
-void ReduceInt(ReduceKind kind, const void* const* inputs, int n, void* out,
+void ReduceInt(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
                size_t count) {
   using U = std::make_unsigned_t<T>;
   using R = std::conditional_t<sizeof(T) == 8, double, float>;
@@ -403,7 +428,7 @@ void ReduceInt(ReduceKind kind, const void* const* inputs, int n, void* out,
 }
 
 template <typename T>
-void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, void* out,
+void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
                  size_t count) {
   switch (kind) {
     case ReduceKind::kSum:
@@ -423,7 +448,7 @@ void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, void* out,
 // addition) for float16, Add (float32, rounded once) for bfloat16.
 // `mean_scale` is the reciprocal 1/n the mean multiplies by, as a float.
 template <typename Format, typename SumOp>
-void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, void* out,
+void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
                    size_t count, float mean_scale) {
   switch (kind) {
     case ReduceKind::kSum:
@@ -438,7 +463,7 @@ void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, void* out,
   }
 }
 
-void ReduceBool(ReduceKind kind, const void* const* inputs, int n, void* out,
+void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
                 size_t count) {
   switch (kind) {
     case ReduceKind::kSum:
@@ -475,7 +500,13 @@ DType ReduceResultDType(ReduceKind kind, DType dt) {
 
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
             void* out, size_t count) {
-  if (n < 1 || count == 0) return;
+  ReduceTo(kind, dt, inputs, n, &out, 1, count, /*stream=*/false);
+}
+
+void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
+              void* const* outs, int num_outs, size_t count, bool stream) {
+  if (n < 1 || num_outs < 1 || count == 0) return;
+  const Outs out{outs, num_outs, stream};
   switch (dt) {
     case DType::kF32:
       return ReduceFloat<float>(kind, inputs, n, out, count);

@@ -67,6 +67,14 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
             void* out, size_t count);
 
+// Reduce, writing the result to each of `outs[0..num_outs)` (each may be
+// exactly one of the inputs, as `out` above; they must not otherwise overlap
+// each other or the inputs). The inputs are read once: the result is
+// computed a block at a time in L1 and copied out. With `stream`, outputs are
+// written with non-temporal stores (see stream_copy.h).
+void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
+              void* const* outs, int num_outs, size_t count, bool stream);
+
 }  // namespace collectived
 
 #endif  // COLLECTIVED_DAEMON_EXEC_REDUCE_H_
