@@ -683,18 +683,35 @@ collectived::OpFuture StartOp(collectived::Mesh& m, const OpCall& c) {
   return collectived::OpFuture();
 }
 
-// Runs one op; with `timing`, also reports where its time went.
-absl::Status RunOp(collectived::Mesh& m, const OpCall& c,
-                   collectived::OpTiming* timing = nullptr) {
+// Where a fast-path op's time went and what memory it moved.
+struct Profile {
+  collectived::OpTiming timing;
+  collectived::OpTraffic traffic;
+};
+
+// Runs one op; with `profile`, also reports its profile.
+absl::Status RunOp(collectived::Mesh& m, const OpCall& c, Profile* profile = nullptr) {
   collectived::OpFuture f = StartOp(m, c);
   absl::Status st = f.Wait();
-  if (timing != nullptr) *timing = f.timing();
+  if (profile != nullptr) *profile = Profile{f.timing(), f.traffic()};
   return st;
 }
 
+// What the executor moved for one op (all members), against the minimum.
+std::string TrafficSummary(const collectived::OpTraffic& t) {
+  if (t.bytes_required == 0) return "";
+  return absl::StrFormat("; moved %d B read + %d B written = %.2fx the minimum %d B",
+                         t.bytes_read, t.bytes_written,
+                         static_cast<double>(t.bytes_read + t.bytes_written) /
+                             static_cast<double>(t.bytes_required),
+                         t.bytes_required);
+}
+
 // Medians of the fast-path phases over a row's iterations, for --breakdown.
-std::string PhaseSummary(const std::vector<collectived::OpTiming>& t) {
-  if (t.empty() || t[0].taken_ns == 0) return "not on the fast path";
+std::string PhaseSummary(const std::vector<Profile>& p) {
+  if (p.empty() || p[0].timing.taken_ns == 0) return "not on the fast path";
+  std::vector<collectived::OpTiming> t;
+  for (const Profile& x : p) t.push_back(x.timing);
   auto median = [&](auto phase) {
     std::vector<int64_t> v;
     for (const auto& x : t) v.push_back(phase(x));
@@ -709,7 +726,8 @@ std::string PhaseSummary(const std::vector<collectived::OpTiming>& t) {
       median([](const T& x) { return x.started_ns - x.taken_ns; }),
       median([](const T& x) { return x.completed_ns - x.started_ns; }),
       median([](const T& x) { return x.reaped_ns - x.completed_ns; }),
-      median([](const T& x) { return x.reaped_ns - x.submitted_ns; }));
+      median([](const T& x) { return x.reaped_ns - x.submitted_ns; })) +
+         TrafficSummary(p.back().traffic);
 }
 
 // The member's end of grpc_echo: a bidi stream to the parent's echo server,
@@ -831,14 +849,14 @@ int RunMember(const Config& cfg) {
     if (absl::Status st = m.barrier("x"); !st.ok()) {
       return MemberFail(fd, absl::StrCat(where(), ": barrier: ", st.ToString()));
     }
-    auto run = [&](collectived::OpTiming* timing) {
-      return r.op == Op::kGrpcEcho ? echo->RoundTrip() : RunOp(m, call, timing);
+    auto run = [&](Profile* profile) {
+      return r.op == Op::kGrpcEcho ? echo->RoundTrip() : RunOp(m, call, profile);
     };
     for (int w = 0; w < cfg.warmup; ++w) {
       absl::Status st = run(nullptr);
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), " (warmup): ", st.ToString()));
     }
-    std::vector<collectived::OpTiming> phases(cfg.breakdown ? cfg.iters : 0);
+    std::vector<Profile> phases(cfg.breakdown ? cfg.iters : 0);
     for (int it = 0; it < cfg.iters; ++it) {
       const Clock::time_point t0 = Clock::now();
       absl::Status st = run(cfg.breakdown ? &phases[static_cast<size_t>(it)] : nullptr);

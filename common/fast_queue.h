@@ -89,8 +89,11 @@ struct CqEntry {
   int64_t taken_ns;    // the daemon's queue thread took the entry
   int64_t started_ns;  // the op began executing (0 if it never did)
   int64_t done_ns;     // the daemon published this completion
+  int64_t bytes_read;      // memory the executor moved for the op, all members
+  int64_t bytes_written;
+  int64_t bytes_required;  // the least the op needs
   int64_t out_shape[kMaxRank];
-  char msg[kCqSlotBytes - 56 - 8 * kMaxRank];
+  char msg[kCqSlotBytes - 80 - 8 * kMaxRank];
 };
 
 static_assert(sizeof(Header) <= 4096);

@@ -89,6 +89,14 @@ class OpState {
     MutexLock lock(&mu_);
     return timing_;
   }
+  void SetTraffic(const OpTraffic& t) {
+    MutexLock lock(&mu_);
+    traffic_ = t;
+  }
+  OpTraffic traffic() {
+    MutexLock lock(&mu_);
+    return traffic_;
+  }
   int64_t sequence() {
     MutexLock lock(&mu_);
     return sequence_;
@@ -113,6 +121,7 @@ class OpState {
   std::vector<int64_t> out_shape_ ABSL_GUARDED_BY(mu_);
   DType out_dtype_ ABSL_GUARDED_BY(mu_) = DType::kInvalid;
   OpTiming timing_ ABSL_GUARDED_BY(mu_);
+  OpTraffic traffic_ ABSL_GUARDED_BY(mu_);
 };
 
 // The client's half of a session's fast-path queue (common/fast_queue.h).
@@ -231,6 +240,7 @@ class FastQueue {
           t.completed_ns = c.done_ns;
           t.reaped_ns = fastq::MonotonicNs();
           it->second->SetTiming(t);
+          it->second->SetTraffic(OpTraffic{c.bytes_read, c.bytes_written, c.bytes_required});
           it->second->Complete(absl::Status(static_cast<absl::StatusCode>(c.code),
                                             absl::string_view(c.msg, len)),
                                c.sequence, std::vector<int64_t>(c.out_shape, c.out_shape + rank),
@@ -330,6 +340,7 @@ std::vector<int64_t> OpFuture::out_shape() const {
 }
 DType OpFuture::out_dtype() const { return state_ ? state_->out_dtype() : DType::kInvalid; }
 OpTiming OpFuture::timing() const { return state_ ? state_->timing() : OpTiming{}; }
+OpTraffic OpFuture::traffic() const { return state_ ? state_->traffic() : OpTraffic{}; }
 
 // ---------------------------------------------------------------------------
 // ClientImpl

@@ -845,11 +845,14 @@ void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Cal
   cbs.push_back([done = sub.done, o = std::move(o)] { done(o); });
 }
 
-void Engine::CountOp(v1::OpKind kind, bool ok, uint64_t bytes) {
+void Engine::CountOp(v1::OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic) {
   KindStats& k = stats_[static_cast<int>(kind)];
   if (ok) {
     ++k.completed;
     k.bytes += static_cast<int64_t>(bytes);
+    k.bytes_read += traffic.read;
+    k.bytes_written += traffic.written;
+    k.bytes_required += traffic.required;
   } else {
     ++k.failed;
   }
@@ -930,8 +933,9 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   int64_t seq = op.sequence;
   auto run = [this, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
     const int64_t started_ns = fastq::MonotonicNs();
-    absl::Status status = executor_->Run(*plan, io);
-    OnOpFinished(mesh_id, seq, status, started_ns);
+    Traffic traffic;
+    absl::Status status = executor_->Run(*plan, io, &traffic);
+    OnOpFinished(mesh_id, seq, status, started_ns, traffic);
   };
   const uint64_t touched = (plan->in_bytes + plan->out_bytes) * op.subs.size();
   // Not inline while an inline op runs on this thread: OnOpFinished starts
@@ -948,7 +952,7 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
 }
 
 void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
-                          int64_t started_ns) {
+                          int64_t started_ns, const Traffic& traffic) {
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
@@ -960,9 +964,10 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
     PendingOp& op = op_it->second;
     const OpPlan& plan = *op.subs[0]->plan;
     if (status.ok()) {
-      CountOp(plan.kind, true, plan.in_bytes * op.subs.size());
+      CountOp(plan.kind, true, plan.in_bytes * op.subs.size(), traffic);
       OpOutcome outcome{status, sequence};
       outcome.started_ns = started_ns;
+      outcome.traffic = traffic;
       for (auto& sub : op.subs) DeliverOutcome(*sub, outcome, cbs);
     } else {
       FailOp(mesh, op, status, cbs);
@@ -1151,6 +1156,9 @@ v1::GetStatsResponse Engine::GetStats() {
     out->set_completed(k.completed);
     out->set_failed(k.failed);
     out->set_bytes(k.bytes);
+    out->set_bytes_read(static_cast<int64_t>(k.bytes_read));
+    out->set_bytes_written(static_cast<int64_t>(k.bytes_written));
+    out->set_bytes_required(static_cast<int64_t>(k.bytes_required));
     completed += k.completed;
     failed += k.failed;
   }

@@ -75,6 +75,8 @@ struct OpOutcome {
   DType out_dtype = DType::kInvalid;
   // When the op began executing (CLOCK_MONOTONIC ns); 0 if it never ran.
   int64_t started_ns = 0;
+  // What the executor moved (all members together); zero if it never ran.
+  Traffic traffic;
 
   OpOutcome() = default;
   OpOutcome(absl::Status s, int64_t seq) : status(std::move(s)), sequence(seq) {}
@@ -239,13 +241,14 @@ class Engine {
   void MaybeStartNext(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
   void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
-                    int64_t started_ns) ABSL_LOCKS_EXCLUDED(mu_);
+                    int64_t started_ns, const Traffic& traffic) ABSL_LOCKS_EXCLUDED(mu_);
   void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member MemberInfo(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::MeshInfo MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountOp(v1::OpKind kind, bool ok, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountOp(v1::OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(Callbacks& cbs);
 
   const EngineOptions options_;
@@ -264,6 +267,7 @@ class Engine {
 
   struct KindStats {
     int64_t completed = 0, failed = 0, bytes = 0;
+    uint64_t bytes_read = 0, bytes_written = 0, bytes_required = 0;
   };
   std::map<int, KindStats> stats_ ABSL_GUARDED_BY(mu_);
 

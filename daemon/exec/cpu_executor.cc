@@ -75,32 +75,72 @@ CpuExecutor::CpuExecutor(CpuExecutorOptions options) : options_(options) {
   pool_ = std::make_unique<ThreadPool>(threads - 1);
 }
 
-absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& io) {
+absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                              Traffic* traffic) {
+  uint64_t staged = 0;
   switch (plan.kind) {
     case v1::PSUM:
     case v1::PMEAN:
     case v1::PMAX:
     case v1::PMIN:
       RunReduce(plan, io);
-      return absl::OkStatus();
+      break;
     case v1::ALL_GATHER:
       RunGather(plan, io);
-      return absl::OkStatus();
+      break;
     case v1::PSUM_SCATTER:
       RunReduceScatter(plan, io);
-      return absl::OkStatus();
+      break;
     case v1::PPERMUTE:
     case v1::BROADCAST:
-      RunPermute(plan, io);
-      return absl::OkStatus();
+      staged = RunPermute(plan, io);
+      break;
     case v1::ALL_TO_ALL:
-      RunAllToAll(plan, io);
-      return absl::OkStatus();
+      staged = RunAllToAll(plan, io);
+      break;
     case v1::BARRIER:
-      return absl::OkStatus();
+      break;
     default:
       return absl::UnimplementedError("cpu executor: unsupported op kind");
   }
+  if (traffic != nullptr) *traffic = Account(plan, staged);
+  return absl::OkStatus();
+}
+
+Traffic CpuExecutor::Account(const OpPlan& plan, uint64_t staged) const {
+  Traffic t;
+  if (plan.kind == v1::BARRIER) return t;
+  const uint64_t members = plan.groups.size() * static_cast<uint64_t>(plan.group_size);
+  // Inputs an op needs: all of them, except that a broadcast reads only its
+  // root's and a ppermute only its sources'.
+  uint64_t needed_inputs = members;
+  if (plan.kind == v1::BROADCAST) {
+    needed_inputs = plan.groups.size();
+  } else if (plan.kind == v1::PPERMUTE) {
+    uint64_t sources = 0;
+    for (int s : plan.perm_source) sources += s >= 0 ? 1 : 0;
+    needed_inputs = sources * plan.groups.size();
+  }
+  t.required = needed_inputs * plan.in_bytes + members * plan.out_bytes;
+  // What the algorithms below do: every needed input read once (ppermute and
+  // broadcast read a source once per destination), every output written
+  // once, plus the staging copies of in-place data movement (read and
+  // written once each).
+  uint64_t reads = needed_inputs * plan.in_bytes;
+  if (plan.kind == v1::PPERMUTE || plan.kind == v1::BROADCAST) {
+    uint64_t receivers = 0;
+    for (int d = 0; d < plan.group_size; ++d) {
+      const int s = plan.kind == v1::BROADCAST ? plan.root : plan.perm_source[d];
+      receivers += s >= 0 ? 1 : 0;
+    }
+    reads = receivers * plan.groups.size() * plan.in_bytes;
+  }
+  t.read = reads + staged;
+  t.written = members * plan.out_bytes + staged;
+  t.streamed = Streams(plan) && (plan.kind == v1::PSUM || plan.kind == v1::PMEAN ||
+                                 plan.kind == v1::PMAX || plan.kind == v1::PMIN ||
+                                 plan.kind == v1::ALL_GATHER);
+  return t;
 }
 
 bool CpuExecutor::Streams(const OpPlan& plan) const {
@@ -209,18 +249,20 @@ void CpuExecutor::RunReduceScatter(const OpPlan& plan, const std::vector<MemberI
   });
 }
 
-void CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io) {
+uint64_t CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io) {
   const size_t bytes = plan.in_bytes;
-  if (bytes == 0) return;
+  if (bytes == 0) return 0;
   const int n = plan.group_size;
   // In-place members would overwrite inputs others still read: stage them.
   std::vector<const uint8_t*> src(io.size());
   std::vector<std::vector<uint8_t>> staged(io.size());
+  uint64_t staged_bytes = 0;
   for (size_t m = 0; m < io.size(); ++m) {
     src[m] = io[m].in;
     if (io[m].in == io[m].out) {
       staged[m].assign(io[m].in, io[m].in + bytes);
       src[m] = staged[m].data();
+      staged_bytes += bytes;
     }
   }
   const size_t chunks = (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
@@ -238,10 +280,11 @@ void CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io
       std::memcpy(out, src[group[s]] + begin, len);
     }
   });
+  return staged_bytes;
 }
 
-void CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& io) {
-  if (plan.in_bytes == 0) return;
+uint64_t CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& io) {
+  if (plan.in_bytes == 0) return 0;
   const size_t es = DTypeSize(plan.dtype);
   const int n = plan.group_size;
   const int a = plan.split_axis, c = plan.concat_axis;
@@ -252,11 +295,13 @@ void CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& i
   out_shape[c] *= n;
   std::vector<const uint8_t*> src(io.size());
   std::vector<std::vector<uint8_t>> staged(io.size());
+  uint64_t staged_bytes = 0;
   for (size_t m = 0; m < io.size(); ++m) {
     src[m] = io[m].in;
     if (io[m].in == io[m].out) {
       staged[m].assign(io[m].in, io[m].in + plan.in_bytes);
       src[m] = staged[m].data();
+      staged_bytes += plan.in_bytes;
     }
   }
   const size_t pairs = static_cast<size_t>(n) * n;
@@ -272,6 +317,7 @@ void CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& i
     CopyBlock(io[group[dst]].out, out_shape, dst_start, src[group[from]], in_shape,
               src_start, block, es);
   });
+  return staged_bytes;
 }
 
 }  // namespace collectived

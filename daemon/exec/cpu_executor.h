@@ -39,10 +39,13 @@ class CpuExecutor final : public Executor {
   explicit CpuExecutor(CpuExecutorOptions options);
   absl::string_view name() const override { return "cpu"; }
   bool IsViable() const override { return true; }
-  absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io) override;
+  absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                   Traffic* traffic = nullptr) override;
   int threads() const override { return pool_->size() + 1; }
 
  private:
+  // What Run moved for `plan` (see Traffic), given the bytes staged.
+  Traffic Account(const OpPlan& plan, uint64_t staged) const;
   // Whether `plan` writes its results with streaming stores.
   bool Streams(const OpPlan& plan) const;
   // fn(0..n) for `plan`, on the pool unless the op is small.
@@ -50,8 +53,9 @@ class CpuExecutor final : public Executor {
   void RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io);
   void RunGather(const OpPlan& plan, const std::vector<MemberIo>& io);
   void RunReduceScatter(const OpPlan& plan, const std::vector<MemberIo>& io);
-  void RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io);
-  void RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& io);
+  // The data-movement ops return the bytes their in-place staging copied.
+  uint64_t RunPermute(const OpPlan& plan, const std::vector<MemberIo>& io);
+  uint64_t RunAllToAll(const OpPlan& plan, const std::vector<MemberIo>& io);
 
   const CpuExecutorOptions options_;
   std::unique_ptr<ThreadPool> pool_;

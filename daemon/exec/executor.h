@@ -24,6 +24,20 @@ struct MemberIo {
   uint8_t* out = nullptr;
 };
 
+// The memory an op moved, over all members: bytes of the members' regions
+// (and of staging copies) read and written, each counted once per pass over
+// memory (a block re-read while it sits in L1 is not counted again), and the
+// least an op can move: every input byte it needs read once, every output
+// byte written once. Stores that go through the cache also read each output
+// line first (read-for-ownership) unless it is cached; streaming stores do
+// not.
+struct Traffic {
+  uint64_t read = 0;
+  uint64_t written = 0;
+  uint64_t required = 0;
+  bool streamed = false;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -31,8 +45,10 @@ class Executor {
   // Whether this executor can run here (a GPU executor without a GPU: false).
   virtual bool IsViable() const = 0;
   // Runs `plan` and returns when every output is written. `io` has one entry
-  // per mesh member. Safe to call concurrently for different ops.
-  virtual absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io) = 0;
+  // per mesh member. Safe to call concurrently for different ops. With
+  // `traffic`, reports what the op moved.
+  virtual absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                           Traffic* traffic = nullptr) = 0;
   // Worker threads used for data-parallel work.
   virtual int threads() const = 0;
 };

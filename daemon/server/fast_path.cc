@@ -63,6 +63,9 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
       c.taken_ns = taken_ns;
       c.started_ns = outcome.started_ns;
       c.done_ns = fastq::MonotonicNs();
+      c.bytes_read = static_cast<int64_t>(outcome.traffic.read);
+      c.bytes_written = static_cast<int64_t>(outcome.traffic.written);
+      c.bytes_required = static_cast<int64_t>(outcome.traffic.required);
       ++cq_tail_;
       q_.header->cq_tail.v.store(cq_tail_, std::memory_order_release);
     }

@@ -147,6 +147,16 @@ struct OpTiming {
   int64_t reaped_ns = 0;     // this process saw the result
 };
 
+// Memory the daemon's executor moved for a fast-path op, all members
+// together: bytes read and written, and the least the op needs (every needed
+// input byte read once, every output byte written once). All 0 for ops sent
+// over gRPC (GetStats has the totals either way) and for ops that did not run.
+struct OpTraffic {
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  int64_t bytes_required = 0;
+};
+
 class OpFuture {
  public:
   OpFuture() = default;
@@ -164,6 +174,7 @@ class OpFuture {
   DType out_dtype() const;
   // Valid once Ready().
   OpTiming timing() const;
+  OpTraffic traffic() const;
 
  private:
   friend class ClientImpl;
