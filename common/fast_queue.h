@@ -46,6 +46,11 @@ inline constexpr uint32_t kSqSlotBytes = 4096;   // one serialized OpSpec per sl
 inline constexpr uint32_t kCqSlotBytes = 1024;
 inline constexpr int kMaxRank = 16;              // out_shape dimensions in a CQ entry
 
+// Waiters poll (see SpinThenSleep) only for ops whose input is at most this
+// big: a bigger op takes longer than a futex wake-up, and polling would take
+// CPU from the threads executing it.
+inline constexpr uint64_t kSpinOpBytes = 256 * 1024;
+
 // One counter per cache line, so the two sides do not share lines they write.
 struct alignas(64) Word {
   std::atomic<uint32_t> v{0};

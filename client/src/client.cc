@@ -60,8 +60,11 @@ class OpState {
  public:
   // `queue`: the fast-path queue the op was submitted on (null: gRPC). A
   // waiter on such an op reaps the queue itself.
-  OpState(absl::Duration default_wait, std::shared_ptr<FastQueue> queue = nullptr)
-      : default_wait_(default_wait), queue_(std::move(queue)) {}
+  // `small`: a fast-path waiter may poll for it (fastq::kSpinOpBytes).
+  OpState(absl::Duration default_wait, std::shared_ptr<FastQueue> queue = nullptr,
+          bool small = true)
+      : default_wait_(default_wait), queue_(std::move(queue)), small_(small) {}
+  bool small() const { return small_; }
   void Complete(absl::Status status, int64_t sequence, std::vector<int64_t> out_shape,
                 DType out_dtype) {
     MutexLock lock(&mu_);
@@ -113,6 +116,7 @@ class OpState {
  private:
   const absl::Duration default_wait_;
   const std::shared_ptr<FastQueue> queue_;
+  const bool small_;
   std::atomic<bool> done_flag_{false};
   Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
@@ -156,7 +160,7 @@ class FastQueue {
       // the daemon's credit rule, so the daemon never waits for this process.
       const bool room = WaitLocked(
           [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return tail_ - cq_head_ < fastq::kSlots; },
-          deadline);
+          deadline, spin_);
       if (!failure_.ok() || !room) {
         state->Complete(!failure_.ok() ? failure_
                                        : absl::DeadlineExceededError(
@@ -180,9 +184,11 @@ class FastQueue {
   }
 
   // Waits until `state` completes or `deadline` passes; false at the deadline.
+  // Polls first only for small ops (fastq::kSpinOpBytes).
   bool Wait(OpState* state, absl::Time deadline) {
     MutexLock lock(&mu_);
-    return WaitLocked([state] { return state->Ready(); }, deadline);
+    return WaitLocked([state] { return state->Ready(); }, deadline,
+                      state->small() ? spin_ : absl::ZeroDuration());
   }
 
   // Waits until the daemon has taken every entry published so far (so each
@@ -266,7 +272,8 @@ class FastQueue {
   // Waits until pred() (evaluated under mu_), a failure, or `deadline`;
   // returns pred(). Reaps the CQ while it waits, for every waiter.
   template <typename Pred>
-  bool WaitLocked(Pred pred, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool WaitLocked(Pred pred, absl::Time deadline, absl::Duration spin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (;;) {
       if (pred()) return true;
       if (!failure_.ok() || absl::Now() >= deadline) return pred();
@@ -292,7 +299,7 @@ class FastQueue {
             dead_ = true;
             return false;
           },
-          spin_, absl::Milliseconds(100), deadline);
+          spin, absl::Milliseconds(100), deadline);
       mu_.Lock();
       reaping_ = false;
       DrainLocked();
@@ -556,7 +563,15 @@ class ClientImpl {
     const absl::Time deadline = absl::Now() + wait;
     if (fast_ && !closed_.load()) {
       if (FastQueue::Fits(op)) {
-        auto state = std::make_shared<OpState>(wait, fast_);
+        uint64_t bytes = DTypeSize(static_cast<DType>(op.dtype()));
+        for (int64_t d : op.shape()) {
+          if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+            bytes = UINT64_MAX;
+            break;
+          }
+        }
+        const bool small = bytes <= fastq::kSpinOpBytes;
+        auto state = std::make_shared<OpState>(wait, fast_, small);
         if (!StreamIdle(deadline)) {
           state->Complete(absl::DeadlineExceededError(
                               "earlier ops sent over gRPC did not complete in time"),

@@ -55,7 +55,7 @@ struct EngineOptions {
   // members) run on the thread that completed them (the last member's
   // submission), saving the hand-off to a runner thread; bigger ones and ops
   // queued behind another op go to the runners.
-  uint64_t inline_op_bytes = 64 * 1024;
+  uint64_t inline_op_bytes = 1024 * 1024;
   // Shown in diagnostics: host name and pid of the daemon.
   std::string host = "localhost";
   std::string daemon_id;

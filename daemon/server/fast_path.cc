@@ -17,6 +17,22 @@ using fastq::kSlots;
 using fastq::QueueView;
 using fastq::SqEntry;
 
+namespace {
+
+// An op's input size as its spec states it (saturating; 0 if invalid).
+uint64_t InputBytes(const v1::OpSpec& op) {
+  uint64_t n = 1;
+  for (int64_t d : op.shape()) {
+    if (d < 0) return 0;
+    n = __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) ? UINT64_MAX : n;
+  }
+  const uint64_t es = DTypeSize(static_cast<DType>(op.dtype()));
+  uint64_t bytes;
+  return __builtin_mul_overflow(n, es, &bytes) ? UINT64_MAX : bytes;
+}
+
+}  // namespace
+
 class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
  public:
   Queue(Engine* engine, std::string session_id, std::shared_ptr<SharedBuffer> memory,
@@ -94,7 +110,8 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
         fastq::SpinThenSleep(
             q_.header->daemon_bell, q_.header->daemon_sleeping,
             [this] { return stop_.load(std::memory_order_relaxed) || HasWork() || corrupt_; },
-            [] { return true; }, spin_, absl::Seconds(1), absl::Now() + absl::Seconds(1));
+            [] { return true; }, last_small_ ? spin_ : absl::ZeroDuration(), absl::Seconds(1),
+            absl::Now() + absl::Seconds(1));
         continue;
       }
       // Copy the entry out before looking at it: the client can change it.
@@ -114,6 +131,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
         }
       }
       ++taken_;
+      last_small_ = !bad.ok() || InputBytes(op) <= fastq::kSpinOpBytes;
       if (bad.ok()) {
         auto accepted = engine_->Submit(
             session_id_, op, /*retain=*/false,
@@ -148,6 +166,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
   uint32_t head_ = 0;
   uint32_t taken_ = 0;
   bool corrupt_ = false;
+  bool last_small_ = true;  // whether to poll for the next entry (kSpinOpBytes)
 
   Mutex cq_mu_;
   uint32_t cq_tail_ ABSL_GUARDED_BY(cq_mu_) = 0;
