@@ -21,9 +21,13 @@
 //
 // Doorbells (no lost wake-ups): a side that has nothing to do spins for a
 // while, then sets its `*_sleeping` word, re-checks its condition and sleeps
-// on its `*_bell` futex. The other side publishes its counter, then (after a
-// full fence) reads `*_sleeping` and, if set, increments the bell and wakes
-// it. The futexes are shared (not FUTEX_PRIVATE): two processes map them.
+// on its `*_bell` futex. The other side publishes its counter, then reads
+// `*_sleeping` and, if set, increments the bell and wakes it. Both sides use
+// sequentially consistent stores and loads for the counters, `closed` and
+// `*_sleeping` (on x86 the stores are xchg, a full barrier), so at least one
+// side sees the other's store: either the publisher sees the sleeper, or the
+// sleeper sees the new counter before it sleeps. The futexes are shared (not
+// FUTEX_PRIVATE): two processes map them.
 #ifndef COLLECTIVED_COMMON_FAST_QUEUE_H_
 #define COLLECTIVED_COMMON_FAST_QUEUE_H_
 
@@ -40,7 +44,7 @@
 namespace collectived::fastq {
 
 inline constexpr uint32_t kMagic = 0x31514643;  // "CFQ1"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
 inline constexpr uint32_t kSlots = 64;           // per ring; a power of two
 inline constexpr uint32_t kSqSlotBytes = 4096;   // one serialized OpSpec per slot
 inline constexpr uint32_t kCqSlotBytes = 1024;
@@ -137,10 +141,9 @@ void FutexWake(std::atomic<uint32_t>* word);
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout);
 
 // The publishing side's half of the doorbell: call after publishing a
-// counter. Cheap (a fence and a load) when nobody sleeps.
+// counter with a seq_cst store. One load when nobody sleeps.
 inline void Ring(Word& bell, Word& sleeping) {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleeping.v.load(std::memory_order_relaxed) != 0) {
+  if (sleeping.v.load(std::memory_order_seq_cst) != 0) {
     bell.v.fetch_add(1, std::memory_order_seq_cst);
     FutexWake(&bell.v);
   }
@@ -163,7 +166,7 @@ bool SpinThenSleep(Word& bell, Word& sleeping, Ready ready, Idle idle, absl::Dur
                    absl::Duration slice, absl::Time deadline) {
   if (ready()) return true;
   if (spin > absl::ZeroDuration()) {
-    const absl::Time spin_end = absl::Now() + spin;
+    const absl::Time spin_end = std::min(absl::Now() + spin, deadline);
     for (int i = 1;; ++i) {
       sched_yield();
       if (ready()) return true;

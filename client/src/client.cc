@@ -178,7 +178,7 @@ class FastQueue {
       op.SerializeWithCachedSizesToArray(e.data);
       pending_[tag] = state;
       ++tail_;
-      q_.header->sq_tail.v.store(tail_, std::memory_order_release);
+      q_.header->sq_tail.v.store(tail_, std::memory_order_seq_cst);
     }
     fastq::Ring(q_.header->daemon_bell, q_.header->daemon_sleeping);
   }
@@ -232,7 +232,7 @@ class FastQueue {
 
   // Completes the ops whose answers are in the CQ and hands the slots back.
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const uint32_t tail = q_.header->cq_tail.v.load(std::memory_order_acquire);
+    const uint32_t tail = q_.header->cq_tail.v.load(std::memory_order_seq_cst);
     if (tail != cq_head_) {
       while (cq_head_ != tail) {
         const fastq::CqEntry& c = q_.cq[cq_head_ % fastq::kSlots];
@@ -255,12 +255,12 @@ class FastQueue {
         }
         ++cq_head_;
       }
-      q_.header->cq_head.v.store(cq_head_, std::memory_order_release);
+      q_.header->cq_head.v.store(cq_head_, std::memory_order_seq_cst);
       // The daemon may be out of credit, waiting for these slots.
       fastq::Ring(q_.header->daemon_bell, q_.header->daemon_sleeping);
     }
     if (!failure_.ok()) return;
-    if (q_.header->closed.v.load(std::memory_order_acquire) != 0) {
+    if (q_.header->closed.v.load(std::memory_order_seq_cst) != 0) {
       FailLocked(absl::UnavailableError(
           "the daemon stopped serving this session's queue (it is stopping, or the session "
           "was closed)"));
@@ -291,8 +291,8 @@ class FastQueue {
       fastq::SpinThenSleep(
           q_.header->client_bell, q_.header->client_sleeping,
           [this, seen] {
-            return q_.header->cq_tail.v.load(std::memory_order_acquire) != seen ||
-                   q_.header->closed.v.load(std::memory_order_acquire) != 0;
+            return q_.header->cq_tail.v.load(std::memory_order_seq_cst) != seen ||
+                   q_.header->closed.v.load(std::memory_order_seq_cst) != 0;
           },
           [this] {
             if (Alive()) return true;
@@ -572,7 +572,7 @@ class ClientImpl {
         }
         const bool small = bytes <= fastq::kSpinOpBytes;
         auto state = std::make_shared<OpState>(wait, fast_, small);
-        if (!StreamIdle(deadline)) {
+        if (!StreamIdle(op.mesh_id(), deadline)) {
           state->Complete(absl::DeadlineExceededError(
                               "earlier ops sent over gRPC did not complete in time"),
                           -1, {}, DType::kInvalid);
@@ -592,11 +592,13 @@ class ClientImpl {
     return SubmitStream(op, wait);
   }
 
-  // Whether every op sent on the stream has completed (waits until then).
-  bool StreamIdle(absl::Time deadline) {
+  // Whether every op sent on the stream for `mesh_id` has completed (waits
+  // until then). Only the order within a mesh matters.
+  bool StreamIdle(const std::string& mesh_id, absl::Time deadline) {
     MutexLock lock(&stream_mu_);
     return stream_mu_.AwaitWithDeadline(
-        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return pending_.empty(); }, deadline);
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_meshes_.count(mesh_id) == 0; },
+        deadline);
   }
 
   OpFuture SubmitStream(const v1::OpSpec& op, absl::Duration wait) {
@@ -622,14 +624,15 @@ class ClientImpl {
         reader_ = std::thread([this] { ReadLoop(); });
       }
       const int64_t tag = next_tag_++;
-      pending_[tag] = state;
+      pending_[tag] = PendingOp{state, op.mesh_id()};
+      ++stream_meshes_[op.mesh_id()];
       req.set_tag(tag);
     }
     *req.mutable_op() = op;
     if (!stream_->Write(req)) {
       {
         MutexLock lock(&stream_mu_);
-        pending_.erase(req.tag());
+        ErasePending(req.tag());
       }
       state->Complete(absl::UnavailableError("connection to the daemon lost while submitting"),
                       -1, {}, DType::kInvalid);
@@ -649,8 +652,8 @@ class ClientImpl {
         MutexLock lock(&stream_mu_);
         auto it = pending_.find(result.tag());
         if (it == pending_.end()) continue;
-        state = std::move(it->second);
-        pending_.erase(it);
+        state = std::move(it->second.state);
+        ErasePending(result.tag());
       }
       state->Complete(absl::Status(static_cast<absl::StatusCode>(result.code()), result.message()),
                       result.sequence(),
@@ -662,13 +665,14 @@ class ClientImpl {
         ? absl::CancelledError("client closed")
         : absl::UnavailableError(absl::StrCat("connection to the daemon lost: ",
                                               st.ok() ? "stream ended" : st.error_message()));
-    std::map<int64_t, std::shared_ptr<OpState>> orphans;
+    std::map<int64_t, PendingOp> orphans;
     {
       MutexLock lock(&stream_mu_);
       stream_failure_ = failure;
       orphans.swap(pending_);
+      stream_meshes_.clear();
     }
-    for (auto& [tag, state] : orphans) state->Complete(failure, -1, {}, DType::kInvalid);
+    for (auto& [tag, p] : orphans) p.state->Complete(failure, -1, {}, DType::kInvalid);
   }
 
   ClientOptions options_;
@@ -687,7 +691,20 @@ class ClientImpl {
   std::unique_ptr<grpc::ClientReaderWriter<v1::OpRequest, v1::OpResult>> stream_;
   std::thread reader_;
   int64_t next_tag_ ABSL_GUARDED_BY(stream_mu_) = 1;
-  std::map<int64_t, std::shared_ptr<OpState>> pending_ ABSL_GUARDED_BY(stream_mu_);
+  struct PendingOp {
+    std::shared_ptr<OpState> state;
+    std::string mesh_id;
+  };
+  void ErasePending(int64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) {
+    auto it = pending_.find(tag);
+    if (it == pending_.end()) return;
+    auto m = stream_meshes_.find(it->second.mesh_id);
+    if (m != stream_meshes_.end() && --m->second == 0) stream_meshes_.erase(m);
+    pending_.erase(it);
+  }
+  std::map<int64_t, PendingOp> pending_ ABSL_GUARDED_BY(stream_mu_);
+  // Mesh id -> ops on the stream not yet completed.
+  std::map<std::string, int> stream_meshes_ ABSL_GUARDED_BY(stream_mu_);
   absl::Status stream_failure_ ABSL_GUARDED_BY(stream_mu_);
 };
 

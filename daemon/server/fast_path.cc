@@ -55,7 +55,11 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
     q_.header->daemon_bell.v.fetch_add(1);
     fastq::FutexWake(&q_.header->daemon_bell.v);
     if (thread_.joinable()) thread_.join();
-    q_.header->closed.v.store(1, std::memory_order_release);
+    MarkClosed();
+  }
+
+  void MarkClosed() {
+    q_.header->closed.v.store(1, std::memory_order_seq_cst);
     q_.header->client_bell.v.fetch_add(1);
     fastq::FutexWake(&q_.header->client_bell.v);
   }
@@ -83,7 +87,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
       c.bytes_written = static_cast<int64_t>(outcome.traffic.written);
       c.bytes_required = static_cast<int64_t>(outcome.traffic.required);
       ++cq_tail_;
-      q_.header->cq_tail.v.store(cq_tail_, std::memory_order_release);
+      q_.header->cq_tail.v.store(cq_tail_, std::memory_order_seq_cst);
     }
     fastq::Ring(q_.header->client_bell, q_.header->client_sleeping);
   }
@@ -92,8 +96,8 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
   // Whether an entry can be taken now; sets corrupt_ when the client's
   // counters are impossible.
   bool HasWork() {
-    const uint32_t tail = q_.header->sq_tail.v.load(std::memory_order_acquire);
-    const uint32_t consumed = q_.header->cq_head.v.load(std::memory_order_acquire);
+    const uint32_t tail = q_.header->sq_tail.v.load(std::memory_order_seq_cst);
+    const uint32_t consumed = q_.header->cq_head.v.load(std::memory_order_seq_cst);
     if (tail - head_ > kSlots || taken_ - consumed > kSlots) {
       corrupt_ = true;
       return false;
@@ -144,7 +148,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
       // Published after Submit: sq_head == sq_tail means every entry so far
       // has its sequence number (the SDK relies on it before using gRPC).
       ++head_;
-      q_.header->sq_head.v.store(head_, std::memory_order_release);
+      q_.header->sq_head.v.store(head_, std::memory_order_seq_cst);
     }
     if (corrupt_) {
       LogEvent(LogLevel::kWarn, "fast_path_corrupt", {{"session", DisplayId(session_id_)}});
@@ -152,6 +156,9 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
           ->CloseSession(session_id_,
                          "the client corrupted its fast-path queue (impossible counters)")
           .IgnoreError();
+      // Not served any more: tell a waiting client at once (after the
+      // session's ops failed, so their completions are in the ring).
+      MarkClosed();
     }
   }
 
