@@ -55,7 +55,7 @@ ABSL_FLAG(std::string, socket_group, "",
 ABSL_FLAG(std::string, log_level, "info", "Lowest log level printed: debug, info, warn, error.");
 ABSL_FLAG(int, threads, 0, "Executor threads (0: one per CPU).");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
-ABSL_FLAG(int64_t, inline_op_bytes, 1024 * 1024,
+ABSL_FLAG(int64_t, inline_op_bytes, 16 * 1024 * 1024,
           "Ops touching at most this many bytes (all members' inputs and outputs) run on "
           "the thread that completes them instead of a runner thread.");
 ABSL_FLAG(bool, fast_path, true,
