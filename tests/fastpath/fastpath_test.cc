@@ -52,25 +52,11 @@ std::string WorkerBinary() { return COLLECTIVED_FASTPATH_WORKER_BIN; }
 
 std::vector<std::string> WorkerArgs(const Daemon& d, const std::string& mesh, int members,
                                     int member, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {WorkerBinary(), "--socket=" + d.socket(), "--mesh=" + mesh,
-                                   absl::StrCat("--members=", members),
-                                   absl::StrCat("--member=", member)};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return argv;
+  return WorkerArgv(WorkerBinary(), d, mesh, members, member, std::move(extra));
 }
 
-// The value of `key=` on the first output line starting with `tag `, or ""
-// ("msg" runs to the end of the line).
 std::string Field(const std::string& output, const std::string& tag, const std::string& key) {
-  for (absl::string_view line : absl::StrSplit(output, '\n')) {
-    if (!absl::StartsWith(line, tag + " ")) continue;
-    size_t at = line.find(" " + key + "=");
-    if (at == absl::string_view::npos) return "";
-    absl::string_view rest = line.substr(at + key.size() + 2);
-    if (key == "msg") return std::string(rest);
-    return std::string(rest.substr(0, rest.find(' ')));
-  }
-  return "";
+  return OutputField(output, tag, key);
 }
 
 // The rest of the first line starting with `tag `, or "".

@@ -13,7 +13,9 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace collectived::testing {
 
@@ -191,6 +193,29 @@ ChildResult Daemon::Kill() {
   stopped_ = true;
   child_->Signal(SIGKILL);
   return child_->Wait(absl::Seconds(10));
+}
+
+std::vector<std::string> WorkerArgv(const std::string& binary, const Daemon& daemon,
+                                    const std::string& mesh, int members, int member,
+                                    std::vector<std::string> extra) {
+  std::vector<std::string> argv = {binary, "--socket=" + daemon.socket(), "--mesh=" + mesh,
+                                   absl::StrCat("--members=", members),
+                                   absl::StrCat("--member=", member)};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+std::string OutputField(const std::string& output, const std::string& tag,
+                        const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (!absl::StartsWith(line, tag + " ")) continue;
+    const size_t at = line.find(" " + key + "=");
+    if (at == absl::string_view::npos) return "";
+    absl::string_view rest = line.substr(at + key.size() + 2);
+    if (key == "msg") return std::string(rest);
+    return std::string(rest.substr(0, rest.find(' ')));
+  }
+  return "";
 }
 
 }  // namespace collectived::testing

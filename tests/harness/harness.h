@@ -87,6 +87,18 @@ class Daemon {
   bool stopped_ = false;
 };
 
+// The argv of a test worker for member `member` of `members` in `mesh` on
+// `daemon`: binary, --socket, --mesh, --members, --member, then `extra`.
+std::vector<std::string> WorkerArgv(const std::string& binary, const Daemon& daemon,
+                                    const std::string& mesh, int members, int member,
+                                    std::vector<std::string> extra = {});
+
+// The value of `key=` on the first line of a worker's `output` that starts
+// with `tag ` (values end at a space; "msg" runs to the end of the line),
+// or "" if there is none.
+std::string OutputField(const std::string& output, const std::string& tag,
+                        const std::string& key);
+
 }  // namespace collectived::testing
 
 #endif  // COLLECTIVED_TESTS_HARNESS_HARNESS_H_
