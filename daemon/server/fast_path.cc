@@ -78,7 +78,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
       c.rank = static_cast<int32_t>(rank);
       for (size_t i = 0; i < rank; ++i) c.out_shape[i] = outcome.out_shape[i];
       const size_t len = std::min(outcome.status.message().size(), sizeof(c.msg));
-      std::memcpy(c.msg, outcome.status.message().data(), len);
+      if (len > 0) std::memcpy(c.msg, outcome.status.message().data(), len);
       c.msg_len = static_cast<uint32_t>(len);
       c.taken_ns = taken_ns;
       c.started_ns = outcome.started_ns;
