@@ -46,6 +46,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
   }
 
   int fd() const { return memory_->fd(); }
+  void* base() const { return memory_->data(); }
 
   void Start() { thread_ = std::thread([this] { Loop(); }); }
 
@@ -192,6 +193,12 @@ absl::StatusOr<int> FastPath::Open(const std::string& session_id) {
   const int fd = queue->fd();
   queues_[session_id] = std::move(queue);
   return fd;
+}
+
+void* FastPath::MappedQueue(const std::string& session_id) {
+  MutexLock lock(&mu_);
+  auto it = queues_.find(session_id);
+  return it == queues_.end() ? nullptr : it->second->base();
 }
 
 void FastPath::Close(const std::string& session_id) {

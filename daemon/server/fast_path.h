@@ -41,6 +41,10 @@ class FastPath {
   // FAILED_PRECONDITION if the session already has one, UNAVAILABLE after
   // Stop, RESOURCE_EXHAUSTED if the memory cannot be had.
   absl::StatusOr<int> Open(const std::string& session_id);
+  // The daemon's own mapping of the session's queue, or null. For in-process
+  // tests: ThreadSanitizer cannot tell that two mappings of one memfd alias,
+  // so a test that mapped the descriptor itself would see false races.
+  void* MappedQueue(const std::string& session_id);
   // Stops serving the session's queue (its thread is joined; entries not
   // yet taken are never submitted). Completions of ops already submitted
   // are still written. No-op for sessions without a queue.

@@ -4,7 +4,6 @@
 #include "daemon/server/fast_path.h"
 
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 
 #include <cstring>
 #include <thread>
@@ -24,14 +23,9 @@ struct Member {
   std::string session;
   std::string buffer_id;
   int32_t* data = nullptr;
-  void* queue = nullptr;
   fastq::QueueView q;
   uint32_t tail = 0, head = 0;
   uint64_t tag = 0;
-
-  ~Member() {
-    if (queue != nullptr) munmap(queue, fastq::kQueueBytes);
-  }
 
   void Publish(const v1::OpSpec& op) {
     fastq::SqEntry& e = q.sq[tail % fastq::kSlots];
@@ -87,9 +81,10 @@ class FastPathTest : public ::testing::Test {
       m->data = static_cast<int32_t*>((*engine_->GetBuffer(m->session, m->buffer_id))->data());
       auto fd = fast_->Open(m->session);
       EXPECT_TRUE(fd.ok()) << fd.status();
-      m->queue = mmap(nullptr, fastq::kQueueBytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
-      EXPECT_NE(m->queue, MAP_FAILED);
-      m->q = fastq::QueueView::Of(m->queue);
+      // The daemon's mapping, not one of our own (see MappedQueue).
+      void* queue = fast_->MappedQueue(m->session);
+      EXPECT_NE(queue, nullptr);
+      m->q = fastq::QueueView::Of(queue);
       EXPECT_TRUE(fastq::HeaderValid(m->q.header));
       v1::JoinMeshRequest req;
       req.set_session_id(m->session);
