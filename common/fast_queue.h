@@ -58,6 +58,18 @@ inline constexpr int kMaxRank = 16;              // out_shape dimensions in a CQ
 // at 4 MiB.)
 inline constexpr uint64_t kSpinOpBytes = 4 * 1024 * 1024;
 
+// Whether a waiter polls for an op whose input has `shape` (any range of
+// int64 dimensions) and elements of `element_bytes`: the input is at most
+// kSpinOpBytes. Negative or overflowing shapes count as big.
+template <typename Dims>
+bool PollsFor(uint64_t element_bytes, const Dims& shape) {
+  uint64_t bytes = element_bytes;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) return false;
+  }
+  return bytes <= kSpinOpBytes;
+}
+
 // One counter per cache line, so the two sides do not share lines they write.
 struct alignas(64) Word {
   std::atomic<uint32_t> v{0};

@@ -206,12 +206,6 @@ class FastQueue {
     return true;
   }
 
-  // Whether every op submitted here has completed.
-  bool Idle() {
-    MutexLock lock(&mu_);
-    return pending_.empty();
-  }
-
   // Fails every pending and later op with `status` (the client is closing).
   void Fail(const absl::Status& status) {
     MutexLock lock(&mu_);
@@ -563,15 +557,8 @@ class ClientImpl {
     const absl::Time deadline = absl::Now() + wait;
     if (fast_ && !closed_.load()) {
       if (FastQueue::Fits(op)) {
-        uint64_t bytes = DTypeSize(static_cast<DType>(op.dtype()));
-        for (int64_t d : op.shape()) {
-          if (d < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
-            bytes = UINT64_MAX;
-            break;
-          }
-        }
-        const bool small = bytes <= fastq::kSpinOpBytes;
-        auto state = std::make_shared<OpState>(wait, fast_, small);
+        auto state = std::make_shared<OpState>(
+            wait, fast_, fastq::PollsFor(DTypeSize(static_cast<DType>(op.dtype())), op.shape()));
         if (!StreamIdle(op.mesh_id(), deadline)) {
           state->Complete(absl::DeadlineExceededError(
                               "earlier ops sent over gRPC did not complete in time"),

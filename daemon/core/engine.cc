@@ -937,10 +937,9 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
     absl::Status status = executor_->Run(*plan, io, &traffic);
     OnOpFinished(mesh_id, seq, status, started_ns, traffic);
   };
-  const uint64_t touched = (plan->in_bytes + plan->out_bytes) * op.subs.size();
   // Not inline while an inline op runs on this thread: OnOpFinished starts
   // the next op from inside it, and chains of queued ops must not recurse.
-  if (touched <= options_.inline_op_bytes && !t_running_inline) {
+  if (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline) {
     cbs.push_back([run = std::move(run)] {
       t_running_inline = true;
       run();

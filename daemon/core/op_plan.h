@@ -64,6 +64,12 @@ struct OpPlan {
   // broadcast: root group index.
   int root = 0;
 
+  // Members the op runs on (every group's).
+  uint64_t members() const { return groups.size() * static_cast<uint64_t>(group_size); }
+  // Bytes of all members' inputs and outputs: what the thresholds for
+  // running inline, serially or with streaming stores are measured in.
+  uint64_t bytes_touched() const { return (in_bytes + out_bytes) * members(); }
+
   // Canonical text used both to match members' ops and in error messages,
   // e.g. "psum f32[2,3] over (x)" or "all_gather f32[4] over (x,y) axis=0 tiled".
   std::string signature;

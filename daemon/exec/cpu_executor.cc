@@ -110,7 +110,7 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
 Traffic CpuExecutor::Account(const OpPlan& plan, uint64_t staged) const {
   Traffic t;
   if (plan.kind == v1::BARRIER) return t;
-  const uint64_t members = plan.groups.size() * static_cast<uint64_t>(plan.group_size);
+  const uint64_t members = plan.members();
   // Inputs an op needs: all of them, except that a broadcast reads only its
   // root's and a ppermute only its sources'.
   uint64_t needed_inputs = members;
@@ -137,21 +137,16 @@ Traffic CpuExecutor::Account(const OpPlan& plan, uint64_t staged) const {
   }
   t.read = reads + staged;
   t.written = members * plan.out_bytes + staged;
-  t.streamed = Streams(plan) && (plan.kind == v1::PSUM || plan.kind == v1::PMEAN ||
-                                 plan.kind == v1::PMAX || plan.kind == v1::PMIN ||
-                                 plan.kind == v1::ALL_GATHER);
   return t;
 }
 
 bool CpuExecutor::Streams(const OpPlan& plan) const {
-  const size_t members = plan.groups.size() * static_cast<size_t>(plan.group_size);
-  return (plan.in_bytes + plan.out_bytes) * members >= options_.stream_bytes;
+  return plan.bytes_touched() >= options_.stream_bytes;
 }
 
 void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n,
                               const std::function<void(size_t)>& fn) {
-  const size_t members = plan.groups.size() * static_cast<size_t>(plan.group_size);
-  if ((plan.in_bytes + plan.out_bytes) * members <= options_.serial_bytes) {
+  if (plan.bytes_touched() <= options_.serial_bytes) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }

@@ -35,7 +35,6 @@ struct Traffic {
   uint64_t read = 0;
   uint64_t written = 0;
   uint64_t required = 0;
-  bool streamed = false;
 };
 
 class Executor {

@@ -17,22 +17,6 @@ using fastq::kSlots;
 using fastq::QueueView;
 using fastq::SqEntry;
 
-namespace {
-
-// An op's input size as its spec states it (saturating; 0 if invalid).
-uint64_t InputBytes(const v1::OpSpec& op) {
-  uint64_t n = 1;
-  for (int64_t d : op.shape()) {
-    if (d < 0) return 0;
-    n = __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n) ? UINT64_MAX : n;
-  }
-  const uint64_t es = DTypeSize(static_cast<DType>(op.dtype()));
-  uint64_t bytes;
-  return __builtin_mul_overflow(n, es, &bytes) ? UINT64_MAX : bytes;
-}
-
-}  // namespace
-
 class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
  public:
   Queue(Engine* engine, std::string session_id, std::shared_ptr<SharedBuffer> memory,
@@ -136,7 +120,8 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
         }
       }
       ++taken_;
-      last_small_ = !bad.ok() || InputBytes(op) <= fastq::kSpinOpBytes;
+      last_small_ = !bad.ok() || fastq::PollsFor(DTypeSize(static_cast<DType>(op.dtype())),
+                                                  op.shape());
       if (bad.ok()) {
         auto accepted = engine_->Submit(
             session_id_, op, /*retain=*/false,
