@@ -33,9 +33,12 @@ class SharedBuffer {
 };
 
 // Creates a host buffer of at least `size` bytes (rounded up to the page
-// size) backed by memfd_create, mapped read-write and zero-filled.
+// size) backed by memfd_create, mapped read-write and zero-filled. The file
+// is sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): whoever holds the
+// descriptor may write the bytes and punch holes (which read back as zeros)
+// but never change the size, so the daemon's mapping cannot fault.
 // Errors: INVALID_ARGUMENT for size 0, RESOURCE_EXHAUSTED when the kernel is
-// out of memory or descriptors.
+// out of memory or the process is at its descriptor budget (FdAdmitted).
 absl::StatusOr<std::shared_ptr<SharedBuffer>> CreateMemfdBuffer(size_t size);
 
 // Page size of this host.
