@@ -371,16 +371,40 @@ class ClientImpl {
     if (auto st = FromGrpc(stub_->CreateSession(&ctx, req, &resp)); !st.ok()) return st;
     session_id_ = resp.session_id();
 
-    auto side = ConnectSeqPacket(SideSocketPath(options_.socket_path));
-    if (!side.ok()) return side.status();
-    side_fd_ = *side;
-    auto reply = SideRequest(absl::StrCat("ATTACH ", session_id_, " ", resp.attach_token()));
-    if (!reply.ok()) return reply.status();
-    if (reply->fd >= 0) close(reply->fd);
+    if (absl::Status st = Attach(resp.attach_token()); !st.ok()) return st;
     const char* env = getenv("COLLECTIVED_FAST_PATH");
     if (env != nullptr && std::string(env) == "0") options_.fast_path = false;
     if (options_.fast_path) return OpenQueue();
     return absl::OkStatus();
+  }
+
+  // Opens the side socket and attaches the session. The daemon refuses
+  // connections past its per-uid cap of connections waiting to attach
+  // (RESOURCE_EXHAUSTED, or a reset when it closes before reading): a burst
+  // of clients starting at once retries until rpc_timeout.
+  absl::Status Attach(const std::string& token) {
+    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+    absl::Duration backoff = absl::Milliseconds(1);
+    for (;;) {
+      auto side = ConnectSeqPacket(SideSocketPath(options_.socket_path));
+      if (!side.ok()) return side.status();
+      {
+        MutexLock lock(&side_mu_);
+        side_fd_ = *side;
+      }
+      auto reply = SideRequest(absl::StrCat("ATTACH ", session_id_, " ", token));
+      if (reply.ok()) return absl::OkStatus();
+      const bool refused =
+          absl::IsResourceExhausted(reply.status()) || absl::IsUnavailable(reply.status());
+      {
+        MutexLock lock(&side_mu_);
+        if (side_fd_ >= 0) close(side_fd_);
+        side_fd_ = -1;
+      }
+      if (!refused || absl::Now() + backoff > deadline) return reply.status();
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(50));
+    }
   }
 
   // Maps the session's fast-path queue. A daemon without one (or with
@@ -388,16 +412,14 @@ class ClientImpl {
   absl::Status OpenQueue() {
     auto reply = SideRequest("QUEUE");
     if (!reply.ok()) return absl::IsUnimplemented(reply.status()) ? absl::OkStatus() : reply.status();
-    if (reply->fd < 0) return absl::InternalError("daemon sent no descriptor for the queue");
+    if (!reply->fd.valid()) return absl::InternalError("daemon sent no descriptor for the queue");
     std::vector<std::string> words = absl::StrSplit(reply->data, ' ');
     if (words.size() != 3 || words[1] != absl::StrCat(fastq::kQueueBytes) ||
         words[2] != absl::StrCat(fastq::kVersion)) {
-      close(reply->fd);
       return absl::OkStatus();
     }
-    void* base = mmap(nullptr, fastq::kQueueBytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd, 0);
+    void* base = mmap(nullptr, fastq::kQueueBytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
     const int err = errno;
-    close(reply->fd);
     if (base == MAP_FAILED) return ErrnoStatus(err, "mapping the fast-path queue");
     if (!fastq::HeaderValid(static_cast<fastq::Header*>(base))) {
       munmap(base, fastq::kQueueBytes);
@@ -452,7 +474,6 @@ class ClientImpl {
       return reply.status();
     }
     if (reply->data.rfind("OK", 0) == 0) return reply;
-    if (reply->fd >= 0) close(reply->fd);
     // "ERR <code> <message>"
     std::vector<std::string> parts = absl::StrSplit(reply->data, absl::MaxSplits(' ', 2));
     int code = 13;
@@ -485,10 +506,9 @@ class ClientImpl {
   absl::StatusOr<void*> MapBuffer(const std::string& id, size_t size) {
     auto reply = SideRequest(absl::StrCat("FD ", id));
     if (!reply.ok()) return reply.status();
-    if (reply->fd < 0) return absl::InternalError("daemon sent no descriptor for the buffer");
-    void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd, 0);
+    if (!reply->fd.valid()) return absl::InternalError("daemon sent no descriptor for the buffer");
+    void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
     int err = errno;
-    close(reply->fd);
     if (data == MAP_FAILED) return ErrnoStatus(err, "mapping the shared buffer");
     return data;
   }

@@ -1,5 +1,6 @@
 // collectived: the per-host collective-communication daemon.
 #include <grp.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <climits>
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -23,6 +25,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/fd_limit.h"
 #include "common/socket_path.h"
 #include "common/status_util.h"
 #include "common/unix_socket.h"
@@ -31,6 +34,7 @@
 #include "daemon/server/health.h"
 #include "daemon/server/service.h"
 #include "daemon/server/fast_path.h"
+#include "daemon/server/grpc_listener.h"
 #include "daemon/server/side_channel.h"
 #include "daemon/util/log.h"
 
@@ -69,6 +73,16 @@ ABSL_FLAG(int64_t, op_timeout_ms, 60000,
           "Default deadline for every member to submit an op, from the first submission.");
 ABSL_FLAG(int64_t, attach_timeout_ms, 10000,
           "A session whose side socket is not attached within this time is closed.");
+ABSL_FLAG(int, max_unattached_connections, 512,
+          "Most side-socket connections waiting to attach a session at once (more wait in "
+          "the listen backlog).");
+ABSL_FLAG(int, max_unattached_connections_per_uid, 128,
+          "Most side-socket connections of one uid waiting to attach at once (more are "
+          "refused).");
+ABSL_FLAG(int, fd_reserve, 64,
+          "Descriptors kept free for the daemon itself: connections and buffers that would "
+          "use them are refused (RESOURCE_EXHAUSTED). The soft RLIMIT_NOFILE is raised to "
+          "the hard limit at start.");
 ABSL_FLAG(int, max_sessions, 1024, "Most sessions at once.");
 ABSL_FLAG(int, max_meshes, 1024, "Most meshes at once.");
 ABSL_FLAG(int, max_buffers_per_session, 4096, "Most buffers one session may hold.");
@@ -165,13 +179,33 @@ int Main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError("--socket_mode must be octal, e.g. 0660"));
   }
 
+  int gid = -1;
+  if (const std::string group = absl::GetFlag(FLAGS_socket_group); !group.empty()) {
+    unsigned parsed = 0;
+    if (absl::SimpleAtoi(group, &parsed)) {
+      gid = static_cast<int>(parsed);
+    } else if (const struct group* g = getgrnam(group.c_str())) {
+      gid = static_cast<int>(g->gr_gid);
+    } else {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("unknown group '", group, "'")));
+    }
+  }
+  const int fd_reserve = absl::GetFlag(FLAGS_fd_reserve);
+  if (fd_reserve < 16) return Fail(absl::InvalidArgumentError("--fd_reserve must be at least 16"));
+  auto fd_limits = RaiseFdLimit();
+  if (!fd_limits.ok()) return Fail(fd_limits.status());
+  if (fd_limits->soft < static_cast<uint64_t>(2 * fd_reserve)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "RLIMIT_NOFILE (", fd_limits->soft, ") leaves no room beside --fd_reserve=", fd_reserve)));
+  }
+  SetFdCeiling(static_cast<int>(std::min<uint64_t>(fd_limits->soft, INT_MAX) - fd_reserve));
+
   const std::string socket = ResolveSocketPath(absl::GetFlag(FLAGS_socket));
   if (absl::Status st = EnsureSocketDir(socket); !st.ok()) return Fail(st);
   if (StreamSocketIsLive(socket)) {
     return Fail(absl::AlreadyExistsError(
         absl::StrCat("another daemon is already listening on ", socket)));
   }
-  unlink(socket.c_str());
   const std::string side_socket = SideSocketPath(socket);
 
   // Block the stop signals in every thread; the main thread waits for them.
@@ -207,14 +241,25 @@ int Main(int argc, char** argv) {
   FastPathOptions fast_options;
   fast_options.spin = absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_fast_path_spin_us)));
   FastPath fast_path(engine.get(), fast_options);
-  SideChannel side(engine.get(), absl::GetFlag(FLAGS_fast_path) ? &fast_path : nullptr);
-  if (absl::Status st = side.Start(side_socket, static_cast<int>(mode)); !st.ok()) return Fail(st);
+  SideChannelOptions side_options;
+  side_options.mode = static_cast<int>(mode);
+  side_options.gid = gid;
+  side_options.attach_timeout = options.attach_timeout;
+  side_options.max_unattached = std::max(1, absl::GetFlag(FLAGS_max_unattached_connections));
+  side_options.max_unattached_per_uid =
+      std::max(1, absl::GetFlag(FLAGS_max_unattached_connections_per_uid));
+  SideChannel side(engine.get(), absl::GetFlag(FLAGS_fast_path) ? &fast_path : nullptr,
+                   side_options);
+  if (absl::Status st = side.Start(side_socket); !st.ok()) return Fail(st);
+  GrpcUnixListener unix_listener;
+  if (absl::Status st = unix_listener.Bind(socket, static_cast<int>(mode), gid); !st.ok()) {
+    return Fail(st);
+  }
 
   CollectiveService service(engine.get());
   HealthService health;
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   int tcp_port = 0;
   const std::string tcp = absl::GetFlag(FLAGS_tcp);
   std::string tcp_security = "off";
@@ -230,39 +275,21 @@ int Main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(&service);
   builder.RegisterService(&health);
-  // The socket is created with `mode` from the start (no window with the
-  // umask's permissions).
-  const mode_t old_umask = umask(static_cast<mode_t>(~mode & 0777));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  umask(old_umask);
   if (!server) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on unix:", socket,
-                                                    tcp.empty() ? "" : " or " + tcp)));
+    return Fail(absl::UnavailableError(
+        absl::StrCat("cannot start the gRPC server", tcp.empty() ? "" : " on " + tcp)));
   }
   if (!tcp.empty() && tcp_port == 0) {
     return Fail(absl::UnavailableError(absl::StrCat("cannot listen on TCP address ", tcp)));
   }
-  if (const std::string group = absl::GetFlag(FLAGS_socket_group); !group.empty()) {
-    gid_t gid = 0;
-    unsigned parsed = 0;
-    if (absl::SimpleAtoi(group, &parsed)) {
-      gid = static_cast<gid_t>(parsed);
-    } else if (const struct group* g = getgrnam(group.c_str())) {
-      gid = g->gr_gid;
-    } else {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("unknown group '", group, "'")));
-    }
-    for (const std::string& path : {socket, side_socket}) {
-      if (chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
-        return Fail(ErrnoStatus(errno, absl::StrCat("chown ", path, " to group ", group)));
-      }
-    }
-  }
+  unix_listener.Start(server.get());
   LogEvent(LogLevel::kInfo, "listening",
            {{"socket", socket}, {"side_socket", side_socket},
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
             {"tcp_security", tcp_security},
             {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
+            {"open_files_limit", absl::StrCat(fd_limits->soft)},
             {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
 
   int sig = 0;
@@ -272,11 +299,11 @@ int Main(int argc, char** argv) {
   health.Shutdown();
   // Fail what is pending first, so every open RPC can finish, then stop.
   engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
+  unix_listener.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   side.Stop();
   fast_path.Stop();
   engine.reset();
-  unlink(socket.c_str());
   LogEvent(LogLevel::kInfo, "stopped");
   return 0;
 }

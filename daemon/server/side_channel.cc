@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/fast_queue.h"
+#include "common/fd_limit.h"
 #include "common/unix_socket.h"
 #include "common/status_util.h"
 #include "daemon/util/log.h"
@@ -27,20 +29,19 @@ std::string ErrorReply(const absl::Status& status) {
 
 }  // namespace
 
-absl::Status SideChannel::Start(const std::string& path, int mode) {
-  auto fd = ListenSeqPacket(path, mode);
+absl::Status SideChannel::Start(const std::string& path) {
+  auto fd = ListenUnix(path, SOCK_SEQPACKET, options_.mode, options_.gid);
   if (!fd.ok()) return fd.status();
   path_ = path;
   listen_fd_ = *fd;
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0) return ErrnoStatus(errno, "epoll/eventfd");
-  for (int f : {listen_fd_, wake_fd_}) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = f;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, f, &ev);
-  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  UpdateListening();
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
 }
@@ -62,9 +63,15 @@ void SideChannel::CloseConn(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   std::string session = it->second.session_id;
+  if (session.empty()) {
+    --unattached_;
+    if (--unattached_by_uid_[it->second.uid] == 0) unattached_by_uid_.erase(it->second.uid);
+  }
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   close(fd);
   conns_.erase(it);
+  // The number may be reused by the next accept: it is no longer doomed.
+  std::erase(doomed_, fd);
   if (!session.empty()) {
     if (fast_path_ != nullptr) fast_path_->Close(session);
     // NOT_FOUND when the client closed its session first: nothing to do.
@@ -72,10 +79,102 @@ void SideChannel::CloseConn(int fd) {
   }
 }
 
+void SideChannel::UpdateListening() {
+  const bool want = unattached_ < options_.max_unattached;
+  if (want == listening_) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = listen_fd_;
+  epoll_ctl(epoll_fd_, want ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, listen_fd_, &ev);
+  listening_ = want;
+}
+
+void SideChannel::AcceptAll() {
+  while (unattached_ < options_.max_unattached) {
+    int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (c < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of descriptors although the budget should prevent it: back
+        // off instead of spinning on the still-readable listener.
+        LogEvent(LogLevel::kWarn, "side_accept_failed", {{"error", std::strerror(errno)}});
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    Conn conn;
+    conn.attach_deadline = absl::Now() + options_.attach_timeout;
+    if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      conn.pid = cred.pid;
+      conn.uid = static_cast<int>(cred.uid);
+    }
+    std::string refusal;
+    if (!FdAdmitted(c)) {
+      refusal = ErrorReply(FdExhaustedError("a side-socket connection"));
+    } else if (unattached_by_uid_[conn.uid] >= options_.max_unattached_per_uid) {
+      refusal = ErrorReply(absl::ResourceExhaustedError(absl::StrCat(
+          "uid ", conn.uid, " already has ", options_.max_unattached_per_uid,
+          " side-socket connections waiting to attach")));
+    }
+    if (!refusal.empty()) {
+      if (unattached_by_uid_[conn.uid] == 0) unattached_by_uid_.erase(conn.uid);
+      SendPacket(c, refusal, -1, /*nonblocking=*/true).IgnoreError();
+      close(c);
+      ++refusals_unlogged_;
+      if (absl::Now() >= next_refusal_log_) {
+        LogEvent(LogLevel::kWarn, "side_connection_refused",
+                 {{"uid", absl::StrCat(conn.uid)}, {"pid", absl::StrCat(conn.pid)},
+                  {"refused", absl::StrCat(refusals_unlogged_)}, {"reason", refusal}});
+        refusals_unlogged_ = 0;
+        next_refusal_log_ = absl::Now() + absl::Seconds(1);
+      }
+      continue;
+    }
+    ++unattached_;
+    ++unattached_by_uid_[conn.uid];
+    conns_[c] = conn;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = c;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev);
+  }
+}
+
+absl::Duration SideChannel::ExpireUnattached() {
+  if (unattached_ == 0) return absl::InfiniteDuration();
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  std::vector<int> expired;
+  for (const auto& [fd, conn] : conns_) {
+    if (!conn.session_id.empty()) continue;
+    if (conn.attach_deadline <= now) {
+      expired.push_back(fd);
+    } else {
+      next = std::min(next, conn.attach_deadline);
+    }
+  }
+  for (int fd : expired) {
+    LogEvent(LogLevel::kDebug, "side_connection_expired",
+             {{"pid", absl::StrCat(conns_[fd].pid)}, {"uid", absl::StrCat(conns_[fd].uid)}});
+    Reply(fd, ErrorReply(absl::DeadlineExceededError(
+                  "the connection did not attach a session in time")));
+    CloseConn(fd);
+  }
+  doomed_.clear();  // any of these was just closed
+  return next - now;
+}
+
 void SideChannel::Loop() {
   std::vector<epoll_event> events(64);
   for (;;) {
-    int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), -1);
+    const absl::Duration wait = ExpireUnattached();
+    UpdateListening();
+    const int timeout_ms =
+        wait == absl::InfiniteDuration()
+            ? -1
+            : static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1))), 1, 60000));
+    int n = epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout_ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       LogEvent(LogLevel::kError, "side_channel_failed", {{"error", std::strerror(errno)}});
@@ -85,30 +184,7 @@ void SideChannel::Loop() {
       int fd = events[i].data.fd;
       if (fd == wake_fd_) return;
       if (fd == listen_fd_) {
-        for (;;) {
-          int c = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-          if (c < 0) {
-            if (errno == EMFILE || errno == ENFILE) {
-              // Out of descriptors: back off instead of spinning on the
-              // still-readable listener.
-              LogEvent(LogLevel::kWarn, "side_accept_failed", {{"error", std::strerror(errno)}});
-              std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            }
-            break;
-          }
-          ucred cred{};
-          socklen_t len = sizeof(cred);
-          Conn conn;
-          if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-            conn.pid = cred.pid;
-            conn.uid = static_cast<int>(cred.uid);
-          }
-          conns_[c] = conn;
-          epoll_event ev{};
-          ev.events = EPOLLIN | EPOLLRDHUP;
-          ev.data.fd = c;
-          epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, c, &ev);
-        }
+        AcceptAll();
         continue;
       }
       auto it = conns_.find(fd);
@@ -117,14 +193,20 @@ void SideChannel::Loop() {
         CloseConn(fd);
         continue;
       }
-      auto packet = ReceivePacket(fd, absl::ZeroDuration());
+      // Clients send no descriptors: any that come are dropped by the kernel.
+      auto packet = ReceivePacket(fd, absl::ZeroDuration(), Descriptors::kNone);
       if (!packet.ok()) {
         if (absl::IsDeadlineExceeded(packet.status())) continue;  // spurious wake-up
+        if (absl::IsInvalidArgument(packet.status())) Reply(fd, ErrorReply(packet.status()));
         CloseConn(fd);
         continue;
       }
-      if (packet->fd >= 0) close(packet->fd);  // clients send no descriptors
+      const bool was_attached = !it->second.session_id.empty();
       HandleRequest(fd, it->second, packet->data);
+      if (!was_attached && !it->second.session_id.empty()) {
+        --unattached_;
+        if (--unattached_by_uid_[it->second.uid] == 0) unattached_by_uid_.erase(it->second.uid);
+      }
     }
     for (int fd : doomed_) CloseConn(fd);
     doomed_.clear();
