@@ -19,7 +19,12 @@
 
 namespace collectived::testing {
 
-std::string DaemonBinary() { return COLLECTIVED_DAEMON_BIN; }
+std::string DaemonBinary() {
+  // Another daemon binary may be named, e.g. to show that a test fails
+  // against an older build.
+  const char* other = getenv("COLLECTIVED_TEST_DAEMON_BIN");
+  return other != nullptr && *other != '\0' ? other : COLLECTIVED_DAEMON_BIN;
+}
 
 std::string MakeTempDir() {
   const char* base = getenv("TMPDIR");
@@ -157,9 +162,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(std::vector<std::string> f
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartAt(const std::string& socket,
                                                         std::vector<std::string> flags) {
+  return StartWrappedAt({}, socket, std::move(flags));
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartWrapped(std::vector<std::string> wrapper,
+                                                             std::vector<std::string> flags) {
+  return StartWrappedAt(std::move(wrapper), MakeTempDir() + "/collectived.sock", std::move(flags));
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartWrappedAt(std::vector<std::string> wrapper,
+                                                               const std::string& socket,
+                                                               std::vector<std::string> flags) {
   std::unique_ptr<Daemon> d(new Daemon());
   d->socket_ = socket;
-  std::vector<std::string> argv = {DaemonBinary(), "--socket=" + d->socket_};
+  std::vector<std::string> argv = std::move(wrapper);
+  argv.push_back(DaemonBinary());
+  argv.push_back("--socket=" + d->socket_);
   for (auto& f : flags) argv.push_back(std::move(f));
   auto child = Child::Start(argv);
   if (!child.ok()) return child.status();

@@ -18,7 +18,8 @@
 
 namespace collectived::testing {
 
-// Paths of binaries built alongside the tests (set by CMake).
+// Paths of binaries built alongside the tests (set by CMake;
+// $COLLECTIVED_TEST_DAEMON_BIN names another daemon binary).
 std::string DaemonBinary();
 // A fresh private directory under $TMPDIR (or /tmp), removed by nobody: tests
 // put sockets and logs there.
@@ -71,6 +72,10 @@ class Daemon {
   // Starts a daemon on `socket` (e.g. the socket of a daemon that was killed).
   static absl::StatusOr<std::unique_ptr<Daemon>> StartAt(const std::string& socket,
                                                          std::vector<std::string> flags = {});
+  // Starts the daemon through `wrapper` (a command that execs the rest of
+  // its argv, e.g. prlimit), on a socket in a fresh temp dir.
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartWrapped(std::vector<std::string> wrapper,
+                                                              std::vector<std::string> flags = {});
   ~Daemon();  // SIGKILL if still running
 
   const std::string& socket() const { return socket_; }
@@ -82,6 +87,9 @@ class Daemon {
 
  private:
   Daemon() = default;
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartWrappedAt(std::vector<std::string> wrapper,
+                                                                const std::string& socket,
+                                                                std::vector<std::string> flags);
   std::string socket_;
   std::unique_ptr<Child> child_;
   bool stopped_ = false;
