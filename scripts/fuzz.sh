@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# Builds the request fuzzer with clang's libFuzzer (+ASan/UBSan) and runs it.
-#   scripts/fuzz.sh [seconds]      (default 60)
-# New inputs go to a scratch corpus; the checked-in seeds are in
-# tests/fuzz/corpus. A crash leaves its input in build-fuzz/ and fails.
+# Builds the fuzz targets with clang's libFuzzer (+ASan/UBSan) and runs each:
+#   request      an OpSpec off the wire (planning, engine, executor)
+#   side_socket  packets with descriptors on the descriptor side socket
+#   fast_queue   what a client writes into its shared-memory op queue
+#   scripts/fuzz.sh [seconds per target]      (default 60)
+# New inputs go to scratch corpora; the checked-in seeds are in
+# tests/fuzz/corpus/<target>. A crash leaves its input in build-fuzz/ and fails.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 seconds="${1:-60}"
+targets=(request side_socket fast_queue)
 command -v clang++ >/dev/null || { echo "clang++ is needed (apt-get install clang)" >&2; exit 1; }
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCOLLECTIVED_FUZZ=ON >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target collectived_request_fuzzer
-corpus="build-fuzz/corpus"
-mkdir -p "$corpus"
-cp -n tests/fuzz/corpus/* "$corpus/"
-cd build-fuzz
-./tests/fuzz/collectived_request_fuzzer -max_total_time="$seconds" -print_final_stats=1 \
-  -timeout=60 -rss_limit_mb=4096 corpus 2>&1 | tee fuzz.log | grep -E "^#|Done|ERROR|stat::" | tail -12
-grep -q "Done [0-9]* runs" fuzz.log
+# shellcheck disable=SC2046
+cmake --build build-fuzz -j"$(nproc)" --target $(printf 'collectived_%s_fuzzer ' "${targets[@]}")
+for t in "${targets[@]}"; do
+  corpus="build-fuzz/corpus/$t"
+  mkdir -p "$corpus"
+  cp -n "tests/fuzz/corpus/$t"/* "$corpus/"
+  echo "--- $t (${seconds} s)"
+  (cd build-fuzz &&
+    "./tests/fuzz/collectived_${t}_fuzzer" -max_total_time="$seconds" -print_final_stats=1 \
+      -timeout=60 -rss_limit_mb=4096 "corpus/$t" 2>&1 | tee "fuzz-$t.log" |
+      grep -E "^#|Done|ERROR|stat::" | tail -6)
+  grep -q "Done [0-9]* runs" "build-fuzz/fuzz-$t.log"
+done

@@ -33,7 +33,7 @@ if [ "$quick" -eq 0 ]; then
   # it would report races TSan cannot see the synchronization of.
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     run_suite "tsan" build-tsan "-L unit" collectived_unit_tests -DCOLLECTIVED_SANITIZE=thread
-  echo "=== libFuzzer: request validation and op decoder (${FUZZ_SECONDS:-30} s)"
-  scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+  echo "=== libFuzzer: requests, side-socket packets, fast-path queues (${FUZZ_SECONDS:-20} s each)"
+  scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
 echo "=== all test suites passed"

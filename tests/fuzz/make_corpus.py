@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of request_fuzzer: one serialized OpSpec per file.
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/):
+request (one serialized OpSpec per file), side_socket (packet scripts, see
+side_socket_fuzzer.cc) and fast_queue (queue contents, see
+fast_queue_fuzzer.cc).
 
 Run by hand from the repository root (needs grpcio-tools):
     python3 tests/fuzz/make_corpus.py
@@ -12,7 +15,39 @@ import tempfile
 from grpc_tools import protoc
 
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-out = os.path.join(root, "tests", "fuzz", "corpus")
+corpus = os.path.join(root, "tests", "fuzz", "corpus")
+
+
+def write(target, seeds):
+    out = os.path.join(corpus, target)
+    os.makedirs(out, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print(f"wrote {len(seeds)} seeds to {out}")
+
+
+def packet(text, fds=0, substitute=False, reconnect=False, no_reply=False):
+    flags = {0: 0, 1: 1, 2: 2, 40: 3}[fds] | (4 if substitute else 0) | (8 if reconnect else 0)
+    flags |= 16 if no_reply else 0
+    data = text.encode() if isinstance(text, str) else text
+    return bytes([flags, len(data) & 0xFF, len(data) >> 8]) + data
+
+
+def entry(data, claim=None, opspec=True):
+    claim = len(data) if claim is None else claim
+    return bytes([1 if opspec else 0, claim & 0xFF, (claim >> 8) & 0xFF,
+                  len(data) & 0xFF, len(data) >> 8]) + data
+
+
+def queue(*entries, overwrite=None):
+    data = bytes([len(entries)]) + b"".join(entries)
+    if overwrite is not None:
+        which, value = overwrite
+        data += bytes([which]) + value.to_bytes(4, "little")
+    return data
+
+
 with tempfile.TemporaryDirectory() as gen:
     if protoc.main(["protoc", f"-I{root}/proto", f"--python_out={gen}",
                     f"{root}/proto/collectived/v1/collective.proto"]) != 0:
@@ -48,9 +83,35 @@ with tempfile.TemporaryDirectory() as gen:
     seeds["out_of_place"] = op(pb.PSUM, [4])
     seeds["out_of_place"].output.buffer_id = "b-0"
     seeds["out_of_place"].output.offset = 4096
-    os.makedirs(out, exist_ok=True)
-    for name, message in seeds.items():
-        data = message.SerializeToString()
-        with open(os.path.join(out, name), "wb") as f:
-            f.write(data)
-    print(f"wrote {len(seeds)} seeds to {out}")
+    ops = {name: message.SerializeToString() for name, message in seeds.items()}
+    write("request", ops)
+
+    write("side_socket", {
+        "attach_fd_queue": packet("ATTACH $S $T", substitute=True) + packet("FD $B", substitute=True)
+        + packet("QUEUE") + packet("QUEUE"),
+        "attach_twice": packet("ATTACH $S $T", substitute=True) + packet("ATTACH $S $T", substitute=True),
+        "wrong_token": packet("ATTACH $S nope", substitute=True),
+        "fd_before_attach": packet("FD $B", substitute=True),
+        "two_descriptors": packet("FD b-x", fds=2) + packet("QUEUE", reconnect=True),
+        "many_descriptors": packet("ATTACH $S $T", fds=40, substitute=True),
+        "one_descriptor": packet("QUEUE", fds=1),
+        "empty_and_garbage": packet("") + packet(b"\x00\xff ATTACH", reconnect=True) + packet("X" * 5000),
+        "no_reply_flood": b"".join(packet("FD b-unknown", no_reply=True) for _ in range(32)),
+        "reconnects": packet("ATTACH $S $T", substitute=True) + packet("FD $B", substitute=True, reconnect=True),
+    })
+
+    psum = ops["psum"]
+    write("fast_queue", {
+        "one_valid": queue(entry(psum)),
+        "mixed": queue(entry(ops["all_gather"]), entry(b"garbage", opspec=False), entry(ops["barrier"]),
+                       entry(ops["out_of_place"]), entry(ops["huge_shape"])),
+        "len_too_big": queue(entry(psum, claim=0xFFFF)),
+        "len_zero": queue(entry(psum, claim=0)),
+        "len_short": queue(entry(psum, claim=3)),
+        "tail_far_ahead": queue(entry(psum), overwrite=(0, 0x7FFFFFFF)),
+        "head_rewritten": queue(entry(psum), entry(psum), overwrite=(1, 5)),
+        "cq_head_ahead": queue(entry(psum), overwrite=(3, 1000)),
+        "closed_by_client": queue(entry(psum), overwrite=(4, 1)),
+        "eight": queue(*[entry(ops[k]) for k in ("psum", "pmean_int8", "pmax_bf16", "pmin_bool",
+                                                 "ppermute", "psum_scatter", "all_to_all", "broadcast")]),
+    })
