@@ -17,10 +17,14 @@ std::atomic<int> g_ceiling{INT_MAX};
 
 }  // namespace
 
-absl::StatusOr<FdLimits> RaiseFdLimit() {
-  rlimit lim{};
-  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return ErrnoStatus(errno, "getrlimit(RLIMIT_NOFILE)");
+FdLimits RaiseFdLimit() {
   FdLimits out;
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    out.raise_error = ErrnoStatus(errno, "getrlimit(RLIMIT_NOFILE)").ToString();
+    out.soft = out.soft_before = out.hard = 1024;
+    return out;
+  }
   out.soft_before = lim.rlim_cur;
   out.hard = lim.rlim_max;
   rlim_t target = lim.rlim_max;
@@ -33,10 +37,12 @@ absl::StatusOr<FdLimits> RaiseFdLimit() {
   if (target > lim.rlim_cur) {
     rlimit raised = lim;
     raised.rlim_cur = target;
-    if (setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("setrlimit(RLIMIT_NOFILE, ", target, ")"));
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      lim.rlim_cur = target;
+    } else {
+      out.raise_error =
+          ErrnoStatus(errno, absl::StrCat("setrlimit(RLIMIT_NOFILE, ", target, ")")).ToString();
     }
-    lim.rlim_cur = target;
   }
   out.soft = lim.rlim_cur;
   return out;

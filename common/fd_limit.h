@@ -20,11 +20,14 @@ struct FdLimits {
   uint64_t soft_before = 0;  // RLIMIT_NOFILE soft limit found at start
   uint64_t soft = 0;         // soft limit now (the hard limit, when it could be raised)
   uint64_t hard = 0;
+  std::string raise_error;  // empty when the limit is as high as it can be
 };
 
 // Raises the soft RLIMIT_NOFILE to the hard limit (capped at what the
-// kernel's nr_open allows) and reports both. Never lowers it.
-absl::StatusOr<FdLimits> RaiseFdLimit();
+// kernel's nr_open allows) and reports both. Never lowers it. When the limit
+// cannot be raised (e.g. a seccomp filter), `soft` stays as it was and
+// `raise_error` says why.
+FdLimits RaiseFdLimit();
 
 // Sets the ceiling: descriptors numbered at or above it are refused by
 // FdAdmitted. Default: no ceiling. Thread-safe.

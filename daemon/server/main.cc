@@ -192,13 +192,17 @@ int Main(int argc, char** argv) {
   }
   const int fd_reserve = absl::GetFlag(FLAGS_fd_reserve);
   if (fd_reserve < 16) return Fail(absl::InvalidArgumentError("--fd_reserve must be at least 16"));
-  auto fd_limits = RaiseFdLimit();
-  if (!fd_limits.ok()) return Fail(fd_limits.status());
-  if (fd_limits->soft < static_cast<uint64_t>(2 * fd_reserve)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "RLIMIT_NOFILE (", fd_limits->soft, ") leaves no room beside --fd_reserve=", fd_reserve)));
+  const FdLimits fd_limits = RaiseFdLimit();
+  if (!fd_limits.raise_error.empty()) {
+    LogEvent(LogLevel::kWarn, "open_files_limit_not_raised",
+             {{"soft", absl::StrCat(fd_limits.soft)}, {"hard", absl::StrCat(fd_limits.hard)},
+              {"error", fd_limits.raise_error}});
   }
-  SetFdCeiling(static_cast<int>(std::min<uint64_t>(fd_limits->soft, INT_MAX) - fd_reserve));
+  if (fd_limits.soft < static_cast<uint64_t>(2 * fd_reserve)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "RLIMIT_NOFILE (", fd_limits.soft, ") leaves no room beside --fd_reserve=", fd_reserve)));
+  }
+  SetFdCeiling(static_cast<int>(std::min<uint64_t>(fd_limits.soft, INT_MAX) - fd_reserve));
 
   const std::string socket = ResolveSocketPath(absl::GetFlag(FLAGS_socket));
   if (absl::Status st = EnsureSocketDir(socket); !st.ok()) return Fail(st);
@@ -289,7 +293,8 @@ int Main(int argc, char** argv) {
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
             {"tcp_security", tcp_security},
             {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
-            {"open_files_limit", absl::StrCat(fd_limits->soft)},
+            {"open_files_limit", absl::StrCat(fd_limits.soft)},
+            {"open_files_limit_at_start", absl::StrCat(fd_limits.soft_before)},
             {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
 
   int sig = 0;
