@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ const char* PathName() {
   const char* env = getenv("COLLECTIVED_FAST_PATH");
   return env != nullptr && std::string(env) == "0" ? "gRPC path" : "fast path";
 }
+
+// Creates an empty file at `path` (what --wait-file waits for).
+void Touch(const std::string& path) { std::ofstream(path).close(); }
 
 struct Members {
   std::vector<std::unique_ptr<Child>> children;
@@ -273,6 +277,45 @@ TEST(IsolationTest, JobsInDifferentScopesNeverMeetAndTokensKeepIntrudersOut) {
     EXPECT_EQ(Field(r.output, "FAILED", "code"), "OK") << r.output;
     EXPECT_EQ(Field(r.output, "NEXT", "sum"), "2") << r.output;
   }
+}
+
+// A job's join token carries over to the mesh's next generations: after a
+// member dies, a foreign process that rejoins the name before the survivors
+// is refused, and the survivor re-forms the mesh as generation 2.
+TEST(IsolationTest, AnIntruderCannotTakeOverTheNameOfAJobThatIsReforming) {
+  auto daemon = Daemon::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string go = MakeTempDir() + "/reform";
+  Members m;
+  m.StartAll(**daemon, "train", 2, [&](int) {
+    return std::vector<std::string>{"--mode=loop", "--reform", "--members-after=1",
+                                    "--scope=job-a", "--token=t-job-a", "--wait-file=" + go};
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  m.children[1]->Signal(SIGKILL);
+  ASSERT_TRUE(m.children[0]->WaitForOutput("FAILED", kFinish)) << m.children[0]->output();
+  EXPECT_EQ(Field(m.children[0]->output(), "FAILED", "code"), "ABORTED")
+      << m.children[0]->output();
+  // The mesh is broken and the survivor has not rejoined yet: an intruder
+  // that knows the name and scope but not the token rejoins first. It asks
+  // for a mesh of one member, which it would complete alone.
+  auto intruder = RunAll({WorkerArgs(**daemon, "train", 1, 0,
+                                     {"--mode=mismatch", "--scope=job-a", "--token=guess"})},
+                         kFinish);
+  EXPECT_NE(intruder[0].exit_code, 0) << intruder[0].output;
+  EXPECT_EQ(Field(intruder[0].output, "JOIN_FAILED", "code"), "PERMISSION_DENIED")
+      << intruder[0].output;
+  // So is one without a token.
+  auto tokenless = RunAll({WorkerArgs(**daemon, "train", 1, 0,
+                                      {"--mode=mismatch", "--scope=job-a"})},
+                          kFinish);
+  EXPECT_EQ(Field(tokenless[0].output, "JOIN_FAILED", "code"), "PERMISSION_DENIED")
+      << tokenless[0].output;
+  Touch(go);
+  ChildResult r = m.children[0]->Wait(kFinish);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Field(r.output, "REFORMED", "generation"), "2") << r.output;
+  EXPECT_EQ(Field(r.output, "REFORMED", "sum"), "1") << r.output;
 }
 
 // A peer that floods the side socket and never reads its replies loses its
