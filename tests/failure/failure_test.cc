@@ -205,6 +205,30 @@ TEST(DaemonDeathTest, WaitingClientsGetUnavailableAndKeepTheirData) {
   }
 }
 
+// SIGKILL the daemon while an op is pending and no thread waits for it: the
+// op's future turns ready with UNAVAILABLE by itself (a program polling
+// Ready() learns of the death without calling Wait).
+TEST(DaemonDeathTest, PendingOpsFailWithoutAWaiter) {
+  auto daemon = Daemon::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::vector<std::unique_ptr<Child>> members;
+  for (int i = 0; i < 2; ++i) {
+    auto c = Child::Start(WorkerArgs(**daemon, "no-waiter", 2, i,
+                                     {i == 0 ? "--mode=watch" : "--mode=stall"}));
+    ASSERT_TRUE(c.ok()) << c.status();
+    members.push_back(*std::move(c));
+  }
+  ASSERT_TRUE(members[0]->WaitForOutput("SUBMITTED", kStartup)) << members[0]->output();
+  ASSERT_TRUE(members[1]->WaitForOutput("READY", kStartup)) << members[1]->output();
+  const int64_t killed_ns = MonotonicNs();
+  (*daemon)->Kill();
+  ChildResult r = members[0]->Wait(kFinish);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(Field(r.output, "NOTICED", "code"), "UNAVAILABLE") << r.output;
+  std::printf("daemon SIGKILLed: pending future ready %.2f ms after the kill, no waiter (%s)\n",
+              MsSince(killed_ns, r.output, "NOTICED"), PathName());
+}
+
 // After the daemon dies, clients reconnect to a new daemon on the same
 // socket, rejoin their mesh and go on.
 TEST(DaemonDeathTest, ClientsReconnectToARestartedDaemon) {
