@@ -440,7 +440,10 @@ class ClientImpl {
 
     auto side = ConnectSeqPacket(SideSocketPath(options_.socket_path));
     if (!side.ok()) return side.status();
-    side_fd_ = *side;
+    {
+      MutexLock lock(&side_mu_);
+      side_fd_ = *side;
+    }
     auto reply = SideRequest(absl::StrCat("ATTACH ", session_id_, " ", resp.attach_token()));
     if (!reply.ok()) return reply.status();
     if (reply->fd >= 0) close(reply->fd);
@@ -487,15 +490,24 @@ class ClientImpl {
 
   bool fast_path() const { return fast_ != nullptr; }
 
+  // Ends the session. Waits for the daemon at most options_.close_timeout,
+  // and not at all after a teardown call went unanswered (TeardownContext).
+  // Giving up is safe: the daemon closes the session, breaking its meshes
+  // and freeing its buffers, when the side socket closes below. Everything
+  // else returns at once: the reader thread's Read ends when its call is
+  // cancelled (locally, whatever the daemon does), the fast-path monitor
+  // when told to stop; no lock taken here is held across a wait for the
+  // daemon. Callers must not use the client concurrently (see ~Client).
   void Close() {
     if (closed_.exchange(true)) return;
     if (stub_ && !session_id_.empty()) {
-      grpc::ClientContext ctx;
-      SetDeadline(ctx, absl::Seconds(5));
       v1::CloseSessionRequest req;
       req.set_session_id(session_id_);
       v1::CloseSessionResponse resp;
-      stub_->CloseSession(&ctx, req, &resp);  // best effort: the side socket closes anyway
+      if (auto ctx = TeardownContext()) {
+        // Best effort: the side socket closes below anyway.
+        NoteTeardownAnswer(stub_->CloseSession(ctx.get(), req, &resp)).IgnoreError();
+      }
     }
     {
       MutexLock lock(&stream_mu_);
@@ -503,8 +515,32 @@ class ClientImpl {
     }
     if (reader_.joinable()) reader_.join();
     if (fast_) fast_->Shutdown(absl::CancelledError("client closed"));
+    MutexLock lock(&side_mu_);
     if (side_fd_ >= 0) close(side_fd_);
     side_fd_ = -1;
+  }
+
+  // The context of a teardown RPC (LeaveMesh, CloseSession): its deadline is
+  // options_.close_timeout. Null when an earlier teardown RPC went
+  // unanswered and the daemon has answered nothing since: then the RPC is
+  // not sent, so that tearing down a client and all its meshes waits for a
+  // hung daemon once, not once per step.
+  std::unique_ptr<grpc::ClientContext> TeardownContext() {
+    if (teardown_unanswered_.load()) return nullptr;
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    SetDeadline(*ctx, options_.close_timeout);
+    return ctx;
+  }
+  // Records the outcome of a teardown RPC; returns it as a Status.
+  absl::Status NoteTeardownAnswer(const grpc::Status& s) {
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) teardown_unanswered_.store(true);
+    return FromGrpc(s);
+  }
+  // The status of an RPC that is not part of teardown: an answer shows the
+  // daemon responsive again, so teardown RPCs are sent again.
+  absl::Status Answered(const grpc::Status& s) {
+    if (s.ok()) teardown_unanswered_.store(false);
+    return FromGrpc(s);
   }
 
   // One request/reply on the side socket. After a failed exchange the socket
@@ -538,7 +574,7 @@ class ClientImpl {
     req.set_session_id(session_id_);
     req.set_size_bytes(static_cast<int64_t>(bytes));
     v1::AllocateBufferResponse resp;
-    if (auto st = FromGrpc(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
+    if (auto st = Answered(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
     const std::string& id = resp.buffer().buffer_id();
     auto mapped = MapBuffer(id, static_cast<size_t>(resp.buffer().size_bytes()));
     if (!mapped.ok()) {
@@ -569,7 +605,7 @@ class ClientImpl {
     req.set_session_id(session_id_);
     req.set_buffer_id(buffer.id());
     v1::FreeBufferResponse resp;
-    absl::Status st = FromGrpc(stub_->FreeBuffer(&ctx, req, &resp));
+    absl::Status st = Answered(stub_->FreeBuffer(&ctx, req, &resp));
     if (st.ok()) buffer.Reset();
     return st;
   }
@@ -591,7 +627,7 @@ class ClientImpl {
     req.set_scope(options.scope);
     req.set_join_token(options.join_token);
     v1::JoinMeshResponse resp;
-    if (auto st = FromGrpc(stub_->JoinMesh(&ctx, req, &resp)); !st.ok()) return st;
+    if (auto st = Answered(stub_->JoinMesh(&ctx, req, &resp)); !st.ok()) return st;
     std::unique_ptr<Mesh> mesh(new Mesh());
     mesh->client_ = this;
     mesh->id_ = resp.mesh().mesh_id();
@@ -608,14 +644,21 @@ class ClientImpl {
     return mesh;
   }
 
+  // Waits at most options_.close_timeout (see TeardownContext). A leave
+  // given up on is safe: the mesh breaks when the session ends.
   absl::Status LeaveMesh(const std::string& mesh_id) {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, options_.rpc_timeout);
     v1::LeaveMeshRequest req;
     req.set_session_id(session_id_);
     req.set_mesh_id(mesh_id);
     v1::LeaveMeshResponse resp;
-    return FromGrpc(stub_->LeaveMesh(&ctx, req, &resp));
+    auto ctx = TeardownContext();
+    if (!ctx) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "leave of mesh '", mesh_id, "' not sent: the daemon left an earlier leave or close "
+          "unanswered for ", absl::FormatDuration(options_.close_timeout),
+          " (the mesh breaks for its other members when this client's session ends)"));
+    }
+    return NoteTeardownAnswer(stub_->LeaveMesh(ctx.get(), req, &resp));
   }
 
   // Submits `op` on the fast path, else on the Execute stream (opened on
@@ -736,9 +779,11 @@ class ClientImpl {
   std::unique_ptr<v1::Collective::Stub> stub_;
   std::string session_id_;
   std::atomic<bool> closed_{false};
+  // A teardown RPC went unanswered (see TeardownContext).
+  std::atomic<bool> teardown_unanswered_{false};
 
   Mutex side_mu_;
-  int side_fd_ = -1;
+  int side_fd_ ABSL_GUARDED_BY(side_mu_) = -1;
   std::shared_ptr<FastQueue> fast_;  // set by Connect, then constant
 
   Mutex write_mu_;  // serializes stream writes (taken before stream_mu_)

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -60,6 +61,31 @@ const char* PathName() {
 
 // Creates an empty file at `path` (what --wait-file waits for).
 void Touch(const std::string& path) { std::ofstream(path).close(); }
+
+// Stops process `pid` with SIGSTOP and waits (at most 10 s) until every one
+// of its threads is stopped: a signal reaches a process's threads one by
+// one. False if that does not happen in time.
+bool StopProcess(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (;;) {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator(
+             absl::StrCat("/proc/", pid, "/task"), ec)) {
+      std::ifstream in(task.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      // "<tid> (<comm>) <state> ...": the state follows the last ')'.
+      const size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+        all = false;
+      }
+    }
+    if (all && !ec) return true;
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
 
 struct Members {
   std::vector<std::unique_ptr<Child>> children;
@@ -340,6 +366,55 @@ TEST(IsolationTest, AnIntruderCannotTakeOverTheNameOfAJobThatIsReforming) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(Field(r.output, "REFORMED", "generation"), "2") << r.output;
   EXPECT_EQ(Field(r.output, "REFORMED", "sum"), "1") << r.output;
+}
+
+// A client whose daemon is stopped (SIGSTOP: alive, never answers) tears
+// down its mesh and itself within ClientOptions::close_timeout (1 s), not
+// the 30 s + 5 s of the leave and close RPCs' own deadlines; an op left
+// pending completes. The daemon, resumed, notices the session is gone.
+TEST(HungDaemonTest, TeardownIsBounded) {
+  auto daemon = Daemon::Start();
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string go = MakeTempDir() + "/teardown";
+  auto c = Child::Start(WorkerArgs(**daemon, "hung", 1, 0,
+                                   {"--mode=teardown", "--wait-file=" + go}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->WaitForOutput("FIRST", kStartup)) << (*c)->output();
+  EXPECT_EQ(Field((*c)->output(), "FIRST", "code"), "OK") << (*c)->output();
+  ASSERT_TRUE(StopProcess((*daemon)->pid()));
+  Touch(go);
+  ChildResult r = (*c)->Wait(kFinish);
+  ASSERT_EQ(kill((*daemon)->pid(), SIGCONT), 0);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  int64_t total_ms = -1;
+  ASSERT_TRUE(absl::SimpleAtoi(Field(r.output, "TORN_DOWN", "total_ms"), &total_ms)) << r.output;
+  std::printf("stopped daemon: mesh left in %s ms, client closed in %s ms, %lld ms in all (%s)\n",
+              Field(r.output, "TORN_DOWN", "leave_ms").c_str(),
+              Field(r.output, "TORN_DOWN", "close_ms").c_str(), static_cast<long long>(total_ms),
+              PathName());
+  // A hang guard, not a timing check: 1 s is the bound, the old code took 35 s.
+  EXPECT_LT(total_ms, 5000) << r.output;
+  EXPECT_EQ(Field(r.output, "TORN_DOWN", "pending"), "CANCELLED") << r.output;
+
+  // Resumed, the daemon closes the session (its side socket closed) and
+  // stops cleanly.
+  auto channel = grpc::CreateChannel("unix:" + (*daemon)->socket(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Collective::NewStub(channel);
+  int sessions = -1;
+  for (int i = 0; i < 1000 && sessions != 0; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListSessionsResponse resp;
+    if (stub->ListSessions(&ctx, v1::ListSessionsRequest(), &resp).ok()) {
+      sessions = resp.sessions_size();
+    }
+    if (sessions != 0) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(sessions, 0) << "the daemon still lists the session of the torn-down client";
+  ChildResult stop = (*daemon)->Stop(absl::Seconds(20));
+  EXPECT_FALSE(stop.timed_out) << stop.output;
+  EXPECT_EQ(stop.exit_code, 0) << stop.output;
 }
 
 // A peer that floods the side socket and never reads its replies loses its
