@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -133,17 +134,33 @@ class OpState {
 // Submissions are serialized by mu_. Completions are reaped by the threads
 // that wait: one at a time takes the reaper role (reaping_), polls or sleeps
 // on the CQ doorbell, and completes whatever arrived, for every waiter; the
-// others wait on mu_ for their op or for the role to become free. No thread
-// of the SDK's own runs the queue.
+// others wait on mu_ for their op or for the role to become free.
+//
+// One thread of the SDK's own, the monitor, sleeps in poll() on a duplicate
+// of the side socket until it hangs up (the daemon died or closed the
+// session), then fails every pending op and rings the client doorbell, so a
+// waiter asleep on the futex learns of it at once and a future nobody waits
+// on turns ready. It polls only for the hang-up, never for input, so the
+// side socket's replies stay for SideRequest; it costs nothing while the
+// daemon lives and adds nothing to the op path.
 class FastQueue {
  public:
-  // Takes ownership of the mapping of `base` and of `live_fd`, a descriptor of
-  // the side socket: it hangs up when the daemon dies.
-  FastQueue(void* base, int live_fd, absl::Duration spin)
-      : base_(base), q_(fastq::QueueView::Of(base)), live_fd_(live_fd), spin_(spin) {}
+  // Takes ownership of the mapping of `base` and of `live_fd`, a descriptor
+  // of the side socket, and starts the monitor.
+  static absl::StatusOr<std::shared_ptr<FastQueue>> Create(void* base, int live_fd,
+                                                            absl::Duration spin) {
+    const int stop_fd = eventfd(0, EFD_CLOEXEC);
+    if (stop_fd < 0) {
+      const int err = errno;
+      munmap(base, fastq::kQueueBytes);
+      close(live_fd);
+      return ErrnoStatus(err, "eventfd for the fast-path monitor");
+    }
+    return std::shared_ptr<FastQueue>(new FastQueue(base, live_fd, stop_fd, spin));
+  }
   ~FastQueue() {
+    Shutdown(absl::CancelledError("client closed"));
     munmap(base_, fastq::kQueueBytes);
-    close(live_fd_);
   }
   FastQueue(const FastQueue&) = delete;
   FastQueue& operator=(const FastQueue&) = delete;
@@ -200,26 +217,73 @@ class FastQueue {
       tail = tail_;
     }
     while (q_.header->sq_head.v.load(std::memory_order_acquire) != tail) {
-      if (absl::Now() >= deadline || !Alive()) return false;
+      if (absl::Now() >= deadline || failed_.load()) return false;
       absl::SleepFor(absl::Microseconds(100));
     }
     return true;
   }
 
-  // Fails every pending and later op with `status` (the client is closing).
-  void Fail(const absl::Status& status) {
-    MutexLock lock(&mu_);
-    FailLocked(status);
+  // Fails every pending and later op with `status` (unless the queue failed
+  // already), stops the monitor and closes this queue's descriptor of the
+  // side socket. Idempotent; returns at once (the monitor only sleeps in
+  // poll(), which the stop event ends).
+  void Shutdown(const absl::Status& status) {
+    {
+      MutexLock lock(&mu_);
+      FailLocked(status);
+      if (stopped_) return;
+      stopped_ = true;
+    }
+    const uint64_t one = 1;
+    while (write(stop_fd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+    monitor_.join();
+    close(stop_fd_);
+    close(live_fd_);
   }
 
  private:
-  bool Alive() {
-    pollfd p{live_fd_, POLLRDHUP, 0};
-    return poll(&p, 1, 0) == 0;
+  FastQueue(void* base, int live_fd, int stop_fd, absl::Duration spin)
+      : base_(base), q_(fastq::QueueView::Of(base)), live_fd_(live_fd), stop_fd_(stop_fd),
+        spin_(spin) {
+    monitor_ = std::thread([this] { Monitor(); });
+  }
+
+  // The monitor thread: sleeps until the side socket hangs up or Shutdown
+  // writes stop_fd_. The wait has no deadline of its own: its owner ends it
+  // (Shutdown, also run by the destructor, before anything it uses goes).
+  void Monitor() {
+    pollfd p[2] = {{live_fd_, POLLRDHUP, 0}, {stop_fd_, POLLIN, 0}};
+    absl::Status lost =
+        absl::UnavailableError("connection to the daemon lost (side socket closed)");
+    for (;;) {
+      const int r = poll(p, 2, -1);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        // Cannot watch the daemon any more: fail rather than risk waiters
+        // that would never learn of its death.
+        lost = ErrnoStatus(errno, "watching the side socket to the daemon");
+        break;
+      }
+      if (p[1].revents != 0) return;  // Shutdown
+      if (p[0].revents != 0) break;   // POLLRDHUP, POLLHUP, POLLERR: the peer is gone
+    }
+    {
+      MutexLock lock(&mu_);
+      DrainLocked();  // completes what the daemon answered before it went
+      FailLocked(lost);
+      dead_.store(true, std::memory_order_seq_cst);
+    }
+    // Wakes a reaper asleep on the futex. dead_ was stored before this
+    // increment, so a reaper that read the bell before it sees dead_ in its
+    // ready() check, or finds the bell changed and does not sleep.
+    q_.header->client_bell.v.fetch_add(1, std::memory_order_seq_cst);
+    fastq::FutexWake(&q_.header->client_bell.v);
   }
 
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (failure_.ok()) failure_ = status;
+    failed_.store(true);
     for (auto& [tag, state] : pending_) state->Complete(failure_, -1, {}, DType::kInvalid);
     pending_.clear();
   }
@@ -258,7 +322,7 @@ class FastQueue {
       FailLocked(absl::UnavailableError(
           "the daemon stopped serving this session's queue (it is stopping, or the session "
           "was closed)"));
-    } else if (dead_) {
+    } else if (dead_.load()) {
       FailLocked(absl::UnavailableError("connection to the daemon lost (side socket closed)"));
     }
   }
@@ -286,13 +350,12 @@ class FastQueue {
           q_.header->client_bell, q_.header->client_sleeping,
           [this, seen] {
             return q_.header->cq_tail.v.load(std::memory_order_seq_cst) != seen ||
-                   q_.header->closed.v.load(std::memory_order_seq_cst) != 0;
+                   q_.header->closed.v.load(std::memory_order_seq_cst) != 0 ||
+                   dead_.load(std::memory_order_seq_cst);
           },
-          [this] {
-            if (Alive()) return true;
-            dead_ = true;
-            return false;
-          },
+          // The monitor rings the bell when the daemon goes; the slices only
+          // bound the cost of a wake-up that would go missing.
+          [this] { return !dead_.load(std::memory_order_seq_cst); },
           spin, absl::Milliseconds(100), deadline);
       mu_.Lock();
       reaping_ = false;
@@ -302,11 +365,15 @@ class FastQueue {
 
   void* const base_;
   const fastq::QueueView q_;
-  const int live_fd_;
+  const int live_fd_;  // read by the monitor only; closed by Shutdown
+  const int stop_fd_;  // eventfd: Shutdown's stop signal to the monitor
   const absl::Duration spin_;
+  std::thread monitor_;  // set by the constructor, joined by Shutdown
   Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown ran
   bool reaping_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<bool> dead_{false};
+  std::atomic<bool> dead_{false};    // the side socket hung up
+  std::atomic<bool> failed_{false};  // failure_ is set (for WaitTaken)
   uint32_t tail_ ABSL_GUARDED_BY(mu_) = 0;     // SQ entries published
   uint32_t cq_head_ ABSL_GUARDED_BY(mu_) = 0;  // completions consumed
   uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
@@ -434,30 +501,65 @@ class ClientImpl {
       munmap(base, fastq::kQueueBytes);
       return ErrnoStatus(errno, "duplicating the side socket");
     }
-    fast_ = std::make_shared<FastQueue>(base, live_fd, options_.fast_path_spin);
+    auto fast = FastQueue::Create(base, live_fd, options_.fast_path_spin);
+    if (!fast.ok()) return fast.status();
+    fast_ = *std::move(fast);
     return absl::OkStatus();
   }
 
   bool fast_path() const { return fast_ != nullptr; }
 
+  // Ends the session. Waits for the daemon at most options_.close_timeout,
+  // and not at all after a teardown call went unanswered (TeardownContext).
+  // Giving up is safe: the daemon closes the session, breaking its meshes
+  // and freeing its buffers, when the side socket closes below. Everything
+  // else returns at once: the reader thread's Read ends when its call is
+  // cancelled (locally, whatever the daemon does), the fast-path monitor
+  // when told to stop; no lock taken here is held across a wait for the
+  // daemon. Callers must not use the client concurrently (see ~Client).
   void Close() {
     if (closed_.exchange(true)) return;
     if (stub_ && !session_id_.empty()) {
-      grpc::ClientContext ctx;
-      SetDeadline(ctx, absl::Seconds(5));
       v1::CloseSessionRequest req;
       req.set_session_id(session_id_);
       v1::CloseSessionResponse resp;
-      stub_->CloseSession(&ctx, req, &resp);  // best effort: the side socket closes anyway
+      if (auto ctx = TeardownContext()) {
+        // Best effort: the side socket closes below anyway.
+        NoteTeardownAnswer(stub_->CloseSession(ctx.get(), req, &resp)).IgnoreError();
+      }
     }
     {
       MutexLock lock(&stream_mu_);
       if (stream_) stream_ctx_->TryCancel();
     }
     if (reader_.joinable()) reader_.join();
-    if (fast_) fast_->Fail(absl::CancelledError("client closed"));
+    if (fast_) fast_->Shutdown(absl::CancelledError("client closed"));
+    MutexLock lock(&side_mu_);
     if (side_fd_ >= 0) close(side_fd_);
     side_fd_ = -1;
+  }
+
+  // The context of a teardown RPC (LeaveMesh, CloseSession): its deadline is
+  // options_.close_timeout. Null when an earlier teardown RPC went
+  // unanswered and the daemon has answered nothing since: then the RPC is
+  // not sent, so that tearing down a client and all its meshes waits for a
+  // hung daemon once, not once per step.
+  std::unique_ptr<grpc::ClientContext> TeardownContext() {
+    if (teardown_unanswered_.load()) return nullptr;
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    SetDeadline(*ctx, options_.close_timeout);
+    return ctx;
+  }
+  // Records the outcome of a teardown RPC; returns it as a Status.
+  absl::Status NoteTeardownAnswer(const grpc::Status& s) {
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) teardown_unanswered_.store(true);
+    return FromGrpc(s);
+  }
+  // The status of an RPC that is not part of teardown: an answer shows the
+  // daemon responsive again, so teardown RPCs are sent again.
+  absl::Status Answered(const grpc::Status& s) {
+    if (s.ok()) teardown_unanswered_.store(false);
+    return FromGrpc(s);
   }
 
   // One request/reply on the side socket. After a failed exchange the socket
@@ -490,7 +592,7 @@ class ClientImpl {
     req.set_session_id(session_id_);
     req.set_size_bytes(static_cast<int64_t>(bytes));
     v1::AllocateBufferResponse resp;
-    if (auto st = FromGrpc(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
+    if (auto st = Answered(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
     const std::string& id = resp.buffer().buffer_id();
     auto mapped = MapBuffer(id, static_cast<size_t>(resp.buffer().size_bytes()));
     if (!mapped.ok()) {
@@ -520,7 +622,7 @@ class ClientImpl {
     req.set_session_id(session_id_);
     req.set_buffer_id(buffer.id());
     v1::FreeBufferResponse resp;
-    absl::Status st = FromGrpc(stub_->FreeBuffer(&ctx, req, &resp));
+    absl::Status st = Answered(stub_->FreeBuffer(&ctx, req, &resp));
     if (st.ok()) buffer.Reset();
     return st;
   }
@@ -542,7 +644,7 @@ class ClientImpl {
     req.set_scope(options.scope);
     req.set_join_token(options.join_token);
     v1::JoinMeshResponse resp;
-    if (auto st = FromGrpc(stub_->JoinMesh(&ctx, req, &resp)); !st.ok()) return st;
+    if (auto st = Answered(stub_->JoinMesh(&ctx, req, &resp)); !st.ok()) return st;
     std::unique_ptr<Mesh> mesh(new Mesh());
     mesh->client_ = this;
     mesh->id_ = resp.mesh().mesh_id();
@@ -559,14 +661,21 @@ class ClientImpl {
     return mesh;
   }
 
+  // Waits at most options_.close_timeout (see TeardownContext). A leave
+  // given up on is safe: the mesh breaks when the session ends.
   absl::Status LeaveMesh(const std::string& mesh_id) {
-    grpc::ClientContext ctx;
-    SetDeadline(ctx, options_.rpc_timeout);
     v1::LeaveMeshRequest req;
     req.set_session_id(session_id_);
     req.set_mesh_id(mesh_id);
     v1::LeaveMeshResponse resp;
-    return FromGrpc(stub_->LeaveMesh(&ctx, req, &resp));
+    auto ctx = TeardownContext();
+    if (!ctx) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "leave of mesh '", mesh_id, "' not sent: the daemon left an earlier leave or close "
+          "unanswered for ", absl::FormatDuration(options_.close_timeout),
+          " (the mesh breaks for its other members when this client's session ends)"));
+    }
+    return NoteTeardownAnswer(stub_->LeaveMesh(ctx.get(), req, &resp));
   }
 
   // Submits `op` on the fast path, else on the Execute stream (opened on
@@ -687,9 +796,11 @@ class ClientImpl {
   std::unique_ptr<v1::Collective::Stub> stub_;
   std::string session_id_;
   std::atomic<bool> closed_{false};
+  // A teardown RPC went unanswered (see TeardownContext).
+  std::atomic<bool> teardown_unanswered_{false};
 
   Mutex side_mu_;
-  int side_fd_ = -1;
+  int side_fd_ ABSL_GUARDED_BY(side_mu_) = -1;
   std::shared_ptr<FastQueue> fast_;  // set by Connect, then constant
 
   Mutex write_mu_;  // serializes stream writes (taken before stream_mu_)

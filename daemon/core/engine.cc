@@ -391,6 +391,16 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
             " but this join asks for ", req.op_timeout_ms()));
       }
     } else {
+      // No mesh holds the name now, but an earlier generation's token may
+      // still bind it.
+      auto record = names_.find(key);
+      if (record != names_.end() && record->second.held(absl::Now(), options_.token_hold) &&
+          record->second.token != req.join_token()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "mesh '", req.mesh_name(), "' needs the join token of its generation ",
+            record->second.last_generation,
+            " (a mesh's token carries over to its next generations)"));
+      }
       if (static_cast<int>(meshes_.size()) >= options_.max_meshes) {
         return absl::ResourceExhaustedError(
             absl::StrCat("mesh limit reached (", options_.max_meshes, ")"));
@@ -402,7 +412,10 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       m->key = key;
       m->token = req.join_token();
       m->shape = shape;
-      m->generation = ++last_generation_[key];
+      NameRecord& name = names_[key];
+      name.token = req.join_token();
+      ++name.meshes;
+      m->generation = ++name.last_generation;
       m->assign = assign;
       m->op_timeout = options_.op_timeout;
       m->member_session.assign(members, "");
@@ -518,7 +531,7 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
     RemoveJoiner(mesh, index, status, cbs);
     if (mesh.join_waiters.empty()) {
       mesh_by_name_.erase(mesh.key);
-      meshes_.erase(it);
+      EraseMesh(it);
     }
   }
   Run(cbs);
@@ -552,7 +565,7 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
   if (mesh.state == MeshState::kForming) {
     if (mesh.join_waiters.empty()) {
       mesh_by_name_.erase(mesh.key);
-      meshes_.erase(it);
+      EraseMesh(it);
     }
     return;
   }
@@ -563,6 +576,12 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
   for (const auto& [seq, op] : mesh.pending) {
     if (op.running) return;  // erased when the op finishes
   }
+  EraseMesh(it);
+}
+
+void Engine::EraseMesh(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it) {
+  NameRecord& name = names_[it->second->key];
+  if (--name.meshes == 0) name.idle_since = absl::Now();
   meshes_.erase(it);
 }
 

@@ -41,6 +41,11 @@ struct EngineOptions {
   absl::Duration op_timeout = absl::Seconds(60);
   // A session that does not attach its side socket in time is closed.
   absl::Duration attach_timeout = absl::Seconds(10);
+  // A mesh name's join token binds every later generation of the name while
+  // any mesh of it exists (forming, ready, or broken with members that have
+  // not left), and for this long after the last one is gone; then the next
+  // first member sets a new token. See Engine::NameRecord.
+  absl::Duration token_hold = absl::Seconds(60);
   int max_sessions = 1024;
   int max_meshes = 1024;
   int max_mesh_members = 4096;
@@ -200,7 +205,7 @@ class Engine {
     std::string name;
     std::string scope;
     std::string key;    // scope and name: what mesh_by_name_ is keyed by
-    std::string token;  // join token set by the first member
+    std::string token;  // join token (NameRecord::token when the mesh was created)
     MeshShape shape;
     int64_t generation = 1;
     MeshState state = MeshState::kForming;
@@ -235,6 +240,10 @@ class Engine {
   void BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs,
                  LogLevel level = LogLevel::kWarn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEraseMesh(const std::string& mesh_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a mesh from meshes_ (the only way one is removed), counting it
+  // off its NameRecord.
+  void EraseMesh(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs)
@@ -264,7 +273,30 @@ class Engine {
   // Key (scope and name) -> id of the mesh that currently holds the name
   // (forming or ready).
   absl::flat_hash_map<std::string, std::string> mesh_by_name_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
+  // What the engine keeps of a mesh name (scope and name) across its
+  // generations.
+  struct NameRecord {
+    int64_t last_generation = 0;
+    // The join token of the name's meshes. Set by the first member of a
+    // generation while the token is not held (see held below), else every
+    // join must present it: so a foreign process cannot take over a name
+    // whose job is re-forming after a member died.
+    std::string token;
+    // Meshes of the name in meshes_, in any state. A broken mesh stays
+    // there until every member has left it (rejoining leaves it too).
+    int meshes = 0;
+    // When `meshes` last dropped to 0.
+    absl::Time idle_since = absl::InfinitePast();
+    // Whether `token` binds joins at `now`: while some mesh of the name
+    // exists, and for token_hold after the last one went away (members that
+    // drop a broken mesh before rejoining, or a job that restarts all its
+    // processes, re-form within that time).
+    bool held(absl::Time now, absl::Duration hold) const {
+      return meshes > 0 || now - idle_since < hold;
+    }
+  };
+  // Never shrinks (generation numbers of a name never repeat).
+  absl::flat_hash_map<std::string, NameRecord> names_ ABSL_GUARDED_BY(mu_);
 
   struct KindStats {
     int64_t completed = 0, failed = 0, bytes = 0;

@@ -119,6 +119,30 @@ class EngineTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 
+std::vector<absl::StatusOr<v1::JoinMeshResponse>> JoinAll(Engine& engine,
+                                                          const std::vector<std::string>& sessions,
+                                                          const std::string& name,
+                                                          const std::string& token) {
+  const int n = static_cast<int>(sessions.size());
+  std::vector<std::unique_ptr<Result<absl::StatusOr<v1::JoinMeshResponse>>>> results;
+  for (int i = 0; i < n; ++i) {
+    results.push_back(std::make_unique<Result<absl::StatusOr<v1::JoinMeshResponse>>>());
+    v1::JoinMeshRequest req;
+    req.set_session_id(sessions[i]);
+    req.set_mesh_name(name);
+    auto* a = req.add_axes();
+    a->set_name("i");
+    a->set_size(n);
+    req.add_coordinate(i);
+    req.set_timeout_ms(10000);
+    req.set_join_token(token);
+    engine.JoinMesh(req, results.back()->Callback());
+  }
+  std::vector<absl::StatusOr<v1::JoinMeshResponse>> out;
+  for (auto& r : results) out.push_back(r->Get());
+  return out;
+}
+
 TEST_F(EngineTest, JoinAssignsDistinctCoordinatesConcurrently) {
   constexpr int kMembers = 6;
   std::vector<std::string> sessions;
@@ -213,6 +237,70 @@ TEST_F(EngineTest, ScopesKeepJobsApartAndTokensGuardJoins) {
   Result<absl::StatusOr<v1::JoinMeshResponse>> rejected;
   engine_->JoinMesh(bad_scope, rejected.Callback());
   EXPECT_EQ(rejected.Get().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Joins `sessions` to mesh `name` of that many members with `token`,
+// coordinates in order; returns the results.
+std::vector<absl::StatusOr<v1::JoinMeshResponse>> JoinAll(Engine& engine,
+                                                          const std::vector<std::string>& sessions,
+                                                          const std::string& name,
+                                                          const std::string& token);
+
+TEST_F(EngineTest, JoinTokenCarriesOverToTheNextGenerations) {
+  // A job of two forms "job" with a token; member 1 dies: the mesh breaks.
+  std::vector<std::string> job = {NewSession("m0"), NewSession("m1")};
+  for (const auto& r : JoinAll(*engine_, job, "job", "secret")) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->mesh().generation(), 1);
+  }
+  ASSERT_TRUE(engine_->CloseSession(job[1], "killed").ok());
+  // A foreign process rejoins the name before the survivor: refused, with a
+  // wrong token or none, and the refusal changes nothing.
+  for (const std::string token : {"guess", ""}) {
+    Result<absl::StatusOr<v1::JoinMeshResponse>> intruder;
+    auto req = JoinRequest(NewSession("intruder"), "job", 1);
+    req.set_join_token(token);
+    engine_->JoinMesh(req, intruder.Callback());
+    EXPECT_EQ(intruder.Get().status().code(), absl::StatusCode::kPermissionDenied)
+        << "token '" << token << "': " << intruder.Get().status();
+    EXPECT_NE(intruder.Get().status().message().find("carries over"), std::string::npos)
+        << intruder.Get().status();
+  }
+  // The survivor and a replacement that holds the token re-form it.
+  job[1] = NewSession("replacement");
+  for (const auto& r : JoinAll(*engine_, job, "job", "secret")) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->mesh().generation(), 2);
+  }
+  // Every member leaves: with the default hold (60 s) the name stays guarded
+  // though no mesh of it is left, so a job restarting all its processes
+  // cannot be overtaken either.
+  for (const auto& s : job) ASSERT_TRUE(engine_->CloseSession(s, "job ended").ok());
+  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
+  auto late = JoinAll(*engine_, {NewSession("late")}, "job", "guess");
+  EXPECT_EQ(late[0].status().code(), absl::StatusCode::kPermissionDenied) << late[0].status();
+  auto restarted = JoinAll(*engine_, {NewSession("restarted")}, "job", "secret");
+  ASSERT_TRUE(restarted[0].ok()) << restarted[0].status();
+  EXPECT_EQ(restarted[0]->mesh().generation(), 3);
+}
+
+TEST_F(EngineTest, CarriedJoinTokenIsForgottenOnceTheNameIsIdleForTheHold) {
+  Start(EngineOptions{.token_hold = absl::ZeroDuration()});
+  std::vector<std::string> job = {NewSession("m0"), NewSession("m1")};
+  auto formed = JoinAll(*engine_, job, "job", "secret");
+  for (const auto& r : formed) ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(engine_->CloseSession(job[1], "killed").ok());
+  // Even without a hold, the name is guarded while a member of the broken
+  // generation is still in it (it has not rejoined or left yet).
+  auto early = JoinAll(*engine_, {NewSession("other")}, "job", "other-token");
+  EXPECT_EQ(early[0].status().code(), absl::StatusCode::kPermissionDenied) << early[0].status();
+  // The survivor leaves too: no mesh of the name is left and the hold is 0,
+  // so another job may take the name with its own token.
+  ASSERT_TRUE(engine_->LeaveMesh(job[0], formed[0]->mesh().mesh_id()).ok());
+  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
+  auto next = JoinAll(*engine_, {NewSession("next-job")}, "job", "other-token");
+  ASSERT_TRUE(next[0].ok()) << next[0].status();
+  EXPECT_EQ(next[0]->mesh().generation(), 2);
 }
 
 TEST_F(EngineTest, PsumFromThreadsGivesEveryMemberTheSum) {

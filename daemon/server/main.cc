@@ -71,6 +71,9 @@ ABSL_FLAG(int64_t, fast_path_spin_us, 200,
 ABSL_FLAG(int64_t, join_timeout_ms, 60000, "Default deadline for a mesh to fill.");
 ABSL_FLAG(int64_t, op_timeout_ms, 60000,
           "Default deadline for every member to submit an op, from the first submission.");
+ABSL_FLAG(int64_t, token_hold_ms, 60000,
+          "A mesh name's join token binds its next generations while any mesh of the name "
+          "exists and for this long after the last one is gone.");
 ABSL_FLAG(int64_t, attach_timeout_ms, 10000,
           "A session whose side socket is not attached within this time is closed.");
 ABSL_FLAG(int, max_unattached_connections, 512,
@@ -229,6 +232,8 @@ int Main(int argc, char** argv) {
   options.join_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_join_timeout_ms));
   options.op_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_op_timeout_ms));
   options.attach_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_attach_timeout_ms));
+  options.token_hold =
+      absl::Milliseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_token_hold_ms)));
   options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.max_meshes = absl::GetFlag(FLAGS_max_meshes);
   options.max_buffers_per_session = absl::GetFlag(FLAGS_max_buffers_per_session);

@@ -6,19 +6,34 @@
 //   --mode=mismatch  submit --kind instead of psum as op 0, then one psum
 //   --mode=mixed     --ops=N ops of random kinds (same --seed on every member),
 //                    four in flight at a time; stops at the first failure
+//   --mode=watch     submit one psum and, without waiting on it, poll
+//                    OpFuture::Ready() until it completes (the partner
+//                    stalls; the test kills the daemon)
+//   --mode=teardown  run one psum, then wait for --wait-file; then submit
+//                    one more psum (left pending), leave and destroy the
+//                    mesh and destroy the client (the test stops the daemon
+//                    before)
 //   --reform         after a failure, join NAME again with --members-after
 //                    members (coordinates assigned) and run one psum
-//   --scope=S --token=T  join within scope S with join token T
+//   --scope=S --token=T  join within scope S with join token T (--reform too)
+//   --wait-file=F    with --reform, and in teardown mode: wait (at most 60 s)
+//                    until file F exists before going on
 //   --reconnect-ms=T after a failure, reconnect (to a restarted daemon)
 //                    for up to T ms, rejoin and run one psum
 //
 // Output lines (one per event, parsed by failure_test.cc):
 //   READY index=<i> pid=<pid>
-//   FAILED code=<CODE> after_ms=<ms since the failing op was submitted> msg=<message>
+//   FAILED code=<CODE> after_ms=<ms since the failing op was submitted>
+//          at_ns=<CLOCK_MONOTONIC when the failure was seen> msg=<message>
+//   NOTICED code=<CODE> at_ns=<CLOCK_MONOTONIC when Ready() turned true>
+//   TORN_DOWN leave_ms=<Leave + ~Mesh> close_ms=<~Client> total_ms=<both>
+//             leave=<CODE of Leave> pending=<CODE of the op left pending>
 //   BUFFER_INTACT value=<v>         (the shared buffer is still readable)
 //   REFORMED generation=<g> members=<n> sum=<s>
 //   RECONNECTED sum=<s>
 //   DONE
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -38,7 +53,7 @@ namespace {
 using collectived::Array;
 
 struct Flags {
-  std::string socket, mesh, mode = "loop", kind = "psum", scope, token;
+  std::string socket, mesh, mode = "loop", kind = "psum", scope, token, wait_file;
   int members = 2, member = 0, members_after = 0;
   bool reform = false;
   int64_t reconnect_ms = 0, op_timeout_ms = 0, ops = 100, seed = 1;
@@ -55,7 +70,8 @@ bool Parse(int argc, char** argv, Flags& f) {
     };
     std::string v;
     if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||
-        value("kind", &f.kind) || value("scope", &f.scope) || value("token", &f.token)) {
+        value("kind", &f.kind) || value("scope", &f.scope) || value("token", &f.token) ||
+        value("wait-file", &f.wait_file)) {
     } else if (value("members", &v)) {
       f.members = std::atoi(v.c_str());
     } else if (value("member", &v)) {
@@ -85,11 +101,32 @@ void Line(const std::string& s) {
   std::fflush(stdout);
 }
 
+// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the host,
+// so the test can compare it with the moment it killed the daemon.
+int64_t MonotonicNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+// Waits until `path` exists; false after 60 s.
+bool WaitForFile(const std::string& path) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  struct stat st;
+  while (stat(path.c_str(), &st) != 0) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
 // Joins `name` and runs one psum of 1.0 per member; returns the sum.
 absl::StatusOr<float> JoinAndSum(collectived::Client& client, const std::string& name,
-                                 int members, int64_t* generation) {
+                                 int members, int64_t* generation, const Flags& f) {
   auto mesh = client.JoinMesh({.name = name, .axes = {{"i", members}},
-                               .join_timeout = absl::Seconds(20)});
+                               .join_timeout = absl::Seconds(20),
+                               .scope = f.scope,
+                               .join_token = f.token});
   if (!mesh.ok()) return mesh.status();
   *generation = (*mesh)->generation();
   auto buf = client.Allocate(sizeof(float));
@@ -161,6 +198,46 @@ int Run(const Flags& f) {
     return 0;
   }
 
+  if (f.mode == "watch") {
+    // The partner stalls, so the op stays pending until the daemon dies.
+    collectived::OpFuture fut = (*mesh)->psum_async(x, "i");
+    Line("SUBMITTED");
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!fut.Ready() && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(100));
+    const int64_t at_ns = MonotonicNs();
+    if (!fut.Ready()) {
+      Line("NOT_NOTICED within 20 s");
+      return 1;
+    }
+    Line(absl::StrCat("NOTICED code=", absl::StatusCodeToString(fut.Wait().code()),
+                      " at_ns=", at_ns));
+    return 0;
+  }
+
+  if (f.mode == "teardown") {
+    // One op first, so that the gRPC path has its stream open.
+    absl::Status st = (*mesh)->psum(Array::Of<float>(*buf, {}), "i");
+    Line(absl::StrCat("FIRST code=", absl::StatusCodeToString(st.code())));
+    if (!WaitForFile(f.wait_file)) {
+      Line("NO_WAIT_FILE");
+      return 1;
+    }
+    collectived::OpFuture pending = (*mesh)->psum_async(Array::Of<float>(*buf, {}), "i");
+    const absl::Time start = absl::Now();
+    const absl::Status leave = (*mesh)->Leave();
+    mesh->reset();
+    const absl::Time left = absl::Now();
+    client->reset();
+    const absl::Time closed = absl::Now();
+    Line(absl::StrCat("TORN_DOWN leave_ms=", absl::ToInt64Milliseconds(left - start),
+                      " close_ms=", absl::ToInt64Milliseconds(closed - left),
+                      " total_ms=", absl::ToInt64Milliseconds(closed - start),
+                      " leave=", absl::StatusCodeToString(leave.code()), " pending=",
+                      pending.Ready() ? absl::StatusCodeToString(pending.Wait().code())
+                                      : std::string("NOT_READY")));
+    return 0;
+  }
+
   if (f.mode == "mixed") {
     std::mt19937_64 rng(static_cast<uint64_t>(f.seed));
     const int n = f.members;
@@ -210,13 +287,18 @@ int Run(const Flags& f) {
     failure = (*mesh)->psum(Array::Of<float>(*buf, {1}), "i");
     if (!failure.ok()) break;
   }
+  const int64_t failed_ns = MonotonicNs();
   Line(absl::StrCat("FAILED code=", absl::StatusCodeToString(failure.code()),
                     " after_ms=", absl::ToInt64Milliseconds(absl::Now() - submitted),
-                    " msg=", failure.message()));
+                    " at_ns=", failed_ns, " msg=", failure.message()));
   Line(absl::StrCat("BUFFER_INTACT value=", buf->as<float>()[1023]));
   if (f.reform) {
+    if (!f.wait_file.empty() && !WaitForFile(f.wait_file)) {
+      Line("NO_WAIT_FILE");
+      return 1;
+    }
     int64_t generation = 0;
-    auto sum = JoinAndSum(**client, f.mesh, f.members_after, &generation);
+    auto sum = JoinAndSum(**client, f.mesh, f.members_after, &generation, f);
     if (!sum.ok()) {
       Line(absl::StrCat("REFORM_FAILED ", sum.status().ToString()));
       return 1;
@@ -238,7 +320,7 @@ int Run(const Flags& f) {
         continue;
       }
       int64_t generation = 0;
-      auto sum = JoinAndSum(**again, f.mesh, f.members, &generation);
+      auto sum = JoinAndSum(**again, f.mesh, f.members, &generation, f);
       if (!sum.ok()) {
         Line(absl::StrCat("RECONNECT_FAILED ", sum.status().ToString()));
         return 1;

@@ -53,8 +53,16 @@ struct ClientOptions {
   std::string client_name;
   // How long Connect waits for the daemon to answer.
   absl::Duration connect_timeout = absl::Seconds(10);
-  // Deadline of each control RPC (allocate, free, leave, ...).
+  // Deadline of each control RPC (allocate, free, ...).
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // How long tearing down may wait for the daemon: Mesh::Leave (and ~Mesh)
+  // and ~Client each wait at most this for its answer, and once it left one
+  // of them unanswered, the others do not wait at all (until the daemon
+  // answers a join, allocate or free). So destroying a client and its meshes
+  // takes at most about this long even when the daemon hangs. Nothing is
+  // lost by giving up: the daemon closes the session, breaking its meshes
+  // and freeing its buffers, when the client's side socket closes.
+  absl::Duration close_timeout = absl::Seconds(1);
   // Submit ops through the session's shared-memory queue (no gRPC round trip
   // per op; see DESIGN "fast path"). False, or a daemon without a fast path:
   // ops go over the gRPC Execute stream. Results and errors are the same.
@@ -284,7 +292,9 @@ class Mesh {
   OpFuture barrier_async(const AxisNames& axes = {});
 
   // Leaves the mesh (it breaks for the other members). Also done by the
-  // destructor.
+  // destructor. Waits at most ClientOptions::close_timeout (see there);
+  // DEADLINE_EXCEEDED when the daemon did not answer in time, and then the
+  // mesh breaks when the session ends.
   absl::Status Leave();
 
  private:
@@ -312,6 +322,8 @@ class Client {
   // and attaches its side socket. UNAVAILABLE if no daemon answers.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options = {});
   // Closes the session (meshes it is in break for their other members).
+  // Waits for the daemon at most ClientOptions::close_timeout; no other call
+  // on this client may be running. Ops still pending fail with CANCELLED.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
