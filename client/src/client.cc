@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -726,9 +727,26 @@ void Buffer::Reset() {
 }
 
 int64_t Array::num_elements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  int64_t n = 1;  // the product of the non-zero dimensions
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(n, d, &n)) {
+      return -1;
+    }
+  }
+  return empty ? 0 : n;
+}
+
+size_t Array::num_bytes() const {
+  const int64_t n = num_elements();
+  size_t bytes;
+  if (n < 0 || __builtin_mul_overflow(static_cast<uint64_t>(n), DTypeSize(dtype), &bytes)) {
+    return std::numeric_limits<size_t>::max();
+  }
+  return bytes;
 }
 
 // ---------------------------------------------------------------------------

@@ -359,6 +359,16 @@ TEST_F(EngineTest, BadInputIsRejectedAndChangesNothing) {
   gather.mutable_all_gather()->set_axis(0);
   // A group of one: the gathered result has the input's size, so in place is fine.
   EXPECT_TRUE(engine_->Submit(s, gather, false, [](const OpOutcome&) {}).ok());
+  // Sizes that overflow: f32[0, 2^62] gathered (tiled) over the group; the
+  // zero dimension makes the input empty, the result's other one overflows.
+  auto overflow = Op(mesh, v1::ALL_GATHER, buf, 0);
+  overflow.add_shape(int64_t{1} << 62);
+  overflow.mutable_all_gather()->set_axis(1);
+  overflow.mutable_all_gather()->set_tiled(true);
+  overflow.mutable_output()->set_buffer_id(buf);
+  absl::Status st = submit(overflow);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("exceeds 2^40"), std::string::npos) << st;
   auto unknown_mesh = Op("m-nope", v1::PSUM, buf, 4);
   EXPECT_EQ(submit(unknown_mesh).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(engine_->Submit("s-nope", Op(mesh, v1::PSUM, buf, 4), false, nullptr).status().code(),

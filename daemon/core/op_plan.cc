@@ -13,10 +13,38 @@ absl::Status Invalid(absl::string_view kind, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(kind, ": ", parts...));
 }
 
-int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i) p *= v[i];
-  return p;
+// *out = a * b; false when the product overflows int64 or exceeds
+// kMaxElements (the limit of every dimension and element count).
+bool MulWithinLimit(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out) && *out <= kMaxElements;
+}
+
+// The number of elements of `shape` (the input's or the result's: `what`).
+// Every dimension must be in [0, 2^40] and the product of the non-zero ones
+// at most 2^40, so that a zero dimension cannot hide an oversized other one
+// and every partial product of the shape fits in int64.
+absl::StatusOr<int64_t> CheckedElements(absl::string_view name, absl::string_view what,
+                                        const std::vector<int64_t>& shape) {
+  int64_t extent = 1;  // the product of the non-zero dimensions
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const int64_t d = shape[i];
+    if (d < 0) {
+      return Invalid(name, "negative dimension ", d, " in ", what, " [",
+                     absl::StrJoin(shape, ","), "]");
+    }
+    if (d > kMaxElements) {
+      return Invalid(name, what, " [", absl::StrJoin(shape, ","), "]: dimension ", i,
+                     " of size ", d, " exceeds 2^40");
+    }
+    if (d == 0) {
+      empty = true;
+    } else if (!MulWithinLimit(extent, d, &extent)) {
+      return Invalid(name, what, " [", absl::StrJoin(shape, ","), "] has more than 2^40 elements",
+                     empty ? " (not counting its zero dimensions)" : "");
+    }
+  }
+  return empty ? 0 : extent;
 }
 
 }  // namespace
@@ -160,18 +188,12 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
   if (op.shape_size() > kMaxRank) {
     return Invalid(name, "rank ", op.shape_size(), " exceeds the maximum ", kMaxRank);
   }
-  int64_t elements = 1;
-  for (int64_t d : op.shape()) {
-    if (d < 0) return Invalid(name, "negative dimension ", d, " in shape");
-    if (d > 0 && elements > kMaxElements / d) {
-      return Invalid(name, "shape [", absl::StrJoin(op.shape(), ","),
-                     "] has more than 2^40 elements");
-    }
-    elements *= d;
-  }
   plan.in_shape.assign(op.shape().begin(), op.shape().end());
+  auto elements = CheckedElements(name, "input shape", plan.in_shape);
+  if (!elements.ok()) return elements.status();
   const int rank = static_cast<int>(plan.in_shape.size());
-  plan.in_bytes = static_cast<uint64_t>(elements) * DTypeSize(plan.dtype);
+  // At most 2^40 elements of at most 8 bytes: no overflow.
+  plan.in_bytes = static_cast<uint64_t>(*elements) * DTypeSize(plan.dtype);
   plan.out_dtype = plan.dtype;
   plan.out_shape = plan.in_shape;
   std::string detail;
@@ -194,7 +216,10 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
                        " (valid: 0..", limit, ")");
       }
       if (plan.tiled) {
-        plan.out_shape[plan.axis] *= n;
+        if (!MulWithinLimit(plan.in_shape[plan.axis], n, &plan.out_shape[plan.axis])) {
+          return Invalid(name, "result dimension ", plan.axis, " (", plan.in_shape[plan.axis],
+                         " x group size ", n, ") exceeds 2^40");
+        }
       } else {
         plan.out_shape.insert(plan.out_shape.begin() + plan.axis, n);
       }
@@ -264,7 +289,11 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
       plan.concat_axis = concat;
       std::vector<int64_t> out = plan.a2a_shape;
       out[split] /= n;
-      out[concat] *= n;
+      const int64_t concat_in = out[concat];
+      if (!MulWithinLimit(concat_in, n, &out[concat])) {
+        return Invalid(name, "result dimension ", concat, " (", concat_in, " x group size ", n,
+                       ") exceeds 2^40");
+      }
       if (!plan.tiled && split != concat) out.erase(out.begin() + split);
       plan.out_shape = out;
       detail = absl::StrCat(" split_axis=", p.split_axis(), " concat_axis=",
@@ -299,8 +328,9 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     default:
       break;
   }
-  plan.out_bytes = static_cast<uint64_t>(Product(plan.out_shape, 0, plan.out_shape.size())) *
-                   DTypeSize(plan.out_dtype);
+  auto out_elements = CheckedElements(name, "result shape", plan.out_shape);
+  if (!out_elements.ok()) return out_elements.status();
+  plan.out_bytes = static_cast<uint64_t>(*out_elements) * DTypeSize(plan.out_dtype);
   plan.signature = absl::StrCat(name, " ", ShapeString(plan.dtype, plan.in_shape), over, detail);
   return plan;
 }

@@ -132,6 +132,64 @@ TEST(OpPlanTest, RejectsBadInputWithPreciseMessages) {
   expect_invalid(a2a, "must equal the group size");
 }
 
+// Every dimension, derived dimension, element count and byte size is checked
+// for overflow; a zero dimension does not hide an oversized other one.
+TEST(OpPlanTest, SizesThatOverflowAreRejectedForEveryOpFamily) {
+  MeshShape m{{"i"}, {2}};
+  constexpr int64_t kHuge = int64_t{1} << 62;
+  auto expect_invalid = [&](const v1::OpSpec& op, const std::string& fragment) {
+    auto plan = PlanOp(op, m);
+    ASSERT_FALSE(plan.ok()) << "accepted " << op.ShortDebugString() << " with result "
+                            << ShapeString(plan->out_dtype, plan->out_shape);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find(fragment), std::string::npos) << plan.status();
+  };
+  // The reported case: f32[0, 2^62] gathered over 2 members, tiled.
+  auto ag = Spec(v1::ALL_GATHER, {"i"}, {0, kHuge});
+  ag.mutable_all_gather()->set_axis(1);
+  ag.mutable_all_gather()->set_tiled(true);
+  expect_invalid(ag, "dimension 1 of size 4611686018427387904 exceeds 2^40");
+  ag.mutable_all_gather()->set_tiled(false);
+  expect_invalid(ag, "exceeds 2^40");
+  for (v1::OpKind kind : {v1::PSUM, v1::PMEAN, v1::PMAX, v1::PMIN, v1::PPERMUTE, v1::BROADCAST}) {
+    expect_invalid(Spec(kind, {"i"}, {kHuge, 0}), "dimension 0 of size");
+  }
+  auto rs = Spec(v1::PSUM_SCATTER, {"i"}, {2, 0, kHuge});
+  rs.mutable_psum_scatter()->set_tiled(true);
+  expect_invalid(rs, "dimension 2 of size");
+  auto a2a = Spec(v1::ALL_TO_ALL, {"i"}, {2, 0, kHuge});
+  a2a.mutable_all_to_all()->set_tiled(true);
+  expect_invalid(a2a, "dimension 2 of size");
+  // Zero dimensions do not hide non-zero ones whose product is too large
+  // (2^30 * 2^30 overflows no int64, but exceeds 2^40).
+  expect_invalid(Spec(v1::PSUM, {"i"}, {1 << 30, 0, 1 << 30}), "2^40");
+  // Derived dimensions: within the limit in the input, over it in the result.
+  constexpr int64_t kMax = kMaxElements;
+  ag = Spec(v1::ALL_GATHER, {"i"}, {0, kMax});
+  ag.mutable_all_gather()->set_axis(1);
+  ag.mutable_all_gather()->set_tiled(true);
+  expect_invalid(ag, "result dimension 1");
+  a2a = Spec(v1::ALL_TO_ALL, {"i"}, {0, kMax});
+  a2a.mutable_all_to_all()->set_split_axis(0);
+  a2a.mutable_all_to_all()->set_concat_axis(1);
+  a2a.mutable_all_to_all()->set_tiled(true);
+  expect_invalid(a2a, "result dimension 1");
+  // Element counts of the result: 2^40 elements gathered over 2.
+  ag = Spec(v1::ALL_GATHER, {"i"}, {kMax}, v1::UINT8);
+  expect_invalid(ag, "2^40");
+  ag.mutable_all_gather()->set_tiled(true);
+  expect_invalid(ag, "2^40");
+  // At the limit everything is exact: 2^40 float64 elements are 2^43 bytes.
+  auto big = PlanOp(Spec(v1::PSUM, {"i"}, {kMax}, v1::FLOAT64), m);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->in_bytes, uint64_t{1} << 43);
+  EXPECT_EQ(big->out_bytes, uint64_t{1} << 43);
+  auto empty = PlanOp(Spec(v1::ALL_GATHER, {"i"}, {0, kMax / 2}), m);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->out_shape, (std::vector<int64_t>{2, 0, kMax / 2}));
+  EXPECT_EQ(empty->out_bytes, 0u);
+}
+
 TEST(OpPlanTest, SignatureCarriesEveryParameter) {
   MeshShape m{{"i"}, {2}};
   auto a = Spec(v1::PPERMUTE, {"i"}, {3});

@@ -477,6 +477,11 @@ class Worker {
       st = mesh_->all_to_all(f32({n + 1}), {}, {.tiled = true});
     } else if (s == "err.partial_overlap") {
       st = mesh_->psum(f32({16}), {}, f32({16}, 32));
+    } else if (s == "err.shape_overflow") {
+      // f32[0, 2^62] gathered along its second dimension: the input is empty,
+      // the result's second dimension would overflow int64.
+      st = mesh_->all_gather(Array{&e, 0, DType::kF32, {0, int64_t{1} << 62}}, axis0,
+                             f32({0}, 0, &e2), {.axis = 1, .tiled = true});
     } else if (s == "err.freed_buffer") {
       want = absl::StatusCode::kNotFound;
       auto freed = client_->Allocate(4096);

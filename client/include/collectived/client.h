@@ -110,8 +110,13 @@ struct Array {
   static Array Of(const Buffer& buffer, std::vector<int64_t> shape, size_t offset = 0) {
     return Array{&buffer, offset, DTypeOf<T>(), std::move(shape)};
   }
+  // The product of the dimensions; -1 when a dimension is negative or the
+  // product of the non-zero dimensions overflows int64 (no daemon accepts
+  // such a shape).
   int64_t num_elements() const;
-  size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DTypeSize(dtype); }
+  // num_elements() times the element size; SIZE_MAX when num_elements() is
+  // -1 or the byte count overflows.
+  size_t num_bytes() const;
   // Pointer to the first element in this process.
   template <typename T>
   T* data() const {
