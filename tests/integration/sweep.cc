@@ -412,7 +412,7 @@ void ErrorSweep(std::vector<Case>* cases) {
         "err.all_gather_axis_out_of_range", "err.ppermute_dest_twice", "err.broadcast_root_range",
         "err.misaligned_offset", "err.psum_scatter_wrong_dim", "err.all_to_all_not_divisible",
         "err.partial_overlap", "err.freed_buffer", "err.member0_only", "err.mismatched_ops",
-        "err.shape_overflow"}) {
+        "err.shape_overflow", "err.output_shorter_than_result", "err.output_shape_negative"}) {
     b.Special(name, {});
   }
 }

@@ -482,6 +482,12 @@ class Worker {
       // the result's second dimension would overflow int64.
       st = mesh_->all_gather(Array{&e, 0, DType::kF32, {0, int64_t{1} << 62}}, axis0,
                              f32({0}, 0, &e2), {.axis = 1, .tiled = true});
+    } else if (s == "err.output_shorter_than_result") {
+      // The declared output f32[4] is shorter than the result f32[8]; the
+      // buffer has room after it, which must stay untouched.
+      st = mesh_->psum(f32({8}), axis0, f32({4}, 64, &e2));
+    } else if (s == "err.output_shape_negative") {
+      st = mesh_->all_gather(f32({7}), axis0, f32({-1, 7}, 0, &e2));
     } else if (s == "err.freed_buffer") {
       want = absl::StatusCode::kNotFound;
       auto freed = client_->Allocate(4096);
