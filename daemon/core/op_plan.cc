@@ -13,6 +13,17 @@ absl::Status Invalid(absl::string_view kind, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(kind, ": ", parts...));
 }
 
+// Normalizes a numpy-style axis: one in [-size, size) counts from the end
+// when negative. False when out of range.
+bool NormalizeAxis(int axis, int size, int* out) {
+  if (axis < -size || axis >= size) return false;
+  *out = axis < 0 ? axis + size : axis;
+  return true;
+}
+
+// "(valid: -3..2)" for an axis of an array of `size` dimensions.
+std::string ValidRange(int size) { return absl::StrCat("(valid: ", -size, "..", size - 1, ")"); }
+
 // *out = a * b; false when the product overflows int64 or exceeds
 // kMaxElements (the limit of every dimension and element count).
 bool MulWithinLimit(int64_t a, int64_t b, int64_t* out) {
@@ -207,13 +218,14 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
       break;
     case v1::ALL_GATHER: {
       const auto& p = op.all_gather();
-      plan.axis = p.axis();
       plan.tiled = p.tiled();
-      int limit = plan.tiled ? rank - 1 : rank;
-      if (plan.axis < 0 || plan.axis > limit) {
-        return Invalid(name, "axis ", plan.axis, " out of range for ",
-                       plan.tiled ? "tiled " : "", "input of rank ", rank,
-                       " (valid: 0..", limit, ")");
+      // The position of the gathered dimension in the output, which has one
+      // more dimension than the input when untiled (JAX normalizes against
+      // it too).
+      const int positions = plan.tiled ? rank : rank + 1;
+      if (!NormalizeAxis(p.axis(), positions, &plan.axis)) {
+        return Invalid(name, "axis ", p.axis(), " out of range for ", plan.tiled ? "tiled " : "",
+                       "input of rank ", rank, " ", ValidRange(positions));
       }
       if (plan.tiled) {
         if (!MulWithinLimit(plan.in_shape[plan.axis], n, &plan.out_shape[plan.axis])) {
@@ -231,11 +243,11 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
         return Invalid(name, "bool is not supported (JAX rejects it too)");
       }
       const auto& p = op.psum_scatter();
-      plan.axis = p.scatter_dimension();
       plan.tiled = p.tiled();
-      if (plan.axis < 0 || plan.axis >= rank) {
-        return Invalid(name, "scatter_dimension ", plan.axis,
-                       " out of range for input of rank ", rank);
+      if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to scatter");
+      if (!NormalizeAxis(p.scatter_dimension(), rank, &plan.axis)) {
+        return Invalid(name, "scatter_dimension ", p.scatter_dimension(),
+                       " out of range for input of rank ", rank, " ", ValidRange(rank));
       }
       int64_t d = plan.in_shape[plan.axis];
       if (plan.tiled) {
@@ -256,13 +268,19 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     }
     case v1::ALL_TO_ALL: {
       const auto& p = op.all_to_all();
-      int split = p.split_axis();
-      int concat = p.concat_axis();
       plan.tiled = p.tiled();
-      if (split < 0 || split >= rank || concat < 0 || concat >= rank) {
-        return Invalid(name, "split_axis ", split, " and concat_axis ", concat,
-                       " must be in 0..", rank - 1, " for input of rank ", rank);
+      // concat_axis is a position in the output, which has the input's rank.
+      int split = 0, concat = 0;
+      if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to split");
+      if (!NormalizeAxis(p.split_axis(), rank, &split)) {
+        return Invalid(name, "split_axis ", p.split_axis(), " out of range for input of rank ",
+                       rank, " ", ValidRange(rank));
       }
+      if (!NormalizeAxis(p.concat_axis(), rank, &concat)) {
+        return Invalid(name, "concat_axis ", p.concat_axis(), " out of range for input of rank ",
+                       rank, " ", ValidRange(rank));
+      }
+      const int normalized_split = split, normalized_concat = concat;
       int64_t d = plan.in_shape[split];
       plan.a2a_shape = plan.in_shape;
       if (plan.tiled) {
@@ -296,8 +314,8 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
       }
       if (!plan.tiled && split != concat) out.erase(out.begin() + split);
       plan.out_shape = out;
-      detail = absl::StrCat(" split_axis=", p.split_axis(), " concat_axis=",
-                            p.concat_axis(), plan.tiled ? " tiled" : "");
+      detail = absl::StrCat(" split_axis=", normalized_split, " concat_axis=", normalized_concat,
+                            plan.tiled ? " tiled" : "");
       break;
     }
     case v1::PPERMUTE: {

@@ -190,6 +190,105 @@ TEST(OpPlanTest, SizesThatOverflowAreRejectedForEveryOpFamily) {
   EXPECT_EQ(empty->out_bytes, 0u);
 }
 
+// Negative axes count from the end, as numpy's and JAX's: for an untiled
+// all_gather from the end of the output (which has one more dimension), for
+// the others from the end of the input. The plan and the signature hold the
+// normalized axis, so members spelling it either way submit the same op.
+TEST(OpPlanTest, NegativeAxesCountFromTheEnd) {
+  MeshShape m{{"i"}, {4}};
+  auto same = [&](const v1::OpSpec& negative, const v1::OpSpec& positive) {
+    auto a = PlanOp(negative, m);
+    auto b = PlanOp(positive, m);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(a->out_shape, b->out_shape) << negative.ShortDebugString();
+    EXPECT_EQ(a->signature, b->signature);
+    EXPECT_EQ(a->axis, b->axis);
+    EXPECT_EQ(a->split_axis, b->split_axis);
+    EXPECT_EQ(a->concat_axis, b->concat_axis);
+    EXPECT_EQ(a->a2a_shape, b->a2a_shape);
+  };
+  auto out_shape = [&](const v1::OpSpec& op) {
+    auto plan = PlanOp(op, m);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? plan->out_shape : std::vector<int64_t>{-1};
+  };
+  auto gather = [](int axis, bool tiled) {
+    auto op = Spec(v1::ALL_GATHER, {"i"}, {2, 3, 5});
+    op.mutable_all_gather()->set_axis(axis);
+    op.mutable_all_gather()->set_tiled(tiled);
+    return op;
+  };
+  // Untiled: the output has rank 4, so -1 is 3 (a new last dimension) and -4 is 0.
+  EXPECT_EQ(out_shape(gather(-1, false)), (std::vector<int64_t>{2, 3, 5, 4}));
+  for (int a = -4; a <= -1; ++a) same(gather(a, false), gather(a + 4, false));
+  for (int a = -3; a <= -1; ++a) same(gather(a, true), gather(a + 3, true));
+  EXPECT_EQ(out_shape(gather(-1, true)), (std::vector<int64_t>{2, 3, 20}));
+  auto last = PlanOp(gather(-1, false), m);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->signature, "all_gather f32[2,3,5] over (i) axis=3");
+
+  auto scatter = [](std::vector<int64_t> shape, int dim, bool tiled) {
+    auto op = Spec(v1::PSUM_SCATTER, {"i"}, std::move(shape));
+    op.mutable_psum_scatter()->set_scatter_dimension(dim);
+    op.mutable_psum_scatter()->set_tiled(tiled);
+    return op;
+  };
+  same(scatter({3, 4}, -1, false), scatter({3, 4}, 1, false));
+  same(scatter({4, 3}, -2, false), scatter({4, 3}, 0, false));
+  same(scatter({3, 8}, -1, true), scatter({3, 8}, 1, true));
+  EXPECT_EQ(out_shape(scatter({3, 8}, -1, true)), (std::vector<int64_t>{3, 2}));
+
+  auto a2a = [](std::vector<int64_t> shape, int split, int concat, bool tiled) {
+    auto op = Spec(v1::ALL_TO_ALL, {"i"}, std::move(shape));
+    op.mutable_all_to_all()->set_split_axis(split);
+    op.mutable_all_to_all()->set_concat_axis(concat);
+    op.mutable_all_to_all()->set_tiled(tiled);
+    return op;
+  };
+  // Untiled: the output has the input's rank, so concat_axis counts from the
+  // end of either.
+  same(a2a({2, 3, 4}, -1, 0, false), a2a({2, 3, 4}, 2, 0, false));
+  same(a2a({4, 2, 3}, 0, -1, false), a2a({4, 2, 3}, 0, 2, false));
+  same(a2a({2, 4, 3}, -2, -3, false), a2a({2, 4, 3}, 1, 0, false));
+  same(a2a({2, 4, 3}, -2, -2, false), a2a({2, 4, 3}, 1, 1, false));
+  EXPECT_EQ(out_shape(a2a({4, 2, 3}, 0, -1, false)), (std::vector<int64_t>{2, 3, 4}));
+  same(a2a({3, 8}, -1, -2, true), a2a({3, 8}, 1, 0, true));
+  same(a2a({8, 3}, -2, -1, true), a2a({8, 3}, 0, 1, true));
+  EXPECT_EQ(out_shape(a2a({3, 8}, -1, -2, true)), (std::vector<int64_t>{12, 2}));
+}
+
+TEST(OpPlanTest, AxesOutOfRangeNameTheValidRange) {
+  MeshShape m{{"i"}, {4}};
+  auto expect_invalid = [&](const v1::OpSpec& op, const std::string& fragment) {
+    auto plan = PlanOp(op, m);
+    ASSERT_FALSE(plan.ok()) << "accepted: " << op.ShortDebugString();
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find(fragment), std::string::npos) << plan.status();
+  };
+  auto ag = Spec(v1::ALL_GATHER, {"i"}, {2, 3, 5});
+  ag.mutable_all_gather()->set_axis(-5);
+  expect_invalid(ag, "axis -5 out of range for input of rank 3 (valid: -4..3)");
+  ag.mutable_all_gather()->set_axis(4);
+  expect_invalid(ag, "axis 4 out of range for input of rank 3 (valid: -4..3)");
+  ag.mutable_all_gather()->set_tiled(true);
+  ag.mutable_all_gather()->set_axis(-4);
+  expect_invalid(ag, "axis -4 out of range for tiled input of rank 3 (valid: -3..2)");
+  auto rs = Spec(v1::PSUM_SCATTER, {"i"}, {4, 4});
+  rs.mutable_psum_scatter()->set_scatter_dimension(-3);
+  expect_invalid(rs, "scatter_dimension -3 out of range for input of rank 2 (valid: -2..1)");
+  auto a2a = Spec(v1::ALL_TO_ALL, {"i"}, {4, 4});
+  a2a.mutable_all_to_all()->set_split_axis(-3);
+  expect_invalid(a2a, "split_axis -3 out of range for input of rank 2 (valid: -2..1)");
+  a2a.mutable_all_to_all()->set_split_axis(0);
+  a2a.mutable_all_to_all()->set_concat_axis(2);
+  expect_invalid(a2a, "concat_axis 2 out of range for input of rank 2 (valid: -2..1)");
+  // A scalar has no dimension to scatter or split.
+  auto scalar = Spec(v1::PSUM_SCATTER, {"i"}, {});
+  scalar.mutable_psum_scatter()->set_scatter_dimension(-1);
+  expect_invalid(scalar, "input of rank 0 has no dimension");
+}
+
 TEST(OpPlanTest, SignatureCarriesEveryParameter) {
   MeshShape m{{"i"}, {2}};
   auto a = Spec(v1::PPERMUTE, {"i"}, {3});

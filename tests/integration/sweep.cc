@@ -174,7 +174,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
           {{1}, Ag(0, true)},     {{7}, Ag(1, false)},     {{3, 5}, Ag(0, false)},
           {{3, 5}, Ag(1, false)}, {{3, 5}, Ag(2, false)},  {{3, 5}, Ag(0, true)},
           {{2, 0}, Ag(1, true)},  {{4, 1, 3}, Ag(1, true)}, {{2, 3, 700}, Ag(2, true)},
-          {{2, 3, 700}, Ag(1, false)}, {{2, 3, 4}, Ag(3, false)}};
+          {{2, 3, 700}, Ag(1, false)}, {{2, 3, 4}, Ag(3, false)},
+          // Negative axes count from the end of the output.
+          {{3, 5}, Ag(-1, false)},    {{3, 5}, Ag(-3, false)}, {{2, 3, 700}, Ag(-1, true)},
+          {{4, 1, 3}, Ag(-3, true)}};
       if (full) {
         for (const auto& [s, p] : every_dtype) {
           for (DType dt : kAllDTypes) b.Add(Op::kAllGather, dt, s, axes, n, p, AgVariant(p));
@@ -237,7 +240,8 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
       const std::vector<std::pair<Shape, OpParams>> variants = {
           {{n, 3}, ps(0, false)},     {{3, n}, ps(1, false)},  {{2, n, 5}, ps(1, false)},
           {{n, 0}, ps(0, false)},     {{0}, ps(0, true)},      {{4 * n, 3}, ps(0, true)},
-          {{3, n * 300}, ps(1, true)}, {{2, n, 600}, ps(1, false)}};
+          {{3, n * 300}, ps(1, true)}, {{2, n, 600}, ps(1, false)},
+          {{3, n}, ps(-1, false)},    {{4 * n, 3}, ps(-2, true)}};
       const std::vector<DType> non_bool(std::begin(kAllDTypes), std::end(kAllDTypes) - 1);
       if (full) {
         for (const auto& [s, p] : every_dtype) {
@@ -271,7 +275,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
           {{n * 300, 2}, A2a(0, 1, true)},  {{0, 3}, A2a(0, 1, true)},
           {{4, n * 2, 130}, A2a(1, 2, true)}, {{2, 3, 2 * n}, A2a(2, 0, true)},
           {{2 * n, 3, 2}, A2a(0, 2, true)}, {{n, 2, 3}, A2a(0, 2, false)},
-          {{2, 3, n}, A2a(2, 1, false)}};
+          {{2, 3, n}, A2a(2, 1, false)},
+          // Negative axes count from the end (concat_axis: of the output).
+          {{2, 3, n}, A2a(-1, -3, false)},  {{n, 2, 3}, A2a(-3, -1, false)},
+          {{3, 2 * n}, A2a(-1, -2, true)},  {{2, 3 * n, 2}, A2a(-2, -1, true)}};
       if (full) {
         for (const auto& [s, p] : every_dtype) {
           for (DType dt : kAllDTypes) b.Add(Op::kAllToAll, dt, s, axes, n, p, A2aVariant(p));

@@ -188,19 +188,23 @@ class OpFuture {
   std::shared_ptr<OpState> state_;
 };
 
+// Axes may be negative, counting from the end as in numpy and JAX (-1: the
+// last).
 struct AllGatherOptions {
-  int axis = 0;        // where the gathered dimension goes in the output
+  // Where the gathered dimension goes in the output; negative counts from
+  // the end of the output (untiled, it has one more dimension than x).
+  int axis = 0;
   bool tiled = false;  // concatenate along `axis` instead of stacking
 };
 
 struct PsumScatterOptions {
-  int scatter_dimension = 0;
+  int scatter_dimension = 0;  // a dimension of x
   bool tiled = false;
 };
 
 struct AllToAllOptions {
-  int split_axis = 0;
-  int concat_axis = 0;
+  int split_axis = 0;   // a dimension of x
+  int concat_axis = 0;  // a position in the output (which has x's rank)
   bool tiled = false;
 };
 
