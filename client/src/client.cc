@@ -767,6 +767,7 @@ absl::Status Mesh::Leave() {
 }
 
 int Mesh::axis_index(const AxisNames& axes) const {
+  if (axes.all()) return index_;  // row-major over every axis in mesh order
   int index = 0;
   for (const std::string& name : axes.names()) {
     size_t i = 0;
@@ -778,6 +779,7 @@ int Mesh::axis_index(const AxisNames& axes) const {
 }
 
 int Mesh::axis_size(const AxisNames& axes) const {
+  if (axes.all()) return size();
   int size = 1;
   for (const std::string& name : axes.names()) {
     size_t i = 0;
@@ -804,7 +806,9 @@ v1::OpSpec MakeSpec(const std::string& mesh_id, v1::OpKind kind, const Array* x,
   v1::OpSpec spec;
   spec.set_mesh_id(mesh_id);
   spec.set_kind(kind);
+  // All(): an empty list, which means every axis; the empty tuple: no_axes.
   for (const std::string& a : axes.names()) spec.add_axes(a);
+  if (!axes.all() && axes.names().empty()) spec.set_no_axes(true);
   if (x != nullptr) {
     spec.set_dtype(static_cast<v1::DType>(x->dtype));
     for (int64_t d : x->shape) spec.add_shape(d);

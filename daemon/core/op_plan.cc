@@ -127,8 +127,13 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
         absl::StrCat("unknown op kind ", static_cast<int>(op.kind())));
   }
 
-  // Axes: names must exist and not repeat; empty means all mesh axes.
-  if (op.axes().empty()) {
+  // Axes: names must exist and not repeat. no_axes is the empty tuple (groups
+  // of one); an empty list without it means every mesh axis.
+  if (op.no_axes() && !op.axes().empty()) {
+    return Invalid(name, "no_axes is set but axes (", absl::StrJoin(op.axes(), ","),
+                   ") are named; give one or the other");
+  }
+  if (op.axes().empty() && !op.no_axes()) {
     for (size_t i = 0; i < mesh.names.size(); ++i) plan.axis_ids.push_back(static_cast<int>(i));
   }
   for (const std::string& axis : op.axes()) {
@@ -227,7 +232,10 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
         return Invalid(name, "axis ", p.axis(), " out of range for ", plan.tiled ? "tiled " : "",
                        "input of rank ", rank, " ", ValidRange(positions));
       }
-      if (plan.tiled) {
+      if (op.no_axes()) {
+        // JAX returns x for the empty tuple: no dimension is inserted. (The
+        // executor's gather of one member copies the same bytes.)
+      } else if (plan.tiled) {
         if (!MulWithinLimit(plan.in_shape[plan.axis], n, &plan.out_shape[plan.axis])) {
           return Invalid(name, "result dimension ", plan.axis, " (", plan.in_shape[plan.axis],
                          " x group size ", n, ") exceeds 2^40");
@@ -250,7 +258,10 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
                        " out of range for input of rank ", rank, " ", ValidRange(rank));
       }
       int64_t d = plan.in_shape[plan.axis];
-      if (plan.tiled) {
+      if (op.no_axes()) {
+        // JAX returns x for the empty tuple, whatever the dimension's size:
+        // nothing is scattered (the executor's one block is the whole input).
+      } else if (plan.tiled) {
         if (d % n != 0) {
           return Invalid(name, "tiled: dimension ", plan.axis, " of size ", d,
                          " is not divisible by the group size ", n);

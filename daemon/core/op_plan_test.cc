@@ -49,11 +49,74 @@ TEST(OpPlanTest, TupleAxesLinearizeInTheGivenOrder) {
   EXPECT_EQ(p->index_in_group[1], 1);
 }
 
+// An empty axes list without no_axes: every axis (what it has always meant
+// on the wire; the SDK's AxisNames::All()).
 TEST(OpPlanTest, EmptyAxesMeanAllAxes) {
   auto plan = PlanOp(Spec(v1::BARRIER, {}, {}), Mesh2x4());
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->group_size, 8);
   EXPECT_EQ(plan->signature, "barrier over (x,y)");
+}
+
+// no_axes: JAX's empty tuple. Every member is a group of one, and the ops
+// JAX drops for it (all_gather, psum_scatter) give the input's shape.
+TEST(OpPlanTest, NoAxesFormGroupsOfOne) {
+  auto none = [](v1::OpKind kind, std::vector<int64_t> shape) {
+    auto op = Spec(kind, {}, std::move(shape));
+    op.set_no_axes(true);
+    return op;
+  };
+  auto plan = PlanOp(none(v1::PSUM, {3}), Mesh2x4());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->group_size, 1);
+  EXPECT_TRUE(plan->axis_ids.empty());
+  ASSERT_EQ(plan->groups.size(), 8u);
+  for (int m = 0; m < 8; ++m) {
+    EXPECT_EQ(plan->groups[plan->group_of[m]], (std::vector<int>{m}));
+    EXPECT_EQ(plan->index_in_group[m], 0);
+  }
+  EXPECT_EQ(plan->out_shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(plan->signature, "psum f32[3] over ()");
+  // Not the same op as over every axis: members must agree on it.
+  EXPECT_NE(plan->signature, PlanOp(Spec(v1::PSUM, {}, {3}), Mesh2x4())->signature);
+
+  auto out_shape = [](const v1::OpSpec& op) {
+    auto p = PlanOp(op, Mesh2x4());
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->out_shape : std::vector<int64_t>{-1};
+  };
+  auto ag = none(v1::ALL_GATHER, {2, 3});
+  ag.mutable_all_gather()->set_axis(1);
+  EXPECT_EQ(out_shape(ag), (std::vector<int64_t>{2, 3}));  // no dimension inserted
+  ag.mutable_all_gather()->set_tiled(true);
+  EXPECT_EQ(out_shape(ag), (std::vector<int64_t>{2, 3}));
+  auto rs = none(v1::PSUM_SCATTER, {5});
+  EXPECT_EQ(out_shape(rs), (std::vector<int64_t>{5}));  // none scattered, whatever its size
+  rs.mutable_psum_scatter()->set_tiled(true);
+  EXPECT_EQ(out_shape(rs), (std::vector<int64_t>{5}));
+  auto a2a = none(v1::ALL_TO_ALL, {1, 3});
+  a2a.mutable_all_to_all()->set_concat_axis(1);
+  EXPECT_EQ(out_shape(a2a), (std::vector<int64_t>{3, 1}));  // as JAX: a group of size 1
+  auto pp = none(v1::PPERMUTE, {3});
+  auto* pair = pp.mutable_ppermute()->add_perm();
+  pair->set_source(0);
+  pair->set_dest(0);
+  EXPECT_EQ(out_shape(pp), (std::vector<int64_t>{3}));
+  pair->set_dest(1);
+  EXPECT_EQ(PlanOp(pp, Mesh2x4()).status().code(), absl::StatusCode::kInvalidArgument);
+  auto bc = none(v1::BROADCAST, {3});
+  bc.mutable_broadcast()->set_root(1);
+  EXPECT_EQ(PlanOp(bc, Mesh2x4()).status().code(), absl::StatusCode::kInvalidArgument);
+  auto barrier = PlanOp(none(v1::BARRIER, {}), Mesh2x4());
+  ASSERT_TRUE(barrier.ok()) << barrier.status();
+  EXPECT_EQ(barrier->signature, "barrier over ()");
+
+  // no_axes with axis names is contradictory.
+  auto both = Spec(v1::PSUM, {"x"}, {3});
+  both.set_no_axes(true);
+  auto bad = PlanOp(both, Mesh2x4());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("no_axes"), std::string::npos) << bad.status();
 }
 
 TEST(OpPlanTest, ResultShapes) {

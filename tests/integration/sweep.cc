@@ -159,10 +159,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
         for (const Shape& s : red_shapes) b.Add(op, dt, s, axes, n);
       }
     }
-    // The empty tuple (all axes), a few reductions.
+    // Every axis (AxisNames::All()), a few reductions.
     if (full && mesh.axes.size() > 1) {
-      b.Add(Op::kPsum, DType::kF32, {1031}, {}, mesh.num_members());
-      b.Add(Op::kPmax, DType::kBF16, {7}, {}, mesh.num_members());
+      b.Add(Op::kPsum, DType::kF32, {1031}, kEveryAxis, mesh.num_members());
+      b.Add(Op::kPmax, DType::kBF16, {7}, kEveryAxis, mesh.num_members());
     }
 
     // all_gather.
@@ -334,14 +334,14 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
     b.Add(Op::kBarrier, DType::kF32, {0}, axes, n, {}, "", true, false);
   }
   // Barrier over every axis.
-  b.Add(Op::kBarrier, DType::kF32, {0}, {}, mesh.num_members(), {}, "", true, false);
+  b.Add(Op::kBarrier, DType::kF32, {0}, kEveryAxis, mesh.num_members(), {}, "", true, false);
 }
 
 void LargeSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
   Builder b(cases);
   const auto choices = AxisChoices(mesh);
   const std::vector<std::string> first = choices[0];
-  const std::vector<std::string> all = {};
+  const std::vector<std::string> all = kEveryAxis;
   const int n1 = GroupOf(mesh, first, 0).size;
   const int na = mesh.num_members();
   constexpr int64_t kM = 1 << 20;  // 4 MiB of float32
@@ -419,8 +419,9 @@ void ErrorSweep(std::vector<Case>* cases) {
         "err.all_gather_axis_out_of_range", "err.ppermute_dest_twice", "err.broadcast_root_range",
         "err.misaligned_offset", "err.psum_scatter_wrong_dim", "err.all_to_all_not_divisible",
         "err.partial_overlap", "err.freed_buffer", "err.member0_only", "err.mismatched_ops",
-        "err.shape_overflow", "err.output_shorter_than_result", "err.output_shape_negative"}) {
-    b.Special(name, {});
+        "err.shape_overflow", "err.output_shorter_than_result", "err.output_shape_negative",
+        "empty_tuple"}) {
+    b.Special(name, kEveryAxis);
   }
 }
 
@@ -470,7 +471,7 @@ std::string MeshSpecString(const MeshSpec& spec) {
 Group GroupOf(const MeshSpec& mesh, const std::vector<std::string>& axes_in, int member,
               bool mesh_order) {
   std::vector<int> ids;
-  if (axes_in.empty()) {
+  if (axes_in == kEveryAxis) {
     for (size_t i = 0; i < mesh.axes.size(); ++i) ids.push_back(static_cast<int>(i));
   }
   for (const std::string& a : axes_in) {
@@ -508,7 +509,7 @@ std::vector<std::vector<std::string>> AxisChoices(const MeshSpec& mesh) {
   std::vector<std::vector<std::string>> choices;
   if (mesh.axes.size() == 1) {
     choices.push_back({mesh.axes[0].first});
-    choices.push_back({});  // the empty tuple: every axis
+    choices.push_back(kEveryAxis);
   } else {
     // Every axis alone, every ordered pair (both orders; with three or more
     // axes also non-adjacent pairs), and with more than two axes all of them
@@ -529,6 +530,7 @@ std::vector<std::vector<std::string>> AxisChoices(const MeshSpec& mesh) {
 }
 
 std::string AxesString(const std::vector<std::string>& axes) {
+  if (axes.empty()) return "()";
   std::string s = "{";
   for (size_t i = 0; i < axes.size(); ++i) s += (i ? "," : "") + axes[i];
   return s + "}";

@@ -124,20 +124,32 @@ struct Array {
   }
 };
 
-// The axis names a collective runs over: one name ("batch") or a tuple
-// ({"data", "model"}), as JAX's axis_name. Empty: every axis of the mesh.
+// The axis names a collective runs over, as JAX's axis_name: one name
+// ("batch"), a tuple ({"data", "model"}, linearized in the order given), the
+// empty tuple (AxisNames{} or {}: JAX's axis_name=(), no axes: every member
+// is a group of one by itself, so psum returns x), or AxisNames::All(): every
+// axis of the mesh in mesh order (what an empty AxisNames meant before).
 class AxisNames {
  public:
-  AxisNames() = default;
+  AxisNames() = default;  // the empty tuple
   AxisNames(const char* name) : names_{name} {}                 // NOLINT
   AxisNames(std::string name) : names_{std::move(name)} {}      // NOLINT
   AxisNames(absl::string_view name) : names_{std::string(name)} {}  // NOLINT
   AxisNames(std::initializer_list<std::string> names) : names_(names) {}
   AxisNames(std::vector<std::string> names) : names_(std::move(names)) {}  // NOLINT
+  // Every axis of the mesh, in mesh order.
+  static AxisNames All() {
+    AxisNames a;
+    a.all_ = true;
+    return a;
+  }
+  // Whether this is All(); names() is then empty.
+  bool all() const { return all_; }
   const std::vector<std::string>& names() const { return names_; }
 
  private:
   std::vector<std::string> names_;
+  bool all_ = false;
 };
 
 // The outcome of an asynchronous collective. Copyable; all copies share it.
@@ -243,9 +255,11 @@ class Mesh {
   int index() const { return index_; }
   int size() const { return static_cast<int>(members_); }
   // jax.lax.axis_index: this member's coordinate on `axis`; for several axes
-  // the row-major index over them in the given order. -1 for an unknown axis.
+  // the row-major index over them in the given order (0 for the empty tuple,
+  // index() for AxisNames::All()). -1 for an unknown axis.
   int axis_index(const AxisNames& axes) const;
-  // The number of members along `axis` (product for several); -1 if unknown.
+  // The number of members along `axis` (product for several: 1 for the
+  // empty tuple, size() for AxisNames::All()); -1 if unknown.
   int axis_size(const AxisNames& axes) const;
   const std::vector<std::pair<std::string, int>>& axes() const { return axes_; }
   const std::vector<int>& coordinate() const { return coordinate_; }
@@ -270,8 +284,9 @@ class Mesh {
   // Every member of the group receives the input of group index `root`.
   absl::Status broadcast(const Array& x, const AxisNames& axes, int root,
                          std::optional<Array> out = {});
-  // Returns when every member reached the barrier.
-  absl::Status barrier(const AxisNames& axes = {});
+  // Returns when every member of the group reached the barrier (by default
+  // every member of the mesh).
+  absl::Status barrier(const AxisNames& axes = AxisNames::All());
 
   // Asynchronous forms: submit and return at once. Buffers must not be
   // touched until the future is ready.
@@ -290,7 +305,7 @@ class Mesh {
                             std::optional<Array> out = {});
   OpFuture broadcast_async(const Array& x, const AxisNames& axes, int root,
                            std::optional<Array> out = {});
-  OpFuture barrier_async(const AxisNames& axes = {});
+  OpFuture barrier_async(const AxisNames& axes = AxisNames::All());
 
   // Leaves the mesh (it breaks for the other members). Also done by the
   // destructor.
