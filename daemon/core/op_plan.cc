@@ -22,7 +22,10 @@ bool NormalizeAxis(int axis, int size, int* out) {
 }
 
 // "(valid: -3..2)" for an axis of an array of `size` dimensions.
-std::string ValidRange(int size) { return absl::StrCat("(valid: ", -size, "..", size - 1, ")"); }
+std::string ValidRange(int size) {
+  if (size == 0) return "(it has no dimension)";
+  return absl::StrCat("(valid: ", -size, "..", size - 1, ")");
+}
 
 // *out = a * b; false when the product overflows int64 or exceeds
 // kMaxElements (the limit of every dimension and element count).

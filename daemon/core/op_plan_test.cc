@@ -346,7 +346,10 @@ TEST(OpPlanTest, AxesOutOfRangeNameTheValidRange) {
   a2a.mutable_all_to_all()->set_split_axis(0);
   a2a.mutable_all_to_all()->set_concat_axis(2);
   expect_invalid(a2a, "concat_axis 2 out of range for input of rank 2 (valid: -2..1)");
-  // A scalar has no dimension to scatter or split.
+  // A scalar has no dimension to concatenate, scatter or split along.
+  auto tiled_scalar = Spec(v1::ALL_GATHER, {"i"}, {});
+  tiled_scalar.mutable_all_gather()->set_tiled(true);
+  expect_invalid(tiled_scalar, "axis 0 out of range for tiled input of rank 0 (it has no dimension)");
   auto scalar = Spec(v1::PSUM_SCATTER, {"i"}, {});
   scalar.mutable_psum_scatter()->set_scatter_dimension(-1);
   expect_invalid(scalar, "input of rank 0 has no dimension");
