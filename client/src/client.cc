@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -857,9 +858,26 @@ void Buffer::Reset() {
 }
 
 int64_t Array::num_elements() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  int64_t n = 1;  // the product of the non-zero dimensions
+  bool empty = false;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d == 0) {
+      empty = true;
+    } else if (__builtin_mul_overflow(n, d, &n)) {
+      return -1;
+    }
+  }
+  return empty ? 0 : n;
+}
+
+size_t Array::num_bytes() const {
+  const int64_t n = num_elements();
+  size_t bytes;
+  if (n < 0 || __builtin_mul_overflow(static_cast<uint64_t>(n), DTypeSize(dtype), &bytes)) {
+    return std::numeric_limits<size_t>::max();
+  }
+  return bytes;
 }
 
 // ---------------------------------------------------------------------------
@@ -868,6 +886,8 @@ int64_t Array::num_elements() const {
 
 struct Mesh::OpRequest {
   v1::OpSpec spec;
+  // Not OK: the SDK refuses the op without sending it.
+  absl::Status error;
 };
 
 Mesh::~Mesh() { Leave().IgnoreError(); }
@@ -878,6 +898,7 @@ absl::Status Mesh::Leave() {
 }
 
 int Mesh::axis_index(const AxisNames& axes) const {
+  if (axes.all()) return index_;  // row-major over every axis in mesh order
   int index = 0;
   for (const std::string& name : axes.names()) {
     size_t i = 0;
@@ -889,6 +910,7 @@ int Mesh::axis_index(const AxisNames& axes) const {
 }
 
 int Mesh::axis_size(const AxisNames& axes) const {
+  if (axes.all()) return size();
   int size = 1;
   for (const std::string& name : axes.names()) {
     size_t i = 0;
@@ -900,6 +922,11 @@ int Mesh::axis_size(const AxisNames& axes) const {
 }
 
 OpFuture Mesh::Submit(const OpRequest& request) {
+  if (!request.error.ok()) {
+    auto state = std::make_shared<OpState>(op_deadline_);
+    state->Complete(request.error, -1, {}, DType::kInvalid);
+    return OpFuture(state);
+  }
   return client_->Submit(request.spec, op_deadline_);
 }
 
@@ -910,14 +937,37 @@ v1::OpSpec MakeSpec(const std::string& mesh_id, v1::OpKind kind, const Array* x,
   v1::OpSpec spec;
   spec.set_mesh_id(mesh_id);
   spec.set_kind(kind);
+  // All(): an empty list, which means every axis; the empty tuple: no_axes.
   for (const std::string& a : axes.names()) spec.add_axes(a);
+  if (!axes.all() && axes.names().empty()) spec.set_no_axes(true);
   if (x != nullptr) {
     spec.set_dtype(static_cast<v1::DType>(x->dtype));
     for (int64_t d : x->shape) spec.add_shape(d);
     *spec.mutable_input() = ToRef(*x);
   }
-  if (out) *spec.mutable_output() = ToRef(*out);
+  if (out) {
+    *spec.mutable_output() = ToRef(*out);
+    // The daemon refuses a result longer than the region declared here
+    // (CheckOut has refused sizes that overflow).
+    const size_t bytes = out->num_bytes();
+    if (bytes <= static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
+      spec.mutable_output()->set_size_bytes(static_cast<int64_t>(bytes));
+    }
+  }
   return spec;
+}
+
+// Why the SDK refuses `out` without asking the daemon: a shape that has no
+// byte size (negative, or overflowing).
+absl::Status CheckOut(const std::optional<Array>& out) {
+  if (!out || out->num_bytes() <= static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
+    return absl::OkStatus();
+  }
+  std::string shape;
+  for (int64_t d : out->shape) absl::StrAppend(&shape, shape.empty() ? "" : ",", d);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "out array of shape [", shape,
+      "] has a negative dimension or a byte size that overflows int64"));
 }
 
 }  // namespace
@@ -925,7 +975,7 @@ v1::OpSpec MakeSpec(const std::string& mesh_id, v1::OpKind kind, const Array* x,
 #define COLLECTIVED_REDUCTION(name, KIND)                                                  \
   OpFuture Mesh::name##_async(const Array& x, const AxisNames& axes,                       \
                               std::optional<Array> out) {                                  \
-    return Submit(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out)});                       \
+    return Submit(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckOut(out)});        \
   }                                                                                        \
   absl::Status Mesh::name(const Array& x, const AxisNames& axes, std::optional<Array> out) { \
     return name##_async(x, axes, std::move(out)).Wait();                                   \
@@ -938,7 +988,7 @@ COLLECTIVED_REDUCTION(pmin, PMIN)
 
 OpFuture Mesh::all_gather_async(const Array& x, const AxisNames& axes, const Array& out,
                                 AllGatherOptions options) {
-  OpRequest r{MakeSpec(id_, v1::ALL_GATHER, &x, axes, out)};
+  OpRequest r{MakeSpec(id_, v1::ALL_GATHER, &x, axes, out), CheckOut(out)};
   r.spec.mutable_all_gather()->set_axis(options.axis);
   r.spec.mutable_all_gather()->set_tiled(options.tiled);
   return Submit(r);
@@ -951,7 +1001,7 @@ absl::Status Mesh::all_gather(const Array& x, const AxisNames& axes, const Array
 OpFuture Mesh::ppermute_async(const Array& x, const AxisNames& axes,
                               const std::vector<std::pair<int, int>>& perm,
                               std::optional<Array> out) {
-  OpRequest r{MakeSpec(id_, v1::PPERMUTE, &x, axes, out)};
+  OpRequest r{MakeSpec(id_, v1::PPERMUTE, &x, axes, out), CheckOut(out)};
   for (const auto& [s, d] : perm) {
     auto* p = r.spec.mutable_ppermute()->add_perm();
     p->set_source(s);
@@ -968,7 +1018,7 @@ absl::Status Mesh::ppermute(const Array& x, const AxisNames& axes,
 
 OpFuture Mesh::psum_scatter_async(const Array& x, const AxisNames& axes, const Array& out,
                                   PsumScatterOptions options) {
-  OpRequest r{MakeSpec(id_, v1::PSUM_SCATTER, &x, axes, out)};
+  OpRequest r{MakeSpec(id_, v1::PSUM_SCATTER, &x, axes, out), CheckOut(out)};
   r.spec.mutable_psum_scatter()->set_scatter_dimension(options.scatter_dimension);
   r.spec.mutable_psum_scatter()->set_tiled(options.tiled);
   return Submit(r);
@@ -980,7 +1030,7 @@ absl::Status Mesh::psum_scatter(const Array& x, const AxisNames& axes, const Arr
 
 OpFuture Mesh::all_to_all_async(const Array& x, const AxisNames& axes, AllToAllOptions options,
                                 std::optional<Array> out) {
-  OpRequest r{MakeSpec(id_, v1::ALL_TO_ALL, &x, axes, out)};
+  OpRequest r{MakeSpec(id_, v1::ALL_TO_ALL, &x, axes, out), CheckOut(out)};
   r.spec.mutable_all_to_all()->set_split_axis(options.split_axis);
   r.spec.mutable_all_to_all()->set_concat_axis(options.concat_axis);
   r.spec.mutable_all_to_all()->set_tiled(options.tiled);
@@ -993,7 +1043,7 @@ absl::Status Mesh::all_to_all(const Array& x, const AxisNames& axes, AllToAllOpt
 
 OpFuture Mesh::broadcast_async(const Array& x, const AxisNames& axes, int root,
                                std::optional<Array> out) {
-  OpRequest r{MakeSpec(id_, v1::BROADCAST, &x, axes, out)};
+  OpRequest r{MakeSpec(id_, v1::BROADCAST, &x, axes, out), CheckOut(out)};
   r.spec.mutable_broadcast()->set_root(root);
   return Submit(r);
 }

@@ -63,6 +63,25 @@ absl::Status CheckRange(absl::string_view what, const std::string& id, int64_t o
   return absl::OkStatus();
 }
 
+// Checks the declared length of a region (BufferRef.size_bytes), when the
+// client gave one, against the `bytes` of `data` (e.g. "result f32[8]") that
+// the op reads or writes there.
+absl::Status CheckDeclared(absl::string_view kind, absl::string_view what,
+                           const v1::BufferRef& ref, uint64_t bytes, absl::string_view data) {
+  if (!ref.has_size_bytes()) return absl::OkStatus();
+  if (ref.size_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kind, ": ", what, " size_bytes ", ref.size_bytes(), " is negative"));
+  }
+  if (static_cast<uint64_t>(ref.size_bytes()) < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kind, ": ", what, " region of ", ref.size_bytes(), " bytes is smaller than the ", data,
+        " of ", bytes, " bytes; give ", what == "output" ? "an output" : "an input",
+        " of at least ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 namespace {
@@ -762,7 +781,10 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
       };
       auto in = find(op.input().buffer_id(), "input");
       if (!in.ok()) return in.status();
-      absl::Status st = CheckRange("input", op.input().buffer_id(), op.input().offset(),
+      absl::Status st = CheckDeclared(OpKindName(plan->kind), "input", op.input(), plan->in_bytes,
+                                      absl::StrCat("input ", ShapeString(plan->dtype, plan->in_shape)));
+      if (!st.ok()) return st;
+      st = CheckRange("input", op.input().buffer_id(), op.input().offset(),
                                    plan->in_bytes, (*in)->size(), DTypeSize(plan->dtype));
       if (!st.ok()) return st;
       sub.in_buf = *in;
@@ -779,6 +801,11 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
       } else {
         auto out = find(op.output().buffer_id(), "output");
         if (!out.ok()) return out.status();
+        // The result must fit in the region the client declared, not only
+        // in the buffer: else it would overwrite what follows the region.
+        st = CheckDeclared(OpKindName(plan->kind), "output", op.output(), plan->out_bytes,
+                           absl::StrCat("result ", ShapeString(plan->out_dtype, plan->out_shape)));
+        if (!st.ok()) return st;
         st = CheckRange("output", op.output().buffer_id(), op.output().offset(), plan->out_bytes,
                         (*out)->size(), DTypeSize(plan->out_dtype));
         if (!st.ok()) return st;

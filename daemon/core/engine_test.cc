@@ -447,6 +447,16 @@ TEST_F(EngineTest, BadInputIsRejectedAndChangesNothing) {
   gather.mutable_all_gather()->set_axis(0);
   // A group of one: the gathered result has the input's size, so in place is fine.
   EXPECT_TRUE(engine_->Submit(s, gather, false, [](const OpOutcome&) {}).ok());
+  // Sizes that overflow: f32[0, 2^62] gathered (tiled) over the group; the
+  // zero dimension makes the input empty, the result's other one overflows.
+  auto overflow = Op(mesh, v1::ALL_GATHER, buf, 0);
+  overflow.add_shape(int64_t{1} << 62);
+  overflow.mutable_all_gather()->set_axis(1);
+  overflow.mutable_all_gather()->set_tiled(true);
+  overflow.mutable_output()->set_buffer_id(buf);
+  absl::Status st = submit(overflow);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("exceeds 2^40"), std::string::npos) << st;
   auto unknown_mesh = Op("m-nope", v1::PSUM, buf, 4);
   EXPECT_EQ(submit(unknown_mesh).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(engine_->Submit("s-nope", Op(mesh, v1::PSUM, buf, 4), false, nullptr).status().code(),
@@ -457,6 +467,62 @@ TEST_F(EngineTest, BadInputIsRejectedAndChangesNothing) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->sequence(), 1);
   EXPECT_TRUE(done.Get().status.ok());
+}
+
+// A declared output region shorter than the result is refused, naming both
+// sizes, and nothing is written; a longer one is fine.
+TEST_F(EngineTest, OutputRegionShorterThanTheResultIsRefused) {
+  auto members = FormMesh("short-out", 1);
+  const auto& [s, mesh] = members[0];
+  std::string buf = Buffer(s, 64, 1.0f);
+  auto submit = [&](const v1::OpSpec& op) {
+    return engine_->Submit(s, op, false, [](const OpOutcome&) { ADD_FAILURE() << "ran"; }).status();
+  };
+  // psum f32[8] into a region declared as 16 bytes (f32[4]) that the buffer
+  // has room after: the result would be written past it.
+  auto op = Op(mesh, v1::PSUM, buf, 8);
+  op.mutable_output()->set_buffer_id(buf);
+  op.mutable_output()->set_offset(128);
+  op.mutable_output()->set_size_bytes(16);
+  absl::Status st = submit(op);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("output region of 16 bytes"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("f32[8] of 32 bytes"), std::string::npos) << st;
+  // An all_gather result (f32[1,8]) likewise; pmean of int8 gives float32.
+  auto gather = op;
+  gather.set_kind(v1::ALL_GATHER);
+  gather.mutable_all_gather();
+  gather.mutable_output()->set_size_bytes(31);
+  EXPECT_EQ(submit(gather).code(), absl::StatusCode::kInvalidArgument);
+  auto mean = op;
+  mean.set_kind(v1::PMEAN);
+  mean.set_dtype(v1::INT8);
+  mean.mutable_output()->set_size_bytes(8);  // int8[8]; the result is f32[8]
+  st = submit(mean);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("f32[8] of 32 bytes"), std::string::npos) << st;
+  op.mutable_output()->set_size_bytes(-1);
+  EXPECT_EQ(submit(op).code(), absl::StatusCode::kInvalidArgument);
+  // An input region shorter than its shape, too.
+  auto in = Op(mesh, v1::PSUM, buf, 8);
+  in.mutable_input()->set_size_bytes(28);
+  EXPECT_EQ(submit(in).code(), absl::StatusCode::kInvalidArgument);
+  const float* p = Data(s, buf);
+  for (int e = 0; e < 64; ++e) ASSERT_EQ(p[e], 1.0f) << "element " << e << " changed";
+
+  // Exactly the result's size, or more, is fine; the result starts at the
+  // offset and nothing after it changes.
+  Result<OpOutcome> exact, longer;
+  op.mutable_output()->set_size_bytes(32);
+  ASSERT_TRUE(engine_->Submit(s, op, false, exact.Callback()).ok());
+  EXPECT_TRUE(exact.Get().status.ok()) << exact.Get().status;
+  op.mutable_output()->set_size_bytes(4096);
+  op.mutable_output()->set_offset(0);
+  op.mutable_input()->set_offset(128);
+  ASSERT_TRUE(engine_->Submit(s, op, false, longer.Callback()).ok());
+  EXPECT_TRUE(longer.Get().status.ok()) << longer.Get().status;
+  p = Data(s, buf);
+  for (int e = 0; e < 64; ++e) EXPECT_EQ(p[e], 1.0f) << "element " << e;
 }
 
 TEST_F(EngineTest, BufferQuotas) {

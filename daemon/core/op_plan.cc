@@ -13,10 +13,52 @@ absl::Status Invalid(absl::string_view kind, auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(kind, ": ", parts...));
 }
 
-int64_t Product(const std::vector<int64_t>& v, size_t begin, size_t end) {
-  int64_t p = 1;
-  for (size_t i = begin; i < end; ++i) p *= v[i];
-  return p;
+// Normalizes a numpy-style axis: one in [-size, size) counts from the end
+// when negative. False when out of range.
+bool NormalizeAxis(int axis, int size, int* out) {
+  if (axis < -size || axis >= size) return false;
+  *out = axis < 0 ? axis + size : axis;
+  return true;
+}
+
+// "(valid: -3..2)" for an axis of an array of `size` dimensions.
+std::string ValidRange(int size) {
+  if (size == 0) return "(it has no dimension)";
+  return absl::StrCat("(valid: ", -size, "..", size - 1, ")");
+}
+
+// *out = a * b; false when the product overflows int64 or exceeds
+// kMaxElements (the limit of every dimension and element count).
+bool MulWithinLimit(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out) && *out <= kMaxElements;
+}
+
+// The number of elements of `shape` (the input's or the result's: `what`).
+// Every dimension must be in [0, 2^40] and the product of the non-zero ones
+// at most 2^40, so that a zero dimension cannot hide an oversized other one
+// and every partial product of the shape fits in int64.
+absl::StatusOr<int64_t> CheckedElements(absl::string_view name, absl::string_view what,
+                                        const std::vector<int64_t>& shape) {
+  int64_t extent = 1;  // the product of the non-zero dimensions
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const int64_t d = shape[i];
+    if (d < 0) {
+      return Invalid(name, "negative dimension ", d, " in ", what, " [",
+                     absl::StrJoin(shape, ","), "]");
+    }
+    if (d > kMaxElements) {
+      return Invalid(name, what, " [", absl::StrJoin(shape, ","), "]: dimension ", i,
+                     " of size ", d, " exceeds 2^40");
+    }
+    if (d == 0) {
+      empty = true;
+    } else if (!MulWithinLimit(extent, d, &extent)) {
+      return Invalid(name, what, " [", absl::StrJoin(shape, ","), "] has more than 2^40 elements",
+                     empty ? " (not counting its zero dimensions)" : "");
+    }
+  }
+  return empty ? 0 : extent;
 }
 
 }  // namespace
@@ -88,8 +130,13 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
         absl::StrCat("unknown op kind ", static_cast<int>(op.kind())));
   }
 
-  // Axes: names must exist and not repeat; empty means all mesh axes.
-  if (op.axes().empty()) {
+  // Axes: names must exist and not repeat. no_axes is the empty tuple (groups
+  // of one); an empty list without it means every mesh axis.
+  if (op.no_axes() && !op.axes().empty()) {
+    return Invalid(name, "no_axes is set but axes (", absl::StrJoin(op.axes(), ","),
+                   ") are named; give one or the other");
+  }
+  if (op.axes().empty() && !op.no_axes()) {
     for (size_t i = 0; i < mesh.names.size(); ++i) plan.axis_ids.push_back(static_cast<int>(i));
   }
   for (const std::string& axis : op.axes()) {
@@ -160,18 +207,12 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
   if (op.shape_size() > kMaxRank) {
     return Invalid(name, "rank ", op.shape_size(), " exceeds the maximum ", kMaxRank);
   }
-  int64_t elements = 1;
-  for (int64_t d : op.shape()) {
-    if (d < 0) return Invalid(name, "negative dimension ", d, " in shape");
-    if (d > 0 && elements > kMaxElements / d) {
-      return Invalid(name, "shape [", absl::StrJoin(op.shape(), ","),
-                     "] has more than 2^40 elements");
-    }
-    elements *= d;
-  }
   plan.in_shape.assign(op.shape().begin(), op.shape().end());
+  auto elements = CheckedElements(name, "input shape", plan.in_shape);
+  if (!elements.ok()) return elements.status();
   const int rank = static_cast<int>(plan.in_shape.size());
-  plan.in_bytes = static_cast<uint64_t>(elements) * DTypeSize(plan.dtype);
+  // At most 2^40 elements of at most 8 bytes: no overflow.
+  plan.in_bytes = static_cast<uint64_t>(*elements) * DTypeSize(plan.dtype);
   plan.out_dtype = plan.dtype;
   plan.out_shape = plan.in_shape;
   std::string detail;
@@ -185,16 +226,23 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
       break;
     case v1::ALL_GATHER: {
       const auto& p = op.all_gather();
-      plan.axis = p.axis();
       plan.tiled = p.tiled();
-      int limit = plan.tiled ? rank - 1 : rank;
-      if (plan.axis < 0 || plan.axis > limit) {
-        return Invalid(name, "axis ", plan.axis, " out of range for ",
-                       plan.tiled ? "tiled " : "", "input of rank ", rank,
-                       " (valid: 0..", limit, ")");
+      // The position of the gathered dimension in the output, which has one
+      // more dimension than the input when untiled (JAX normalizes against
+      // it too).
+      const int positions = plan.tiled ? rank : rank + 1;
+      if (!NormalizeAxis(p.axis(), positions, &plan.axis)) {
+        return Invalid(name, "axis ", p.axis(), " out of range for ", plan.tiled ? "tiled " : "",
+                       "input of rank ", rank, " ", ValidRange(positions));
       }
-      if (plan.tiled) {
-        plan.out_shape[plan.axis] *= n;
+      if (op.no_axes()) {
+        // JAX returns x for the empty tuple: no dimension is inserted. (The
+        // executor's gather of one member copies the same bytes.)
+      } else if (plan.tiled) {
+        if (!MulWithinLimit(plan.in_shape[plan.axis], n, &plan.out_shape[plan.axis])) {
+          return Invalid(name, "result dimension ", plan.axis, " (", plan.in_shape[plan.axis],
+                         " x group size ", n, ") exceeds 2^40");
+        }
       } else {
         plan.out_shape.insert(plan.out_shape.begin() + plan.axis, n);
       }
@@ -206,14 +254,17 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
         return Invalid(name, "bool is not supported (JAX rejects it too)");
       }
       const auto& p = op.psum_scatter();
-      plan.axis = p.scatter_dimension();
       plan.tiled = p.tiled();
-      if (plan.axis < 0 || plan.axis >= rank) {
-        return Invalid(name, "scatter_dimension ", plan.axis,
-                       " out of range for input of rank ", rank);
+      if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to scatter");
+      if (!NormalizeAxis(p.scatter_dimension(), rank, &plan.axis)) {
+        return Invalid(name, "scatter_dimension ", p.scatter_dimension(),
+                       " out of range for input of rank ", rank, " ", ValidRange(rank));
       }
       int64_t d = plan.in_shape[plan.axis];
-      if (plan.tiled) {
+      if (op.no_axes()) {
+        // JAX returns x for the empty tuple, whatever the dimension's size:
+        // nothing is scattered (the executor's one block is the whole input).
+      } else if (plan.tiled) {
         if (d % n != 0) {
           return Invalid(name, "tiled: dimension ", plan.axis, " of size ", d,
                          " is not divisible by the group size ", n);
@@ -231,13 +282,19 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     }
     case v1::ALL_TO_ALL: {
       const auto& p = op.all_to_all();
-      int split = p.split_axis();
-      int concat = p.concat_axis();
       plan.tiled = p.tiled();
-      if (split < 0 || split >= rank || concat < 0 || concat >= rank) {
-        return Invalid(name, "split_axis ", split, " and concat_axis ", concat,
-                       " must be in 0..", rank - 1, " for input of rank ", rank);
+      // concat_axis is a position in the output, which has the input's rank.
+      int split = 0, concat = 0;
+      if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to split");
+      if (!NormalizeAxis(p.split_axis(), rank, &split)) {
+        return Invalid(name, "split_axis ", p.split_axis(), " out of range for input of rank ",
+                       rank, " ", ValidRange(rank));
       }
+      if (!NormalizeAxis(p.concat_axis(), rank, &concat)) {
+        return Invalid(name, "concat_axis ", p.concat_axis(), " out of range for input of rank ",
+                       rank, " ", ValidRange(rank));
+      }
+      const int normalized_split = split, normalized_concat = concat;
       int64_t d = plan.in_shape[split];
       plan.a2a_shape = plan.in_shape;
       if (plan.tiled) {
@@ -264,11 +321,15 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
       plan.concat_axis = concat;
       std::vector<int64_t> out = plan.a2a_shape;
       out[split] /= n;
-      out[concat] *= n;
+      const int64_t concat_in = out[concat];
+      if (!MulWithinLimit(concat_in, n, &out[concat])) {
+        return Invalid(name, "result dimension ", concat, " (", concat_in, " x group size ", n,
+                       ") exceeds 2^40");
+      }
       if (!plan.tiled && split != concat) out.erase(out.begin() + split);
       plan.out_shape = out;
-      detail = absl::StrCat(" split_axis=", p.split_axis(), " concat_axis=",
-                            p.concat_axis(), plan.tiled ? " tiled" : "");
+      detail = absl::StrCat(" split_axis=", normalized_split, " concat_axis=", normalized_concat,
+                            plan.tiled ? " tiled" : "");
       break;
     }
     case v1::PPERMUTE: {
@@ -299,8 +360,9 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     default:
       break;
   }
-  plan.out_bytes = static_cast<uint64_t>(Product(plan.out_shape, 0, plan.out_shape.size())) *
-                   DTypeSize(plan.out_dtype);
+  auto out_elements = CheckedElements(name, "result shape", plan.out_shape);
+  if (!out_elements.ok()) return out_elements.status();
+  plan.out_bytes = static_cast<uint64_t>(*out_elements) * DTypeSize(plan.out_dtype);
   plan.signature = absl::StrCat(name, " ", ShapeString(plan.dtype, plan.in_shape), over, detail);
   return plan;
 }

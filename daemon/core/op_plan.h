@@ -30,7 +30,10 @@ struct MeshShape {
   int Index(const std::vector<int>& coordinate) const;
 };
 
-// Largest number of elements of one op input, and largest rank.
+// Largest dimension and number of elements of an op's input and of its
+// result (zero dimensions aside: the non-zero dimensions of an empty array
+// obey the limit too), and largest rank. Byte sizes (at most 2^43) and every
+// partial product of a shape then fit in int64.
 inline constexpr int64_t kMaxElements = int64_t{1} << 40;
 inline constexpr int kMaxRank = 16;
 
@@ -77,7 +80,8 @@ struct OpPlan {
 
 // Builds the plan of `op` on a mesh of `shape`. INVALID_ARGUMENT with a precise
 // message for any problem (unknown kind or axis, unsupported dtype for the
-// kind, negative or oversized shape, parameters out of range, a perm with
+// kind, a negative or oversized dimension or element count of the input or
+// the result (kMaxElements), parameters out of range, a perm with
 // duplicates, ...).
 absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& shape);
 

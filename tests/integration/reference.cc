@@ -442,8 +442,18 @@ std::string ElemString(DType dt, const uint8_t* p) {
   return buf;
 }
 
-bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, DType* out_dt,
+OpParams NonNegativeAxes(Op op, size_t rank, const OpParams& p) {
+  OpParams q = p;
+  const int r = static_cast<int>(rank);
+  if (op == Op::kAllGather && q.axis < 0) q.axis += q.tiled ? r : r + 1;
+  if ((op == Op::kPsumScatter || op == Op::kAllToAll) && q.axis < 0) q.axis += r;
+  if (op == Op::kAllToAll && q.concat_axis < 0) q.concat_axis += r;
+  return q;
+}
+
+bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& given, DType* out_dt,
                 Shape* out_shape, std::string* why) {
+  const OpParams p = NonNegativeAxes(op, shape.size(), given);
   auto fail = [&](const std::string& reason) {
     if (why) *why = reason;
     return false;
@@ -515,9 +525,10 @@ bool IsNaNElem(DType dt, const uint8_t* p) {
   }
 }
 
-std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
+std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& given,
                                const std::vector<const uint8_t*>& inputs, int rank,
                                NanChoices* nan_choices) {
+  const OpParams p = NonNegativeAxes(op, shape.size(), given);
   // Records the admissible NaNs of element o of a float sum, if ambiguous.
   auto note_nan = [&](int64_t o, const std::vector<const uint8_t*>& xs, const uint8_t* dst) {
     if (nan_choices == nullptr || !IsFloatType(dt) || !IsNaNElem(dt, dst)) return;

@@ -42,7 +42,10 @@ bool IsFloatType(DType dt);
 int64_t NumElements(const Shape& shape);
 std::string ShapeStr(const Shape& shape);  // "[3,5]"
 
-// Parameters of the ops that take any.
+// Parameters of the ops that take any. Negative axes count from the end, as
+// in numpy: of the output for all_gather (rank + 1 dimensions untiled), of
+// the input for psum_scatter and all_to_all's split_axis, and of the output
+// (the input's rank) for all_to_all's concat_axis.
 struct OpParams {
   int axis = 0;         // all_gather axis / psum_scatter scatter_dimension / all_to_all split_axis
   int concat_axis = 0;  // all_to_all
@@ -50,6 +53,10 @@ struct OpParams {
   int root = 0;                              // broadcast
   std::vector<std::pair<int, int>> perm;     // ppermute (source, dest)
 };
+
+// `p` with its negative axes for `op` on an input of `rank` dimensions
+// counted from the end (still out of range if they were).
+OpParams NonNegativeAxes(Op op, size_t rank, const OpParams& p);
 
 // The result dtype and shape of `op` on an input of (dt, shape) in a group of
 // n members; false (and a reason) when the op is invalid for these arguments.

@@ -159,10 +159,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
         for (const Shape& s : red_shapes) b.Add(op, dt, s, axes, n);
       }
     }
-    // The empty tuple (all axes), a few reductions.
+    // Every axis (AxisNames::All()), a few reductions.
     if (full && mesh.axes.size() > 1) {
-      b.Add(Op::kPsum, DType::kF32, {1031}, {}, mesh.num_members());
-      b.Add(Op::kPmax, DType::kBF16, {7}, {}, mesh.num_members());
+      b.Add(Op::kPsum, DType::kF32, {1031}, kEveryAxis, mesh.num_members());
+      b.Add(Op::kPmax, DType::kBF16, {7}, kEveryAxis, mesh.num_members());
     }
 
     // all_gather.
@@ -174,7 +174,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
           {{1}, Ag(0, true)},     {{7}, Ag(1, false)},     {{3, 5}, Ag(0, false)},
           {{3, 5}, Ag(1, false)}, {{3, 5}, Ag(2, false)},  {{3, 5}, Ag(0, true)},
           {{2, 0}, Ag(1, true)},  {{4, 1, 3}, Ag(1, true)}, {{2, 3, 700}, Ag(2, true)},
-          {{2, 3, 700}, Ag(1, false)}, {{2, 3, 4}, Ag(3, false)}};
+          {{2, 3, 700}, Ag(1, false)}, {{2, 3, 4}, Ag(3, false)},
+          // Negative axes count from the end of the output.
+          {{3, 5}, Ag(-1, false)},    {{3, 5}, Ag(-3, false)}, {{2, 3, 700}, Ag(-1, true)},
+          {{4, 1, 3}, Ag(-3, true)}};
       if (full) {
         for (const auto& [s, p] : every_dtype) {
           for (DType dt : kAllDTypes) b.Add(Op::kAllGather, dt, s, axes, n, p, AgVariant(p));
@@ -237,7 +240,8 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
       const std::vector<std::pair<Shape, OpParams>> variants = {
           {{n, 3}, ps(0, false)},     {{3, n}, ps(1, false)},  {{2, n, 5}, ps(1, false)},
           {{n, 0}, ps(0, false)},     {{0}, ps(0, true)},      {{4 * n, 3}, ps(0, true)},
-          {{3, n * 300}, ps(1, true)}, {{2, n, 600}, ps(1, false)}};
+          {{3, n * 300}, ps(1, true)}, {{2, n, 600}, ps(1, false)},
+          {{3, n}, ps(-1, false)},    {{4 * n, 3}, ps(-2, true)}};
       const std::vector<DType> non_bool(std::begin(kAllDTypes), std::end(kAllDTypes) - 1);
       if (full) {
         for (const auto& [s, p] : every_dtype) {
@@ -271,7 +275,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
           {{n * 300, 2}, A2a(0, 1, true)},  {{0, 3}, A2a(0, 1, true)},
           {{4, n * 2, 130}, A2a(1, 2, true)}, {{2, 3, 2 * n}, A2a(2, 0, true)},
           {{2 * n, 3, 2}, A2a(0, 2, true)}, {{n, 2, 3}, A2a(0, 2, false)},
-          {{2, 3, n}, A2a(2, 1, false)}};
+          {{2, 3, n}, A2a(2, 1, false)},
+          // Negative axes count from the end (concat_axis: of the output).
+          {{2, 3, n}, A2a(-1, -3, false)},  {{n, 2, 3}, A2a(-3, -1, false)},
+          {{3, 2 * n}, A2a(-1, -2, true)},  {{2, 3 * n, 2}, A2a(-2, -1, true)}};
       if (full) {
         for (const auto& [s, p] : every_dtype) {
           for (DType dt : kAllDTypes) b.Add(Op::kAllToAll, dt, s, axes, n, p, A2aVariant(p));
@@ -327,14 +334,14 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
     b.Add(Op::kBarrier, DType::kF32, {0}, axes, n, {}, "", true, false);
   }
   // Barrier over every axis.
-  b.Add(Op::kBarrier, DType::kF32, {0}, {}, mesh.num_members(), {}, "", true, false);
+  b.Add(Op::kBarrier, DType::kF32, {0}, kEveryAxis, mesh.num_members(), {}, "", true, false);
 }
 
 void LargeSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
   Builder b(cases);
   const auto choices = AxisChoices(mesh);
   const std::vector<std::string> first = choices[0];
-  const std::vector<std::string> all = {};
+  const std::vector<std::string> all = kEveryAxis;
   const int n1 = GroupOf(mesh, first, 0).size;
   const int na = mesh.num_members();
   constexpr int64_t kM = 1 << 20;  // 4 MiB of float32
@@ -411,8 +418,10 @@ void ErrorSweep(std::vector<Case>* cases) {
         "err.unknown_axis", "err.axis_named_twice", "err.psum_scatter_bool",
         "err.all_gather_axis_out_of_range", "err.ppermute_dest_twice", "err.broadcast_root_range",
         "err.misaligned_offset", "err.psum_scatter_wrong_dim", "err.all_to_all_not_divisible",
-        "err.partial_overlap", "err.freed_buffer", "err.member0_only", "err.mismatched_ops"}) {
-    b.Special(name, {});
+        "err.partial_overlap", "err.freed_buffer", "err.member0_only", "err.mismatched_ops",
+        "err.shape_overflow", "err.output_shorter_than_result", "err.output_shape_negative",
+        "empty_tuple"}) {
+    b.Special(name, kEveryAxis);
   }
 }
 
@@ -462,7 +471,7 @@ std::string MeshSpecString(const MeshSpec& spec) {
 Group GroupOf(const MeshSpec& mesh, const std::vector<std::string>& axes_in, int member,
               bool mesh_order) {
   std::vector<int> ids;
-  if (axes_in.empty()) {
+  if (axes_in == kEveryAxis) {
     for (size_t i = 0; i < mesh.axes.size(); ++i) ids.push_back(static_cast<int>(i));
   }
   for (const std::string& a : axes_in) {
@@ -500,7 +509,7 @@ std::vector<std::vector<std::string>> AxisChoices(const MeshSpec& mesh) {
   std::vector<std::vector<std::string>> choices;
   if (mesh.axes.size() == 1) {
     choices.push_back({mesh.axes[0].first});
-    choices.push_back({});  // the empty tuple: every axis
+    choices.push_back(kEveryAxis);
   } else {
     // Every axis alone, every ordered pair (both orders; with three or more
     // axes also non-adjacent pairs), and with more than two axes all of them
@@ -521,6 +530,7 @@ std::vector<std::vector<std::string>> AxisChoices(const MeshSpec& mesh) {
 }
 
 std::string AxesString(const std::vector<std::string>& axes) {
+  if (axes.empty()) return "()";
   std::string s = "{";
   for (size_t i = 0; i < axes.size(); ++i) s += (i ? "," : "") + axes[i];
   return s + "}";

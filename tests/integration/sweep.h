@@ -29,7 +29,12 @@ struct MeshSpec {
 bool ParseMeshSpec(const std::string& text, MeshSpec* spec);
 std::string MeshSpecString(const MeshSpec& spec);  // "x:2,y:4"
 
-// The group of `member` for a collective over `axes` (empty: every axis).
+// A case's axes: names of mesh axes, in the order given; kEveryAxis for
+// every axis of the mesh (the SDK's AxisNames::All()); empty for the empty
+// tuple (JAX's axis_name=(): groups of one).
+inline const std::vector<std::string> kEveryAxis = {"*"};
+
+// The group of `member` for a collective over `axes`.
 struct Group {
   int size = 1;
   int rank = 0;              // the member's index in `members`
@@ -52,7 +57,7 @@ struct Case {
   Op op = Op::kPsum;
   DType dtype = DType::kF32;
   Shape shape;
-  std::vector<std::string> axes;  // empty: every mesh axis
+  std::vector<std::string> axes;  // see kEveryAxis
   OpParams params;
   bool in_place = false;      // no output argument
   bool separate_output = false;  // output in a second buffer (else after the input)
@@ -75,13 +80,14 @@ struct Case {
 //   "large"  - multi-MiB buffers (psum, pmean, pmax, all_gather, ppermute,
 //              psum_scatter, all_to_all, broadcast);
 //   "async"  - batches of 8 ops outstanding at once;
-//   "errors" - invalid ops rejected at submit, each followed by a valid op.
+//   "errors" - invalid ops rejected at submit, each followed by a valid op,
+//              and ops over the empty tuple ().
 // Returns false for an unknown sweep name.
 bool BuildSweep(const std::string& sweep, const MeshSpec& mesh, std::vector<Case>* cases);
 
 // The axis choices the sweeps iterate over for `mesh`.
 std::vector<std::vector<std::string>> AxisChoices(const MeshSpec& mesh);
-std::string AxesString(const std::vector<std::string>& axes);  // "{x,y}", "{}" = all
+std::string AxesString(const std::vector<std::string>& axes);  // "{x,y}", "{*}", "()"
 
 // Deterministic input of `member` for case `c`.
 std::vector<uint8_t> MakeInput(const Case& c, uint64_t seed, int member);

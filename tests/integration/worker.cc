@@ -47,6 +47,11 @@ struct Args {
   uint64_t seed = 1;
 };
 
+// The SDK's spelling of a case's axes (sweep.h: kEveryAxis is All()).
+AxisNames ToAxisNames(const std::vector<std::string>& axes) {
+  return axes == kEveryAxis ? AxisNames::All() : AxisNames(axes);
+}
+
 uint8_t Sentinel(size_t pos) { return static_cast<uint8_t>(pos * 131 + 0x5b); }
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -155,13 +160,16 @@ class Worker {
 
   // axis_index / axis_size of the SDK against our own group arithmetic.
   bool CheckAxisIndex() {
-    for (const auto& axes : AxisChoices(args_.mesh)) {
-      if (axes.empty()) continue;
+    std::vector<std::vector<std::string>> choices = AxisChoices(args_.mesh);
+    choices.push_back({});  // the empty tuple
+    choices.push_back(kEveryAxis);
+    for (const auto& axes : choices) {
       Group g = GroupOf(args_.mesh, axes, args_.member);
-      if (mesh_->axis_index(axes) != g.rank || mesh_->axis_size(axes) != g.size) {
+      const AxisNames names = ToAxisNames(axes);
+      if (mesh_->axis_index(names) != g.rank || mesh_->axis_size(names) != g.size) {
         std::printf("FATAL axis_index%s = %d (want %d), axis_size = %d (want %d)\n",
-                    AxesString(axes).c_str(), mesh_->axis_index(axes), g.rank,
-                    mesh_->axis_size(axes), g.size);
+                    AxesString(axes).c_str(), mesh_->axis_index(names), g.rank,
+                    mesh_->axis_size(names), g.size);
         return false;
       }
     }
@@ -238,7 +246,7 @@ class Worker {
 
   OpFuture SubmitAsync(const Case& c, const Prepared& p) {
     Mesh& m = *mesh_;
-    const AxisNames axes(c.axes);
+    const AxisNames axes = ToAxisNames(c.axes);
     std::optional<Array> out;
     if (!c.in_place) out = p.out;
     switch (c.op) {
@@ -266,7 +274,7 @@ class Worker {
 
   absl::Status SubmitSync(const Case& c, const Prepared& p) {
     Mesh& m = *mesh_;
-    const AxisNames axes(c.axes);
+    const AxisNames axes = ToAxisNames(c.axes);
     std::optional<Array> out;
     if (!c.in_place) out = p.out;
     switch (c.op) {
@@ -435,48 +443,62 @@ class Worker {
     for (size_t k = 0; k < e2.size(); ++k) d2[k] = Sentinel(k);
 
     const std::string& s = c.special;
+    const AxisNames all = AxisNames::All();
     absl::StatusCode want = absl::StatusCode::kInvalidArgument;
     absl::Status st;
     auto f32 = [&](Shape shape, size_t off = 0, Buffer* b = nullptr) {
       return Array{b ? b : &e, off, DType::kF32, std::move(shape)};
     };
-    if (s == "err.inplace_psum_bool") {
-      st = mesh_->psum(Array{&e, 0, DType::kBool, {7}}, {});  // result is int32[7]
+    if (s == "empty_tuple") {
+      return FollowUp(c, EmptyTuple());
+    } else if (s == "err.inplace_psum_bool") {
+      st = mesh_->psum(Array{&e, 0, DType::kBool, {7}}, all);  // result is int32[7]
     } else if (s == "err.inplace_pmean_i8") {
-      st = mesh_->pmean(Array{&e, 0, DType::kI8, {7}}, {});  // result is float32[7]
+      st = mesh_->pmean(Array{&e, 0, DType::kI8, {7}}, all);  // result is float32[7]
     } else if (s == "err.all_gather_output_is_input") {
       // The closest the SDK gets to an all_gather "in place": the output
       // region starts at the input but is n times larger.
-      st = mesh_->all_gather(f32({7}), {}, f32({n, 7}));
+      st = mesh_->all_gather(f32({7}), all, f32({n, 7}));
     } else if (s == "err.output_out_of_range") {
       want = absl::StatusCode::kOutOfRange;
-      st = mesh_->psum(f32({8}), {}, f32({8}, size - 16));
+      st = mesh_->psum(f32({8}), all, f32({8}, size - 16));
     } else if (s == "err.output_offset_past_end") {
       want = absl::StatusCode::kOutOfRange;
-      st = mesh_->psum(f32({8}), {}, f32({8}, size + 64));
+      st = mesh_->psum(f32({8}), all, f32({8}, size + 64));
     } else if (s == "err.input_out_of_range") {
       want = absl::StatusCode::kOutOfRange;
-      st = mesh_->psum(f32({static_cast<int64_t>(size / 4) + 1}), {}, f32({8}, 0, &e2));
+      st = mesh_->psum(f32({static_cast<int64_t>(size / 4) + 1}), all, f32({8}, 0, &e2));
     } else if (s == "err.unknown_axis") {
       st = mesh_->psum(f32({7}), "no_such_axis");
     } else if (s == "err.axis_named_twice") {
       st = mesh_->psum(f32({7}), {axis0, axis0});
     } else if (s == "err.psum_scatter_bool") {
-      st = mesh_->psum_scatter(Array{&e, 0, DType::kBool, {n}}, {}, Array{&e2, 0, DType::kBool, {}});
+      st = mesh_->psum_scatter(Array{&e, 0, DType::kBool, {n}}, all, Array{&e2, 0, DType::kBool, {}});
     } else if (s == "err.all_gather_axis_out_of_range") {
-      st = mesh_->all_gather(f32({7}), {}, f32({7, n}, 0, &e2), {.axis = 2});
+      st = mesh_->all_gather(f32({7}), all, f32({7, n}, 0, &e2), {.axis = 2});
     } else if (s == "err.ppermute_dest_twice") {
       st = mesh_->ppermute(f32({7}), axis0, {{0, 0}, {1, 0}});
     } else if (s == "err.broadcast_root_range") {
       st = mesh_->broadcast(f32({7}), axis0, n0);
     } else if (s == "err.misaligned_offset") {
-      st = mesh_->psum(f32({4}, 2), {});
+      st = mesh_->psum(f32({4}, 2), all);
     } else if (s == "err.psum_scatter_wrong_dim") {
-      st = mesh_->psum_scatter(f32({n + 1}), {}, f32({}, 0, &e2));
+      st = mesh_->psum_scatter(f32({n + 1}), all, f32({}, 0, &e2));
     } else if (s == "err.all_to_all_not_divisible") {
-      st = mesh_->all_to_all(f32({n + 1}), {}, {.tiled = true});
+      st = mesh_->all_to_all(f32({n + 1}), all, {.tiled = true});
     } else if (s == "err.partial_overlap") {
-      st = mesh_->psum(f32({16}), {}, f32({16}, 32));
+      st = mesh_->psum(f32({16}), all, f32({16}, 32));
+    } else if (s == "err.shape_overflow") {
+      // f32[0, 2^62] gathered along its second dimension: the input is empty,
+      // the result's second dimension would overflow int64.
+      st = mesh_->all_gather(Array{&e, 0, DType::kF32, {0, int64_t{1} << 62}}, axis0,
+                             f32({0}, 0, &e2), {.axis = 1, .tiled = true});
+    } else if (s == "err.output_shorter_than_result") {
+      // The declared output f32[4] is shorter than the result f32[8]; the
+      // buffer has room after it, which must stay untouched.
+      st = mesh_->psum(f32({8}), axis0, f32({4}, 64, &e2));
+    } else if (s == "err.output_shape_negative") {
+      st = mesh_->all_gather(f32({7}), axis0, f32({-1, 7}, 0, &e2));
     } else if (s == "err.freed_buffer") {
       want = absl::StatusCode::kNotFound;
       auto freed = client_->Allocate(4096);
@@ -484,14 +506,14 @@ class Worker {
       if (absl::Status fs = client_->Free(*freed); !fs.ok()) {
         return Report(c, false, "free: " + fs.ToString());
       }
-      st = mesh_->psum(Array{&*freed, 0, DType::kF32, {7}}, {});
+      st = mesh_->psum(Array{&*freed, 0, DType::kF32, {7}}, all);
     } else if (s == "err.member0_only") {
       // Only member 0 submits (three invalid ops); the others go straight to
       // the psum, which must still match member 0's.
       if (args_.member == 0) {
         absl::Status s1 = mesh_->psum(f32({7}), "no_such_axis");
-        absl::Status s2 = mesh_->psum(f32({8}), {}, f32({8}, size - 16));
-        absl::Status s3 = mesh_->psum(Array{&e, 0, DType::kBool, {7}}, {});
+        absl::Status s2 = mesh_->psum(f32({8}), all, f32({8}, size - 16));
+        absl::Status s3 = mesh_->psum(Array{&e, 0, DType::kBool, {7}}, all);
         if (s1.code() != absl::StatusCode::kInvalidArgument ||
             s2.code() != absl::StatusCode::kOutOfRange ||
             s3.code() != absl::StatusCode::kInvalidArgument) {
@@ -504,8 +526,8 @@ class Worker {
       // Every member submits, but member 0 a different op: all fail with
       // FAILED_PRECONDITION and nothing is written.
       want = absl::StatusCode::kFailedPrecondition;
-      st = args_.member == 0 ? mesh_->pmax(f32({7}), {}, f32({7}, 0, &e2))
-                             : mesh_->psum(f32({7}), {}, f32({7}, 0, &e2));
+      st = args_.member == 0 ? mesh_->pmax(f32({7}), all, f32({7}, 0, &e2))
+                             : mesh_->psum(f32({7}), all, f32({7}, 0, &e2));
     } else {
       return Report(c, false, "unknown special case");
     }
@@ -523,6 +545,87 @@ class Worker {
     FollowUp(c, problem);
   }
 
+  // Collectives over the empty tuple, JAX's axis_name=(): no axes, so every
+  // member is a group of one, as in JAX: psum, pmean, all_gather and
+  // psum_scatter give the input unchanged (no inserted or scattered
+  // dimension), all_to_all sees a group of size 1, axis_index is 0 and
+  // axis_size 1; AxisNames::All() is every axis. The inputs are finite and
+  // non-zero, whose bits a sum over one member keeps. Returns a problem, or "".
+  std::string EmptyTuple() {
+    const AxisNames none;  // ()
+    if (mesh_->axis_index(none) != 0 || mesh_->axis_size(none) != 1) {
+      return absl::StrCat("axis_index(()) = ", mesh_->axis_index(none), ", axis_size(()) = ",
+                          mesh_->axis_size(none), "; want 0 and 1");
+    }
+    if (mesh_->axis_index(AxisNames::All()) != args_.member ||
+        mesh_->axis_size(AxisNames::All()) != args_.mesh.num_members()) {
+      return absl::StrCat("axis_index(All()) = ", mesh_->axis_index(AxisNames::All()),
+                          ", axis_size(All()) = ", mesh_->axis_size(AxisNames::All()),
+                          "; want ", args_.member, " and ", args_.mesh.num_members());
+    }
+    Buffer& a = *buf_a_[0];
+    Buffer& b = *buf_b_[0];
+    float* x = a.as<float>().data();
+    float* y = b.as<float>().data();
+    std::vector<float> mine(6);
+    for (size_t k = 0; k < mine.size(); ++k) mine[k] = 1.5f * static_cast<float>(k + 1) + args_.member;
+    auto expect = [&](const OpFuture& f, const char* what, const Shape& shape, const float* got)
+        -> std::string {
+      if (absl::Status st = f.Wait(); !st.ok()) return absl::StrCat(what, ": ", st.ToString());
+      if (f.out_shape() != shape || f.out_dtype() != DType::kF32) {
+        return absl::StrCat(what, ": result ", ShortName(f.out_dtype()), ShapeStr(f.out_shape()),
+                            ", want f32", ShapeStr(shape));
+      }
+      for (size_t k = 0; k < mine.size(); ++k) {
+        if (got[k] != mine[k]) {
+          return absl::StrCat(what, ": element ", k, " is ", got[k], ", want ", mine[k],
+                              " (the input)");
+        }
+      }
+      return "";
+    };
+    auto fill = [&] {
+      std::memcpy(x, mine.data(), mine.size() * sizeof(float));
+      std::memset(y, 0, mine.size() * sizeof(float));
+    };
+    std::string problem;
+    fill();
+    problem = expect(mesh_->psum_async(Array::Of<float>(a, {6}), none), "psum over ()", {6}, x);
+    if (!problem.empty()) return problem;
+    fill();
+    problem = expect(mesh_->pmean_async(Array::Of<float>(a, {6}), none, Array::Of<float>(b, {6})),
+                     "pmean over ()", {6}, y);
+    if (!problem.empty()) return problem;
+    fill();
+    problem = expect(mesh_->all_gather_async(Array::Of<float>(a, {2, 3}), none,
+                                             Array::Of<float>(b, {2, 3}), {.axis = 1}),
+                     "all_gather over ()", {2, 3}, y);
+    if (!problem.empty()) return problem;
+    fill();
+    problem = expect(mesh_->psum_scatter_async(Array::Of<float>(a, {6}), none,
+                                               Array::Of<float>(b, {6})),
+                     "psum_scatter over ()", {6}, y);
+    if (!problem.empty()) return problem;
+    fill();
+    problem = expect(mesh_->all_to_all_async(Array::Of<float>(a, {1, 6}), none,
+                                             {.split_axis = 0, .concat_axis = 1},
+                                             Array::Of<float>(b, {6, 1})),
+                     "all_to_all over ()", {6, 1}, y);
+    if (!problem.empty()) return problem;
+    fill();
+    problem = expect(mesh_->ppermute_async(Array::Of<float>(a, {6}), none, {{0, 0}},
+                                           Array::Of<float>(b, {6})),
+                     "ppermute over ()", {6}, y);
+    if (!problem.empty()) return problem;
+    if (absl::Status st = mesh_->barrier(none); !st.ok()) return "barrier(()): " + st.ToString();
+    // Parameters are checked against the group of one.
+    if (absl::Status st = mesh_->broadcast(Array::Of<float>(a, {6}), none, 1);
+        st.code() != absl::StatusCode::kInvalidArgument) {
+      return "broadcast over () with root 1: " + st.ToString() + ", want INVALID_ARGUMENT";
+    }
+    return "";
+  }
+
   // A valid psum over every axis after an error case; reports the case.
   void FollowUp(const Case& c, const std::string& problem) {
     Case f;
@@ -534,7 +637,7 @@ class Worker {
     f.shape = {1031};
     f.input = InputKind::kArith;
     Prepared p;
-    p.group = GroupOf(args_.mesh, {}, args_.member);
+    p.group = GroupOf(args_.mesh, kEveryAxis, args_.member);
     p.layout = MakeLayout(f, p.group.size, 1);
     for (int m : p.group.members) p.inputs.push_back(MakeInput(f, args_.seed, m));
     p.a = buf_a_[0].get();
@@ -545,7 +648,7 @@ class Worker {
     std::memcpy(a + p.layout.in_off, mine.data(), mine.size());
     p.x = Array{p.a, p.layout.in_off, f.dtype, f.shape};
     p.out = Array{p.a, p.layout.out_off, p.layout.out_dt, p.layout.out_shape};
-    OpFuture fut = mesh_->psum_async(p.x, {}, p.out);
+    OpFuture fut = mesh_->psum_async(p.x, AxisNames::All(), p.out);
     absl::Status st = fut.Wait();
     if (!problem.empty()) return Report(c, false, problem);
     if (!st.ok()) return Report(c, false, "the valid psum after the error failed: " + st.ToString());

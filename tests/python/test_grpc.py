@@ -500,6 +500,28 @@ def test_session_barrier_then_sigterm(fresh_daemon, pb):
                   timeout=RPC_TIMEOUT)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
+    # JAX's empty tuple is no_axes (axes left out still mean every axis);
+    # naming axes as well is contradictory.
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Submit(
+            m.SubmitRequest(session_id=s.session_id,
+                            op=m.OpSpec(mesh_id=mesh.mesh_id, kind=m.BARRIER, axes=["x"],
+                                        no_axes=True)),
+            timeout=RPC_TIMEOUT,
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no_axes" in info.value.details()
+    sub = stub.Submit(
+        m.SubmitRequest(session_id=s.session_id,
+                        op=m.OpSpec(mesh_id=mesh.mesh_id, kind=m.BARRIER, no_axes=True)),
+        timeout=RPC_TIMEOUT,
+    )
+    assert sub.sequence == 2
+    stub.Wait(m.WaitRequest(session_id=s.session_id, op_id=sub.op_id, timeout_ms=5000),
+              timeout=RPC_TIMEOUT)
+    pending = stub.ListPendingOps(m.ListPendingOpsRequest(), timeout=RPC_TIMEOUT).ops
+    assert len(pending) == 0
+
     stub.CloseSession(m.CloseSessionRequest(session_id=s.session_id), timeout=RPC_TIMEOUT)
     sessions = stub.ListSessions(m.ListSessionsRequest(), timeout=RPC_TIMEOUT).sessions
     assert s.session_id not in [x.session_id for x in sessions]

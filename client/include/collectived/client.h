@@ -118,8 +118,13 @@ struct Array {
   static Array Of(const Buffer& buffer, std::vector<int64_t> shape, size_t offset = 0) {
     return Array{&buffer, offset, DTypeOf<T>(), std::move(shape)};
   }
+  // The product of the dimensions; -1 when a dimension is negative or the
+  // product of the non-zero dimensions overflows int64 (no daemon accepts
+  // such a shape).
   int64_t num_elements() const;
-  size_t num_bytes() const { return static_cast<size_t>(num_elements()) * DTypeSize(dtype); }
+  // num_elements() times the element size; SIZE_MAX when num_elements() is
+  // -1 or the byte count overflows.
+  size_t num_bytes() const;
   // Pointer to the first element in this process.
   template <typename T>
   T* data() const {
@@ -127,20 +132,32 @@ struct Array {
   }
 };
 
-// The axis names a collective runs over: one name ("batch") or a tuple
-// ({"data", "model"}), as JAX's axis_name. Empty: every axis of the mesh.
+// The axis names a collective runs over, as JAX's axis_name: one name
+// ("batch"), a tuple ({"data", "model"}, linearized in the order given), the
+// empty tuple (AxisNames{} or {}: JAX's axis_name=(), no axes: every member
+// is a group of one by itself, so psum returns x), or AxisNames::All(): every
+// axis of the mesh in mesh order (what an empty AxisNames meant before).
 class AxisNames {
  public:
-  AxisNames() = default;
+  AxisNames() = default;  // the empty tuple
   AxisNames(const char* name) : names_{name} {}                 // NOLINT
   AxisNames(std::string name) : names_{std::move(name)} {}      // NOLINT
   AxisNames(absl::string_view name) : names_{std::string(name)} {}  // NOLINT
   AxisNames(std::initializer_list<std::string> names) : names_(names) {}
   AxisNames(std::vector<std::string> names) : names_(std::move(names)) {}  // NOLINT
+  // Every axis of the mesh, in mesh order.
+  static AxisNames All() {
+    AxisNames a;
+    a.all_ = true;
+    return a;
+  }
+  // Whether this is All(); names() is then empty.
+  bool all() const { return all_; }
   const std::vector<std::string>& names() const { return names_; }
 
  private:
   std::vector<std::string> names_;
+  bool all_ = false;
 };
 
 // The outcome of an asynchronous collective. Copyable; all copies share it.
@@ -191,19 +208,23 @@ class OpFuture {
   std::shared_ptr<OpState> state_;
 };
 
+// Axes may be negative, counting from the end as in numpy and JAX (-1: the
+// last).
 struct AllGatherOptions {
-  int axis = 0;        // where the gathered dimension goes in the output
+  // Where the gathered dimension goes in the output; negative counts from
+  // the end of the output (untiled, it has one more dimension than x).
+  int axis = 0;
   bool tiled = false;  // concatenate along `axis` instead of stacking
 };
 
 struct PsumScatterOptions {
-  int scatter_dimension = 0;
+  int scatter_dimension = 0;  // a dimension of x
   bool tiled = false;
 };
 
 struct AllToAllOptions {
-  int split_axis = 0;
-  int concat_axis = 0;
+  int split_axis = 0;   // a dimension of x
+  int concat_axis = 0;  // a position in the output (which has x's rank)
   bool tiled = false;
 };
 
@@ -242,9 +263,11 @@ class Mesh {
   int index() const { return index_; }
   int size() const { return static_cast<int>(members_); }
   // jax.lax.axis_index: this member's coordinate on `axis`; for several axes
-  // the row-major index over them in the given order. -1 for an unknown axis.
+  // the row-major index over them in the given order (0 for the empty tuple,
+  // index() for AxisNames::All()). -1 for an unknown axis.
   int axis_index(const AxisNames& axes) const;
-  // The number of members along `axis` (product for several); -1 if unknown.
+  // The number of members along `axis` (product for several: 1 for the
+  // empty tuple, size() for AxisNames::All()); -1 if unknown.
   int axis_size(const AxisNames& axes) const;
   const std::vector<std::pair<std::string, int>>& axes() const { return axes_; }
   const std::vector<int>& coordinate() const { return coordinate_; }
@@ -269,8 +292,9 @@ class Mesh {
   // Every member of the group receives the input of group index `root`.
   absl::Status broadcast(const Array& x, const AxisNames& axes, int root,
                          std::optional<Array> out = {});
-  // Returns when every member reached the barrier.
-  absl::Status barrier(const AxisNames& axes = {});
+  // Returns when every member of the group reached the barrier (by default
+  // every member of the mesh).
+  absl::Status barrier(const AxisNames& axes = AxisNames::All());
 
   // Asynchronous forms: submit and return at once. Buffers must not be
   // touched until the future is ready.
@@ -289,7 +313,7 @@ class Mesh {
                             std::optional<Array> out = {});
   OpFuture broadcast_async(const Array& x, const AxisNames& axes, int root,
                            std::optional<Array> out = {});
-  OpFuture barrier_async(const AxisNames& axes = {});
+  OpFuture barrier_async(const AxisNames& axes = AxisNames::All());
 
   // Leaves the mesh (it breaks for the other members). Also done by the
   // destructor. Waits at most ClientOptions::close_timeout (see there);
