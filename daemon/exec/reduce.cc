@@ -11,6 +11,10 @@
 #include "daemon/exec/dtype.h"
 #include "daemon/exec/stream_copy.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 // How the kernels are built: an "element codec" says how an input element
 // becomes an accumulator value (Load) and how the accumulator becomes an
 // output element (Store); a "combiner" is the binary op on accumulators,
@@ -26,6 +30,14 @@
 // be one of the inputs (see Run for outputs wider than the inputs). All loops
 // are branch-free so GCC vectorizes them.
 //
+// Subnormals: XLA on CPU runs with flush-to-zero and denormals-are-zero set,
+// and so do the kernels (FlushDenormalsScope, around every call of ReduceTo,
+// whatever the thread). On top of that every float32/float64/bfloat16 input
+// is read with its subnormals as zeros in software (FlushSubnormal), so that
+// max/min, which compare and select without computing, do not depend on
+// whether the compiler picks maxps (which honours DAZ) or a compare and a
+// blend (which would return the subnormal's bits).
+//
 // The float NaN handling relies on IEEE semantics and the float16 encoder on
 // the default round-to-nearest mode: do not build this file with -ffast-math
 // or -ffinite-math-only.
@@ -36,6 +48,86 @@ namespace {
 // 1024 accumulators are at most 8 KiB: they stay in L1 while the inputs
 // stream past.
 constexpr size_t kBlock = 1024;
+
+// ---------------------------------------------------------------------------
+// The floating-point environment: flush-to-zero (a result below the smallest
+// normal, after rounding with an unbounded exponent, becomes a zero of its
+// sign) and denormals-are-zero (a subnormal operand reads as a zero of its
+// sign), as XLA sets them on CPU. Set for the duration of one ReduceTo call
+// and restored after, on whatever thread runs it (gRPC, fast-path queue,
+// timer or executor threads): a few cycles per call.
+#if defined(__SSE__)
+constexpr bool kHardwareFlush = true;
+class FlushDenormalsScope {
+ public:
+  FlushDenormalsScope() : saved_(_mm_getcsr()) {
+    constexpr unsigned int kFtzDaz = 0x8000u | 0x0040u;
+    if ((saved_ & kFtzDaz) != kFtzDaz) _mm_setcsr(saved_ | kFtzDaz);
+  }
+  ~FlushDenormalsScope() {
+    if (_mm_getcsr() != saved_) _mm_setcsr(saved_);
+  }
+  FlushDenormalsScope(const FlushDenormalsScope&) = delete;
+  FlushDenormalsScope& operator=(const FlushDenormalsScope&) = delete;
+
+ private:
+  const unsigned int saved_;
+};
+#elif defined(__aarch64__)
+// FPCR.FZ flushes both subnormal operands and tiny results (FZ16, for
+// half-precision arithmetic, is left alone: float16 is computed in float32).
+constexpr bool kHardwareFlush = true;
+class FlushDenormalsScope {
+ public:
+  FlushDenormalsScope() {
+    asm volatile("mrs %0, fpcr" : "=r"(saved_));
+    if ((saved_ & kFz) == 0) asm volatile("msr fpcr, %0" : : "r"(saved_ | kFz));
+  }
+  ~FlushDenormalsScope() {
+    if ((saved_ & kFz) == 0) asm volatile("msr fpcr, %0" : : "r"(saved_));
+  }
+  FlushDenormalsScope(const FlushDenormalsScope&) = delete;
+  FlushDenormalsScope& operator=(const FlushDenormalsScope&) = delete;
+
+ private:
+  static constexpr uint64_t kFz = uint64_t{1} << 24;
+  uint64_t saved_ = 0;
+};
+#else
+// No known control register: the kernels flush every arithmetic result in
+// software instead (FlushResult). Sums come out the same (a tiny sum of
+// normal numbers is exact); a pmean product within half an ulp below the
+// smallest normal rounds up to it here, where hardware flushes it.
+constexpr bool kHardwareFlush = false;
+class FlushDenormalsScope {
+ public:
+  FlushDenormalsScope() {}
+};
+#endif
+
+// x with a subnormal replaced by a zero of its sign; branch-free.
+inline float FlushSubnormal(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t keep = (u & 0x7f800000u) == 0 ? 0x80000000u : 0xffffffffu;
+  return std::bit_cast<float>(u & keep);
+}
+
+inline double FlushSubnormal(double x) {
+  const uint64_t u = std::bit_cast<uint64_t>(x);
+  const uint64_t keep = (u & 0x7ff0000000000000u) == 0 ? 0x8000000000000000u
+                                                        : ~uint64_t{0};
+  return std::bit_cast<double>(u & keep);
+}
+
+// An arithmetic result, flushed where the hardware does not do it.
+template <typename F>
+inline F FlushResult(F x) {
+  if constexpr (kHardwareFlush) {
+    return x;
+  } else {
+    return FlushSubnormal(x);
+  }
+}
 
 // Where Run writes each result block: `count` outputs, through the cache or
 // with streaming stores.
@@ -112,8 +204,10 @@ struct HalfFormat {
   static uint16_t Encode(float f) { return EncodeHalf(f); }
 };
 
+// bfloat16 subnormals are float32 subnormals: read as zeros. (float16
+// subnormals are normal float32 numbers, and XLA does not flush them.)
 struct BF16Format {
-  static float Decode(uint16_t b) { return DecodeBF16(b); }
+  static float Decode(uint16_t b) { return FlushSubnormal(DecodeBF16(b)); }
   static uint16_t Encode(float f) { return EncodeBF16(f); }
 };
 
@@ -130,7 +224,11 @@ struct BF16Format {
 struct Add {
   template <typename T>
   T operator()(T acc, T x) const {
-    return static_cast<T>(acc + x);  // unsigned for integers: wraps
+    if constexpr (std::is_floating_point_v<T>) {
+      return FlushResult(acc + x);
+    } else {
+      return static_cast<T>(acc + x);  // unsigned for integers: wraps
+    }
   }
   template <typename T>
   T First(T x) const {
@@ -221,12 +319,19 @@ struct And {
 // element), Load(In) -> Acc and Store(Acc) -> Out.
 
 // Same type in and out; Acc is T, or its unsigned twin for wrapping sums.
+// float32/float64 subnormal inputs read as zeros.
 template <typename T, typename AccT>
 struct Plain {
   using In = T;
   using Acc = AccT;
   using Out = T;
-  Acc Load(In x) const { return static_cast<Acc>(x); }
+  Acc Load(In x) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      return FlushSubnormal(x);
+    } else {
+      return static_cast<Acc>(x);
+    }
+  }
   Out Store(Acc a) const { return static_cast<Out>(a); }  // modular
 };
 
@@ -254,8 +359,8 @@ struct FloatMean {
   using Acc = T;
   using Out = T;
   T scale;
-  Acc Load(In x) const { return x; }
-  Out Store(Acc a) const { return a * scale; }
+  Acc Load(In x) const { return FlushSubnormal(x); }
+  Out Store(Acc a) const { return FlushResult(a * scale); }
 };
 
 // Mean of float16/bfloat16: the sum rounded to the format (already so for
@@ -269,7 +374,7 @@ struct WidenedMean {
   float scale;
   Acc Load(In x) const { return Format::Decode(x); }
   Out Store(Acc a) const {
-    return Format::Encode(Format::Decode(Format::Encode(a)) * scale);
+    return Format::Encode(FlushResult(Format::Decode(Format::Encode(a)) * scale));
   }
 };
 
@@ -478,35 +583,11 @@ void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& o
   }
 }
 
-}  // namespace
-
-DType ReduceResultDType(ReduceKind kind, DType dt) {
-  if (kind == ReduceKind::kSum && dt == DType::kBool) return DType::kI32;
-  if (kind != ReduceKind::kMean) return dt;
-  switch (dt) {
-    case DType::kBool:
-    case DType::kI8:
-    case DType::kU8:
-    case DType::kI32:
-    case DType::kU32:
-      return DType::kF32;
-    case DType::kI64:
-    case DType::kU64:
-      return DType::kF64;
-    default:
-      return dt;  // float types, and kInvalid
-  }
-}
-
-void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
-            void* out, size_t count) {
-  ReduceTo(kind, dt, inputs, n, &out, 1, count, /*stream=*/false);
-}
-
-void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
-              void* const* outs, int num_outs, size_t count, bool stream) {
-  if (n < 1 || num_outs < 1 || count == 0) return;
-  const Outs out{outs, num_outs, stream};
+// The kernels proper; a separate (not inlined) function so that no float
+// operation of theirs moves across the mode switches in ReduceTo.
+[[gnu::noinline]] void ReduceToInMode(ReduceKind kind, DType dt,
+                                      const void* const* inputs, int n,
+                                      const Outs& out, size_t count) {
   switch (dt) {
     case DType::kF32:
       return ReduceFloat<float>(kind, inputs, n, out, count);
@@ -538,6 +619,43 @@ void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
       return ReduceBool(kind, inputs, n, out, count);
     case DType::kInvalid:
       return;  // callers validate; touch nothing
+  }
+}
+
+}  // namespace
+
+DType ReduceResultDType(ReduceKind kind, DType dt) {
+  if (kind == ReduceKind::kSum && dt == DType::kBool) return DType::kI32;
+  if (kind != ReduceKind::kMean) return dt;
+  switch (dt) {
+    case DType::kBool:
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kI32:
+    case DType::kU32:
+      return DType::kF32;
+    case DType::kI64:
+    case DType::kU64:
+      return DType::kF64;
+    default:
+      return dt;  // float types, and kInvalid
+  }
+}
+
+void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
+            void* out, size_t count) {
+  ReduceTo(kind, dt, inputs, n, &out, 1, count, /*stream=*/false);
+}
+
+void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
+              void* const* outs, int num_outs, size_t count, bool stream) {
+  if (n < 1 || num_outs < 1 || count == 0) return;
+  const Outs out{outs, num_outs, stream};
+  if (IsFloat(dt)) {
+    const FlushDenormalsScope flush;
+    ReduceToInMode(kind, dt, inputs, n, out, count);
+  } else {
+    ReduceToInMode(kind, dt, inputs, n, out, count);
   }
 }
 

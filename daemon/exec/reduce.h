@@ -62,6 +62,24 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 //      count as int32).
 //    E.g. uint8 values summing to 218 over n = 3 give 218 * f32(1/3) =
 //    0x42915556, not 218 / 3 = 0x42915555.
+// Subnormals, float32/float64/bfloat16 (XLA on CPU runs with flush-to-zero
+// and denormals-are-zero, and so do the kernels):
+//  - a subnormal input reads as a zero of its sign, for every kind: so
+//    max(-0.0, 2^-149) is the earlier member's -0.0, and a subnormal that
+//    wins max/min comes out as that zero;
+//  - an arithmetic result (each addition of a sum, bfloat16's float32
+//    additions included; the mean's product) that is below the smallest
+//    normal after rounding to the type's precision with an unbounded
+//    exponent is a zero of its sign: 2^-126 + -1.5 * 2^-126 = -0.0.
+//  So six members each holding 2^-149 (0x00000001) sum to +0.0. float16 is
+//  computed in float32, where its subnormals are normal numbers: nothing is
+//  flushed (six times 0x0001 sum to 0x0006).
+//  Reduce/ReduceTo set the mode on the calling thread for the duration of
+//  the call and restore the caller's before returning (MXCSR FTZ|DAZ on x86,
+//  FPCR.FZ on AArch64), whichever thread runs them. Elsewhere the kernels
+//  flush in software, which gives the same bits except for a mean product
+//  within half an ulp below the smallest normal (rounded up to it instead of
+//  flushed).
 // `out` may be exactly one of the inputs (same pointer, in place); it must not
 // otherwise overlap them.
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,

@@ -30,6 +30,15 @@ void Store(uint8_t* p, T v) {
 //   a NaN -> a (quieted); else b NaN -> b (quieted); else an invalid
 //   operation (inf - inf, 0 * inf) -> the default NaN, which has the sign bit
 //   set (0xffc00000 / 0xfff8000000000000).
+// And XLA:CPU's subnormal handling (this process runs with gradual
+// underflow, so it is modelled): float32/float64/bfloat16 inputs read a
+// subnormal as a zero of its sign (Daz); a result below the smallest normal
+// after rounding with an unbounded exponent is a zero of its sign.
+
+template <typename T>
+T Daz(T x) {
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(T{0}, x) : x;
+}
 
 float QuietF32(float a) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(a) | 0x00400000u);
@@ -38,12 +47,19 @@ double QuietF64(double a) {
   return std::bit_cast<double>(std::bit_cast<uint64_t>(a) | 0x0008000000000000ull);
 }
 
+// A tiny sum of normal numbers is exact: flushing the gradual sum is
+// flushing the unbounded one.
+template <typename T>
+T FlushTiny(T r) {
+  return std::fabs(r) < std::numeric_limits<T>::min() ? std::copysign(T{0}, r) : r;
+}
+
 float AddF32(float a, float b) {
   if (std::isnan(a)) return QuietF32(a);
   if (std::isnan(b)) return QuietF32(b);
   float r = a + b;
   if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
-  return r;
+  return FlushTiny(r);
 }
 
 double AddF64(double a, double b) {
@@ -51,7 +67,19 @@ double AddF64(double a, double b) {
   if (std::isnan(b)) return QuietF64(b);
   double r = a + b;
   if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
-  return r;
+  return FlushTiny(r);
+}
+
+// a * b for a pmean: b = 1/n, positive, normal and <= 1, so a tiny product
+// needs |a| < 1; it is computed scaled up by 2^k, where it rounds with the
+// type's full precision, and flushed if below the (scaled) smallest normal.
+template <typename T>
+T MulFlushed(T a, T b) {
+  if (!(std::fabs(a) < T{1})) return a * b;
+  constexpr int k = sizeof(T) == 4 ? 64 : 512;
+  const T q = std::ldexp(a, k) * b;
+  if (std::fabs(q) < std::ldexp(std::numeric_limits<T>::min(), k)) return std::copysign(T{0}, q);
+  return std::ldexp(q, -k);
 }
 
 float MulF32(float a, float b) {
@@ -59,7 +87,7 @@ float MulF32(float a, float b) {
   if (std::isnan(b)) return QuietF32(b);
   float r = a * b;
   if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
-  return r;
+  return MulFlushed(a, b);
 }
 
 double MulF64(double a, double b) {
@@ -67,7 +95,7 @@ double MulF64(double a, double b) {
   if (std::isnan(b)) return QuietF64(b);
   double r = a * b;
   if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
-  return r;
+  return MulFlushed(a, b);
 }
 
 // ---------------------------------------------------------------------------
@@ -87,18 +115,19 @@ void SumElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
   switch (dt) {
     case DType::kF32: {
       float acc = 0.0f;
-      for (const uint8_t* x : xs) acc = AddF32(acc, Load<float>(x));
+      for (const uint8_t* x : xs) acc = AddF32(acc, Daz(Load<float>(x)));
       Store(out, acc);
       return;
     }
     case DType::kF64: {
       double acc = 0.0;
-      for (const uint8_t* x : xs) acc = AddF64(acc, Load<double>(x));
+      for (const uint8_t* x : xs) acc = AddF64(acc, Daz(Load<double>(x)));
       Store(out, acc);
       return;
     }
     case DType::kF16: {
-      // Rounded to float16 after every addition.
+      // Rounded to float16 after every addition. float16 subnormals are
+      // normal float32 numbers: nothing is flushed.
       uint16_t acc = 0;
       for (const uint8_t* x : xs) {
         acc = F32ToF16(AddF32(F16ToF32(acc), F16ToF32(Load<uint16_t>(x))));
@@ -107,9 +136,9 @@ void SumElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
       return;
     }
     case DType::kBF16: {
-      // Accumulated in float32, rounded once.
+      // Accumulated in float32 (every addition flushed), rounded once.
       float acc = 0.0f;
-      for (const uint8_t* x : xs) acc = AddF32(acc, BF16ToF32(Load<uint16_t>(x)));
+      for (const uint8_t* x : xs) acc = AddF32(acc, Daz(BF16ToF32(Load<uint16_t>(x))));
       Store(out, F32ToBF16(acc));
       return;
     }
@@ -201,7 +230,8 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
     case DType::kBF16: {
       // acc = -inf (+inf); if (x > acc) acc = x: NaN never wins, and on ties
       // the earlier member's value (bits) stays. The result keeps the bits of
-      // the winning input.
+      // the winning input, except that a float32/float64/bfloat16 subnormal
+      // competes, and wins, as a zero of its sign.
       const size_t es = ElemSize(dt);
       uint8_t acc[8];
       double acc_value = is_max ? -INFINITY : INFINITY;
@@ -212,10 +242,20 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
         default: Store<uint16_t>(acc, is_max ? 0xff80 : 0x7f80); break;
       }
       for (const uint8_t* x : xs) {
-        double v = FloatValue(dt, x);
+        uint8_t bits[8];
+        std::memcpy(bits, x, es);
+        switch (dt) {
+          case DType::kF32: Store(bits, Daz(Load<float>(x))); break;
+          case DType::kF64: Store(bits, Daz(Load<double>(x))); break;
+          case DType::kBF16:
+            if ((Load<uint16_t>(x) & 0x7f80) == 0) Store<uint16_t>(bits, Load<uint16_t>(x) & 0x8000);
+            break;
+          default: break;
+        }
+        double v = FloatValue(dt, bits);
         if (is_max ? (v > acc_value) : (v < acc_value)) {
           acc_value = v;
-          std::memcpy(acc, x, es);
+          std::memcpy(acc, bits, es);
         }
       }
       std::memcpy(out, acc, es);
