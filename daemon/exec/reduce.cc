@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -32,11 +33,12 @@
 //
 // Subnormals: XLA on CPU runs with flush-to-zero and denormals-are-zero set,
 // and so do the kernels (FlushDenormalsScope, around every call of ReduceTo,
-// whatever the thread). On top of that every float32/float64/bfloat16 input
-// is read with its subnormals as zeros in software (FlushSubnormal), so that
-// max/min, which compare and select without computing, do not depend on
-// whether the compiler picks maxps (which honours DAZ) or a compare and a
-// blend (which would return the subnormal's bits).
+// whatever the thread): the hardware flushes the operands and results of
+// every float addition, multiplication and comparison. It does not flush
+// bits that are only copied: max/min select one of their inputs (by a
+// compare that reads a subnormal as zero), so their results are flushed
+// once on the way out (the Picked and WidenedPicked stores), whether the
+// compiler picked maxps or a compare and a blend.
 //
 // The float NaN handling relies on IEEE semantics and the float16 encoder on
 // the default round-to-nearest mode: do not build this file with -ffast-math
@@ -105,28 +107,29 @@ class FlushDenormalsScope {
 };
 #endif
 
-// x with a subnormal replaced by a zero of its sign; branch-free.
-inline float FlushSubnormal(float x) {
-  const uint32_t u = std::bit_cast<uint32_t>(x);
-  const uint32_t keep = (u & 0x7f800000u) == 0 ? 0x80000000u : 0xffffffffu;
-  return std::bit_cast<float>(u & keep);
-}
-
-inline double FlushSubnormal(double x) {
-  const uint64_t u = std::bit_cast<uint64_t>(x);
-  const uint64_t keep = (u & 0x7ff0000000000000u) == 0 ? 0x8000000000000000u
-                                                        : ~uint64_t{0};
-  return std::bit_cast<double>(u & keep);
-}
-
-// An arithmetic result, flushed where the hardware does not do it.
+// x with a subnormal replaced by a zero of its sign. (Written as a float
+// compare and select, which GCC vectorizes for double too; a test of the
+// exponent bits needs 64-bit integer compares, which SSE2 lacks. Under DAZ
+// the compare reads a subnormal as zero, which is as good.)
 template <typename F>
-inline F FlushResult(F x) {
+inline F FlushSubnormal(F x) {
+  return std::fabs(x) < std::numeric_limits<F>::min() ? std::copysign(F{0}, x) : x;
+}
+
+// An operand / an arithmetic result, flushed where the hardware does not do
+// it.
+template <typename F>
+inline F FlushInput(F x) {
   if constexpr (kHardwareFlush) {
     return x;
   } else {
     return FlushSubnormal(x);
   }
+}
+
+template <typename F>
+inline F FlushResult(F x) {
+  return FlushInput(x);
 }
 
 // Where Run writes each result block: `count` outputs, through the cache or
@@ -204,10 +207,11 @@ struct HalfFormat {
   static uint16_t Encode(float f) { return EncodeHalf(f); }
 };
 
-// bfloat16 subnormals are float32 subnormals: read as zeros. (float16
-// subnormals are normal float32 numbers, and XLA does not flush them.)
+// bfloat16 subnormals are float32 subnormals, flushed like them (see
+// WidenedPicked). float16 subnormals are normal float32 numbers, and XLA
+// does not flush them.
 struct BF16Format {
-  static float Decode(uint16_t b) { return FlushSubnormal(DecodeBF16(b)); }
+  static float Decode(uint16_t b) { return DecodeBF16(b); }
   static uint16_t Encode(float f) { return EncodeBF16(f); }
 };
 
@@ -225,7 +229,7 @@ struct Add {
   template <typename T>
   T operator()(T acc, T x) const {
     if constexpr (std::is_floating_point_v<T>) {
-      return FlushResult(acc + x);
+      return FlushResult(acc + FlushInput(x));
     } else {
       return static_cast<T>(acc + x);  // unsigned for integers: wraps
     }
@@ -279,6 +283,7 @@ struct IntMin {
 struct FloatMax {
   template <typename F>
   F operator()(F acc, F x) const {
+    x = FlushInput(x);
     return x > acc ? x : acc;
   }
   template <typename F>
@@ -291,6 +296,7 @@ struct FloatMax {
 struct FloatMin {
   template <typename F>
   F operator()(F acc, F x) const {
+    x = FlushInput(x);
     return x < acc ? x : acc;
   }
   template <typename F>
@@ -319,26 +325,29 @@ struct And {
 // element), Load(In) -> Acc and Store(Acc) -> Out.
 
 // Same type in and out; Acc is T, or its unsigned twin for wrapping sums.
-// float32/float64 subnormal inputs read as zeros.
 template <typename T, typename AccT>
 struct Plain {
   using In = T;
   using Acc = AccT;
   using Out = T;
-  Acc Load(In x) const {
-    if constexpr (std::is_floating_point_v<T>) {
-      return FlushSubnormal(x);
-    } else {
-      return static_cast<Acc>(x);
-    }
-  }
+  Acc Load(In x) const { return static_cast<Acc>(x); }
   Out Store(Acc a) const { return static_cast<Out>(a); }  // modular
 };
 
+// float32/float64 max/min: the winner is one of the inputs, which may be a
+// subnormal (it won as a zero): flushed on the way out.
+template <typename T>
+struct Picked {
+  using In = T;
+  using Acc = T;
+  using Out = T;
+  Acc Load(In x) const { return x; }
+  Out Store(Acc a) const { return FlushSubnormal(a); }
+};
+
 // float16/bfloat16 computed in float32 and encoded on the way out. For the
-// bfloat16 sum that is its one rounding; the float16 sum (HalfAdd) and max/min
-// (which keep one of the inputs, or +-inf) hold float16/bfloat16 values in
-// float already, which encode back to exactly their bits.
+// bfloat16 sum that is its one rounding; the float16 sum (HalfAdd) holds
+// float16 values in float already, which encode back to exactly their bits.
 template <typename Format>
 struct Widened {
   using In = uint16_t;
@@ -346,6 +355,24 @@ struct Widened {
   using Out = uint16_t;
   Acc Load(In x) const { return Format::Decode(x); }
   Out Store(Acc a) const { return Format::Encode(a); }
+};
+
+// float16/bfloat16 max/min keep one of the inputs (or +-inf), which encodes
+// back to exactly its bits; a bfloat16 subnormal winner (it won as a zero)
+// is flushed on the way out.
+template <typename Format>
+struct WidenedPicked {
+  using In = uint16_t;
+  using Acc = float;
+  using Out = uint16_t;
+  Acc Load(In x) const { return Format::Decode(x); }
+  Out Store(Acc a) const {
+    if constexpr (std::is_same_v<Format, BF16Format>) {
+      return Format::Encode(FlushSubnormal(a));
+    } else {
+      return Format::Encode(a);
+    }
+  }
 };
 
 // The means multiply the sum by the reciprocal `scale` = 1/n, as XLA does
@@ -359,7 +386,7 @@ struct FloatMean {
   using Acc = T;
   using Out = T;
   T scale;
-  Acc Load(In x) const { return FlushSubnormal(x); }
+  Acc Load(In x) const { return x; }
   Out Store(Acc a) const { return FlushResult(a * scale); }
 };
 
@@ -539,9 +566,9 @@ void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, const Outs& 
     case ReduceKind::kSum:
       return Run(Plain<T, T>{}, Add{}, inputs, n, out, count);
     case ReduceKind::kMax:
-      return Run(Plain<T, T>{}, FloatMax{}, inputs, n, out, count);
+      return Run(Picked<T>{}, FloatMax{}, inputs, n, out, count);
     case ReduceKind::kMin:
-      return Run(Plain<T, T>{}, FloatMin{}, inputs, n, out, count);
+      return Run(Picked<T>{}, FloatMin{}, inputs, n, out, count);
     case ReduceKind::kMean:
       // float32: 1.0f / n in float32; float64: 1.0 / n.
       return Run(FloatMean<T>{T{1} / static_cast<T>(n)}, Add{}, inputs, n, out,
@@ -559,9 +586,9 @@ void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, const Outs
     case ReduceKind::kSum:
       return Run(Widened<Format>{}, SumOp{}, inputs, n, out, count);
     case ReduceKind::kMax:
-      return Run(Widened<Format>{}, FloatMax{}, inputs, n, out, count);
+      return Run(WidenedPicked<Format>{}, FloatMax{}, inputs, n, out, count);
     case ReduceKind::kMin:
-      return Run(Widened<Format>{}, FloatMin{}, inputs, n, out, count);
+      return Run(WidenedPicked<Format>{}, FloatMin{}, inputs, n, out, count);
     case ReduceKind::kMean:
       return Run(WidenedMean<Format>{mean_scale}, SumOp{}, inputs, n, out,
                  count);
