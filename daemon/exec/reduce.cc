@@ -40,6 +40,9 @@
 // once on the way out (the Picked and WidenedPicked stores), whether the
 // compiler picked maxps or a compare and a blend.
 //
+// NaNs: which NaN a sum keeps is XLA's rule, not the compiler's operand
+// order: a block whose sum has a NaN is summed again with AddLastNaN (Run).
+//
 // The float NaN handling relies on IEEE semantics and the float16 encoder on
 // the default round-to-nearest mode: do not build this file with -ffast-math
 // or -ffinite-math-only.
@@ -141,10 +144,11 @@ struct Outs {
 };
 
 // ---------------------------------------------------------------------------
-// Branch-free (vectorizable) copies of the conversions in dtype.cc. They give
-// the same bits, except that DecodeHalf leaves a signaling NaN signaling: a
-// NaN only reaches a kernel result through an addition or an encoder, both of
-// which quiet it (max/min never keep a NaN).
+// Branch-free (vectorizable) versions of the conversions in dtype.cc. They
+// give the same bits, except for NaNs: DecodeHalf leaves a signaling NaN
+// signaling (a NaN only reaches a kernel result through an addition and an
+// encoder; max/min never keep a NaN), and the encoders give the canonical
+// NaN (sign | quiet bit) where dtype.cc keeps the payload.
 
 // c ? a : b as bit masks. The half conversions compute a float value on one
 // path only; written as a plain ?: GCC moves that float op into a branch and
@@ -183,9 +187,9 @@ inline uint16_t EncodeHalf(float f) {
   // unit, so the (round-to-nearest-even) FPU addition does the rounding.
   const uint32_t subnormal =
       std::bit_cast<uint32_t>(std::bit_cast<float>(ua) + 0.5f) - 0x3f000000u;
-  // NaN: 0x7c00 from the clamp, plus the quiet bit and the payload's top.
-  const uint32_t nan_bits =
-      SelectBits(a > 0x7f800000, 0x0200u | ((ua >> 13) & 0x3ffu), 0u);
+  // NaN: 0x7c00 from the clamp, plus the quiet bit: the canonical NaN (sign
+  // kept, payload dropped), as XLA's (Eigen's) conversion gives.
+  const uint32_t nan_bits = SelectBits(a > 0x7f800000, 0x0200u, 0u);
   return static_cast<uint16_t>(sign | nan_bits |
                                SelectBits(a < 0x38800000, subnormal, normal));
 }
@@ -194,10 +198,12 @@ inline float DecodeBF16(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }
 
+// A NaN becomes the canonical one, sign | 0x7fc0 (as XLA's, Eigen's,
+// conversion gives).
 inline uint16_t EncodeBF16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const uint32_t nan = (u >> 16) | 0x0040u;
+  const uint32_t nan = ((u >> 16) & 0x8000u) | 0x7fc0u;
   const bool is_nan = static_cast<int32_t>(u & 0x7fffffffu) > 0x7f800000;
   return static_cast<uint16_t>(is_nan ? nan : rounded);
 }
@@ -217,11 +223,11 @@ struct BF16Format {
 
 // ---------------------------------------------------------------------------
 // Combiners: operator()(acc, x) is one step; First(x) is the step from the
-// identity. Float additions are plain `acc + x`, so a NaN result is what the
-// SSE addition makes of its NaN operand(s): the NaN quieted, sign and payload
-// kept. (When both operands are NaNs, which one survives depends on the
-// operand order the compiler picks; it may differ between the vector loops
-// and the scalar rest.)
+// identity. A float addition with one NaN operand gives that NaN quieted
+// (sign and payload kept). When both are NaNs, the hardware returns one of
+// them depending on the operand order, which the compiler picks (and may
+// pick differently for the vector loops and the scalar rest): Add leaves
+// that open, AddLastNaN and HalfAdd settle it.
 
 // acc + x. From +0: for floats +0.0 + x is not x (-0.0 becomes +0.0); for
 // the unsigned integer accumulators it is.
@@ -240,16 +246,47 @@ struct Add {
   }
 };
 
+// The float sum with XLA's NaN rule: the last NaN member's NaN survives
+// (quieted). A NaN x replaces acc before the addition, and x + x is x
+// quieted. Slower than Add; Run uses it only for blocks with a NaN.
+struct AddLastNaN {
+  float operator()(float acc, float x) const {
+    x = FlushInput(x);
+    // As bit masks: a ?: would let GCC move the addition into the branches
+    // (see SelectBits).
+    const float a = std::bit_cast<float>(SelectBits(
+        x != x, std::bit_cast<uint32_t>(x), std::bit_cast<uint32_t>(acc)));
+    return FlushResult(a + x);
+  }
+  double operator()(double acc, double x) const {
+    x = FlushInput(x);
+    // SSE2 cannot vectorize 64-bit masks made from a compare; this ?: is
+    // vectorized as long as acc is not computed only for it (see
+    // kFuseFirstTwo).
+    const double a = x != x ? x : acc;
+    return FlushResult(a + x);
+  }
+  // From +0.0 there is at most one NaN operand.
+  template <typename T>
+  T First(T x) const {
+    return Add{}.First(x);
+  }
+};
+
 // float16 sum: each addition is done in float32 (both operands are float16
 // values) and rounded to float16 right away, so the accumulator always holds
 // a float16 value (as a float). The float32 rounding before the float16 one
 // changes nothing (24 >= 2 * 11 + 2 bits): this is the correctly rounded
 // float16 addition, what XLA computes.
+// NaNs: the first NaN member's survives (as XLA on CPU), i.e. a NaN acc
+// replaces x before the addition; the encoder makes it canonical.
 struct HalfAdd {
   float operator()(float acc, float x) const {
-    return DecodeHalf(EncodeHalf(acc + x));
+    const float b = std::bit_cast<float>(SelectBits(
+        acc != acc, std::bit_cast<uint32_t>(acc), std::bit_cast<uint32_t>(x)));
+    return DecodeHalf(EncodeHalf(acc + b));
   }
-  float First(float x) const { return (*this)(0.0f, x); }
+  float First(float x) const { return DecodeHalf(EncodeHalf(0.0f + x)); }
 };
 
 // The identity of integer max/min is the type's min/max, which no value
@@ -494,6 +531,48 @@ void StoreAll(Codec codec, const typename Codec::Acc* __restrict acc,
   ForEachIndex(len, [&](size_t i) { out[i] = codec.Store(acc[i]); });
 }
 
+// Whether the first two members are combined in one pass (LoadTwo) rather
+// than LoadOne and Accumulate: not for AddLastNaN on double, whose ?: GCC
+// would turn into a branch there (acc would be computed for it alone).
+template <typename Combiner, typename Acc>
+constexpr bool kFuseFirstTwo =
+    !(std::is_same_v<Combiner, AddLastNaN> && std::is_same_v<Acc, double>);
+
+// acc[0..len) = the elements [base, base + len) of the n inputs combined.
+template <typename Codec, typename Combiner>
+void CombineBlock(Codec codec, Combiner op, const void* const* inputs, int n,
+                  size_t base, size_t len, typename Codec::Acc* acc) {
+  using In = typename Codec::In;
+  const In* in0 = static_cast<const In*>(inputs[0]) + base;
+  int k = 1;
+  if (n == 1 || !kFuseFirstTwo<Combiner, typename Codec::Acc>) {
+    LoadOne(codec, op, in0, acc, len);
+  } else {
+    LoadTwo(codec, op, in0, static_cast<const In*>(inputs[1]) + base, acc, len);
+    k = 2;
+  }
+  for (; k < n; ++k) {
+    Accumulate(codec, op, static_cast<const In*>(inputs[k]) + base, acc, len);
+  }
+}
+
+// Whether acc[0..len) holds a NaN, or an infinity. (Adding one to an
+// all-ones exponent carries into the sign bit; 32-bit integer operations on
+// the top word, which vectorize for double too.)
+template <typename F>
+bool AnyNaNOrInf(const F* __restrict acc, size_t len) {
+  constexpr int kShift = sizeof(F) * 8 - 32;
+  constexpr uint32_t kExp = sizeof(F) == 4 ? 0x7f800000u : 0x7ff00000u;
+  constexpr uint32_t kOne = sizeof(F) == 4 ? 0x00800000u : 0x00100000u;
+  using U = std::conditional_t<sizeof(F) == 4, uint32_t, uint64_t>;
+  uint32_t any = 0;
+  ForEachIndex(len, [&](size_t i) {
+    const auto top = static_cast<uint32_t>(std::bit_cast<U>(acc[i]) >> kShift);
+    any |= (top & kExp) + kOne;
+  });
+  return (any & 0x80000000u) != 0;
+}
+
 template <typename Codec, typename Combiner>
 void Run(Codec codec, Combiner op, const void* const* inputs, int n, const Outs& out,
          size_t count) {
@@ -509,15 +588,15 @@ void Run(Codec codec, Combiner op, const void* const* inputs, int n, const Outs&
   for (size_t j = 0; j < num_blocks; ++j) {
     const size_t base = (kBackwards ? num_blocks - 1 - j : j) * kBlock;
     const size_t len = std::min(kBlock, count - base);
-    const In* in0 = static_cast<const In*>(inputs[0]) + base;
-    if (n == 1) {
-      LoadOne(codec, op, in0, acc, len);
-    } else {
-      LoadTwo(codec, op, in0, static_cast<const In*>(inputs[1]) + base, acc,
-              len);
-    }
-    for (int k = 2; k < n; ++k) {
-      Accumulate(codec, op, static_cast<const In*>(inputs[k]) + base, acc, len);
+    CombineBlock(codec, op, inputs, n, base, len, acc);
+    if constexpr (std::is_same_v<Combiner, Add> &&
+                  std::is_floating_point_v<Acc>) {
+      // A NaN (or an infinity) anywhere in the block: sum it again with
+      // XLA's NaN rule (which gives the same bits as Add wherever the sum is
+      // not NaN).
+      if (AnyNaNOrInf(acc, len)) {
+        CombineBlock(codec, AddLastNaN{}, inputs, n, base, len, acc);
+      }
     }
     if (out.count == 1 && !out.stream) {
       StoreAll(codec, acc, static_cast<Out*>(out.ptrs[0]) + base, len);

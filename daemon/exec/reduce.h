@@ -30,14 +30,20 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 // dtype `dt`, into `out`, of dtype ReduceResultDType(kind, dt). Per element:
 //  - kSum (psum):
 //    - float32/float64: acc = +0.0; acc = acc + x_k for k = 0..n-1, in the
-//      type. So a sum of -0.0s is +0.0. A NaN result is what the x86 SSE
-//      addition gives (the NaN operand quieted, sign and payload kept; with
-//      two NaN operands, either one).
+//      type. So a sum of -0.0s is +0.0.
 //    - float16: acc = +0; per member acc = f16(f32(acc) + f32(x_k)), rounded
 //      to nearest even after EVERY addition (so an intermediate sum past
 //      65504 overflows to inf).
 //    - bfloat16: acc = +0.0f in float32; acc = acc + f32(x_k) per member; one
 //      rounding to bfloat16 (nearest even) at the end.
+//    - NaN results (as XLA on CPU): float32/float64/bfloat16 keep the NaN of
+//      the LAST member holding one, quieted (float32/float64: sign and
+//      payload kept, 0x7f800001 gives 0x7fc00001; 0x7fc00001 then 0xffc00002
+//      gives 0xffc00002); float16 keeps the FIRST NaN of the accumulator.
+//      With no NaN member, inf + -inf gives x86's default NaN, sign set
+//      (0xffc00000, 0xfff8000000000000), which a later NaN member replaces
+//      (float16: which stays). float16 and bfloat16 NaN results are
+//      canonical: sign | 0x7e00, sign | 0x7fc0 (payload dropped).
 //    - integers wrap (two's complement); bool counts the nonzero bytes, as
 //      int32.
 //  - kMax/kMin (pmax/pmin), floats: acc = -inf (max) / +inf (min); per member
@@ -49,9 +55,9 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 //    member beat the identity. Integers: max/min; bool: or/and (any nonzero
 //    byte is true; the result is 0 or 1).
 //  - kMean (pmean): s = the kSum result in the input dtype (integers wrapped,
-//    float16 rounded per addition, bfloat16 rounded once), converted to the
-//    result dtype and MULTIPLIED by the reciprocal of n (XLA rewrites x / n
-//    as x * (1/n)); it is not divided by n:
+//    float16 rounded per addition, bfloat16 rounded once; NaNs as kSum's),
+//    converted to the result dtype and MULTIPLIED by the reciprocal of n
+//    (XLA rewrites x / n as x * (1/n)); it is not divided by n:
 //    - float32: s * (1.0f / n), the reciprocal rounded to float32;
 //    - float64: s * (1.0 / n);
 //    - float16: f16(f32(s) * f32(f16(1/n))), the reciprocal rounded to

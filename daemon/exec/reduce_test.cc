@@ -408,18 +408,14 @@ std::vector<uint8_t> ReferenceReduce(ReduceKind kind, DType dt,
   return {};
 }
 
-// Compares outputs element by element: bit-exact, except that any NaN
-// matches any NaN.
+// Compares outputs element by element, bit for bit (NaN payloads and signs
+// included).
 void ExpectSameOutput(DType out_dt, const uint8_t* got,
                       const std::vector<uint8_t>& want, size_t count) {
   const size_t size = DTypeSize(out_dt);
   int failures = 0;
   for (size_t i = 0; i < count && failures < 5; ++i) {
     if (std::memcmp(got + i * size, want.data() + i * size, size) == 0) {
-      continue;
-    }
-    if (IsFloat(out_dt) && std::isnan(DecodeFloat(out_dt, want.data(), i)) &&
-        std::isnan(DecodeFloat(out_dt, got, i))) {
       continue;
     }
     ++failures;
@@ -1320,6 +1316,93 @@ TEST(ReduceTest, MeanFlushesTinyProductsAfterRounding) {
                           std::vector<std::vector<uint32_t>>{
                               {0x01dfffff, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0}}),
             (std::vector<uint32_t>{0x00800000}));
+}
+
+TEST(ReduceTest, SumNaNIsTheLastNaNMembers) {
+  // qa, qb: quiet NaNs with different payloads and signs; sa: signaling.
+  const uint32_t qa = 0x7fc00001, qb = 0xffc00002, sa = 0x7f800001;
+  const uint32_t one = 0x3f800000, inf = 0x7f800000, ninf = 0xff800000;
+  const std::vector<std::vector<uint32_t>> two = {
+      {sa, one}, {one, sa}, {qa, qb}, {qb, qa}, {inf, ninf},
+      {qa | 0x80000000u, qb}, {qb, qa | 0x80000000u}, {sa | 0x80000000u, one},
+  };
+  const std::vector<uint32_t> two_want = {0x7fc00001, 0x7fc00001, 0xffc00002,
+                                          0x7fc00001, 0xffc00000, 0xffc00002,
+                                          0xffc00001, 0xffc00001};
+  const std::vector<std::vector<uint32_t>> three = {
+      {qa, one, qb}, {qa, qb, one}, {one, qa, qb}, {inf, ninf, qa},
+      {qa, inf, ninf},
+  };
+  const std::vector<uint32_t> three_want = {qb, qb, qb, qa, qa};
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+    SCOPED_TRACE(KindName(kind));
+    EXPECT_EQ(ReduceColumns(kind, DType::kF32, two), two_want);
+    EXPECT_EQ(ReduceColumns(kind, DType::kF32, three), three_want);
+  }
+  const uint64_t dqa = 0x7ff8000000000001, dqb = 0xfff8000000000002;
+  const uint64_t dsa = 0x7ff0000000000001, done = 0x3ff0000000000000;
+  const uint64_t dinf = 0x7ff0000000000000, dninf = 0xfff0000000000000;
+  const std::vector<std::vector<uint64_t>> f64 = {
+      {dsa, done}, {dqa, dqb}, {dqb, dqa}, {dinf, dninf},
+  };
+  const std::vector<std::vector<uint64_t>> f64_three = {{dqa, dinf, dqb},
+                                                        {done, dninf, dqa}};
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+    SCOPED_TRACE(KindName(kind));
+    EXPECT_EQ(ReduceColumns(kind, DType::kF64, f64),
+              (std::vector<uint64_t>{0x7ff8000000000001, dqb, dqa,
+                                     0xfff8000000000000}));
+    EXPECT_EQ(ReduceColumns(kind, DType::kF64, f64_three),
+              (std::vector<uint64_t>{dqb, dqa}));
+  }
+}
+
+// float16 and bfloat16 NaN results are canonical: the sign and the quiet bit
+// only. Which sign: float16 keeps the first NaN member's, bfloat16 (summed in
+// float32) the last's.
+TEST(ReduceTest, HalfAndBF16NaNResultsAreCanonical) {
+  {
+    const uint16_t qa = 0x7e01, qb = 0xfe02, sa = 0x7c01, one = 0x3c00;
+    const uint16_t inf = 0x7c00, ninf = 0xfc00;
+    const std::vector<std::vector<uint16_t>> two = {
+        {sa, one}, {one, sa}, {qa, qb}, {qb, qa}, {inf, ninf},
+        {0xfe01, qb}, {qb, 0xfe01}, {0xfc01, one},
+    };
+    const std::vector<std::vector<uint16_t>> three = {
+        {qa, one, qb}, {qa, qb, one}, {one, qa, qb}, {inf, ninf, qa},
+        {qa, inf, ninf},
+    };
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+      SCOPED_TRACE(KindName(kind));
+      EXPECT_EQ(ReduceColumns(kind, DType::kF16, two),
+                (std::vector<uint16_t>{0x7e00, 0x7e00, 0x7e00, 0xfe00, 0xfe00,
+                                       0xfe00, 0xfe00, 0xfe00}));
+      EXPECT_EQ(ReduceColumns(kind, DType::kF16, three),
+                (std::vector<uint16_t>{0x7e00, 0x7e00, 0x7e00, 0xfe00,
+                                       0x7e00}));
+    }
+  }
+  {
+    const uint16_t qa = 0x7fc1, qb = 0xffc2, sa = 0x7f81, one = 0x3f80;
+    const uint16_t inf = 0x7f80, ninf = 0xff80;
+    const std::vector<std::vector<uint16_t>> two = {
+        {sa, one}, {one, sa}, {qa, qb}, {qb, qa}, {inf, ninf},
+        {0xffc1, qb}, {qb, 0xffc1}, {0xff81, one},
+    };
+    const std::vector<std::vector<uint16_t>> three = {
+        {qa, one, qb}, {qa, qb, one}, {one, qa, qb}, {inf, ninf, qa},
+        {qa, inf, ninf},
+    };
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+      SCOPED_TRACE(KindName(kind));
+      EXPECT_EQ(ReduceColumns(kind, DType::kBF16, two),
+                (std::vector<uint16_t>{0x7fc0, 0x7fc0, 0xffc0, 0x7fc0, 0xffc0,
+                                       0xffc0, 0xffc0, 0xffc0}));
+      EXPECT_EQ(ReduceColumns(kind, DType::kBF16, three),
+                (std::vector<uint16_t>{0xffc0, 0xffc0, 0xffc0, 0x7fc0,
+                                       0x7fc0}));
+    }
+  }
 }
 
 // The flush-to-zero mode is the kernels' own: a fresh thread (default mode)

@@ -24,10 +24,11 @@ void Store(uint8_t* p, T v) {
 }
 
 // ---------------------------------------------------------------------------
-// IEEE arithmetic with explicit NaN rules: those of x86 SSE with the
-// accumulator as the first operand (what XLA:CPU and numpy produce), so the
-// result does not depend on how the compiler orders the operands:
-//   a NaN -> a (quieted); else b NaN -> b (quieted); else an invalid
+// IEEE arithmetic with explicit NaN rules, so the result does not depend on
+// how the compiler orders the operands. XLA:CPU's sums keep the NaN of the
+// last NaN member (float16: of the first NaN in the accumulator), so AddF32
+// and AddF64 take the NaN of `b` (the member) first:
+//   b NaN -> b (quieted); else a NaN -> a (quieted); else an invalid
 //   operation (inf - inf, 0 * inf) -> the default NaN, which has the sign bit
 //   set (0xffc00000 / 0xfff8000000000000).
 // And XLA:CPU's subnormal handling (this process runs with gradual
@@ -55,16 +56,16 @@ T FlushTiny(T r) {
 }
 
 float AddF32(float a, float b) {
-  if (std::isnan(a)) return QuietF32(a);
   if (std::isnan(b)) return QuietF32(b);
+  if (std::isnan(a)) return QuietF32(a);
   float r = a + b;
   if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
   return FlushTiny(r);
 }
 
 double AddF64(double a, double b) {
-  if (std::isnan(a)) return QuietF64(a);
   if (std::isnan(b)) return QuietF64(b);
+  if (std::isnan(a)) return QuietF64(a);
   double r = a + b;
   if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
   return FlushTiny(r);
@@ -127,10 +128,12 @@ void SumElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
     }
     case DType::kF16: {
       // Rounded to float16 after every addition. float16 subnormals are
-      // normal float32 numbers: nothing is flushed.
+      // normal float32 numbers: nothing is flushed. The first NaN stays
+      // (F32ToF16 makes it canonical).
       uint16_t acc = 0;
       for (const uint8_t* x : xs) {
-        acc = F32ToF16(AddF32(F16ToF32(acc), F16ToF32(Load<uint16_t>(x))));
+        const float a = F16ToF32(acc);
+        acc = F32ToF16(std::isnan(a) ? a : AddF32(a, F16ToF32(Load<uint16_t>(x))));
       }
       Store(out, acc);
       return;
@@ -275,42 +278,6 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
     }
     default: std::abort();
   }
-}
-
-// The admissible NaN results of a float sum over xs (see NanChoices), in
-// the format of `out_dt` (dt for psum/psum_scatter, also for float pmean).
-std::vector<uint64_t> SumNanChoices(DType dt, const std::vector<const uint8_t*>& xs) {
-  std::vector<uint64_t> choices;
-  auto add = [&](uint64_t bits) {
-    if (std::find(choices.begin(), choices.end(), bits) == choices.end()) choices.push_back(bits);
-  };
-  double magnitude = 0;  // sum of |finite inputs|: an upper bound of |partial sums|
-  bool inf = false;
-  for (const uint8_t* x : xs) {
-    const double v = FloatValue(dt, x);
-    if (std::isinf(v)) inf = true;
-    if (std::isfinite(v)) magnitude += std::fabs(v);
-    if (!std::isnan(v)) continue;
-    switch (dt) {
-      case DType::kF32: add(Load<uint32_t>(x) | 0x00400000u); break;
-      case DType::kF64: add(Load<uint64_t>(x) | 0x0008000000000000ull); break;
-      case DType::kF16: add(F32ToF16(F16ToF32(Load<uint16_t>(x)))); break;
-      default: add(F32ToBF16(BF16ToF32(Load<uint16_t>(x)))); break;
-    }
-  }
-  const double max_finite = dt == DType::kF32 ? 3.4028234663852886e38
-                            : dt == DType::kF64 ? 1.7976931348623157e308
-                            : dt == DType::kF16 ? 65504.0
-                                                : 3.3895313892515355e38;
-  if (inf || magnitude >= max_finite) {  // inf - inf may happen: the default NaN
-    switch (dt) {
-      case DType::kF32: add(0xffc00000u); break;
-      case DType::kF64: add(0xfff8000000000000ull); break;
-      case DType::kF16: add(0xfe00); break;
-      default: add(0xffc0); break;
-    }
-  }
-  return choices;
 }
 
 Shape Unravel(int64_t flat, const Shape& shape) {
@@ -545,25 +512,8 @@ bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, D
   return fail("unknown op");
 }
 
-bool IsNaNElem(DType dt, const uint8_t* p) {
-  switch (dt) {
-    case DType::kF32:
-    case DType::kF64:
-    case DType::kF16:
-    case DType::kBF16: return std::isnan(FloatValue(dt, p));
-    default: return false;
-  }
-}
-
 std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
-                               const std::vector<const uint8_t*>& inputs, int rank,
-                               NanChoices* nan_choices) {
-  // Records the admissible NaNs of element o of a float sum, if ambiguous.
-  auto note_nan = [&](int64_t o, const std::vector<const uint8_t*>& xs, const uint8_t* dst) {
-    if (nan_choices == nullptr || !IsFloatType(dt) || !IsNaNElem(dt, dst)) return;
-    std::vector<uint64_t> c = SumNanChoices(dt, xs);
-    if (c.size() > 1) nan_choices->emplace_back(o, std::move(c));
-  };
+                               const std::vector<const uint8_t*>& inputs, int rank) {
   const int n = static_cast<int>(inputs.size());
   DType out_dt;
   Shape out_shape;
@@ -589,10 +539,8 @@ std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpPara
         for (int j = 0; j < n; ++j) xs[j] = in_at(j, o);
         if (op == Op::kPsum) {
           SumElem(dt, xs, dst);
-          note_nan(o, xs, dst);
         } else if (op == Op::kPmean) {
-          MeanElem(dt, xs, dst);
-          note_nan(o, xs, dst);  // NaN * (1/n) keeps the sum's NaN
+          MeanElem(dt, xs, dst);  // NaN * (1/n) keeps the sum's NaN
         } else {
           MaxMinElem(op == Op::kPmax, dt, xs, dst);
         }
@@ -633,7 +581,6 @@ std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpPara
         const int64_t flat = Ravel(idx, shape);
         for (int j = 0; j < n; ++j) xs[j] = in_at(j, flat);
         SumElem(dt, xs, dst);
-        note_nan(o, xs, dst);
         break;
       }
       case Op::kAllToAll: {
