@@ -765,4 +765,29 @@ void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
   }
 }
 
+void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,
+                     size_t count) {
+  switch (dt) {
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF16:
+      if (out != in && count > 0) std::memmove(out, in, count * DTypeSize(dt));
+      return;
+    case DType::kBF16: {
+      const auto* src = static_cast<const uint16_t*>(in);
+      auto* dst = static_cast<uint16_t*>(out);
+      ForEachIndex(count, [&](size_t i) {
+        const uint16_t b = src[i];
+        const bool is_nan = (b & 0x7fffu) > 0x7f80u;
+        dst[i] = is_nan ? static_cast<uint16_t>((b & 0x8000u) | 0x7fc0u) : b;
+      });
+      return;
+    }
+    default:
+      // Integers and bool: the one-member reduction is exact (x + 0, x, and
+      // for the mean x * 1) and converts the dtype as required.
+      return Reduce(kind, dt, &in, 1, out, count);
+  }
+}
+
 }  // namespace collectived

@@ -99,6 +99,25 @@ void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
               void* const* outs, int num_outs, size_t count, bool stream);
 
+// What psum/pmean/pmax/pmin (`kind`) return in a mesh of ONE member: JAX
+// runs such a program on one device, where XLA drops the all-reduce, so no
+// arithmetic happens at all. `out` (ReduceResultDType(kind, dt)) gets the
+// input `in` converted:
+//  - float32, float64, float16: every bit kept (-0.0 stays -0.0, signaling
+//    NaNs stay signaling, subnormals stay; pmax of a NaN is that NaN);
+//  - bfloat16: every bit kept except that a NaN becomes sign | 0x7fc0 (XLA
+//    on CPU converts bfloat16 to float32 and back around the collective);
+//  - integers: kept, and for kMean converted to float32 (int8, uint8, int32,
+//    uint32) or float64 (int64, uint64), rounded to nearest even;
+//  - bool (any nonzero byte is true): kSum gives int32 0/1, kMax/kMin 0/1,
+//    kMean float32 0.0/1.0.
+// This is NOT Reduce with n = 1, which is what a group of one member inside
+// a bigger mesh gets (XLA runs that all-reduce: from the identity, flushing
+// subnormals, quieting NaNs), and what psum_scatter always gets.
+// `out` may be `in` (in place); otherwise they must not overlap.
+void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,
+                     size_t count);
+
 }  // namespace collectived
 
 #endif  // COLLECTIVED_DAEMON_EXEC_REDUCE_H_

@@ -1436,6 +1436,74 @@ TEST(ReduceTest, FlushesOnAnyThreadAndLeavesTheCallersModeAlone) {
 #endif
 }
 
+// A mesh of one member: what XLA's dropped all-reduce returns. Every 16-bit
+// pattern, and random 32/64-bit patterns (NaN payloads, signaling NaNs,
+// subnormals, -0.0 among them), out of place and in place.
+TEST(ReduceMeshOfOneTest, FloatsKeepTheirBitsBF16NaNsBecomeCanonical) {
+  std::mt19937_64 rng(5);
+  for (DType dt : kFloatDTypes) {
+    const size_t es = DTypeSize(dt);
+    const size_t count = es == 2 ? size_t{1} << 16 : 4099;
+    std::vector<uint8_t> in(count * es);
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t bits = es == 2 ? i : rng();
+      std::memcpy(in.data() + i * es, &bits, es);
+    }
+    if (es == 4) {
+      const uint32_t specials[] = {0x80000000, 0x7f800001, 0xffbfffff, 0x1, 0x807fffff};
+      std::memcpy(in.data(), specials, sizeof(specials));
+    }
+    std::vector<uint8_t> want = in;
+    if (dt == DType::kBF16) {
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t b;
+        std::memcpy(&b, in.data() + i * 2, 2);
+        if (std::isnan(BF16ToFloat(b))) b = (b & 0x8000) | 0x7fc0;
+        std::memcpy(want.data() + i * 2, &b, 2);
+      }
+    }
+    for (ReduceKind kind : kAllKinds) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + KindName(kind));
+      std::vector<uint8_t> out(in.size(), 0xa5);
+      ReduceMeshOfOne(kind, dt, in.data(), out.data(), count);
+      ExpectSameOutput(dt, out.data(), want, count);
+      std::vector<uint8_t> in_place = in;
+      ReduceMeshOfOne(kind, dt, in_place.data(), in_place.data(), count);
+      ExpectSameOutput(dt, in_place.data(), want, count);
+    }
+  }
+}
+
+// Integers and bool: the input converted to the result dtype, which is what
+// the one-member reduction computes (x + 0, x, x * 1).
+TEST(ReduceMeshOfOneTest, IntegersAndBoolConvertTheDType) {
+  std::mt19937_64 rng(6);
+  for (DType dt : kAllDTypes) {
+    if (IsFloat(dt)) continue;
+    const size_t count = 1031;
+    std::vector<uint8_t> in(count * DTypeSize(dt));
+    FillRandom(dt, in.data(), count, rng);
+    for (ReduceKind kind : kAllKinds) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + KindName(kind));
+      const DType out_dt = ReduceResultDType(kind, dt);
+      std::vector<uint8_t> out(count * DTypeSize(out_dt), 0xa5);
+      ReduceMeshOfOne(kind, dt, in.data(), out.data(), count);
+      const std::vector<uint8_t> want =
+          ReferenceReduce(kind, dt, {in.data()}, count);
+      ExpectSameOutput(out_dt, out.data(), want, count);
+    }
+  }
+  // Spot checks of the conversions.
+  const int32_t big = std::numeric_limits<int32_t>::max();
+  float mean = 0;
+  ReduceMeshOfOne(ReduceKind::kMean, DType::kI32, &big, &mean, 1);
+  EXPECT_EQ(mean, 2147483648.0f);
+  const uint8_t flags[3] = {0, 1, 0x80};
+  int32_t counts[3] = {};
+  ReduceMeshOfOne(ReduceKind::kSum, DType::kBool, flags, counts, 3);
+  EXPECT_EQ(std::vector<int32_t>(counts, counts + 3), (std::vector<int32_t>{0, 1, 1}));
+}
+
 TEST(ReduceTest, LargeCountAcrossManyBlocks) {
   // Past several internal blocks, with a ragged end; values chosen so every
   // element is distinct and exactly representable.

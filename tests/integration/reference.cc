@@ -513,7 +513,8 @@ bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, D
 }
 
 std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
-                               const std::vector<const uint8_t*>& inputs, int rank) {
+                               const std::vector<const uint8_t*>& inputs, int rank,
+                               bool mesh_of_one) {
   const int n = static_cast<int>(inputs.size());
   DType out_dt;
   Shape out_shape;
@@ -537,7 +538,13 @@ std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpPara
       case Op::kPmax:
       case Op::kPmin:
         for (int j = 0; j < n; ++j) xs[j] = in_at(j, o);
-        if (op == Op::kPsum) {
+        if (mesh_of_one && IsFloatType(dt)) {
+          // Nothing is reduced: the input's bits (a bfloat16 NaN canonical).
+          copy_elem(o, 0, o);
+          if (dt == DType::kBF16 && std::isnan(FloatValue(dt, dst))) {
+            Store<uint16_t>(dst, F32ToBF16(FloatValue(dt, dst)));
+          }
+        } else if (op == Op::kPsum) {
           SumElem(dt, xs, dst);
         } else if (op == Op::kPmean) {
           MeanElem(dt, xs, dst);  // NaN * (1/n) keeps the sum's NaN

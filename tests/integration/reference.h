@@ -64,8 +64,14 @@ bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, D
 // of the last NaN member, quieted (float16: the first NaN of the
 // accumulator), or the default NaN of an invalid operation; float16 and
 // bfloat16 NaNs canonical (see F32ToF16 / F32ToBF16).
+//
+// `mesh_of_one`: the mesh has one member, a one-device program in JAX, whose
+// psum/pmean/pmax/pmin reduce nothing: the input converted to the result
+// dtype, float bits kept (bfloat16 NaNs canonical). Not so for psum_scatter,
+// nor for a group of one inside a bigger mesh.
 std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
-                               const std::vector<const uint8_t*>& inputs, int rank);
+                               const std::vector<const uint8_t*>& inputs, int rank,
+                               bool mesh_of_one = false);
 
 // float16 / bfloat16 conversions (round to nearest even). NaN results follow
 // Eigen (used by XLA): float16 NaN -> sign|0x7e00, bfloat16 NaN -> sign|0x7fc0.

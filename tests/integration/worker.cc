@@ -306,7 +306,8 @@ class Worker {
     std::vector<const uint8_t*> ptrs;
     for (const auto& in : p.inputs) ptrs.push_back(in.data());
     std::vector<uint8_t> expected =
-        Reference(c.op, c.dtype, c.shape, c.params, ptrs, p.group.rank);
+        Reference(c.op, c.dtype, c.shape, c.params, ptrs, p.group.rank,
+                  args_.mesh.num_members() == 1);
     const Layout& l = p.layout;
     const uint8_t* got = static_cast<const uint8_t*>((l.out_in_b ? p.b : p.a)->data()) + l.out_off;
     if (expected.size() != l.out_bytes) std::abort();
@@ -541,7 +542,8 @@ class Worker {
     if (!st.ok()) return Report(c, false, "the valid psum after the error failed: " + st.ToString());
     std::vector<const uint8_t*> ptrs;
     for (const auto& in : p.inputs) ptrs.push_back(in.data());
-    std::vector<uint8_t> expected = Reference(Op::kPsum, f.dtype, f.shape, {}, ptrs, p.group.rank);
+    std::vector<uint8_t> expected = Reference(Op::kPsum, f.dtype, f.shape, {}, ptrs, p.group.rank,
+                                              args_.mesh.num_members() == 1);
     const uint8_t* got = a + p.layout.out_off;
     if (std::memcmp(got, expected.data(), expected.size()) != 0) {
       size_t e = 0;
