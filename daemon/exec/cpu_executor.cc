@@ -163,12 +163,20 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   const ReduceKind kind = ToReduceKind(plan.kind);
   const int n = plan.group_size;
   const bool stream = Streams(plan);
+  // A mesh of one member is a one-device program in JAX: nothing is reduced
+  // (see ReduceMeshOfOne).
+  const bool mesh_of_one = plan.members() == 1;
   // Each chunk of the inputs is read once; its result goes to every member's
   // output from L1 (see ReduceTo).
   ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {
     const auto& group = plan.groups[task / chunks];
     const size_t begin = (task % chunks) * chunk;
     const size_t len = std::min(chunk, count - begin);
+    if (mesh_of_one) {
+      ReduceMeshOfOne(kind, plan.dtype, io[group[0]].in + begin * in_es,
+                      io[group[0]].out + begin * out_es, len);
+      return;
+    }
     absl::InlinedVector<const void*, 16> inputs(n);
     absl::InlinedVector<void*, 16> outputs(n);
     for (int i = 0; i < n; ++i) {

@@ -2,7 +2,9 @@
 //
 // Reductions run element-chunk by element-chunk: each chunk of every member's
 // input is reduced in member order (fixed, so results are bitwise identical
-// across members and runs) and written to every member's output. Data
+// across members and runs) and written to every member's output. In a mesh of
+// one member psum/pmean/pmax/pmin reduce nothing (ReduceMeshOfOne), as in a
+// one-device JAX program. Data
 // movement ops are split into independent copies. Ops that move data in place
 // (ppermute, broadcast, all_to_all with out == in) stage the inputs first.
 #ifndef COLLECTIVED_DAEMON_EXEC_CPU_EXECUTOR_H_

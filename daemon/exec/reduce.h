@@ -30,14 +30,20 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 // dtype `dt`, into `out`, of dtype ReduceResultDType(kind, dt). Per element:
 //  - kSum (psum):
 //    - float32/float64: acc = +0.0; acc = acc + x_k for k = 0..n-1, in the
-//      type. So a sum of -0.0s is +0.0. A NaN result is what the x86 SSE
-//      addition gives (the NaN operand quieted, sign and payload kept; with
-//      two NaN operands, either one).
+//      type. So a sum of -0.0s is +0.0.
 //    - float16: acc = +0; per member acc = f16(f32(acc) + f32(x_k)), rounded
 //      to nearest even after EVERY addition (so an intermediate sum past
 //      65504 overflows to inf).
 //    - bfloat16: acc = +0.0f in float32; acc = acc + f32(x_k) per member; one
 //      rounding to bfloat16 (nearest even) at the end.
+//    - NaN results (as XLA on CPU): float32/float64/bfloat16 keep the NaN of
+//      the LAST member holding one, quieted (float32/float64: sign and
+//      payload kept, 0x7f800001 gives 0x7fc00001; 0x7fc00001 then 0xffc00002
+//      gives 0xffc00002); float16 keeps the FIRST NaN of the accumulator.
+//      With no NaN member, inf + -inf gives x86's default NaN, sign set
+//      (0xffc00000, 0xfff8000000000000), which a later NaN member replaces
+//      (float16: which stays). float16 and bfloat16 NaN results are
+//      canonical: sign | 0x7e00, sign | 0x7fc0 (payload dropped).
 //    - integers wrap (two's complement); bool counts the nonzero bytes, as
 //      int32.
 //  - kMax/kMin (pmax/pmin), floats: acc = -inf (max) / +inf (min); per member
@@ -49,9 +55,9 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 //    member beat the identity. Integers: max/min; bool: or/and (any nonzero
 //    byte is true; the result is 0 or 1).
 //  - kMean (pmean): s = the kSum result in the input dtype (integers wrapped,
-//    float16 rounded per addition, bfloat16 rounded once), converted to the
-//    result dtype and MULTIPLIED by the reciprocal of n (XLA rewrites x / n
-//    as x * (1/n)); it is not divided by n:
+//    float16 rounded per addition, bfloat16 rounded once; NaNs as kSum's),
+//    converted to the result dtype and MULTIPLIED by the reciprocal of n
+//    (XLA rewrites x / n as x * (1/n)); it is not divided by n:
 //    - float32: s * (1.0f / n), the reciprocal rounded to float32;
 //    - float64: s * (1.0 / n);
 //    - float16: f16(f32(s) * f32(f16(1/n))), the reciprocal rounded to
@@ -62,6 +68,24 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 //      count as int32).
 //    E.g. uint8 values summing to 218 over n = 3 give 218 * f32(1/3) =
 //    0x42915556, not 218 / 3 = 0x42915555.
+// Subnormals, float32/float64/bfloat16 (XLA on CPU runs with flush-to-zero
+// and denormals-are-zero, and so do the kernels):
+//  - a subnormal input reads as a zero of its sign, for every kind: so
+//    max(-0.0, 2^-149) is the earlier member's -0.0, and a subnormal that
+//    wins max/min comes out as that zero;
+//  - an arithmetic result (each addition of a sum, bfloat16's float32
+//    additions included; the mean's product) that is below the smallest
+//    normal after rounding to the type's precision with an unbounded
+//    exponent is a zero of its sign: 2^-126 + -1.5 * 2^-126 = -0.0.
+//  So six members each holding 2^-149 (0x00000001) sum to +0.0. float16 is
+//  computed in float32, where its subnormals are normal numbers: nothing is
+//  flushed (six times 0x0001 sum to 0x0006).
+//  Reduce/ReduceTo set the mode on the calling thread for the duration of
+//  the call and restore the caller's before returning (MXCSR FTZ|DAZ on x86,
+//  FPCR.FZ on AArch64), whichever thread runs them. Elsewhere the kernels
+//  flush in software, which gives the same bits except for a mean product
+//  within half an ulp below the smallest normal (rounded up to it instead of
+//  flushed).
 // `out` may be exactly one of the inputs (same pointer, in place); it must not
 // otherwise overlap them.
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
@@ -74,6 +98,25 @@ void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
 // written with non-temporal stores (see stream_copy.h).
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
               void* const* outs, int num_outs, size_t count, bool stream);
+
+// What psum/pmean/pmax/pmin (`kind`) return in a mesh of ONE member: JAX
+// runs such a program on one device, where XLA drops the all-reduce, so no
+// arithmetic happens at all. `out` (ReduceResultDType(kind, dt)) gets the
+// input `in` converted:
+//  - float32, float64, float16: every bit kept (-0.0 stays -0.0, signaling
+//    NaNs stay signaling, subnormals stay; pmax of a NaN is that NaN);
+//  - bfloat16: every bit kept except that a NaN becomes sign | 0x7fc0 (XLA
+//    on CPU converts bfloat16 to float32 and back around the collective);
+//  - integers: kept, and for kMean converted to float32 (int8, uint8, int32,
+//    uint32) or float64 (int64, uint64), rounded to nearest even;
+//  - bool (any nonzero byte is true): kSum gives int32 0/1, kMax/kMin 0/1,
+//    kMean float32 0.0/1.0.
+// This is NOT Reduce with n = 1, which is what a group of one member inside
+// a bigger mesh gets (XLA runs that all-reduce: from the identity, flushing
+// subnormals, quieting NaNs), and what psum_scatter always gets.
+// `out` may be `in` (in place); otherwise they must not overlap.
+void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,
+                     size_t count);
 
 }  // namespace collectived
 

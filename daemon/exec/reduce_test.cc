@@ -8,12 +8,17 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
 #include "daemon/exec/dtype.h"
 #include "gtest/gtest.h"
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace collectived {
 namespace {
@@ -136,7 +141,18 @@ std::vector<Out> ReduceTyped(ReduceKind kind, DType dt,
 // Scalar reference implementation, written independently of the kernels,
 // straight from the rules in reduce.h: start from the identity, take the
 // members in order; pmax/pmin take a member only when it compares
-// greater/less; pmean multiplies by the reciprocal 1/n.
+// greater/less; pmean multiplies by the reciprocal 1/n. The floating-point
+// environment of XLA on CPU is modelled in software (this thread runs with
+// gradual underflow):
+//  - float32/float64/bfloat16 inputs: a subnormal reads as a zero of its sign
+//    (denormals-are-zero); float16 is computed in float32, where its
+//    subnormals are normal numbers;
+//  - results of + and *: rounded as if the exponent range were unbounded; a
+//    result below the smallest normal is a zero of its sign (flush-to-zero,
+//    x86's tininess after rounding);
+//  - NaNs: a sum's NaN is the last NaN member's (float16: the first's),
+//    quieted; an invalid operation (inf - inf) gives the default NaN, sign
+//    set; float16/bfloat16 NaN results are canonical (sign | quiet bit).
 
 template <typename T>
 T Elem(const void* p, size_t i) {
@@ -153,6 +169,68 @@ std::vector<uint8_t> ToBytes(const std::vector<T>& v) {
 }
 
 template <typename T>
+using UintOf = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
+
+template <typename T>
+T RefDaz(T x) {
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(T{0}, x) : x;
+}
+
+template <typename T>
+T RefQuiet(T x) {
+  constexpr UintOf<T> kQuiet = UintOf<T>{1} << (std::numeric_limits<T>::digits - 2);
+  return std::bit_cast<T>(static_cast<UintOf<T>>(std::bit_cast<UintOf<T>>(x) | kQuiet));
+}
+
+template <typename T>
+T RefDefaultNaN() {
+  return std::copysign(std::numeric_limits<T>::quiet_NaN(), T{-1});
+}
+
+template <typename T>
+T RefFlushTiny(T r) {
+  return std::fabs(r) < std::numeric_limits<T>::min() ? std::copysign(T{0}, r) : r;
+}
+
+// acc + x, x already read with denormals-are-zero: the NaN of the last NaN
+// operand wins. A tiny sum of normal numbers is exact, so flushing the
+// (gradual) sum is flushing the unbounded one.
+template <typename T>
+T RefAdd(T acc, T x) {
+  if (std::isnan(x)) return RefQuiet(x);
+  if (std::isnan(acc)) return acc;
+  if (std::isinf(acc) && std::isinf(x) && std::signbit(acc) != std::signbit(x)) {
+    return RefDefaultNaN<T>();
+  }
+  return RefFlushTiny(acc + x);
+}
+
+// s * scale (scale = 1/n, a positive normal number <= 1), rounded with an
+// unbounded exponent, then flushed if tiny. Tiny products need |s| < 1;
+// those are computed scaled up by 2^k, away from the subnormal range.
+template <typename T>
+T RefMul(T s, T scale) {
+  if (std::isnan(s)) return RefQuiet(s);
+  if (!(std::fabs(s) < T{1})) return s * scale;
+  constexpr int k = sizeof(T) == 4 ? 64 : 512;
+  const T q = std::ldexp(s, k) * scale;
+  if (std::fabs(q) < std::ldexp(std::numeric_limits<T>::min(), k)) {
+    return std::copysign(T{0}, q);
+  }
+  return std::ldexp(q, -k);
+}
+
+uint16_t RefHalfOut(float f) {
+  if (std::isnan(f)) return std::signbit(f) ? 0xfe00 : 0x7e00;
+  return FloatToHalf(f);
+}
+
+uint16_t RefBF16Out(float f) {
+  if (std::isnan(f)) return std::signbit(f) ? 0xffc0 : 0x7fc0;
+  return FloatToBF16(f);
+}
+
+template <typename T>
 std::vector<uint8_t> RefFloat(ReduceKind kind,
                               const std::vector<const void*>& in,
                               size_t count) {
@@ -163,11 +241,11 @@ std::vector<uint8_t> RefFloat(ReduceKind kind,
     if (kind == ReduceKind::kMax) acc = -std::numeric_limits<T>::infinity();
     if (kind == ReduceKind::kMin) acc = std::numeric_limits<T>::infinity();
     for (int k = 0; k < n; ++k) {
-      const T x = Elem<T>(in[k], i);
+      const T x = RefDaz(Elem<T>(in[k], i));
       switch (kind) {
         case ReduceKind::kSum:
         case ReduceKind::kMean:
-          acc = acc + x;
+          acc = RefAdd(acc, x);
           break;
         case ReduceKind::kMax:
           if (x > acc) acc = x;
@@ -178,22 +256,24 @@ std::vector<uint8_t> RefFloat(ReduceKind kind,
       }
     }
     // float32: 1.0f / n; float64: 1.0 / n.
-    out[i] = kind == ReduceKind::kMean ? acc * (T{1} / static_cast<T>(n)) : acc;
+    out[i] = kind == ReduceKind::kMean ? RefMul(acc, T{1} / static_cast<T>(n)) : acc;
   }
   return ToBytes(out);
 }
 
 // float16 / bfloat16. The sum: float16 rounds after every addition, bfloat16
 // accumulates in float32 and rounds once. max/min compare as float32 and keep
-// the winning input's bits (or the identity's +-inf). The mean: the rounded
-// sum times the reciprocal (float16(1/n) for float16, float32 1/n for
-// bfloat16) in float32, rounded.
+// the winning input's bits (a bfloat16 subnormal wins as a zero), or the
+// identity's +-inf. The mean: the rounded sum times the reciprocal
+// (float16(1/n) for float16, float32 1/n for bfloat16) in float32, rounded.
 std::vector<uint8_t> RefWidened(ReduceKind kind, DType dt,
                                 const std::vector<const void*>& in,
                                 size_t count) {
   const bool half = dt == DType::kF16;
-  const auto decode = half ? HalfToFloat : BF16ToFloat;
-  const auto encode = half ? FloatToHalf : FloatToBF16;
+  const auto decode = [half](uint16_t b) {
+    return half ? HalfToFloat(b) : RefDaz(BF16ToFloat(b));
+  };
+  const auto encode = half ? RefHalfOut : RefBF16Out;
   const int n = static_cast<int>(in.size());
   std::vector<uint16_t> out(count);
   for (size_t i = 0; i < count; ++i) {
@@ -201,34 +281,33 @@ std::vector<uint8_t> RefWidened(ReduceKind kind, DType dt,
       const bool is_max = kind == ReduceKind::kMax;
       const float inf = std::numeric_limits<float>::infinity();
       float acc = is_max ? -inf : inf;
-      uint16_t bits = encode(acc);
       for (int k = 0; k < n; ++k) {
-        const uint16_t xb = Elem<uint16_t>(in[k], i);
-        const float x = decode(xb);
-        if (is_max ? x > acc : x < acc) {
-          acc = x;
-          bits = xb;
-        }
+        const float x = decode(Elem<uint16_t>(in[k], i));
+        if (is_max ? x > acc : x < acc) acc = x;
       }
-      out[i] = bits;
+      out[i] = encode(acc);
       continue;
     }
-    uint16_t sum = 0;
-    if (half) {
-      uint16_t acc = 0;  // +0
-      for (int k = 0; k < n; ++k) {
-        acc = encode(decode(acc) + decode(Elem<uint16_t>(in[k], i)));
+    float acc = 0.0f;  // +0
+    for (int k = 0; k < n; ++k) {
+      const float x = decode(Elem<uint16_t>(in[k], i));
+      if (!half) {
+        acc = RefAdd(acc, x);
+      } else if (std::isnan(acc)) {
+        // float16 keeps the first NaN.
+      } else if (std::isnan(x)) {
+        acc = RefQuiet(x);
+      } else if (std::isinf(acc) && std::isinf(x) && acc != x) {
+        acc = RefDefaultNaN<float>();
+      } else {
+        acc = HalfToFloat(FloatToHalf(acc + x));  // sums of halves are not tiny
       }
-      sum = acc;
-    } else {
-      float acc = 0.0f;
-      for (int k = 0; k < n; ++k) acc = acc + decode(Elem<uint16_t>(in[k], i));
-      sum = encode(acc);
     }
+    const uint16_t sum = encode(acc);
     if (kind == ReduceKind::kMean) {
       const float recip = 1.0f / static_cast<float>(n);
-      const float scale = half ? decode(encode(recip)) : recip;
-      out[i] = encode(decode(sum) * scale);
+      const float scale = half ? HalfToFloat(FloatToHalf(recip)) : recip;
+      out[i] = encode(RefMul(decode(sum), scale));
     } else {
       out[i] = sum;
     }
@@ -329,8 +408,8 @@ std::vector<uint8_t> ReferenceReduce(ReduceKind kind, DType dt,
   return {};
 }
 
-// Compares outputs element by element: bit-exact, except that any NaN
-// matches any NaN.
+// Compares outputs element by element, bit for bit (NaN payloads and signs
+// included).
 void ExpectSameOutput(DType out_dt, const uint8_t* got,
                       const std::vector<uint8_t>& want, size_t count) {
   const size_t size = DTypeSize(out_dt);
@@ -339,17 +418,18 @@ void ExpectSameOutput(DType out_dt, const uint8_t* got,
     if (std::memcmp(got + i * size, want.data() + i * size, size) == 0) {
       continue;
     }
-    if (IsFloat(out_dt) && std::isnan(DecodeFloat(out_dt, want.data(), i)) &&
-        std::isnan(DecodeFloat(out_dt, got, i))) {
-      continue;
-    }
     ++failures;
+    uint64_t got_bits = 0, want_bits = 0;
+    std::memcpy(&got_bits, got + i * size, size);
+    std::memcpy(&want_bits, want.data() + i * size, size);
     std::string detail;
     if (IsFloat(out_dt)) {
-      detail = " got " + std::to_string(DecodeFloat(out_dt, got, i)) +
-               " want " + std::to_string(DecodeFloat(out_dt, want.data(), i));
+      detail = " (" + std::to_string(DecodeFloat(out_dt, got, i)) + " vs " +
+               std::to_string(DecodeFloat(out_dt, want.data(), i)) + ")";
     }
-    ADD_FAILURE() << "element " << i << " of " << count << " differs" << detail;
+    ADD_FAILURE() << "element " << i << " of " << count << " differs: got 0x"
+                  << std::hex << got_bits << " want 0x" << want_bits << std::dec
+                  << detail;
   }
 }
 
@@ -405,15 +485,19 @@ T RandomInt(std::mt19937_64& rng) {
 }
 
 // Floats: mostly ordinary values, some specials (signed zeros, infinities,
-// NaNs, subnormals, huge), and small integers so equal values happen.
-double RandomFloatValue(std::mt19937_64& rng, double big) {
+// NaNs, huge, subnormals, and normals near the smallest one, whose sums and
+// means underflow), and small integers so equal values happen.
+double RandomFloatValue(std::mt19937_64& rng, double big, double tiny,
+                        double subnormal) {
   const uint64_t r = rng() % 100;
   if (r < 60) {
     return std::uniform_real_distribution<double>(-1000, 1000)(rng);
   }
   if (r < 75) return static_cast<double>(static_cast<int>(rng() % 5) - 2);
-  const double specials[] = {0.0,   -0.0, kInf, -kInf, kNaN,
-                             -kNaN, big,  -big, 1e-40, -1e-40};
+  const double specials[] = {0.0,        -0.0,        kInf,       -kInf,
+                             kNaN,       -kNaN,       big,        -big,
+                             subnormal,  -subnormal,  tiny,       -tiny,
+                             1.5 * tiny, -1.5 * tiny, 3.0 * tiny, -2.0 * tiny};
   return specials[rng() % std::size(specials)];
 }
 
@@ -421,10 +505,20 @@ void FillRandom(DType dt, uint8_t* p, size_t count, std::mt19937_64& rng) {
   for (size_t i = 0; i < count; ++i) {
     switch (dt) {
       case DType::kF32:
-        Put(p, i, static_cast<float>(RandomFloatValue(rng, 3e38)));
+        // Some arbitrary bit patterns (NaN payloads, signaling NaNs).
+        if (rng() % 16 == 0) {
+          Put(p, i, static_cast<uint32_t>(rng()));
+        } else {
+          Put(p, i, static_cast<float>(RandomFloatValue(rng, 3e38, 0x1p-126,
+                                                        1e-40)));
+        }
         break;
       case DType::kF64:
-        Put(p, i, RandomFloatValue(rng, 1.7e308));
+        if (rng() % 16 == 0) {
+          Put(p, i, static_cast<uint64_t>(rng()));
+        } else {
+          Put(p, i, RandomFloatValue(rng, 1.7e308, 0x1p-1022, 1e-310));
+        }
         break;
       case DType::kF16:
       case DType::kBF16:
@@ -432,8 +526,10 @@ void FillRandom(DType dt, uint8_t* p, size_t count, std::mt19937_64& rng) {
         if (rng() % 2 == 0) {
           Put(p, i, static_cast<uint16_t>(rng()));
         } else {
-          const float f = static_cast<float>(
-              RandomFloatValue(rng, dt == DType::kF16 ? 60000.0 : 3e38));
+          const float f = static_cast<float>(RandomFloatValue(
+              rng, dt == DType::kF16 ? 60000.0 : 3e38,
+              dt == DType::kF16 ? 0x1p-14 : 0x1p-126,
+              dt == DType::kF16 ? 0x1p-20 : 1e-40));
           Put(p, i, dt == DType::kF16 ? FloatToHalf(f) : FloatToBF16(f));
         }
         break;
@@ -1061,6 +1157,351 @@ TEST(ReduceTest, Bool) {
   EXPECT_EQ((ReduceTyped<uint8_t, uint8_t>(ReduceKind::kMax, DType::kBool,
                                            {{0, 7, 0x80}})),
             (std::vector<uint8_t>{0, 1, 1}));
+}
+
+// ---------------------------------------------------------------------------
+// Subnormals and NaNs: the expected bits below are what jax.lax (0.10.2, XLA
+// on x86-64 CPU) returns for the same inputs.
+
+// Reduces columns given as raw bits: cols[e][k] is member k's element e (all
+// columns have the same number of members). Each column is repeated over
+// 2 * 64 + 5 elements, so it goes through the vector loops and the scalar
+// rest; every copy must give the same bits. Returns one result per column.
+template <typename U>
+std::vector<U> ReduceColumns(ReduceKind kind, DType dt,
+                             const std::vector<std::vector<U>>& cols) {
+  EXPECT_EQ(DTypeSize(dt), sizeof(U));
+  EXPECT_EQ(ReduceResultDType(kind, dt), dt);
+  constexpr size_t kCopies = 2 * 64 + 5;
+  const size_t n = cols[0].size();
+  const size_t count = cols.size() * kCopies;
+  std::vector<std::vector<U>> in(n, std::vector<U>(count));
+  for (size_t e = 0; e < count; ++e) {
+    for (size_t k = 0; k < n; ++k) in[k][e] = cols[e % cols.size()][k];
+  }
+  const std::vector<U> out = ReduceTyped<U, U>(kind, dt, in);
+  std::vector<U> result(out.begin(), out.begin() + cols.size());
+  for (size_t e = 0; e < count; ++e) {
+    EXPECT_EQ(out[e], result[e % cols.size()])
+        << "column " << e % cols.size() << " copy " << e / cols.size();
+  }
+  return result;
+}
+
+// The example of the issue: six members each holding the smallest subnormal
+// sum to +0, not 6 * 2^-149.
+TEST(ReduceTest, SubnormalInputsReadAsZero) {
+  const std::vector<std::vector<uint32_t>> f32 = {
+      {0x1, 0x1, 0x1, 0x1, 0x1, 0x1},
+      {0x80000003, 0x80000003, 0x80000003, 0x80000003, 0x80000003, 0x80000003},
+  };
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF32, f32),
+            (std::vector<uint32_t>{0x0, 0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kF32, f32),
+            (std::vector<uint32_t>{0x0, 0x0}));
+  // max/min take the member's value as a zero of its sign.
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMax, DType::kF32, f32),
+            (std::vector<uint32_t>{0x0, 0x80000000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMin, DType::kF32, f32),
+            (std::vector<uint32_t>{0x0, 0x80000000}));
+  const std::vector<std::vector<uint64_t>> f64 = {
+      {0x1, 0x1, 0x1, 0x1, 0x1, 0x1},
+      {0x8000000000000003, 0x8000000000000003, 0x8000000000000003,
+       0x8000000000000003, 0x8000000000000003, 0x8000000000000003},
+  };
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF64, f64),
+            (std::vector<uint64_t>{0x0, 0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kF64, f64),
+            (std::vector<uint64_t>{0x0, 0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMax, DType::kF64, f64),
+            (std::vector<uint64_t>{0x0, 0x8000000000000000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMin, DType::kF64, f64),
+            (std::vector<uint64_t>{0x0, 0x8000000000000000}));
+  const std::vector<std::vector<uint16_t>> bf16 = {
+      {0x1, 0x1, 0x1, 0x1, 0x1, 0x1},
+      {0x8003, 0x8003, 0x8003, 0x8003, 0x8003, 0x8003},
+  };
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kBF16, bf16),
+            (std::vector<uint16_t>{0x0, 0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kBF16, bf16),
+            (std::vector<uint16_t>{0x0, 0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMax, DType::kBF16, bf16),
+            (std::vector<uint16_t>{0x0, 0x8000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMin, DType::kBF16, bf16),
+            (std::vector<uint16_t>{0x0, 0x8000}));
+  // float16 is computed in float32, where its subnormals are normal numbers:
+  // nothing is flushed.
+  const std::vector<std::vector<uint16_t>> f16 = {
+      {0x1, 0x1, 0x1, 0x1, 0x1, 0x1},
+      {0x8003, 0x8003, 0x8003, 0x8003, 0x8003, 0x8003},
+  };
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF16, f16),
+            (std::vector<uint16_t>{0x6, 0x8012}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kF16, f16),
+            (std::vector<uint16_t>{0x1, 0x8003}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMax, DType::kF16, f16),
+            (std::vector<uint16_t>{0x1, 0x8003}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMin, DType::kF16, f16),
+            (std::vector<uint16_t>{0x1, 0x8003}));
+}
+
+TEST(ReduceTest, SubnormalsCompareAndSumAsZeros) {
+  // Two members. mn: the smallest normal 2^-126.
+  const std::vector<std::vector<uint32_t>> in = {
+      {0x80000000, 0x1},         // -0, +sub: equal, the earlier -0 stays
+      {0x1, 0x80000000},         // +sub, -0
+      {0x1, 0x80000001},         // +sub, -sub
+      {0x80000001, 0x1},         // -sub, +sub
+      {0x00800000, 0x80c00000},  // mn + -1.5 mn = -2^-127: flushed to -0
+      {0x80c00000, 0x00800000},
+      {0x1, 0x80800000},         // +sub, -mn: the sum is -mn
+      {0x1, 0x7fc00000},         // +sub, NaN
+      {0x01000000, 0x80800000},  // 2 mn - mn = mn; the mean mn / 2 flushes
+  };
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF32, in),
+            (std::vector<uint32_t>{0x0, 0x0, 0x0, 0x0, 0x80000000, 0x80000000,
+                                   0x80800000, 0x7fc00000, 0x00800000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kF32, in),
+            (std::vector<uint32_t>{0x0, 0x0, 0x0, 0x0, 0x80000000, 0x80000000,
+                                   0x80000000, 0x7fc00000, 0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMax, DType::kF32, in),
+            (std::vector<uint32_t>{0x80000000, 0x0, 0x0, 0x80000000,
+                                   0x00800000, 0x00800000, 0x0, 0x0,
+                                   0x01000000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMin, DType::kF32, in),
+            (std::vector<uint32_t>{0x80000000, 0x0, 0x0, 0x80000000,
+                                   0x80c00000, 0x80c00000, 0x80800000, 0x0,
+                                   0x80800000}));
+  const std::vector<std::vector<uint64_t>> f64 = {
+      {0x8000000000000001, 0x1},
+      {0x0010000000000000, 0x8018000000000000},
+  };
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF64, f64),
+            (std::vector<uint64_t>{0x0, 0x8000000000000000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMax, DType::kF64, f64),
+            (std::vector<uint64_t>{0x8000000000000000, 0x0010000000000000}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMin, DType::kF64, f64),
+            (std::vector<uint64_t>{0x8000000000000000, 0x8018000000000000}));
+  // bfloat16 accumulates in float32 and every float32 addition flushes:
+  // mn - 1.5 mn gives -0, and + mn gives mn (not the once-flushed 0).
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kBF16,
+                          std::vector<std::vector<uint16_t>>{
+                              {0x0080, 0x80c0, 0x0080}}),
+            (std::vector<uint16_t>{0x0080}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kBF16,
+                          std::vector<std::vector<uint16_t>>{
+                              {0x0080, 0x80c0, 0x0080}}),
+            (std::vector<uint16_t>{0x0}));
+  EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF32,
+                          std::vector<std::vector<uint32_t>>{
+                              {0x00800000, 0x80c00000, 0x00800000}}),
+            (std::vector<uint32_t>{0x00800000}));
+}
+
+// pmean's product is flushed when it is below the smallest normal after
+// rounding to the type's precision with an unbounded exponent (x86's
+// flush-to-zero), not after rounding to a subnormal.
+TEST(ReduceTest, MeanFlushesTinyProductsAfterRounding) {
+  // 0x013fffff * f32(1/3) is just below 2^-126 - 2^-150: it rounds to
+  // 2^-126 - 2^-150 (tiny: flushed). Rounded to a subnormal first it would
+  // give 2^-126.
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kF32,
+                          std::vector<std::vector<uint32_t>>{
+                              {0x013fffff, 0x0, 0x0},
+                              {0x813fffff, 0x0, 0x0}}),
+            (std::vector<uint32_t>{0x0, 0x80000000}));
+  // 0x01dfffff * f32(1/7) is within half an ulp below 2^-126: it rounds to
+  // 2^-126, which is not tiny.
+  EXPECT_EQ(ReduceColumns(ReduceKind::kMean, DType::kF32,
+                          std::vector<std::vector<uint32_t>>{
+                              {0x01dfffff, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0}}),
+            (std::vector<uint32_t>{0x00800000}));
+}
+
+TEST(ReduceTest, SumNaNIsTheLastNaNMembers) {
+  // qa, qb: quiet NaNs with different payloads and signs; sa: signaling.
+  const uint32_t qa = 0x7fc00001, qb = 0xffc00002, sa = 0x7f800001;
+  const uint32_t one = 0x3f800000, inf = 0x7f800000, ninf = 0xff800000;
+  const std::vector<std::vector<uint32_t>> two = {
+      {sa, one}, {one, sa}, {qa, qb}, {qb, qa}, {inf, ninf},
+      {qa | 0x80000000u, qb}, {qb, qa | 0x80000000u}, {sa | 0x80000000u, one},
+  };
+  const std::vector<uint32_t> two_want = {0x7fc00001, 0x7fc00001, 0xffc00002,
+                                          0x7fc00001, 0xffc00000, 0xffc00002,
+                                          0xffc00001, 0xffc00001};
+  const std::vector<std::vector<uint32_t>> three = {
+      {qa, one, qb}, {qa, qb, one}, {one, qa, qb}, {inf, ninf, qa},
+      {qa, inf, ninf},
+  };
+  const std::vector<uint32_t> three_want = {qb, qb, qb, qa, qa};
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+    SCOPED_TRACE(KindName(kind));
+    EXPECT_EQ(ReduceColumns(kind, DType::kF32, two), two_want);
+    EXPECT_EQ(ReduceColumns(kind, DType::kF32, three), three_want);
+  }
+  const uint64_t dqa = 0x7ff8000000000001, dqb = 0xfff8000000000002;
+  const uint64_t dsa = 0x7ff0000000000001, done = 0x3ff0000000000000;
+  const uint64_t dinf = 0x7ff0000000000000, dninf = 0xfff0000000000000;
+  const std::vector<std::vector<uint64_t>> f64 = {
+      {dsa, done}, {dqa, dqb}, {dqb, dqa}, {dinf, dninf},
+  };
+  const std::vector<std::vector<uint64_t>> f64_three = {{dqa, dinf, dqb},
+                                                        {done, dninf, dqa}};
+  for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+    SCOPED_TRACE(KindName(kind));
+    EXPECT_EQ(ReduceColumns(kind, DType::kF64, f64),
+              (std::vector<uint64_t>{0x7ff8000000000001, dqb, dqa,
+                                     0xfff8000000000000}));
+    EXPECT_EQ(ReduceColumns(kind, DType::kF64, f64_three),
+              (std::vector<uint64_t>{dqb, dqa}));
+  }
+}
+
+// float16 and bfloat16 NaN results are canonical: the sign and the quiet bit
+// only. Which sign: float16 keeps the first NaN member's, bfloat16 (summed in
+// float32) the last's.
+TEST(ReduceTest, HalfAndBF16NaNResultsAreCanonical) {
+  {
+    const uint16_t qa = 0x7e01, qb = 0xfe02, sa = 0x7c01, one = 0x3c00;
+    const uint16_t inf = 0x7c00, ninf = 0xfc00;
+    const std::vector<std::vector<uint16_t>> two = {
+        {sa, one}, {one, sa}, {qa, qb}, {qb, qa}, {inf, ninf},
+        {0xfe01, qb}, {qb, 0xfe01}, {0xfc01, one},
+    };
+    const std::vector<std::vector<uint16_t>> three = {
+        {qa, one, qb}, {qa, qb, one}, {one, qa, qb}, {inf, ninf, qa},
+        {qa, inf, ninf},
+    };
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+      SCOPED_TRACE(KindName(kind));
+      EXPECT_EQ(ReduceColumns(kind, DType::kF16, two),
+                (std::vector<uint16_t>{0x7e00, 0x7e00, 0x7e00, 0xfe00, 0xfe00,
+                                       0xfe00, 0xfe00, 0xfe00}));
+      EXPECT_EQ(ReduceColumns(kind, DType::kF16, three),
+                (std::vector<uint16_t>{0x7e00, 0x7e00, 0x7e00, 0xfe00,
+                                       0x7e00}));
+    }
+  }
+  {
+    const uint16_t qa = 0x7fc1, qb = 0xffc2, sa = 0x7f81, one = 0x3f80;
+    const uint16_t inf = 0x7f80, ninf = 0xff80;
+    const std::vector<std::vector<uint16_t>> two = {
+        {sa, one}, {one, sa}, {qa, qb}, {qb, qa}, {inf, ninf},
+        {0xffc1, qb}, {qb, 0xffc1}, {0xff81, one},
+    };
+    const std::vector<std::vector<uint16_t>> three = {
+        {qa, one, qb}, {qa, qb, one}, {one, qa, qb}, {inf, ninf, qa},
+        {qa, inf, ninf},
+    };
+    for (ReduceKind kind : {ReduceKind::kSum, ReduceKind::kMean}) {
+      SCOPED_TRACE(KindName(kind));
+      EXPECT_EQ(ReduceColumns(kind, DType::kBF16, two),
+                (std::vector<uint16_t>{0x7fc0, 0x7fc0, 0xffc0, 0x7fc0, 0xffc0,
+                                       0xffc0, 0xffc0, 0xffc0}));
+      EXPECT_EQ(ReduceColumns(kind, DType::kBF16, three),
+                (std::vector<uint16_t>{0xffc0, 0xffc0, 0xffc0, 0x7fc0,
+                                       0x7fc0}));
+    }
+  }
+}
+
+// The flush-to-zero mode is the kernels' own: a fresh thread (default mode)
+// gets it, and the caller's mode is as it was afterwards.
+TEST(ReduceTest, FlushesOnAnyThreadAndLeavesTheCallersModeAlone) {
+  std::vector<uint32_t> on_thread;
+  std::thread t([&] {
+    on_thread = ReduceColumns(ReduceKind::kSum, DType::kF32,
+                              std::vector<std::vector<uint32_t>>{
+                                  {0x1, 0x1, 0x1, 0x1, 0x1, 0x1}});
+  });
+  t.join();
+  EXPECT_EQ(on_thread, (std::vector<uint32_t>{0x0}));
+  // This thread still computes subnormals (volatile: no constant folding).
+  volatile float min_normal = 0x1p-126f;
+  volatile float half = 0.5f;
+  ReduceColumns(ReduceKind::kMean, DType::kF32,
+                std::vector<std::vector<uint32_t>>{{0x00800000, 0x0}});
+  EXPECT_EQ(std::bit_cast<uint32_t>(min_normal * half), 0x00400000u);
+#if defined(__SSE__)
+  // A caller that flushes already keeps flushing.
+  const unsigned int saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040);  // FTZ | DAZ
+  ReduceColumns(ReduceKind::kSum, DType::kF32,
+                std::vector<std::vector<uint32_t>>{{0x00800000, 0x0}});
+  const unsigned int after = _mm_getcsr();
+  const float flushed = min_normal * half;
+  _mm_setcsr(saved);
+  EXPECT_EQ(after, saved | 0x8040);
+  EXPECT_EQ(std::bit_cast<uint32_t>(flushed), 0u);
+#endif
+}
+
+// A mesh of one member: what XLA's dropped all-reduce returns. Every 16-bit
+// pattern, and random 32/64-bit patterns (NaN payloads, signaling NaNs,
+// subnormals, -0.0 among them), out of place and in place.
+TEST(ReduceMeshOfOneTest, FloatsKeepTheirBitsBF16NaNsBecomeCanonical) {
+  std::mt19937_64 rng(5);
+  for (DType dt : kFloatDTypes) {
+    const size_t es = DTypeSize(dt);
+    const size_t count = es == 2 ? size_t{1} << 16 : 4099;
+    std::vector<uint8_t> in(count * es);
+    for (size_t i = 0; i < count; ++i) {
+      const uint64_t bits = es == 2 ? i : rng();
+      std::memcpy(in.data() + i * es, &bits, es);
+    }
+    if (es == 4) {
+      const uint32_t specials[] = {0x80000000, 0x7f800001, 0xffbfffff, 0x1, 0x807fffff};
+      std::memcpy(in.data(), specials, sizeof(specials));
+    }
+    std::vector<uint8_t> want = in;
+    if (dt == DType::kBF16) {
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t b;
+        std::memcpy(&b, in.data() + i * 2, 2);
+        if (std::isnan(BF16ToFloat(b))) b = (b & 0x8000) | 0x7fc0;
+        std::memcpy(want.data() + i * 2, &b, 2);
+      }
+    }
+    for (ReduceKind kind : kAllKinds) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + KindName(kind));
+      std::vector<uint8_t> out(in.size(), 0xa5);
+      ReduceMeshOfOne(kind, dt, in.data(), out.data(), count);
+      ExpectSameOutput(dt, out.data(), want, count);
+      std::vector<uint8_t> in_place = in;
+      ReduceMeshOfOne(kind, dt, in_place.data(), in_place.data(), count);
+      ExpectSameOutput(dt, in_place.data(), want, count);
+    }
+  }
+}
+
+// Integers and bool: the input converted to the result dtype, which is what
+// the one-member reduction computes (x + 0, x, x * 1).
+TEST(ReduceMeshOfOneTest, IntegersAndBoolConvertTheDType) {
+  std::mt19937_64 rng(6);
+  for (DType dt : kAllDTypes) {
+    if (IsFloat(dt)) continue;
+    const size_t count = 1031;
+    std::vector<uint8_t> in(count * DTypeSize(dt));
+    FillRandom(dt, in.data(), count, rng);
+    for (ReduceKind kind : kAllKinds) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + " " + KindName(kind));
+      const DType out_dt = ReduceResultDType(kind, dt);
+      std::vector<uint8_t> out(count * DTypeSize(out_dt), 0xa5);
+      ReduceMeshOfOne(kind, dt, in.data(), out.data(), count);
+      const std::vector<uint8_t> want =
+          ReferenceReduce(kind, dt, {in.data()}, count);
+      ExpectSameOutput(out_dt, out.data(), want, count);
+    }
+  }
+  // Spot checks of the conversions.
+  const int32_t big = std::numeric_limits<int32_t>::max();
+  float mean = 0;
+  ReduceMeshOfOne(ReduceKind::kMean, DType::kI32, &big, &mean, 1);
+  EXPECT_EQ(mean, 2147483648.0f);
+  const uint8_t flags[3] = {0, 1, 0x80};
+  int32_t counts[3] = {};
+  ReduceMeshOfOne(ReduceKind::kSum, DType::kBool, flags, counts, 3);
+  EXPECT_EQ(std::vector<int32_t>(counts, counts + 3), (std::vector<int32_t>{0, 1, 1}));
 }
 
 TEST(ReduceTest, LargeCountAcrossManyBlocks) {

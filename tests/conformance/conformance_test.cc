@@ -24,7 +24,8 @@ using collectived::testing::Daemon;
 using collectived::testing::RunAll;
 
 // The layouts gen_vectors.py generates (its MESHES table).
-const std::vector<std::string> kLayouts = {"x:2", "x:3", "x:4", "x:8", "x:2,y:2", "x:2,y:4"};
+const std::vector<std::string> kLayouts = {"x:1",     "x:2",     "x:3",     "x:4",
+                                           "x:8",     "x:2,y:1", "x:2,y:2", "x:2,y:4"};
 
 std::string VectorsPath() {
   return std::string(COLLECTIVED_SOURCE_DIR) + "/tests/conformance/data/vectors.json";

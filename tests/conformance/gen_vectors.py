@@ -7,7 +7,7 @@ and parsed by the C++ conformance test.
 
 How to run (from the repository root):
 
-    pip install jax ml_dtypes numpy          # CPU jax from PyPI is enough
+    pip install jax==0.10.2 jaxlib==0.10.2 ml_dtypes numpy   # CPU jax from PyPI
     python3 tests/conformance/gen_vectors.py [--out PATH]
 
 The script sets XLA_FLAGS=--xla_force_host_platform_device_count=8 itself
@@ -85,6 +85,9 @@ MESHES = {
     "x8": [("x", 8)],
     "x2y2": [("x", 2), ("y", 2)],
     "x2y4": [("x", 2), ("y", 4)],
+    # Edge cases only (gen_edges): a mesh of one member, and a size-1 axis.
+    "x1": [("x", 1)],
+    "x2y1": [("x", 2), ("y", 1)],
 }
 ONE_AXIS = ["x2", "x3", "x4", "x8"]
 
@@ -430,6 +433,215 @@ def gen_all_to_all():
 
 
 # --------------------------------------------------------------------------
+# Edge cases: subnormals, NaN payloads, meshes and groups of one member,
+# negative axes.  Inputs are given as bit patterns (no rng), so the cases
+# above keep their data whatever is added here.
+
+# Per float dtype: (smallest subnormal, smallest normal, 1.0, +inf, quiet NaN
+# with payload 1, signaling NaN with payload 1, sign bit).
+FLOAT_BITS = {
+    "float32": (0x1, 0x00800000, 0x3f800000, 0x7f800000, 0x7fc00001, 0x7f800001, 0x80000000),
+    "float64": (0x1, 0x0010000000000000, 0x3ff0000000000000, 0x7ff0000000000000,
+                0x7ff8000000000001, 0x7ff0000000000001, 0x8000000000000000),
+    "float16": (0x1, 0x0400, 0x3c00, 0x7c00, 0x7e01, 0x7c01, 0x8000),
+    "bfloat16": (0x1, 0x0080, 0x3f80, 0x7f80, 0x7fc1, 0x7f81, 0x8000),
+}
+
+
+def from_bits(dt, cols):
+    """Per-member arrays from columns of bit patterns: cols[e][m] is member
+    m's element e.  Returns shape (N, len(cols))."""
+    d = DTYPES[dt]
+    a = np.array(cols, dtype=object).T
+    return np.array(a.tolist(), dtype=UINT[d.itemsize]).view(d)
+
+
+def subnormal_cols(dt, N):
+    sub, mn, one, inf, qnan, snan, sign = FLOAT_BITS[dt]
+    mant = mn - 1  # largest subnormal
+    cols = [
+        [sub] * N,                                          # all the smallest subnormal
+        [sign | (3 * sub)] * N,                             # all -3 units
+        [sign] + [sub] * (N - 1),                           # -0 first, then +sub
+        [sub] + [sign] * (N - 1),                           # +sub first, then -0
+        [sub if m % 2 else sign | sub for m in range(N)],   # -sub, +sub, ...
+        [sign | sub if m % 2 else sub for m in range(N)],   # +sub, -sub, ...
+        [mant] + [sub] * (N - 1),                           # largest subnormal, ...
+        [mn, sign | (mn + (mn >> 1))] + [0] * (N - 2),      # mn - 1.5 mn -> -0 (flushed)
+        [mn, sign | (mn + (mn >> 1)), mn] + [0] * (N - 3) if N >= 3 else [mn, sign | mn],
+        [2 * mn, sign | mn] + [0] * (N - 2),                # 2 mn - mn = mn; its mean flushes
+        [sub, sign | mn] + [0] * (N - 2),                   # +sub, -mn
+        [sub, qnan] + [0] * (N - 2),                        # +sub, NaN
+        [sign | sub, one] + [sign | sub] * (N - 2),         # -sub, 1, -sub...
+        [mn | 1, sign | mn] + [0] * (N - 2),                # difference: one subnormal unit
+    ]
+    if dt == "float32":
+        # pmean's product just below the smallest normal: 0x013fffff * f32(1/3)
+        # rounds (24 bits) to 2^-126 - 2^-150, tiny: flushed.
+        cols.append([0x013fffff] + [0] * (N - 1))
+        cols.append([0x813fffff] + [0] * (N - 1))
+    return cols
+
+
+def nan_cols(dt, N):
+    sub, mn, one, inf, qnan, snan, sign = FLOAT_BITS[dt]
+    # A second quiet NaN with another payload, negative.
+    qnan2 = sign | (qnan + 1)
+    cols = [
+        [snan] + [one] * (N - 1),                           # signaling NaN first
+        [one] * (N - 1) + [snan],                           # signaling NaN last
+        [sign | snan] + [one] * (N - 1),                    # negative signaling NaN
+        [qnan, qnan2] + [one] * (N - 2),                    # two NaNs: signs differ
+        [qnan2, qnan] + [one] * (N - 2),
+        [qnan] + [one] * (N - 2) + [qnan2],                 # first and last
+        [one] * (N - 2) + [qnan2, qnan],
+        [inf, sign | inf] + [one] * (N - 2),                # inf - inf: default NaN
+        [inf, sign | inf] + [qnan] * (N - 2) if N >= 3 else [inf, sign | inf],
+        [qnan] + [inf, sign | inf][:N - 1] + [one] * (N - 3) if N >= 3 else [qnan, inf],
+        [snan] * N,                                         # all signaling
+        [qnan + m for m in range(N)],                       # all NaN, payloads 1..N
+        [(sign if m % 2 else 0) | (qnan + m) for m in range(N)],
+    ]
+    return cols
+
+
+EDGE_FLOAT = {  # one member's data: -0, NaNs, subnormals, normals, inf
+    "float32": [0x80000000, 0x7f800001, 0xffc00002, 0x00000001, 0x80000003, 0x3f800000,
+                0xff800000, 0x00800000],
+    "float64": [0x8000000000000000, 0x7ff0000000000001, 0x8000000000000001, 0x3ff0000000000000,
+                0xfff8000000000005, 0x0000000000000003, 0x7ff0000000000000, 0x0010000000000000],
+    "float16": [0x8000, 0x7c01, 0xfe03, 0x0001, 0x8003, 0x3c00, 0xfc00, 0x0400],
+    "bfloat16": [0x8000, 0x7f81, 0xffc3, 0x0001, 0x8003, 0x3f80, 0xff80, 0x0080],
+}
+# The same without NaNs: XLA on CPU runs bfloat16 collectives in float32, so
+# JAX's data movement of bfloat16 makes NaNs canonical; collectived moves the
+# bits unchanged (see README), so its data-movement cases hold no bfloat16 NaN.
+EDGE_BF16_NO_NAN = [0x8000, 0x3f81, 0xbfc3, 0x0001, 0x8003, 0x3f80, 0xff80, 0x0080]
+
+
+def edge_data(dt, N, movement=False, rotate=True):
+    """(N, 8) arrays of edge values for every dtype (member m: the pattern
+    rotated by m, so members differ)."""
+    if dt in FLOAT_BITS:
+        row = EDGE_BF16_NO_NAN if (movement and dt == "bfloat16") else EDGE_FLOAT[dt]
+        rows = [row[m % 8:] + row[:m % 8] if rotate else row for m in range(N)]
+        return from_bits(dt, [list(c) for c in zip(*rows)])
+    d = DTYPES[dt]
+    if dt == "bool":
+        row = [1, 0, 1, 1, 0, 0, 1, 0]
+        return np.array([row[m:] + row[:m] for m in range(N)], dtype=np.bool_)
+    info = np.iinfo(d)
+    row = [int(info.min), int(info.max), 0, 1, int(info.max) - 1, 3, int(info.min) + 1, 7]
+    return np.array([row[m:] + row[:m] for m in range(N)], dtype=object).astype(d)
+
+
+def gen_edges():
+    # Subnormals and NaN payloads in every reducing op and float dtype.
+    for mesh_key in ["x2", "x3", "x8"]:
+        N = n_members(mesh_key)
+        for dt in FLOAT_DTYPES:
+            for kind, cols in [("subnormals", subnormal_cols(dt, N)), ("nans", nan_cols(dt, N))]:
+                data = from_bits(dt, cols)
+                for op, f in RED_OPS.items():
+                    add_case(f"{op}_{dt}_{mesh_key}_over_x_{kind}", op, mesh_key, ("x",), dt,
+                             data, {}, lambda x, f=f: f(x, "x"))
+                # psum_scatter: N blocks of the columns, tiled along dim 0.
+                reps = -(-len(cols) // N) * N
+                sc = from_bits(dt, (cols * N)[:reps])
+                add_case(f"psum_scatter_{dt}_{mesh_key}_over_x_{kind}", "psum_scatter",
+                         mesh_key, ("x",), dt, sc, {"scatter_dimension": 0, "tiled": True},
+                         lambda x: lax.psum_scatter(x, "x", scatter_dimension=0, tiled=True))
+    # NaN payloads (signaling included) through data movement: bits kept.
+    for dt in ["float32", "float64", "float16"]:
+        N = 3
+        data = from_bits(dt, nan_cols(dt, N)[:12])           # 12 elements per member
+        add_case(f"all_gather_{dt}_x3_over_x_nans_untiled", "all_gather", "x3", ("x",), dt, data,
+                 {"axis": 0, "tiled": False}, lambda x: lax.all_gather(x, "x", axis=0))
+        add_case(f"all_gather_{dt}_x3_over_x_nans_tiled", "all_gather", "x3", ("x",), dt, data,
+                 {"axis": 0, "tiled": True}, lambda x: lax.all_gather(x, "x", axis=0, tiled=True))
+        perm = [[0, 1], [1, 2], [2, 0]]
+        add_case(f"ppermute_{dt}_x3_over_x_nans", "ppermute", "x3", ("x",), dt, data,
+                 {"perm": perm}, lambda x, perm=perm: lax.ppermute(x, "x", [tuple(q) for q in perm]))
+        add_case(f"all_to_all_{dt}_x3_over_x_nans", "all_to_all", "x3", ("x",), dt, data,
+                 {"split_axis": 0, "concat_axis": 0, "tiled": True},
+                 lambda x: lax.all_to_all(x, "x", 0, 0, tiled=True))
+
+    # A mesh of one member: every op, every dtype.
+    for dt in ALL_DTYPES:
+        red = edge_data(dt, 1)
+        for op, f in RED_OPS.items():
+            add_case(f"{op}_{dt}_x1_over_x_edges", op, "x1", ("x",), dt, red, {},
+                     lambda x, f=f: f(x, "x"))
+        mv = edge_data(dt, 1, movement=True)
+        if dt != "bool":
+            add_case(f"psum_scatter_{dt}_x1_over_x_edges_tiled", "psum_scatter", "x1", ("x",), dt,
+                     red, {"scatter_dimension": 0, "tiled": True},
+                     lambda x: lax.psum_scatter(x, "x", scatter_dimension=0, tiled=True))
+            add_case(f"psum_scatter_{dt}_x1_over_x_edges_untiled", "psum_scatter", "x1", ("x",),
+                     dt, red.reshape(1, 1, 8), {"scatter_dimension": 0, "tiled": False},
+                     lambda x: lax.psum_scatter(x, "x", scatter_dimension=0, tiled=False))
+        for axis, tiled in [(0, False), (0, True), (1, False)]:
+            add_case(f"all_gather_{dt}_x1_over_x_edges_axis{axis}_{'tiled' if tiled else 'untiled'}",
+                     "all_gather", "x1", ("x",), dt, mv, {"axis": axis, "tiled": tiled},
+                     lambda x, axis=axis, tiled=tiled: lax.all_gather(x, "x", axis=axis, tiled=tiled))
+        for pname, perm in [("identity", [[0, 0]]), ("empty", [])]:
+            add_case(f"ppermute_{dt}_x1_over_x_edges_{pname}", "ppermute", "x1", ("x",), dt, mv,
+                     {"perm": perm},
+                     lambda x, perm=perm: lax.ppermute(x, "x", [tuple(q) for q in perm]))
+        add_case(f"all_to_all_{dt}_x1_over_x_edges_tiled", "all_to_all", "x1", ("x",), dt, mv,
+                 {"split_axis": 0, "concat_axis": 0, "tiled": True},
+                 lambda x: lax.all_to_all(x, "x", 0, 0, tiled=True))
+        add_case(f"all_to_all_{dt}_x1_over_x_edges_untiled", "all_to_all", "x1", ("x",), dt,
+                 mv.reshape(1, 1, 8), {"split_axis": 0, "concat_axis": 1, "tiled": False},
+                 lambda x: lax.all_to_all(x, "x", 0, 1, tiled=False))
+
+    # Groups of one inside a bigger mesh: reduced (not dropped).
+    for axes in [("y",), ("x", "y"), ("y", "x"), ("x",)]:
+        ax = axis_arg(axes)
+        tag = axes_tag(axes)
+        G = group_size(MESHES["x2y1"], axes)
+        for dt in ["float32", "float64", "float16", "bfloat16", "int32", "uint8", "bool"]:
+            red = edge_data(dt, 2)
+            for op, f in RED_OPS.items():
+                add_case(f"{op}_{dt}_x2y1_over_{tag}_edges", op, "x2y1", axes, dt, red, {},
+                         lambda x, f=f, ax=ax: f(x, ax))
+            if dt != "bool":
+                add_case(f"psum_scatter_{dt}_x2y1_over_{tag}_edges", "psum_scatter", "x2y1", axes,
+                         dt, red, {"scatter_dimension": 0, "tiled": True},
+                         lambda x, ax=ax: lax.psum_scatter(x, ax, scatter_dimension=0, tiled=True))
+        for dt in ["float32", "int8"]:
+            mv = edge_data(dt, 2, movement=True)
+            add_case(f"all_gather_{dt}_x2y1_over_{tag}_edges", "all_gather", "x2y1", axes, dt, mv,
+                     {"axis": 0, "tiled": False}, lambda x, ax=ax: lax.all_gather(x, ax, axis=0))
+            perm = [[i, (i + 1) % G] for i in range(G)]
+            add_case(f"ppermute_{dt}_x2y1_over_{tag}_edges", "ppermute", "x2y1", axes, dt, mv,
+                     {"perm": perm},
+                     lambda x, ax=ax, perm=perm: lax.ppermute(x, ax, [tuple(q) for q in perm]))
+            add_case(f"all_to_all_{dt}_x2y1_over_{tag}_edges", "all_to_all", "x2y1", axes, dt, mv,
+                     {"split_axis": 0, "concat_axis": 0, "tiled": True},
+                     lambda x, ax=ax: lax.all_to_all(x, ax, 0, 0, tiled=True))
+
+    # Negative axes.  JAX 0.10.2 accepts them for all_gather only: a negative
+    # psum_scatter scatter_dimension or all_to_all split/concat axis reaches
+    # XLA as is and fails its verifier (or crashes the process), so there is
+    # nothing to compare those with.
+    for mesh_key, axes in [("x3", ("x",)), ("x2y2", ("x", "y")), ("x2y2", ("y",))]:
+        N = n_members(mesh_key)
+        ax = axis_arg(axes)
+        for shape, axis, tiled in [((2, 3), -1, False), ((2, 3), -1, True), ((2, 3), -2, False),
+                                   ((2, 3), -2, True), ((2, 3), -3, False), ((3,), -1, True)]:
+            for dt in ["float32", "int8"]:
+                data = edge_data(dt, N, movement=True)[:, :int(np.prod(shape))].reshape((N,) + shape)
+                name = (f"all_gather_{dt}_{mesh_key}_over_{axes_tag(axes)}_shape"
+                        f"{'x'.join(map(str, shape))}_axisneg{-axis}_"
+                        f"{'tiled' if tiled else 'untiled'}")
+                add_case(name, "all_gather", mesh_key, axes, dt, data,
+                         {"axis": axis, "tiled": tiled},
+                         lambda x, ax=ax, axis=axis, tiled=tiled:
+                         lax.all_gather(x, ax, axis=axis, tiled=tiled))
+
+
+# --------------------------------------------------------------------------
 # Reference model (numpy) of what JAX returned.  Every generated case is
 # checked against it bit-exactly, so the model doubles as a specification for
 # the C++ implementation.
@@ -466,11 +678,116 @@ def accum_dtype(dt):
     return dt
 
 
+# Float arithmetic as XLA on x86 CPU does it, bit for bit.  numpy computes
+# with gradual underflow and its own NaN choices, so the rules are explicit:
+#  - flush-to-zero / denormals-are-zero: float32, float64 and bfloat16 (which
+#    is computed in float32) read a subnormal input as a zero of its sign, and
+#    a result below the smallest normal, after rounding to the type's
+#    precision with an unbounded exponent, is a zero of its sign.  float16 is
+#    computed in float32, where its subnormals are normal: never flushed;
+#  - NaNs: a sum keeps the NaN of the last NaN member, quieted (float16: the
+#    first NaN of the accumulator); inf + -inf gives the default NaN, sign
+#    set; float16/bfloat16 NaN results are canonical (sign | quiet bit).
+
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+QUIET_BIT = {4: 0x00400000, 8: 0x0008000000000000}
+DEFAULT_NAN = {4: 0xffc00000, 8: 0xfff8000000000000}
+
+
+def bits(a):
+    a = np.ascontiguousarray(a)
+    return a.view(UINT[a.dtype.itemsize])
+
+
+def select(c, a, b):
+    """c ? a : b element-wise, on the bits (NaN payloads kept)."""
+    return np.where(c, bits(a), bits(b)).view(a.dtype)
+
+
+def quiet(a):
+    """a with the quiet bit set on its NaNs (float32/float64)."""
+    u = UINT[a.dtype.itemsize]
+    return select(np.isnan(a), (bits(a) | u(QUIET_BIT[a.dtype.itemsize])).view(a.dtype), a)
+
+
+def flush(a):
+    """Subnormals (float32/float64) to zeros of their sign."""
+    with np.errstate(all="ignore"):
+        tiny = np.abs(a) < np.finfo(a.dtype).tiny
+    return select(tiny, np.copysign(np.zeros_like(a), a), a)
+
+
+def default_nan(dt, shape):
+    return np.full(shape, DEFAULT_NAN[np.dtype(dt).itemsize], UINT[np.dtype(dt).itemsize]).view(dt)
+
+
+def add_last_nan(acc, x):
+    """acc + x in acc's type (float32/float64), x already flushed: flushed
+    result; the NaN of x if any, else of acc, else the default NaN."""
+    with np.errstate(all="ignore"):
+        r = flush(acc + x)
+    r = select(np.isnan(r), default_nan(acc.dtype, r.shape), r)
+    r = select(np.isnan(acc), acc, r)
+    return select(np.isnan(x), quiet(x), r)
+
+
+def mul_flushed(s, scale):
+    """s * scale (scale = 1/n > 0, normal, <= 1) in s's type (float32 or
+    float64), rounded with an unbounded exponent, then flushed if tiny; a
+    NaN s stays (quieted)."""
+    t = s.dtype
+    with np.errstate(all="ignore"):
+        if t == np.float32:
+            p = s.astype(np.float64) * np.float64(scale)  # exact
+            q = (p * 2.0 ** 64).astype(np.float32)        # one rounding, 24 bits
+            small = np.abs(q) < np.float32(2.0 ** -62)
+            r = np.where(small, np.copysign(np.float32(0), q),
+                         (q.astype(np.float64) * 2.0 ** -64).astype(np.float32))
+            r = select(np.abs(s) < 1, r.astype(np.float32), (s * np.float32(scale)).astype(np.float32))
+        else:
+            q = (s * 2.0 ** 512) * np.float64(scale)
+            small = np.abs(q) < 2.0 ** -510
+            r = np.where(small, np.copysign(0.0, q), q * 2.0 ** -512)
+            r = select(np.abs(s) < 1, r, s * np.float64(scale))
+    return select(np.isnan(s), quiet(s), r)
+
+
+def half_out(acc):
+    """float32 values of float16 numbers (or NaN) -> float16, NaN canonical."""
+    with np.errstate(all="ignore"):
+        h = bits(acc.astype(np.float16))
+    canon = np.where(np.signbit(acc), 0xfe00, 0x7e00).astype(np.uint16)
+    return np.where(np.isnan(acc), canon, h).view(np.float16)
+
+
+def bf16_out(acc):
+    """float32 -> bfloat16 (nearest even), NaN canonical."""
+    with np.errstate(all="ignore"):
+        b = bits(acc.astype(BF16))
+    canon = np.where(np.signbit(acc), 0xffc0, 0x7fc0).astype(np.uint16)
+    return np.where(np.isnan(acc), canon, b).view(BF16)
+
+
 def model_psum(xs, dt):
     """acc = +0 (in the accumulation type); acc = acc + x for each member in
     group order, rounding to the accumulation type after every addition;
-    integers wrap."""
+    integers wrap.  Floats: flush-to-zero and the NaN rules above."""
     t = accum_dtype(dt)
+    if dt == np.float16:
+        acc = np.zeros(xs[0].shape, np.float32)
+        for x in xs:
+            x32 = x.astype(np.float32)
+            with np.errstate(all="ignore"):
+                r = (acc + x32).astype(np.float16).astype(np.float32)
+            r = select(np.isnan(r), default_nan(np.float32, r.shape), r)
+            r = select(np.isnan(x32), x32, r)
+            acc = select(np.isnan(acc), acc, r)            # the first NaN stays
+        return half_out(acc)
+    if dt.kind == "f" or dt == BF16:
+        acc = np.zeros(xs[0].shape, t)
+        for x in xs:
+            acc = add_last_nan(acc, flush(x.astype(t)))
+        return bf16_out(acc) if dt == BF16 else acc
     acc = np.zeros(xs[0].shape, t)
     with np.errstate(all="ignore"):
         for x in xs:
@@ -483,22 +800,31 @@ def model_pmean(xs, dt):
     x * (1/n)).  Integers/bool: float32 (8/16/32-bit, bool via int32) or
     float64 (64-bit) of the *wrapped* integer sum, times F(1/n).  Floats: the
     psum result in its dtype times T(1/n), T = dtype (float32 for bfloat16,
-    rounded back to bfloat16)."""
+    rounded back to bfloat16; float16 computes in float32 with the float16
+    reciprocal), the product flushed if tiny."""
     s = model_psum(xs, dt)
     n = len(xs)
     with np.errstate(all="ignore"):
         if s.dtype.kind in "iu":
             f = np.dtype(np.float64) if s.dtype.itemsize == 8 else np.dtype(np.float32)
             return (s.astype(f) * f.type(1.0 / n)).astype(f)
-        t = accum_dtype(dt)
-        return (s.astype(t) * t.type(1.0 / n)).astype(dt)
+    if dt == np.float16:
+        scale = np.float32(np.float16(1.0 / n))
+        s32 = s.astype(np.float32)
+        with np.errstate(all="ignore"):
+            r = s32 * scale                               # exact, never tiny in float32
+        return half_out(select(np.isnan(s32), s32, r))
+    if dt == BF16:
+        return bf16_out(mul_flushed(s.astype(np.float32), np.float32(1.0 / n)))
+    return mul_flushed(s, dt.type(1.0 / n))
 
 
 def model_pmax_pmin(xs, dt, is_max):
     """acc = identity (-inf/+inf for floats, min/max for ints, False/True for
     bool); for each member in group order: if (x > acc) acc = x  (x < acc for
     pmin).  So NaN never wins (all-NaN gives -inf/+inf) and on ties between
-    -0.0 and +0.0 the earlier member's zero is kept."""
+    -0.0 and +0.0 the earlier member's zero is kept.  float32/float64/bfloat16
+    subnormals compete, and win, as zeros of their sign."""
     if dt == np.bool_:
         ident = not is_max
     elif dt.kind in "iu":
@@ -507,14 +833,42 @@ def model_pmax_pmin(xs, dt, is_max):
         ident = -np.inf if is_max else np.inf
     acc = np.full(xs[0].shape, ident, dt)
     with np.errstate(all="ignore"):
+        if dt.kind == "f" or dt == BF16:
+            acc_v = acc.astype(np.float64)
+            for x in xs:
+                if dt == np.float16:
+                    xb = x
+                elif dt == BF16:
+                    xb = flush(x.astype(np.float32)).astype(BF16)  # exact: a zero or x
+                else:
+                    xb = flush(x)
+                xv = xb.astype(np.float64)
+                mask = (xv > acc_v) if is_max else (xv < acc_v)
+                acc_v = np.where(mask, xv, acc_v)
+                acc = select(mask, xb, acc)
+            return acc
         for x in xs:
-            if dt.kind == "f" or dt == BF16:
-                a64, x64 = acc.astype(np.float64), x.astype(np.float64)
-                mask = (x64 > a64) if is_max else (x64 < a64)
-            else:
-                mask = (x > acc) if is_max else (x < acc)
+            mask = (x > acc) if is_max else (x < acc)
             acc = np.where(mask, x, acc).astype(dt)
     return acc
+
+
+def model_mesh_of_one(x, dt, op):
+    """psum/pmean/pmax/pmin in a mesh of one member (a one-device program):
+    XLA drops the all-reduce.  The input itself, converted to the result
+    dtype: float bits kept, except bfloat16 NaNs, which become canonical (XLA
+    converts bfloat16 to float32 and back around the collective); integers
+    and bool as the one-member reduction (exact)."""
+    if dt in (np.float32, np.float64, np.float16):
+        return x.copy()
+    if dt == BF16:
+        canon = np.where(np.signbit(x.astype(np.float32)), 0xffc0, 0x7fc0).astype(np.uint16)
+        return np.where(np.isnan(x.astype(np.float32)), canon, bits(x)).view(BF16)
+    if op == "psum":
+        return model_psum([x], dt)
+    if op == "pmean":
+        return model_pmean([x], dt)
+    return model_pmax_pmin([x], dt, op == "pmax")
 
 
 def model_all_to_all(xs, r, sa, ca, tiled):
@@ -541,7 +895,9 @@ def model_case(case):
         r, members = group_members(mesh_spec, axes, m)
         xs = [ins[i] for i in members]
         op = case["op"]
-        if op == "psum":
+        if len(ins) == 1 and op in ("psum", "pmean", "pmax", "pmin"):
+            o = model_mesh_of_one(xs[0], dt, op)
+        elif op == "psum":
             o = model_psum(xs, dt)
         elif op == "pmean":
             o = model_pmean(xs, dt)
@@ -731,6 +1087,7 @@ def main():
     gen_ppermute()
     gen_psum_scatter()
     gen_all_to_all()
+    gen_edges()
 
     doc = {"generator": f"jax {jax.__version__}", "cases": CASES}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

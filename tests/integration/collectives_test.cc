@@ -209,7 +209,8 @@ TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
 
 INSTANTIATE_TEST_SUITE_P(
     Meshes, MainSweepTest,
-    ::testing::Values(MeshConfig{"x2", "x:2", 102}, MeshConfig{"x3", "x:3", 103},
+    ::testing::Values(MeshConfig{"x1", "x:1", 101},  // a mesh of one member
+                      MeshConfig{"x2", "x:2", 102}, MeshConfig{"x3", "x:3", 103},
                       MeshConfig{"x4", "x:4", 104}, MeshConfig{"x8", "x:8", 108},
                       MeshConfig{"x2y2", "x:2,y:2", 122}, MeshConfig{"x2y4", "x:2,y:4", 124},
                       // A size-1 axis (groups of one) and non-adjacent axis pairs.

@@ -24,12 +24,22 @@ void Store(uint8_t* p, T v) {
 }
 
 // ---------------------------------------------------------------------------
-// IEEE arithmetic with explicit NaN rules: those of x86 SSE with the
-// accumulator as the first operand (what XLA:CPU and numpy produce), so the
-// result does not depend on how the compiler orders the operands:
-//   a NaN -> a (quieted); else b NaN -> b (quieted); else an invalid
+// IEEE arithmetic with explicit NaN rules, so the result does not depend on
+// how the compiler orders the operands. XLA:CPU's sums keep the NaN of the
+// last NaN member (float16: of the first NaN in the accumulator), so AddF32
+// and AddF64 take the NaN of `b` (the member) first:
+//   b NaN -> b (quieted); else a NaN -> a (quieted); else an invalid
 //   operation (inf - inf, 0 * inf) -> the default NaN, which has the sign bit
 //   set (0xffc00000 / 0xfff8000000000000).
+// And XLA:CPU's subnormal handling (this process runs with gradual
+// underflow, so it is modelled): float32/float64/bfloat16 inputs read a
+// subnormal as a zero of its sign (Daz); a result below the smallest normal
+// after rounding with an unbounded exponent is a zero of its sign.
+
+template <typename T>
+T Daz(T x) {
+  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(T{0}, x) : x;
+}
 
 float QuietF32(float a) {
   return std::bit_cast<float>(std::bit_cast<uint32_t>(a) | 0x00400000u);
@@ -38,20 +48,39 @@ double QuietF64(double a) {
   return std::bit_cast<double>(std::bit_cast<uint64_t>(a) | 0x0008000000000000ull);
 }
 
+// A tiny sum of normal numbers is exact: flushing the gradual sum is
+// flushing the unbounded one.
+template <typename T>
+T FlushTiny(T r) {
+  return std::fabs(r) < std::numeric_limits<T>::min() ? std::copysign(T{0}, r) : r;
+}
+
 float AddF32(float a, float b) {
-  if (std::isnan(a)) return QuietF32(a);
   if (std::isnan(b)) return QuietF32(b);
+  if (std::isnan(a)) return QuietF32(a);
   float r = a + b;
   if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
-  return r;
+  return FlushTiny(r);
 }
 
 double AddF64(double a, double b) {
-  if (std::isnan(a)) return QuietF64(a);
   if (std::isnan(b)) return QuietF64(b);
+  if (std::isnan(a)) return QuietF64(a);
   double r = a + b;
   if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
-  return r;
+  return FlushTiny(r);
+}
+
+// a * b for a pmean: b = 1/n, positive, normal and <= 1, so a tiny product
+// needs |a| < 1; it is computed scaled up by 2^k, where it rounds with the
+// type's full precision, and flushed if below the (scaled) smallest normal.
+template <typename T>
+T MulFlushed(T a, T b) {
+  if (!(std::fabs(a) < T{1})) return a * b;
+  constexpr int k = sizeof(T) == 4 ? 64 : 512;
+  const T q = std::ldexp(a, k) * b;
+  if (std::fabs(q) < std::ldexp(std::numeric_limits<T>::min(), k)) return std::copysign(T{0}, q);
+  return std::ldexp(q, -k);
 }
 
 float MulF32(float a, float b) {
@@ -59,7 +88,7 @@ float MulF32(float a, float b) {
   if (std::isnan(b)) return QuietF32(b);
   float r = a * b;
   if (std::isnan(r)) return std::bit_cast<float>(0xffc00000u);
-  return r;
+  return MulFlushed(a, b);
 }
 
 double MulF64(double a, double b) {
@@ -67,7 +96,7 @@ double MulF64(double a, double b) {
   if (std::isnan(b)) return QuietF64(b);
   double r = a * b;
   if (std::isnan(r)) return std::bit_cast<double>(0xfff8000000000000ull);
-  return r;
+  return MulFlushed(a, b);
 }
 
 // ---------------------------------------------------------------------------
@@ -87,29 +116,32 @@ void SumElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
   switch (dt) {
     case DType::kF32: {
       float acc = 0.0f;
-      for (const uint8_t* x : xs) acc = AddF32(acc, Load<float>(x));
+      for (const uint8_t* x : xs) acc = AddF32(acc, Daz(Load<float>(x)));
       Store(out, acc);
       return;
     }
     case DType::kF64: {
       double acc = 0.0;
-      for (const uint8_t* x : xs) acc = AddF64(acc, Load<double>(x));
+      for (const uint8_t* x : xs) acc = AddF64(acc, Daz(Load<double>(x)));
       Store(out, acc);
       return;
     }
     case DType::kF16: {
-      // Rounded to float16 after every addition.
+      // Rounded to float16 after every addition. float16 subnormals are
+      // normal float32 numbers: nothing is flushed. The first NaN stays
+      // (F32ToF16 makes it canonical).
       uint16_t acc = 0;
       for (const uint8_t* x : xs) {
-        acc = F32ToF16(AddF32(F16ToF32(acc), F16ToF32(Load<uint16_t>(x))));
+        const float a = F16ToF32(acc);
+        acc = F32ToF16(std::isnan(a) ? a : AddF32(a, F16ToF32(Load<uint16_t>(x))));
       }
       Store(out, acc);
       return;
     }
     case DType::kBF16: {
-      // Accumulated in float32, rounded once.
+      // Accumulated in float32 (every addition flushed), rounded once.
       float acc = 0.0f;
-      for (const uint8_t* x : xs) acc = AddF32(acc, BF16ToF32(Load<uint16_t>(x)));
+      for (const uint8_t* x : xs) acc = AddF32(acc, Daz(BF16ToF32(Load<uint16_t>(x))));
       Store(out, F32ToBF16(acc));
       return;
     }
@@ -201,7 +233,8 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
     case DType::kBF16: {
       // acc = -inf (+inf); if (x > acc) acc = x: NaN never wins, and on ties
       // the earlier member's value (bits) stays. The result keeps the bits of
-      // the winning input.
+      // the winning input, except that a float32/float64/bfloat16 subnormal
+      // competes, and wins, as a zero of its sign.
       const size_t es = ElemSize(dt);
       uint8_t acc[8];
       double acc_value = is_max ? -INFINITY : INFINITY;
@@ -212,10 +245,20 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
         default: Store<uint16_t>(acc, is_max ? 0xff80 : 0x7f80); break;
       }
       for (const uint8_t* x : xs) {
-        double v = FloatValue(dt, x);
+        uint8_t bits[8];
+        std::memcpy(bits, x, es);
+        switch (dt) {
+          case DType::kF32: Store(bits, Daz(Load<float>(x))); break;
+          case DType::kF64: Store(bits, Daz(Load<double>(x))); break;
+          case DType::kBF16:
+            if ((Load<uint16_t>(x) & 0x7f80) == 0) Store<uint16_t>(bits, Load<uint16_t>(x) & 0x8000);
+            break;
+          default: break;
+        }
+        double v = FloatValue(dt, bits);
         if (is_max ? (v > acc_value) : (v < acc_value)) {
           acc_value = v;
-          std::memcpy(acc, x, es);
+          std::memcpy(acc, bits, es);
         }
       }
       std::memcpy(out, acc, es);
@@ -235,42 +278,6 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
     }
     default: std::abort();
   }
-}
-
-// The admissible NaN results of a float sum over xs (see NanChoices), in
-// the format of `out_dt` (dt for psum/psum_scatter, also for float pmean).
-std::vector<uint64_t> SumNanChoices(DType dt, const std::vector<const uint8_t*>& xs) {
-  std::vector<uint64_t> choices;
-  auto add = [&](uint64_t bits) {
-    if (std::find(choices.begin(), choices.end(), bits) == choices.end()) choices.push_back(bits);
-  };
-  double magnitude = 0;  // sum of |finite inputs|: an upper bound of |partial sums|
-  bool inf = false;
-  for (const uint8_t* x : xs) {
-    const double v = FloatValue(dt, x);
-    if (std::isinf(v)) inf = true;
-    if (std::isfinite(v)) magnitude += std::fabs(v);
-    if (!std::isnan(v)) continue;
-    switch (dt) {
-      case DType::kF32: add(Load<uint32_t>(x) | 0x00400000u); break;
-      case DType::kF64: add(Load<uint64_t>(x) | 0x0008000000000000ull); break;
-      case DType::kF16: add(F32ToF16(F16ToF32(Load<uint16_t>(x)))); break;
-      default: add(F32ToBF16(BF16ToF32(Load<uint16_t>(x)))); break;
-    }
-  }
-  const double max_finite = dt == DType::kF32 ? 3.4028234663852886e38
-                            : dt == DType::kF64 ? 1.7976931348623157e308
-                            : dt == DType::kF16 ? 65504.0
-                                                : 3.3895313892515355e38;
-  if (inf || magnitude >= max_finite) {  // inf - inf may happen: the default NaN
-    switch (dt) {
-      case DType::kF32: add(0xffc00000u); break;
-      case DType::kF64: add(0xfff8000000000000ull); break;
-      case DType::kF16: add(0xfe00); break;
-      default: add(0xffc0); break;
-    }
-  }
-  return choices;
 }
 
 Shape Unravel(int64_t flat, const Shape& shape) {
@@ -515,26 +522,10 @@ bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& give
   return fail("unknown op");
 }
 
-bool IsNaNElem(DType dt, const uint8_t* p) {
-  switch (dt) {
-    case DType::kF32:
-    case DType::kF64:
-    case DType::kF16:
-    case DType::kBF16: return std::isnan(FloatValue(dt, p));
-    default: return false;
-  }
-}
-
 std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& given,
                                const std::vector<const uint8_t*>& inputs, int rank,
-                               NanChoices* nan_choices) {
+                               bool mesh_of_one) {
   const OpParams p = NonNegativeAxes(op, shape.size(), given);
-  // Records the admissible NaNs of element o of a float sum, if ambiguous.
-  auto note_nan = [&](int64_t o, const std::vector<const uint8_t*>& xs, const uint8_t* dst) {
-    if (nan_choices == nullptr || !IsFloatType(dt) || !IsNaNElem(dt, dst)) return;
-    std::vector<uint64_t> c = SumNanChoices(dt, xs);
-    if (c.size() > 1) nan_choices->emplace_back(o, std::move(c));
-  };
   const int n = static_cast<int>(inputs.size());
   DType out_dt;
   Shape out_shape;
@@ -558,12 +549,16 @@ std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpPara
       case Op::kPmax:
       case Op::kPmin:
         for (int j = 0; j < n; ++j) xs[j] = in_at(j, o);
-        if (op == Op::kPsum) {
+        if (mesh_of_one && IsFloatType(dt)) {
+          // Nothing is reduced: the input's bits (a bfloat16 NaN canonical).
+          copy_elem(o, 0, o);
+          if (dt == DType::kBF16 && std::isnan(FloatValue(dt, dst))) {
+            Store<uint16_t>(dst, F32ToBF16(FloatValue(dt, dst)));
+          }
+        } else if (op == Op::kPsum) {
           SumElem(dt, xs, dst);
-          note_nan(o, xs, dst);
         } else if (op == Op::kPmean) {
-          MeanElem(dt, xs, dst);
-          note_nan(o, xs, dst);  // NaN * (1/n) keeps the sum's NaN
+          MeanElem(dt, xs, dst);  // NaN * (1/n) keeps the sum's NaN
         } else {
           MaxMinElem(op == Op::kPmax, dt, xs, dst);
         }
@@ -604,7 +599,6 @@ std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpPara
         const int64_t flat = Ravel(idx, shape);
         for (int j = 0; j < n; ++j) xs[j] = in_at(j, flat);
         SumElem(dt, xs, dst);
-        note_nan(o, xs, dst);
         break;
       }
       case Op::kAllToAll: {

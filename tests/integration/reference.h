@@ -67,21 +67,18 @@ bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, D
 // the n group members in group order (for ppermute: in mesh order, see the
 // Group helper in sweep.h); `rank` is this member's index in that order.
 //
-// NaN results of float sums (psum, pmean, psum_scatter): x86 additions keep
-// the first operand's NaN, and the result above follows the accumulator-first
-// order of XLA:CPU, but which operand comes first is up to code generation
-// (vectorized adds may swap them) and the JAX conformance vectors do not pin
-// it down. So where an element's sum is NaN and more than one NaN could come
-// out, `nan_choices` (if given) receives element index -> every admissible
-// bit pattern: the input NaNs (quieted, in the output format) and, when an
-// infinity is present or could arise, the default NaN.
-using NanChoices = std::vector<std::pair<int64_t, std::vector<uint64_t>>>;
+// NaN results of float sums (psum, pmean, psum_scatter) are exact: the NaN
+// of the last NaN member, quieted (float16: the first NaN of the
+// accumulator), or the default NaN of an invalid operation; float16 and
+// bfloat16 NaNs canonical (see F32ToF16 / F32ToBF16).
+//
+// `mesh_of_one`: the mesh has one member, a one-device program in JAX, whose
+// psum/pmean/pmax/pmin reduce nothing: the input converted to the result
+// dtype, float bits kept (bfloat16 NaNs canonical). Not so for psum_scatter,
+// nor for a group of one inside a bigger mesh.
 std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
                                const std::vector<const uint8_t*>& inputs, int rank,
-                               NanChoices* nan_choices = nullptr);
-
-// Whether the element at p (of a float dtype) is a NaN.
-bool IsNaNElem(DType dt, const uint8_t* p);
+                               bool mesh_of_one = false);
 
 // float16 / bfloat16 conversions (round to nearest even). NaN results follow
 // Eigen (used by XLA): float16 NaN -> sign|0x7e00, bfloat16 NaN -> sign|0x7fc0.
