@@ -163,9 +163,10 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   const ReduceKind kind = ToReduceKind(plan.kind);
   const int n = plan.group_size;
   const bool stream = Streams(plan);
-  // A mesh of one member is a one-device program in JAX: nothing is reduced
-  // (see ReduceMeshOfOne).
-  const bool mesh_of_one = plan.members() == 1;
+  // A mesh of one member is a one-device program in JAX, and an op over no
+  // axes (JAX's empty tuple) is no collective: nothing is reduced (see
+  // ReduceMeshOfOne). A group of one over a named axis of a bigger mesh is.
+  const bool mesh_of_one = plan.members() == 1 || plan.axis_ids.empty();
   // Each chunk of the inputs is read once; its result goes to every member's
   // output from L1 (see ReduceTo).
   ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {

@@ -325,6 +325,22 @@ TEST(CpuExecutorTest, GroupOfOneInABiggerMeshIsReduced) {
             (std::vector<uint32_t>{0x0, 0x7fc00001, 0xffc00002, 0x0, 0x0, 0x3f800000}));
 }
 
+// JAX's empty axis tuple is no collective at all: psum(x, ()) returns x's
+// bits, even inside a bigger mesh (where a group of one over a named axis is
+// reduced, above).
+TEST(CpuExecutorTest, NoAxesReturnTheInputBits) {
+  const std::vector<uint32_t> a = {0x80000000, 0x7f800001, 0xffc00002, 0x00000001, 0x80000003, 0x3f800000};
+  const std::vector<uint32_t> b = {0x00000002, 0x80000000, 0x7fa00000, 0x3f800000, 0x00000005, 0x80000000};
+  const MeshShape x2y1{{"x", "y"}, {2, 1}};
+  for (v1::OpKind kind : {v1::PSUM, v1::PMAX, v1::PMIN, v1::PMEAN}) {
+    auto op = Typed(kind, v1::FLOAT32, {6});
+    op.set_no_axes(true);
+    auto out = RunBytes(op, x2y1, {}, {Bytes(a), Bytes(b)});
+    EXPECT_EQ(FromBytes<uint32_t>(out[0]), a) << kind;
+    EXPECT_EQ(FromBytes<uint32_t>(out[1]), b) << kind;
+  }
+}
+
 // Data movement copies bits: a signaling NaN (and other payloads, -0.0 and
 // subnormals) arrives unchanged, in every dtype, in place or not.
 TEST(CpuExecutorTest, DataMovementKeepsEveryBit) {
