@@ -40,12 +40,6 @@
 namespace collectived::testing {
 namespace {
 
-#define ASSERT_OK(expr)                                    \
-  do {                                                     \
-    const absl::Status status_ = (expr);                   \
-    ASSERT_TRUE(status_.ok()) << #expr << ": " << status_; \
-  } while (0)
-
 constexpr absl::Duration kStartup = absl::Seconds(30);
 constexpr absl::Duration kFinish = absl::Seconds(60);
 

@@ -38,12 +38,6 @@
 namespace collectived::testing {
 namespace {
 
-#define ASSERT_OK(expr)                                    \
-  do {                                                     \
-    const absl::Status status_ = (expr);                   \
-    ASSERT_TRUE(status_.ok()) << #expr << ": " << status_; \
-  } while (0)
-
 // Open descriptors of process `pid`, or -1.
 int OpenFds(pid_t pid) {
   DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());

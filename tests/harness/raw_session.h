@@ -26,6 +26,13 @@
 
 namespace collectived::testing {
 
+// Fails the test (and returns) with the status when `expr` is not OK.
+#define ASSERT_OK(expr)                                    \
+  do {                                                     \
+    const absl::Status status_ = (expr);                   \
+    ASSERT_TRUE(status_.ok()) << #expr << ": " << status_; \
+  } while (0)
+
 inline std::unique_ptr<v1::Collective::Stub> Stub(const Daemon& d) {
   return v1::Collective::NewStub(
       grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
