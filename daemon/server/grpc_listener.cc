@@ -46,7 +46,8 @@ void GrpcUnixListener::Stop() {
 
 void GrpcUnixListener::Loop(grpc::Server* server) {
   absl::Time next_log;
-  int refused = 0;
+  int refused = 0;         // connections closed over the budget, since the last log
+  std::string reason;      // why accept() backs off, since the last log
   bool back_off = false;
   for (;;) {
     // While backing off, wait on the wake-up descriptor alone: the listener
@@ -64,8 +65,10 @@ void GrpcUnixListener::Loop(grpc::Server* server) {
       if (c < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
         if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+          // The connection stays in the backlog: it is served after the
+          // back-off, not refused.
           back_off = true;
-          ++refused;
+          reason = absl::StrCat("accept4: ", std::strerror(errno));
         }
         break;
       }
@@ -76,11 +79,13 @@ void GrpcUnixListener::Loop(grpc::Server* server) {
       close(c);
       ++refused;
     }
-    if (refused > 0 && absl::Now() >= next_log) {
-      LogEvent(LogLevel::kWarn, "grpc_connection_refused",
+    if ((refused > 0 || !reason.empty()) && absl::Now() >= next_log) {
+      LogEvent(LogLevel::kWarn, refused > 0 ? "grpc_connection_refused" : "grpc_accept_backoff",
                {{"refused", absl::StrCat(refused)},
-                {"reason", FdExhaustedError("a gRPC connection").ToString()}});
+                {"reason", refused > 0 ? FdExhaustedError("a gRPC connection").ToString()
+                                       : reason}});
       refused = 0;
+      reason.clear();
       next_log = absl::Now() + absl::Seconds(1);
     }
   }

@@ -63,10 +63,7 @@ void SideChannel::CloseConn(int fd) {
   auto it = conns_.find(fd);
   if (it == conns_.end()) return;
   std::string session = it->second.session_id;
-  if (session.empty()) {
-    --unattached_;
-    if (--unattached_by_uid_[it->second.uid] == 0) unattached_by_uid_.erase(it->second.uid);
-  }
+  if (session.empty()) NoLongerUnattached(it->second.uid);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   close(fd);
   conns_.erase(it);
@@ -77,6 +74,11 @@ void SideChannel::CloseConn(int fd) {
     // NOT_FOUND when the client closed its session first: nothing to do.
     engine_->CloseSession(session, "client disconnected (side socket closed)").IgnoreError();
   }
+}
+
+void SideChannel::NoLongerUnattached(int uid) {
+  --unattached_;
+  if (--unattached_by_uid_[uid] == 0) unattached_by_uid_.erase(uid);
 }
 
 void SideChannel::UpdateListening() {
@@ -203,10 +205,7 @@ void SideChannel::Loop() {
       }
       const bool was_attached = !it->second.session_id.empty();
       HandleRequest(fd, it->second, packet->data);
-      if (!was_attached && !it->second.session_id.empty()) {
-        --unattached_;
-        if (--unattached_by_uid_[it->second.uid] == 0) unattached_by_uid_.erase(it->second.uid);
-      }
+      if (!was_attached && !it->second.session_id.empty()) NoLongerUnattached(it->second.uid);
     }
     for (int fd : doomed_) CloseConn(fd);
     doomed_.clear();

@@ -75,6 +75,9 @@ class SideChannel {
   // Closes unattached connections past their deadline; returns the time
   // until the next deadline (infinite if none).
   absl::Duration ExpireUnattached();
+  // Takes a connection of `uid` out of the unattached counts (it attached
+  // or closed).
+  void NoLongerUnattached(int uid);
   // Watches the listener for new connections only while below
   // max_unattached.
   void UpdateListening();
