@@ -768,7 +768,7 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     Submission sub;
     sub.session_id = session_id;
     sub.plan = plan;
-    if (plan->kind != v1::BARRIER && (plan->in_bytes > 0 || plan->out_bytes > 0)) {
+    if (plan->kind != OpKind::kBarrier && (plan->in_bytes > 0 || plan->out_bytes > 0)) {
       auto find = [&](const std::string& id,
                       absl::string_view what) -> absl::StatusOr<std::shared_ptr<SharedBuffer>> {
         if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " buffer_id is empty"));
@@ -891,7 +891,7 @@ void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Cal
   cbs.push_back([done = sub.done, o = std::move(o)] { done(o); });
 }
 
-void Engine::CountOp(v1::OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic) {
+void Engine::CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic) {
   KindStats& k = stats_[static_cast<int>(kind)];
   if (ok) {
     ++k.completed;
@@ -906,7 +906,7 @@ void Engine::CountOp(v1::OpKind kind, bool ok, uint64_t bytes, const Traffic& tr
 
 void Engine::FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callbacks& cbs) {
   timer_->Cancel(op.timer);
-  v1::OpKind kind = v1::OP_KIND_UNSPECIFIED;
+  OpKind kind = OpKind::kUnspecified;
   for (auto& sub : op.subs) {
     if (!sub) continue;
     kind = sub->plan->kind;
@@ -1197,7 +1197,7 @@ v1::GetStatsResponse Engine::GetStats() {
   int64_t completed = 0, failed = 0;
   for (const auto& [kind, k] : stats_) {
     auto* out = resp.add_by_kind();
-    out->set_kind(std::string(OpKindName(static_cast<v1::OpKind>(kind))));
+    out->set_kind(std::string(OpKindName(static_cast<OpKind>(kind))));
     out->set_completed(k.completed);
     out->set_failed(k.failed);
     out->set_bytes(k.bytes);

@@ -257,7 +257,7 @@ class Engine {
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member MemberInfo(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::MeshInfo MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountOp(v1::OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic = {})
+  void CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void Run(Callbacks& cbs);
 

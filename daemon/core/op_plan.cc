@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/exec/reduce.h"
 
 namespace collectived {
 namespace {
@@ -63,52 +62,6 @@ absl::StatusOr<int64_t> CheckedElements(absl::string_view name, absl::string_vie
 
 }  // namespace
 
-ReduceKind ToReduceKind(v1::OpKind kind) {
-  switch (kind) {
-    case v1::PMAX: return ReduceKind::kMax;
-    case v1::PMIN: return ReduceKind::kMin;
-    case v1::PMEAN: return ReduceKind::kMean;
-    default: return ReduceKind::kSum;
-  }
-}
-
-int MeshShape::num_members() const {
-  int n = 1;
-  for (int s : sizes) n *= s;
-  return n;
-}
-
-std::vector<int> MeshShape::Coordinate(int index) const {
-  std::vector<int> c(sizes.size());
-  for (int i = static_cast<int>(sizes.size()) - 1; i >= 0; --i) {
-    c[i] = index % sizes[i];
-    index /= sizes[i];
-  }
-  return c;
-}
-
-int MeshShape::Index(const std::vector<int>& coordinate) const {
-  int index = 0;
-  for (size_t i = 0; i < sizes.size(); ++i) index = index * sizes[i] + coordinate[i];
-  return index;
-}
-
-absl::string_view OpKindName(v1::OpKind kind) {
-  switch (kind) {
-    case v1::PSUM: return "psum";
-    case v1::PMEAN: return "pmean";
-    case v1::PMAX: return "pmax";
-    case v1::PMIN: return "pmin";
-    case v1::ALL_GATHER: return "all_gather";
-    case v1::PPERMUTE: return "ppermute";
-    case v1::PSUM_SCATTER: return "psum_scatter";
-    case v1::ALL_TO_ALL: return "all_to_all";
-    case v1::BARRIER: return "barrier";
-    case v1::BROADCAST: return "broadcast";
-    default: return "unknown_op";
-  }
-}
-
 DType FromProto(v1::DType dt) {
   int v = static_cast<int>(dt);
   if (v < 1 || v > static_cast<int>(DType::kBool)) return DType::kInvalid;
@@ -117,14 +70,31 @@ DType FromProto(v1::DType dt) {
 
 v1::DType ToProto(DType dt) { return static_cast<v1::DType>(static_cast<int>(dt)); }
 
-std::string ShapeString(DType dt, const std::vector<int64_t>& shape) {
-  return absl::StrCat(std::string(DTypeShortName(dt)), "[", absl::StrJoin(shape, ","), "]");
+static_assert(static_cast<int>(OpKind::kPsum) == v1::PSUM &&
+              static_cast<int>(OpKind::kPmean) == v1::PMEAN &&
+              static_cast<int>(OpKind::kPmax) == v1::PMAX &&
+              static_cast<int>(OpKind::kPmin) == v1::PMIN &&
+              static_cast<int>(OpKind::kAllGather) == v1::ALL_GATHER &&
+              static_cast<int>(OpKind::kPpermute) == v1::PPERMUTE &&
+              static_cast<int>(OpKind::kPsumScatter) == v1::PSUM_SCATTER &&
+              static_cast<int>(OpKind::kAllToAll) == v1::ALL_TO_ALL &&
+              static_cast<int>(OpKind::kBarrier) == v1::BARRIER &&
+              static_cast<int>(OpKind::kBroadcast) == v1::BROADCAST &&
+              kNumOpKinds == v1::BROADCAST + 1,
+              "OpKind is numbered as v1::OpKind");
+
+OpKind FromProto(v1::OpKind kind) {
+  const int v = static_cast<int>(kind);
+  if (v < 1 || v >= kNumOpKinds) return OpKind::kUnspecified;
+  return static_cast<OpKind>(v);
 }
+
+v1::OpKind ToProto(OpKind kind) { return static_cast<v1::OpKind>(static_cast<int>(kind)); }
 
 absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
   OpPlan plan;
-  plan.kind = op.kind();
-  const absl::string_view name = OpKindName(op.kind());
+  plan.kind = FromProto(op.kind());
+  const absl::string_view name = OpKindName(plan.kind);
   if (name == "unknown_op") {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown op kind ", static_cast<int>(op.kind())));
@@ -222,7 +192,7 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     case v1::PMEAN:
     case v1::PMAX:
     case v1::PMIN:
-      plan.out_dtype = ReduceResultDType(ToReduceKind(op.kind()), plan.dtype);
+      plan.out_dtype = ReduceResultDType(ToReduceKind(plan.kind), plan.dtype);
       break;
     case v1::ALL_GATHER: {
       const auto& p = op.all_gather();

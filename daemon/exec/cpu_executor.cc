@@ -79,26 +79,26 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
                               Traffic* traffic) {
   uint64_t staged = 0;
   switch (plan.kind) {
-    case v1::PSUM:
-    case v1::PMEAN:
-    case v1::PMAX:
-    case v1::PMIN:
+    case OpKind::kPsum:
+    case OpKind::kPmean:
+    case OpKind::kPmax:
+    case OpKind::kPmin:
       RunReduce(plan, io);
       break;
-    case v1::ALL_GATHER:
+    case OpKind::kAllGather:
       RunGather(plan, io);
       break;
-    case v1::PSUM_SCATTER:
+    case OpKind::kPsumScatter:
       RunReduceScatter(plan, io);
       break;
-    case v1::PPERMUTE:
-    case v1::BROADCAST:
+    case OpKind::kPpermute:
+    case OpKind::kBroadcast:
       staged = RunPermute(plan, io);
       break;
-    case v1::ALL_TO_ALL:
+    case OpKind::kAllToAll:
       staged = RunAllToAll(plan, io);
       break;
-    case v1::BARRIER:
+    case OpKind::kBarrier:
       break;
     default:
       return absl::UnimplementedError("cpu executor: unsupported op kind");
@@ -109,14 +109,14 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
 
 Traffic CpuExecutor::Account(const OpPlan& plan, uint64_t staged) const {
   Traffic t;
-  if (plan.kind == v1::BARRIER) return t;
+  if (plan.kind == OpKind::kBarrier) return t;
   const uint64_t members = plan.members();
   // Inputs an op needs: all of them, except that a broadcast reads only its
   // root's and a ppermute only its sources'.
   uint64_t needed_inputs = members;
-  if (plan.kind == v1::BROADCAST) {
+  if (plan.kind == OpKind::kBroadcast) {
     needed_inputs = plan.groups.size();
-  } else if (plan.kind == v1::PPERMUTE) {
+  } else if (plan.kind == OpKind::kPpermute) {
     uint64_t sources = 0;
     for (int s : plan.perm_source) sources += s >= 0 ? 1 : 0;
     needed_inputs = sources * plan.groups.size();
@@ -127,10 +127,10 @@ Traffic CpuExecutor::Account(const OpPlan& plan, uint64_t staged) const {
   // once, plus the staging copies of in-place data movement (read and
   // written once each).
   uint64_t reads = needed_inputs * plan.in_bytes;
-  if (plan.kind == v1::PPERMUTE || plan.kind == v1::BROADCAST) {
+  if (plan.kind == OpKind::kPpermute || plan.kind == OpKind::kBroadcast) {
     uint64_t receivers = 0;
     for (int d = 0; d < plan.group_size; ++d) {
-      const int s = plan.kind == v1::BROADCAST ? plan.root : plan.perm_source[d];
+      const int s = plan.kind == OpKind::kBroadcast ? plan.root : plan.perm_source[d];
       receivers += s >= 0 ? 1 : 0;
     }
     reads = receivers * plan.groups.size() * plan.in_bytes;
@@ -276,7 +276,7 @@ uint64_t CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>
     const int dst = static_cast<int>((task % per_group) / chunks);
     const size_t begin = (task % chunks) * options_.chunk_bytes;
     const size_t len = std::min(options_.chunk_bytes, bytes - begin);
-    const int s = plan.kind == v1::BROADCAST ? plan.root : plan.perm_source[dst];
+    const int s = plan.kind == OpKind::kBroadcast ? plan.root : plan.perm_source[dst];
     uint8_t* out = io[group[dst]].out + begin;
     if (s < 0) {
       std::memset(out, 0, len);

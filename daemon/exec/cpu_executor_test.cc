@@ -3,6 +3,7 @@
 // the expected values exact; float rules are covered in reduce_test.cc and by
 // the cross-process and JAX conformance tests.
 #include "daemon/exec/cpu_executor.h"
+#include "daemon/core/op_plan.h"
 
 #include <gtest/gtest.h>
 

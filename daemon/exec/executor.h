@@ -7,11 +7,11 @@
 #define COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
 
 #include <cstdint>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/core/op_plan.h"
+#include "absl/strings/string_view.h"
+#include "daemon/plan/op_plan.h"
 
 namespace collectived {
 

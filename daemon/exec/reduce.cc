@@ -9,7 +9,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "daemon/exec/dtype.h"
+#include "daemon/plan/dtype.h"
 #include "daemon/exec/stream_copy.h"
 
 #if defined(__SSE__)
@@ -729,24 +729,6 @@ void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& o
 }
 
 }  // namespace
-
-DType ReduceResultDType(ReduceKind kind, DType dt) {
-  if (kind == ReduceKind::kSum && dt == DType::kBool) return DType::kI32;
-  if (kind != ReduceKind::kMean) return dt;
-  switch (dt) {
-    case DType::kBool:
-    case DType::kI8:
-    case DType::kU8:
-    case DType::kI32:
-    case DType::kU32:
-      return DType::kF32;
-    case DType::kI64:
-    case DType::kU64:
-      return DType::kF64;
-    default:
-      return dt;  // float types, and kInvalid
-  }
-}
 
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
             void* out, size_t count) {

@@ -13,18 +13,9 @@
 
 #include <cstddef>
 
-#include "daemon/exec/dtype.h"
+#include "daemon/plan/op_plan.h"
 
 namespace collectived {
-
-enum class ReduceKind { kSum, kMax, kMin, kMean };
-
-// The dtype of the result of reducing `dt` with `kind`, as jax.lax defines it:
-//  - kSum/kMax/kMin keep the dtype, except kSum of bool which is int32 (psum
-//    counts the true values);
-//  - kMean of a float type keeps it; of bool, int8/16/32 and uint8/16/32 it is
-//    float32; of int64/uint64 it is float64.
-DType ReduceResultDType(ReduceKind kind, DType dt);
 
 // Reduces `count` elements of the `n` (>= 1) arrays `inputs[0..n)`, each of
 // dtype `dt`, into `out`, of dtype ReduceResultDType(kind, dt). Per element:

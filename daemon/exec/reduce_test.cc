@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "daemon/exec/dtype.h"
+#include "daemon/plan/dtype.h"
 #include "gtest/gtest.h"
 
 #if defined(__SSE__)

@@ -1,4 +1,4 @@
-#include "daemon/exec/dtype.h"
+#include "daemon/plan/dtype.h"
 
 #include <algorithm>
 #include <bit>

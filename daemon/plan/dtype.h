@@ -1,8 +1,8 @@
 // The element types; defined in the public SDK header so the daemon and the
 // SDK share one definition.
-#ifndef COLLECTIVED_DAEMON_EXEC_DTYPE_H_
-#define COLLECTIVED_DAEMON_EXEC_DTYPE_H_
+#ifndef COLLECTIVED_DAEMON_PLAN_DTYPE_H_
+#define COLLECTIVED_DAEMON_PLAN_DTYPE_H_
 
 #include "../../client/include/collectived/dtype.h"
 
-#endif  // COLLECTIVED_DAEMON_EXEC_DTYPE_H_
+#endif  // COLLECTIVED_DAEMON_PLAN_DTYPE_H_
