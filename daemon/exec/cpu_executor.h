@@ -40,6 +40,7 @@ class CpuExecutor final : public Executor {
  public:
   explicit CpuExecutor(CpuExecutorOptions options);
   absl::string_view name() const override { return "cpu"; }
+  absl::string_view buffer_kind() const override { return "memfd"; }
   bool IsViable() const override { return true; }
   absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
                    Traffic* traffic = nullptr) override;

@@ -7,6 +7,7 @@
 #define COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,9 +20,14 @@ namespace collectived {
 // plan.in_bytes, `out` plan.out_bytes. `out == in` means in place; otherwise
 // the two do not overlap (the engine rejects partial overlap). Regions of
 // different members never overlap (they live in different sessions' buffers).
+// For a CUDA executor, `in` and `out` are device addresses in the daemon
+// (its mapping of the members' VMM buffers) on GPU `device` (the ordinal in
+// the daemon); for the CPU executor they are host addresses and `device` is
+// -1.
 struct MemberIo {
   const uint8_t* in = nullptr;
   uint8_t* out = nullptr;
+  int device = -1;
 };
 
 // The memory an op moved, over all members: bytes of the members' regions
@@ -41,8 +47,14 @@ class Executor {
  public:
   virtual ~Executor() = default;
   virtual absl::string_view name() const = 0;
+  // The kind of buffer whose memory it runs on (SharedBuffer::kind():
+  // "memfd" for the CPU executor, "cuda" for the CUDA executor). The engine
+  // picks the executor of an op by the kind of its members' buffers.
+  virtual absl::string_view buffer_kind() const = 0;
   // Whether this executor can run here (a GPU executor without a GPU: false).
   virtual bool IsViable() const = 0;
+  // Why not, when !IsViable() (logged once at start); empty otherwise.
+  virtual std::string WhyNotViable() const { return ""; }
   // Runs `plan` and returns when every output is written. `io` has one entry
   // per mesh member. Safe to call concurrently for different ops. With
   // `traffic`, reports what the op moved.

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -28,8 +29,14 @@ class SharedBuffer {
   // Descriptor that maps the same memory in another process; owned by the
   // buffer (callers dup it before passing it on).
   virtual int fd() const = 0;
-  // "memfd" for host memory.
+  // "memfd" for host memory, "cuda" for a CUDA VMM allocation.
   virtual absl::string_view kind() const = 0;
+  // The device holding the memory, canonical as DeviceSpec::ToString():
+  // "cpu", or "cuda:GPU-<uuid>".
+  virtual std::string device() const { return "cpu"; }
+  // CUDA buffers: the device ordinal in this process (the one data() is
+  // mapped on); -1 for host memory.
+  virtual int device_ordinal() const { return -1; }
 };
 
 // Creates a host buffer of at least `size` bytes (rounded up to the page
