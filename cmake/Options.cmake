@@ -1,22 +1,21 @@
 # Build options of collectived.
 option(COLLECTIVED_BUILD_TESTS "Build the unit, integration and conformance tests" ON)
-option(COLLECTIVED_WITH_CUDA "Build the CUDA/NCCL executor (needs the CUDA toolkit)" OFF)
+# COLLECTIVED_WITH_CUDA (AUTO|ON|OFF): GPU buffers; see cmake/Cuda.cmake.
+set(COLLECTIVED_WITH_CUDA AUTO CACHE STRING
+  "GPU (CUDA VMM) buffers and NCCL: AUTO (when the CUDA toolkit and NCCL are found), ON or OFF")
+set_property(CACHE COLLECTIVED_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
 option(COLLECTIVED_WERROR "Treat warnings as errors" OFF)
 set(COLLECTIVED_SANITIZE "" CACHE STRING "Sanitizers: '', 'address' (ASan+UBSan) or 'thread' (TSan)")
 set_property(CACHE COLLECTIVED_SANITIZE PROPERTY STRINGS "" address thread)
 
 if(COLLECTIVED_SANITIZE STREQUAL "address")
-  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined;-fno-sanitize-recover=all;-fno-omit-frame-pointer>")
   add_link_options(-fsanitize=address,undefined)
 elseif(COLLECTIVED_SANITIZE STREQUAL "thread")
-  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=thread;-fno-omit-frame-pointer>")
   add_link_options(-fsanitize=thread)
 elseif(NOT COLLECTIVED_SANITIZE STREQUAL "")
   message(FATAL_ERROR "COLLECTIVED_SANITIZE must be '', 'address' or 'thread'")
-endif()
-
-if(COLLECTIVED_WITH_CUDA)
-  message(FATAL_ERROR "COLLECTIVED_WITH_CUDA: the CUDA executor is not part of this release yet; build with -DCOLLECTIVED_WITH_CUDA=OFF")
 endif()
 
 # libFuzzer targets (clang only): instrument everything for coverage and

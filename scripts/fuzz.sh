@@ -12,8 +12,9 @@ cd "$here"
 seconds="${1:-60}"
 targets=(request side_socket fast_queue)
 command -v clang++ >/dev/null || { echo "clang++ is needed (apt-get install clang)" >&2; exit 1; }
+# The fuzz targets are host code: no CUDA (nvcc would get clang's fuzzer flags).
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCOLLECTIVED_FUZZ=ON >/dev/null
+  -DCOLLECTIVED_FUZZ=ON -DCOLLECTIVED_WITH_CUDA=OFF >/dev/null
 # shellcheck disable=SC2046
 cmake --build build-fuzz -j"$(nproc)" --target $(printf 'collectived_%s_fuzzer ' "${targets[@]}")
 for t in "${targets[@]}"; do
