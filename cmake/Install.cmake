@@ -5,7 +5,12 @@ include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/collectived
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS collectived_client collectived_common collectived_proto collectived_warnings
+set(_collectived_sdk_targets collectived_client collectived_common collectived_proto collectived_warnings)
+if(COLLECTIVED_HAVE_CUDA)
+  # The SDK links it (GPU buffer import); it links CUDA::cudart_static.
+  list(APPEND _collectived_sdk_targets collectived_cuda_driver)
+endif()
+install(TARGETS ${_collectived_sdk_targets}
         EXPORT collectivedTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
