@@ -23,43 +23,54 @@ struct Loaded {
   DriverApi api;
 };
 
-// Resolves every function of COLLECTIVED_CUDA_DRIVER_FUNCTIONS into `api`.
+// One driver function at ABI `version`, into `fn`. `fn` stays null, with an
+// OK status, when the runtime finds no device before resolving anything.
+absl::Status ResolveOne(const char* name, int version, int driver_version, void** fn) {
+  cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(name, fn, version, cudaEnableDefault, &query);
+  if (err == cudaErrorInsufficientDriver || err == cudaErrorCallRequiresNewerDriver) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA driver too old: the driver supports CUDA ", VersionString(driver_version),
+        ", this build's CUDA runtime needs ", VersionString(CUDART_VERSION),
+        " or newer (update the NVIDIA driver)"));
+  }
+  if (err == cudaErrorNoDevice) {
+    *fn = nullptr;
+    return absl::OkStatus();
+  }
+  if (err != cudaSuccess) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA driver unusable: cudaGetDriverEntryPointByVersion(", name, "): ",
+        cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+  }
+  if (query != cudaDriverEntryPointSuccess || *fn == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA driver too old: driver ", VersionString(driver_version), " has no ", name,
+        " of CUDA ", VersionString(version), " or newer (update the NVIDIA driver)"));
+  }
+  return absl::OkStatus();
+}
+
+// Resolves every function of COLLECTIVED_CUDA_DRIVER_FUNCTIONS into `api`;
+// leaves them null when the runtime sees no device.
 absl::Status ResolveFunctions(DriverApi& api) {
   int driver_version = 0;
-  // cudart's own query: does not need the driver entry points yet.
+  // cudart's own query: needs no driver entry point.
   if (cudaDriverGetVersion(&driver_version) != cudaSuccess) driver_version = 0;
-  const int runtime_version = CUDART_VERSION;
-
-#define COLLECTIVED_CUDA_RESOLVE(name, version)                                                 \
-  {                                                                                             \
-    void* fn = nullptr;                                                                         \
-    cudaDriverEntryPointQueryResult query = cudaDriverEntryPointSymbolNotFound;                 \
-    const cudaError_t err =                                                                     \
-        cudaGetDriverEntryPointByVersion(#name, &fn, version, cudaEnableDefault, &query);       \
-    if (err == cudaErrorInsufficientDriver) {                                                   \
-      return absl::FailedPreconditionError(absl::StrCat(                                        \
-          "CUDA driver too old: the driver supports CUDA ", VersionString(driver_version),      \
-          ", this build's CUDA runtime needs ", VersionString(runtime_version),                 \
-          " or newer (update the NVIDIA driver)"));                                             \
-    }                                                                                           \
-    if (err == cudaErrorNoDevice) break; /* a driver without GPUs: cuInit says so */            \
-    if (err != cudaSuccess || query != cudaDriverEntryPointSuccess || fn == nullptr) {          \
-      if (query == cudaDriverEntryPointVersionNotSufficent || query == cudaDriverEntryPointSymbolNotFound) { \
-        return absl::FailedPreconditionError(absl::StrCat(                                      \
-            "CUDA driver too old: driver ", VersionString(driver_version), " has no ", #name,   \
-            " of CUDA ", VersionString(version), " or newer"));                                 \
-      }                                                                                         \
-      return absl::FailedPreconditionError(absl::StrCat(                                        \
-          "CUDA driver unusable: cudaGetDriverEntryPointByVersion(", #name, "): ",              \
-          cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));                          \
-    }                                                                                           \
-    api.name = reinterpret_cast<PFN_##name##_v##version>(fn);                       \
+#define COLLECTIVED_CUDA_RESOLVE(name, version)                                         \
+  {                                                                                     \
+    void* fn = nullptr;                                                                 \
+    if (absl::Status s = ResolveOne(#name, version, driver_version, &fn); !s.ok()) {    \
+      return s;                                                                         \
+    }                                                                                   \
+    if (fn == nullptr) {                                                                \
+      api = DriverApi{};                                                                \
+      return absl::OkStatus();                                                          \
+    }                                                                                   \
+    api.name = reinterpret_cast<PFN_##name##_v##version>(fn);                           \
   }
-  // Each entry is its own block; `break` leaves this one-pass loop when the
-  // runtime reports no device before the functions could be resolved.
-  do {
-    COLLECTIVED_CUDA_DRIVER_FUNCTIONS(COLLECTIVED_CUDA_RESOLVE)
-  } while (false);
+  COLLECTIVED_CUDA_DRIVER_FUNCTIONS(COLLECTIVED_CUDA_RESOLVE)
 #undef COLLECTIVED_CUDA_RESOLVE
   return absl::OkStatus();
 }
@@ -81,7 +92,7 @@ Loaded Load() {
     return out;
   }
   if (out.api.cuInit == nullptr) {
-    // The runtime answered cudaErrorNoDevice before any function resolved.
+    // The runtime answered cudaErrorNoDevice: nothing is resolved.
     out.status = absl::FailedPreconditionError(
         "no CUDA devices: the NVIDIA driver is loaded but reports no GPU");
     return out;

@@ -83,7 +83,8 @@ struct DriverApi {
 //   "CUDA driver too old: ..." (the driver predates this build's CUDA runtime,
 //    or lacks one of the functions above)
 //   "CUDA driver failed to initialize: cuInit: ..."
-// A host with a driver and no GPU loads fine with device_count 0 (cuInit's
+//   "no CUDA devices: ..." when the runtime already finds no GPU
+// Otherwise a host with a driver and no GPU loads with device_count 0 (cuInit's
 // CUDA_ERROR_NO_DEVICE is not an error here); see RequireDevices.
 absl::StatusOr<const DriverApi*> Driver();
 
