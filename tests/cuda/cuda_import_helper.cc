@@ -6,8 +6,10 @@
 //   cuda_import_helper hold <size> <device> <seed_check> <seed_write>
 //     imports, prints "mapped", waits for a line on stdin (the test drops its
 //     own mapping meanwhile), then checks, writes and re-reads, prints "ok".
-// Exit codes: 0 ok, 1 usage, 2 import failed, 3 wrong contents, 4 kernel error.
+// Exit codes: 0 ok, 1 usage, 2 import failed, 3 wrong contents, 4 kernel error,
+// 5 no descriptor 3.
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +30,10 @@ int main(int argc, char** argv) {
   const auto seed_check = static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
   const auto seed_write = static_cast<uint32_t>(std::strtoul(argv[5], nullptr, 10));
 
+  if (fcntl(3, F_GETFD) < 0) {
+    std::fprintf(stderr, "helper: no descriptor 3\n");
+    return 5;
+  }
   auto buffer = collectived::ImportCudaBuffer(3, size, device);
   if (!buffer.ok()) {
     std::fprintf(stderr, "helper: import failed: %s\n", buffer.status().ToString().c_str());

@@ -61,6 +61,56 @@ DeviceSpec CudaUuid(const std::string& uuid) {
     GTEST_SKIP() << "libcuda.so.1 is installed here: this checks a host without it"; \
   }
 
+// A helper process (fork+exec) with `fd` as its descriptor 3 and pipes on
+// its stdin and stdout.
+struct Helper {
+  pid_t pid = -1;
+  int in = -1;   // its stdin
+  int out = -1;  // its stdout
+
+  static Helper Start(int fd, const std::vector<std::string>& args) {
+    Helper h;
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return h;
+    // Through a copy numbered above 3: dup2 onto itself would keep the
+    // buffer descriptor's close-on-exec flag.
+    const int copy = fcntl(fd, F_DUPFD_CLOEXEC, 10);
+    if (copy < 0) return h;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);  // before 3: a pipe may be 3
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, copy, 3);
+    std::vector<std::string> argv = {COLLECTIVED_CUDA_IMPORT_HELPER};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    if (posix_spawn(&h.pid, cargv[0], &actions, nullptr, cargv.data(), environ) != 0) h.pid = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    close(copy);
+    close(in[0]);
+    close(out[1]);
+    h.in = in[1];
+    h.out = out[0];
+    return h;
+  }
+  std::string ReadLine() {
+    std::string line;
+    char c;
+    while (read(out, &c, 1) == 1 && c != '\n') line += c;
+    return line;
+  }
+  int Wait() {
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    in = out = -1;
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
 // --- without a GPU ---------------------------------------------------------
 
 TEST(CudaNoGpu, DriverReportsWhyItIsMissing) {
@@ -127,6 +177,21 @@ TEST(CudaNoGpu, BadArgumentsAreInvalidEverywhere) {
   EXPECT_EQ(fcntl(fd, F_GETFD), -1);
   EXPECT_EQ(cuda::ResolveUuid("cuda:3").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(cuda::ResolveDevice(DeviceSpec{}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The GPU tests' client process gets the buffer's descriptor as its fd 3 and
+// fails cleanly where there is no driver.
+TEST(CudaNoGpu, ClientProcessGetsTheDescriptorAndFailsCleanly) {
+  SKIP_IF_DRIVER_PRESENT();
+  int fds[2];
+  ASSERT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  Helper h = Helper::Start(
+      fds[0], {"swap", "2097152", "cuda:GPU-01234567-89ab-cdef-0123-456789abcdef", "1", "2"});
+  ASSERT_GT(h.pid, 0);
+  EXPECT_EQ(h.ReadLine(), "");
+  EXPECT_EQ(h.Wait(), 2);  // import failed (no driver), not 5 (no descriptor 3)
+  close(fds[0]);
+  close(fds[1]);
 }
 
 TEST(CudaNoGpu, UuidIsFormattedAsNvidiaSmiDoes) {
@@ -204,51 +269,6 @@ class CudaGpu : public ::testing::Test {
   const DriverApi* api_ = nullptr;
   cuda::DeviceInfo device_;
   std::unique_ptr<BufferAllocator> allocator_;
-};
-
-// A helper process (fork+exec) with `fd` as its descriptor 3 and pipes on
-// its stdin and stdout.
-struct Helper {
-  pid_t pid = -1;
-  int in = -1;   // its stdin
-  int out = -1;  // its stdout
-
-  static Helper Start(int fd, const std::vector<std::string>& args) {
-    Helper h;
-    int in[2], out[2];
-    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return h;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, fd, 3);
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    std::vector<std::string> argv = {COLLECTIVED_CUDA_IMPORT_HELPER};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (std::string& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    if (posix_spawn(&h.pid, cargv[0], &actions, nullptr, cargv.data(), environ) != 0) h.pid = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    close(in[0]);
-    close(out[1]);
-    h.in = in[1];
-    h.out = out[0];
-    return h;
-  }
-  std::string ReadLine() {
-    std::string line;
-    char c;
-    while (read(out, &c, 1) == 1 && c != '\n') line += c;
-    return line;
-  }
-  int Wait() {
-    if (in >= 0) close(in);
-    if (out >= 0) close(out);
-    in = out = -1;
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid) return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
 };
 
 TEST_F(CudaGpu, AllocatesZeroedRoundedBuffersNamedByUuid) {
