@@ -28,8 +28,8 @@ run_suite() {  # name build-dir ctest-args build-targets cmake-args...
   local decision
   decision="$(grep -o 'GPU buffers .*' "$dir/configure.log" || true)"
   case "$decision" in
-    "GPU buffers ON"*) echo "=== $name: CUDA variant (${decision#GPU buffers ON })" ;;
-    *) echo "=== $name: non-CUDA variant (${decision#GPU buffers OFF })" ;;
+    "GPU buffers ON"*) echo "=== $name: CUDA variant; $decision" ;;
+    *) echo "=== $name: non-CUDA variant; $decision" ;;
   esac
   # shellcheck disable=SC2086
   cmake --build "$dir" -j"$jobs" ${targets:+--target $targets}
