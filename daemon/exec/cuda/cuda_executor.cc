@@ -9,13 +9,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/sync.h"
 #include "daemon/exec/cuda/cuda_kernels.h"
 
 namespace collectived {
 
 struct CudaExecutor::Device {
-  absl::Mutex mu;
+  Mutex mu;
   cudaStream_t stream ABSL_GUARDED_BY(mu) = nullptr;
 };
 
@@ -485,7 +485,7 @@ CudaExecutor::CudaExecutor() {
 
 CudaExecutor::~CudaExecutor() {
   for (auto& d : devices_) {
-    absl::MutexLock lock(&d->mu);
+    MutexLock lock(&d->mu);
     if (d->stream != nullptr) cudaStreamDestroy(d->stream);
   }
 }
@@ -517,7 +517,7 @@ absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& 
                                                    " devices)"));
   }
   Device& dev = *devices_[device];
-  absl::MutexLock lock(&dev.mu);
+  MutexLock lock(&dev.mu);
   ScopedDevice scoped;
   COLLECTIVED_RETURN_IF_ERROR(scoped.Set(device));
   if (dev.stream == nullptr) {
