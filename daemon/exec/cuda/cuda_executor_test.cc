@@ -348,7 +348,17 @@ std::vector<Case> Cases(DType dt, int n) {
   for (auto k : {v1::PSUM, v1::PMEAN, v1::PMAX, v1::PMIN}) {
     add("reduce", Spec(k, dt, {1031}, {"i"}), line);
     add("reduce 2d", Spec(k, dt, {7, 5}, {"i"}), line);
-    if (n == 8) add("reduce 2x4", Spec(k, dt, {301}, {"y"}), MeshShape{{"x", "y"}, {2, 4}});
+    if (n == 8) {
+      add("reduce 2x4", Spec(k, dt, {301}, {"y"}), MeshShape{{"x", "y"}, {2, 4}});
+      // Groups of one in a bigger mesh: reduced (from the identity).
+      add("reduce groups of one", Spec(k, dt, {65}, {"y"}), MeshShape{{"x", "y"}, {8, 1}});
+    }
+    if (n == 2) {
+      // Over no axes: no collective at all (as a mesh of one).
+      auto op = Spec(k, dt, {33}, {});
+      op.set_no_axes(true);
+      add("reduce no axes", op, line);
+    }
   }
   for (int axis : {0, 1}) {
     for (bool tiled : {false, true}) {
@@ -402,6 +412,18 @@ std::vector<Case> Cases(DType dt, int n) {
     auto op = Spec(v1::BROADCAST, dt, {2, 19}, {"i"});
     op.mutable_broadcast()->set_root(n > 1 ? 1 : 0);
     add("broadcast", op, line);
+  }
+  return cases;
+}
+
+// More members than MemberTable carries inline.
+std::vector<Case> ManyMemberCases() {
+  std::vector<Case> cases;
+  const int n = 72;
+  for (auto kind : {v1::PSUM, v1::ALL_GATHER, v1::ALL_TO_ALL}) {
+    cases.push_back({"many members",
+                     Spec(kind, DType::kF32, {kind == v1::ALL_TO_ALL ? int64_t{n} : 33}, {"i"}),
+                     MeshShape{{"i"}, {n}}});
   }
   return cases;
 }
@@ -475,6 +497,30 @@ std::vector<std::vector<uint8_t>> EmulateMovement(const OpPlan& plan, const Host
     }
   }
   return out;
+}
+
+// Every case the GPU test runs plans, and runs on the CPU in and out of
+// place (so the GPU test fails only on the GPU's results).
+TEST_F(CudaLayoutTest, EveryGpuTestCasePlansAndRunsOnTheCpu) {
+  int planned = 0;
+  for (int n : {1, 2, 3, 8}) {
+    for (DType dt : kAllDTypes) {
+      for (const Case& c : Cases(dt, n)) {
+        auto plan = PlanOp(c.op, c.mesh);
+        ASSERT_TRUE(plan.ok()) << c.name << " n=" << n << ": " << plan.status();
+        const HostMembers h = MakeMembers(*plan, 3);
+        RunOnCpu(*plan, h, false);
+        if (plan->in_bytes == plan->out_bytes) RunOnCpu(*plan, h, true);
+        ++planned;
+      }
+    }
+  }
+  for (const Case& c : ManyMemberCases()) {
+    auto plan = PlanOp(c.op, c.mesh);
+    ASSERT_TRUE(plan.ok()) << c.name << ": " << plan.status();
+    RunOnCpu(*plan, MakeMembers(*plan, 4), false);
+  }
+  EXPECT_GT(planned, 500);
 }
 
 TEST_F(CudaLayoutTest, AllGatherAndAllToAllSourcesMatchCpuExecutor) {
@@ -625,10 +671,8 @@ TEST_F(CudaGpuTest, EveryOpAndDtypeMatchesCpuExecutor) {
 
 // More members than the kernel parameters carry (device pointer tables).
 TEST_F(CudaGpuTest, ManyMembersUseDeviceTables) {
-  for (auto kind : {v1::PSUM, v1::ALL_GATHER, v1::ALL_TO_ALL}) {
-    const int n = 72;
-    auto op = Spec(kind, DType::kF32, {kind == v1::ALL_TO_ALL ? int64_t{n} : 33}, {"i"});
-    auto plan = PlanOp(op, MeshShape{{"i"}, {n}});
+  for (const Case& c : ManyMemberCases()) {
+    auto plan = PlanOp(c.op, c.mesh);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const HostMembers h = MakeMembers(*plan, 5);
     const auto want = RunOnCpu(*plan, h, false);
