@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/core/op_plan.h"
@@ -679,6 +680,22 @@ TEST_F(CudaGpuTest, ManyMembersUseDeviceTables) {
     const auto got = RunOnGpu(*plan, h, false, nullptr);
     EXPECT_EQ(want, got) << plan->signature;
   }
+}
+
+// Run from several threads at once (ops on the same device serialize).
+TEST_F(CudaGpuTest, ConcurrentRuns) {
+  auto plan = PlanOp(Spec(v1::PSUM, DType::kF32, {4099}, {"i"}), MeshShape{{"i"}, {3}});
+  ASSERT_TRUE(plan.ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int iter = 0; iter < 10; ++iter) {
+        const HostMembers h = MakeMembers(*plan, 1000 * t + iter);
+        EXPECT_EQ(RunOnGpu(*plan, h, iter % 2 == 1, nullptr), RunOnCpu(*plan, h, iter % 2 == 1));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
 }
 
 TEST_F(CudaGpuTest, MembersOnDifferentGpusAreUnimplemented) {
