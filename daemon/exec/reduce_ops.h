@@ -11,7 +11,9 @@
 //    rules (an operation with one NaN operand gives it quieted, sign and
 //    payload kept; with two, the first operand's; inf + -inf and 0 * inf give
 //    the default NaN 0xffc00000 / 0xfff8000000000000, sign set). The
-//    functions are plain `+` and `*`, so the compiler vectorizes them.
+//    functions are plain `+` and `*`, so the compiler vectorizes them. (On
+//    AArch64 the FPU's own NaN rules apply: its default NaN, for inf + -inf,
+//    has the sign clear.)
 //  - SoftwareEnv: any IEEE 754 binary32/binary64 arithmetic that rounds to
 //    nearest even with gradual underflow, whatever its NaN results (a CUDA
 //    GPU without -ftz and -fmad, which gives the canonical NaN 0x7fffffff for
