@@ -74,9 +74,8 @@ namespace collectived {
 //  Reduce/ReduceTo set the mode on the calling thread for the duration of
 //  the call and restore the caller's before returning (MXCSR FTZ|DAZ on x86,
 //  FPCR.FZ on AArch64), whichever thread runs them. Elsewhere the kernels
-//  flush in software, which gives the same bits except for a mean product
-//  within half an ulp below the smallest normal (rounded up to it instead of
-//  flushed).
+//  flush in software, with the same bits (reduce_ops.h, which also holds the
+//  per-element rules above, shared with the CUDA kernels).
 // `out` may be exactly one of the inputs (same pointer, in place); it must not
 // otherwise overlap them.
 void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,

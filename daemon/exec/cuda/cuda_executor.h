@@ -1,0 +1,66 @@
+// CudaExecutor: runs collectives on GPU memory, every member on one GPU.
+//
+// Results are bit-identical to CpuExecutor's (and so to JAX/XLA on CPU): the
+// reductions compute each element from the identity with the members in
+// group order, with the element-wise rules of reduce_ops.h in software
+// (SoftwareEnv: flush-to-zero, x86's NaN results). Data movement lays data
+// out as CpuExecutor does. Members on different GPUs need NCCL, which is not
+// built yet (UNIMPLEMENTED).
+//
+// Run enqueues the op on one stream per device and synchronizes before it
+// returns (every output is written). In-place data movement (ppermute,
+// broadcast, all_to_all with out == in) and in-place results wider than the
+// input stage through device scratch memory (stream-ordered allocations).
+// Every CUDA error becomes an absl::Status naming the call.
+//
+// Without a driver or a device (cudart is linked statically: no libcuda at
+// link time) IsViable() is false and WhyNotViable() says why.
+//
+// Thread-safety: Run may be called concurrently; ops on the same device are
+// serialized by that device's mutex.
+#ifndef COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
+#define COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/exec/executor.h"
+
+namespace collectived {
+
+class CudaExecutor final : public Executor {
+ public:
+  // Probes the devices (cudaGetDeviceCount); creates nothing on them yet.
+  CudaExecutor();
+  ~CudaExecutor() override;
+  CudaExecutor(const CudaExecutor&) = delete;
+  CudaExecutor& operator=(const CudaExecutor&) = delete;
+
+  absl::string_view name() const override { return "cuda"; }
+  absl::string_view buffer_kind() const override { return "cuda"; }
+  bool IsViable() const override { return device_count_ > 0; }
+  std::string WhyNotViable() const override { return why_not_; }
+  absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                   Traffic* traffic = nullptr) override;
+  // The GPU does the data-parallel work; one host thread drives it.
+  int threads() const override { return 1; }
+
+  // GPUs found (0 when not viable).
+  int device_count() const { return device_count_; }
+
+ private:
+  struct Device;
+
+  int device_count_ = 0;
+  std::string why_not_;
+  // One per GPU, created with the executor; each holds its stream (created on
+  // first use) and the mutex that serializes ops on it.
+  std::vector<std::unique_ptr<Device>> devices_;
+};
+
+std::unique_ptr<Executor> MakeCudaExecutor();
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
