@@ -32,7 +32,9 @@
 // DeviceToHost), Device(member) spreads members over the visible GPUs
 // (member % cudaGetDeviceCount()), and MakeExecutor returns the CUDA
 // executor; Run must have finished writing when it returns, as for the CPU.
-// Build that file only when COLLECTIVED_WITH_CUDA is on.
+// Build that file only when COLLECTIVED_WITH_CUDA is on, into a test binary
+// that links collectived_core and collectived_integration_sweep (as
+// collectived_unit_tests does, tests/CMakeLists.txt) and the CUDA runtime.
 //
 // The cases: every op kind on every dtype, in place and out of place, over
 // every axis choice of one- and two-axis meshes (groups), checked bit for
