@@ -586,23 +586,45 @@ class ClientImpl {
     return absl::InternalError(absl::StrCat("unexpected side-socket reply: ", reply->data));
   }
 
-  absl::StatusOr<Buffer> Allocate(size_t bytes) {
+  absl::StatusOr<Buffer> Allocate(size_t bytes, std::string_view device) {
     grpc::ClientContext ctx;
     SetDeadline(ctx, options_.rpc_timeout);
     v1::AllocateBufferRequest req;
     req.set_session_id(session_id_);
     req.set_size_bytes(static_cast<int64_t>(bytes));
+    req.set_device(std::string(device));
     v1::AllocateBufferResponse resp;
     if (auto st = Answered(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
-    const std::string& id = resp.buffer().buffer_id();
-    auto mapped = MapBuffer(id, static_cast<size_t>(resp.buffer().size_bytes()));
+    const v1::BufferInfo& info = resp.buffer();
+    const std::string& id = info.buffer_id();
+    // Daemons from before devices send no device: their buffers are host memory.
+    const std::string placed = info.device().empty() ? "cpu" : info.device();
+    if (!info.kind().empty() && info.kind() != "memfd") {
+      // Only host memory maps with mmap; importing GPU memory needs CUDA.
+      // Free it in the daemon now rather than hold it unused until the
+      // session ends; no descriptor was fetched, so nothing is open here.
+      Buffer unmapped(id, nullptr, 0, placed);
+      absl::Status freed = Free(unmapped);
+      std::string message =
+          info.kind() == "cuda"
+              ? absl::StrCat("mapping CUDA buffers needs the SDK built with CUDA (device ", placed,
+                             ")")
+              : absl::StrCat("this SDK cannot map buffers of kind '", info.kind(), "' (device ",
+                             placed, ")");
+      if (!freed.ok()) {
+        absl::StrAppend(&message, "; freeing the buffer in the daemon failed (", freed.ToString(),
+                        "): the daemon frees it when this session closes");
+      }
+      return absl::UnimplementedError(message);
+    }
+    auto mapped = MapBuffer(id, static_cast<size_t>(info.size_bytes()));
     if (!mapped.ok()) {
       // Not usable here: release it in the daemon too (best effort).
-      Buffer unmapped(id, nullptr, 0);
+      Buffer unmapped(id, nullptr, 0, placed);
       Free(unmapped).IgnoreError();
       return mapped.status();
     }
-    return Buffer(id, *mapped, static_cast<size_t>(resp.buffer().size_bytes()));
+    return Buffer(id, *mapped, static_cast<size_t>(info.size_bytes()), placed);
   }
 
   // Fetches buffer `id`'s descriptor on the side socket and maps it.
@@ -834,7 +856,8 @@ class ClientImpl {
 Buffer::~Buffer() { Reset(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : id_(std::move(other.id_)), data_(other.data_), size_(other.size_) {
+    : id_(std::move(other.id_)), data_(other.data_), size_(other.size_),
+      device_(std::move(other.device_)) {
   other.data_ = nullptr;
   other.size_ = 0;
 }
@@ -845,6 +868,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     id_ = std::move(other.id_);
     data_ = other.data_;
     size_ = other.size_;
+    device_ = std::move(other.device_);
     other.data_ = nullptr;
     other.size_ = 0;
   }
@@ -1073,7 +1097,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
 absl::StatusOr<std::unique_ptr<Mesh>> Client::JoinMesh(const MeshOptions& options) {
   return impl_->JoinMesh(options);
 }
-absl::StatusOr<Buffer> Client::Allocate(size_t bytes) { return impl_->Allocate(bytes); }
+absl::StatusOr<Buffer> Client::Allocate(size_t bytes) { return impl_->Allocate(bytes, ""); }
+absl::StatusOr<Buffer> Client::Allocate(size_t bytes, std::string_view device) {
+  return impl_->Allocate(bytes, device);
+}
 absl::Status Client::Free(Buffer& buffer) { return impl_->Free(buffer); }
 const std::string& Client::session_id() const { return impl_->session_id(); }
 const std::string& Client::socket_path() const { return impl_->socket_path(); }

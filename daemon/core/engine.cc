@@ -1,6 +1,7 @@
 #include "daemon/core/engine.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -93,12 +94,55 @@ std::string DisplayId(const std::string& id) {
   return id.size() > 10 ? id.substr(0, 10) + "..." : id;
 }
 
-Engine::Engine(EngineOptions options, std::unique_ptr<Executor> executor)
+namespace {
+
+Backends HostBackends(std::unique_ptr<Executor> executor) {
+  Backends b;
+  b.allocators.push_back(MakeMemfdAllocator());
+  if (executor) b.executors.push_back(std::move(executor));
+  return b;
+}
+
+// How errors name a kind of memory.
+std::string KindLabel(absl::string_view kind) {
+  if (kind == "memfd") return "host (memfd)";
+  if (kind == "cuda") return "CUDA";
+  return std::string(kind);
+}
+
+}  // namespace
+
+Engine::Engine(EngineOptions options, Backends backends)
     : options_(std::move(options)),
-      executor_(std::move(executor)),
+      backends_(std::move(backends)),
       started_(absl::Now()),
       timer_(std::make_unique<DeadlineTimer>()),
-      runners_(std::make_unique<ThreadPool>(options_.runner_threads)) {}
+      runners_(std::make_unique<ThreadPool>(options_.runner_threads)) {
+  for (const auto& a : backends_.allocators) allocators_.emplace(std::string(a->kind()), a.get());
+  for (const auto& e : backends_.executors) {
+    executors_.emplace(std::string(e->buffer_kind()), e.get());
+  }
+}
+
+Engine::Engine(EngineOptions options, std::unique_ptr<Executor> executor)
+    : Engine(std::move(options), HostBackends(std::move(executor))) {}
+
+Executor* Engine::ExecutorFor(absl::string_view kind) const {
+  auto it = executors_.find(kind);
+  return it == executors_.end() ? nullptr : it->second;
+}
+
+std::string Engine::NoAllocatorReason(absl::string_view kind) const {
+  auto it = backends_.unusable_allocators.find(std::string(kind));
+  return it != backends_.unusable_allocators.end() ? it->second
+                                                    : std::string("none was configured");
+}
+
+std::string Engine::NoExecutorReason(absl::string_view kind) const {
+  auto it = backends_.unusable_executors.find(std::string(kind));
+  return it != backends_.unusable_executors.end() ? it->second
+                                                   : std::string("none was configured");
+}
 
 Engine::~Engine() {
   Shutdown("daemon stopped");
@@ -657,12 +701,31 @@ absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session_id,
-                                                      int64_t size_bytes) {
+                                                      int64_t size_bytes,
+                                                      const std::string& device) {
+  auto spec = ParseDevice(device);
+  BufferAllocator* allocator = nullptr;
+  const bool gpu = spec.ok() && spec->kind != DeviceSpec::Kind::kCpu;
+  // Whether `bytes` more fit in the session's host or GPU quota.
+  auto fits = [&](const Session& s, uint64_t bytes) {
+    const uint64_t held = gpu ? s.gpu_buffer_bytes : s.buffer_bytes;
+    const uint64_t limit =
+        gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session;
+    return held <= limit && bytes <= limit - held;
+  };
   {
     MutexLock lock(&mu_);
     auto s = GetSession(session_id);
     if (!s.ok()) return s.status();
     Session* session = *s;
+    if (!spec.ok()) return spec.status();
+    auto a = allocators_.find(spec->buffer_kind());
+    if (a == allocators_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device ", spec->ToString(), ": this daemon has no usable ",
+          KindLabel(spec->buffer_kind()), " allocator: ", NoAllocatorReason(spec->buffer_kind())));
+    }
+    allocator = a->second;
     if (size_bytes <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("size_bytes must be >= 1; got ", size_bytes));
@@ -676,29 +739,34 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
           "session has ", session->buffers.size(), " buffers; the limit is ",
           options_.max_buffers_per_session));
     }
-    if (session->buffer_bytes + static_cast<uint64_t>(size_bytes) >
-        options_.max_buffer_bytes_per_session) {
+    if (!fits(*session, static_cast<uint64_t>(size_bytes))) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "session holds ", session->buffer_bytes, " buffer bytes; ", size_bytes,
-          " more exceeds the limit of ", options_.max_buffer_bytes_per_session));
+          "session holds ", gpu ? session->gpu_buffer_bytes : session->buffer_bytes, " ",
+          gpu ? "GPU" : "host", " buffer bytes; ", size_bytes, " more exceeds the limit of ",
+          gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session));
     }
   }
   // Allocate outside the lock: faulting in pages takes time.
-  auto buffer = CreateMemfdBuffer(static_cast<size_t>(size_bytes));
+  auto buffer = allocator->Allocate(static_cast<size_t>(size_bytes), *spec);
   if (!buffer.ok()) return buffer.status();
+  if ((*buffer)->kind() != allocator->kind()) {
+    return absl::InternalError(absl::StrCat("the ", allocator->kind(), " allocator made a ",
+                                            (*buffer)->kind(), " buffer"));
+  }
   MutexLock lock(&mu_);
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
   if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session ||
-      session->buffer_bytes + (*buffer)->size() > options_.max_buffer_bytes_per_session) {
+      !fits(*session, (*buffer)->size())) {
     return absl::ResourceExhaustedError("buffer quota exceeded by concurrent allocations");
   }
   v1::BufferInfo info;
   info.set_buffer_id(RandomId("b-"));
   info.set_size_bytes(static_cast<int64_t>((*buffer)->size()));
   info.set_kind(std::string((*buffer)->kind()));
-  session->buffer_bytes += (*buffer)->size();
+  info.set_device((*buffer)->device());
+  (gpu ? session->gpu_buffer_bytes : session->buffer_bytes) += (*buffer)->size();
   session->buffers.emplace(info.buffer_id(), *std::move(buffer));
   return info;
 }
@@ -713,7 +781,8 @@ absl::Status Engine::FreeBuffer(const std::string& session_id, const std::string
   if (it == session->buffers.end()) {
     return absl::NotFoundError(absl::StrCat("buffer '", buffer_id, "' not found in this session"));
   }
-  session->buffer_bytes -= it->second->size();
+  (it->second->kind() == "memfd" ? session->buffer_bytes : session->gpu_buffer_bytes) -=
+      it->second->size();
   released = std::move(it->second);
   session->buffers.erase(it);
   return absl::OkStatus();
@@ -811,6 +880,15 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
         if (!st.ok()) return st;
         sub.out_buf = *out;
         sub.out_offset = static_cast<uint64_t>(op.output().offset());
+        // One member's op runs on one kind of memory, on one device.
+        if (sub.out_buf->kind() != sub.in_buf->kind() ||
+            sub.out_buf->device() != sub.in_buf->device()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              OpKindName(plan->kind), ": the input buffer '", op.input().buffer_id(), "' is ",
+              sub.in_buf->kind(), " memory on ", sub.in_buf->device(), " but the output buffer '",
+              op.output().buffer_id(), "' is ", sub.out_buf->kind(), " memory on ",
+              sub.out_buf->device(), "; an op's input and output must be on the same device"));
+        }
         if (sub.out_buf == sub.in_buf) {
           const bool same = sub.out_offset == sub.in_offset && plan->out_bytes == plan->in_bytes;
           const bool disjoint = sub.out_offset >= sub.in_offset + plan->in_bytes ||
@@ -945,8 +1023,54 @@ void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
     op.verdict = absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " on mesh '", mesh.name, "' does not match across members: ",
         absl::StrJoin(parts, " while ")));
+  } else {
+    op.verdict = CheckMemory(mesh, op);
   }
   MaybeStartNext(mesh, cbs);
+}
+
+absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
+  // Ops without buffers (barriers, empty arrays) run on the host executor.
+  std::string kind = "memfd";
+  // "<kind> buffers on <device>" -> member indices, and the kinds seen.
+  std::vector<std::pair<std::string, std::vector<int>>> places;
+  std::set<std::string> kinds;
+  for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
+    const Submission& sub = *op.subs[i];
+    if (!sub.in_buf) continue;
+    kind = std::string(sub.in_buf->kind());
+    kinds.insert(kind);
+    const std::string place = absl::StrCat(kind, " buffers on ", sub.in_buf->device());
+    auto it = std::find_if(places.begin(), places.end(),
+                           [&](const auto& p) { return p.first == place; });
+    if (it == places.end()) {
+      places.push_back({place, {i}});
+    } else {
+      it->second.push_back(i);
+    }
+  }
+  if (kinds.size() > 1) {
+    std::stable_sort(places.begin(), places.end(),
+                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+    std::vector<std::string> parts;
+    for (const auto& [place, members] : places) {
+      parts.push_back(absl::StrCat(members.size() == 1 ? "member " : "members ",
+                                   absl::StrJoin(members, ","),
+                                   members.size() == 1 ? " has " : " have ", place));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " on mesh '", mesh.name, "' mixes kinds of memory across members: ",
+        absl::StrJoin(parts, " while "),
+        "; every member's buffers of one op must be the same kind of memory (",
+        absl::StrJoin(kinds, " or "), ")"));
+  }
+  if (ExecutorFor(kind) == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " on mesh '", mesh.name, "' runs on ", kind,
+        " buffers, but this daemon has no usable ", KindLabel(kind),
+        " executor: ", NoExecutorReason(kind)));
+  }
+  return absl::OkStatus();
 }
 
 void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
@@ -966,21 +1090,26 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   auto plan = op.subs[0]->plan;
   std::vector<MemberIo> io(op.subs.size());
   std::vector<std::shared_ptr<SharedBuffer>> keep;
+  // Every member's buffers are of this kind (CheckMemory).
+  absl::string_view kind = "memfd";
   for (size_t i = 0; i < op.subs.size(); ++i) {
     const Submission& sub = *op.subs[i];
     if (sub.in_buf) {
       io[i].in = static_cast<const uint8_t*>(sub.in_buf->data()) + sub.in_offset;
       io[i].out = static_cast<uint8_t*>(sub.out_buf->data()) + sub.out_offset;
+      io[i].device = sub.in_buf->device_ordinal();
+      kind = sub.in_buf->kind();
       keep.push_back(sub.in_buf);
       keep.push_back(sub.out_buf);
     }
   }
+  Executor* executor = ExecutorFor(kind);
   std::string mesh_id = mesh.id;
   int64_t seq = op.sequence;
-  auto run = [this, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+  auto run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
     const int64_t started_ns = fastq::MonotonicNs();
     Traffic traffic;
-    absl::Status status = executor_->Run(*plan, io, &traffic);
+    absl::Status status = executor->Run(*plan, io, &traffic);
     OnOpFinished(mesh_id, seq, status, started_ns, traffic);
   };
   // Not inline while an inline op runs on this thread: OnOpFinished starts
@@ -1123,6 +1252,18 @@ void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration t
 // Diagnostics and shutdown
 // ---------------------------------------------------------------------------
 
+void Engine::CountByDevice(const Session& s,
+                           std::map<std::string, v1::DeviceBufferStats>& by_device) {
+  for (const auto& [id, buffer] : s.buffers) {
+    const std::string device = buffer->device();
+    v1::DeviceBufferStats& d = by_device[device];
+    d.set_device(device);
+    d.set_kind(std::string(buffer->kind()));
+    d.set_buffers(d.buffers() + 1);
+    d.set_buffer_bytes(d.buffer_bytes() + static_cast<int64_t>(buffer->size()));
+  }
+}
+
 v1::ListSessionsResponse Engine::ListSessions() {
   MutexLock lock(&mu_);
   v1::ListSessionsResponse resp;
@@ -1134,7 +1275,10 @@ v1::ListSessionsResponse Engine::ListSessions() {
     info->set_uid(s->uid);
     info->set_attached(s->attached);
     info->set_buffers(static_cast<int32_t>(s->buffers.size()));
-    info->set_buffer_bytes(static_cast<int64_t>(s->buffer_bytes));
+    info->set_buffer_bytes(static_cast<int64_t>(s->buffer_bytes + s->gpu_buffer_bytes));
+    std::map<std::string, v1::DeviceBufferStats> by_device;
+    CountByDevice(*s, by_device);
+    for (const auto& [device, d] : by_device) *info->add_buffers_by_device() = d;
     for (const auto& [mesh_id, index] : s->meshes) info->add_mesh_ids(mesh_id);
     info->set_ops_submitted(s->ops_submitted);
   }
@@ -1188,9 +1332,11 @@ v1::GetStatsResponse Engine::GetStats() {
   resp.set_sessions(static_cast<int32_t>(sessions_.size()));
   resp.set_meshes(static_cast<int32_t>(meshes_.size()));
   int64_t buffers = 0, bytes = 0;
+  std::map<std::string, v1::DeviceBufferStats> by_device;
   for (const auto& [id, s] : sessions_) {
     buffers += static_cast<int64_t>(s->buffers.size());
-    bytes += static_cast<int64_t>(s->buffer_bytes);
+    bytes += static_cast<int64_t>(s->buffer_bytes + s->gpu_buffer_bytes);
+    CountByDevice(*s, by_device);
   }
   resp.set_buffers(static_cast<int32_t>(buffers));
   resp.set_buffer_bytes(bytes);
@@ -1209,7 +1355,9 @@ v1::GetStatsResponse Engine::GetStats() {
   }
   resp.set_ops_completed(completed);
   resp.set_ops_failed(failed);
-  resp.set_executor_threads(executor_->threads());
+  Executor* host = ExecutorFor("memfd");
+  resp.set_executor_threads(host != nullptr ? host->threads() : 0);
+  for (const auto& [device, d] : by_device) *resp.add_buffers_by_device() = d;
   return resp;
 }
 

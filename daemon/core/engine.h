@@ -27,6 +27,7 @@
 #include "common/sync.h"
 #include "absl/time/time.h"
 #include "collectived/v1/collective.pb.h"
+#include "daemon/core/backends.h"
 #include "daemon/core/op_plan.h"
 #include "daemon/core/timer.h"
 #include "daemon/exec/executor.h"
@@ -50,7 +51,10 @@ struct EngineOptions {
   int max_meshes = 1024;
   int max_mesh_members = 4096;
   int max_buffers_per_session = 4096;
+  // Buffer bytes one session may hold in host memory (memfd buffers) and,
+  // counted apart, in GPU memory (every other kind, all GPUs together).
   uint64_t max_buffer_bytes_per_session = uint64_t{64} << 30;
+  uint64_t max_gpu_buffer_bytes_per_session = uint64_t{64} << 30;
   uint64_t max_buffer_size = uint64_t{16} << 30;
   // Completed ops kept per session for Wait.
   int max_retained_ops = 4096;
@@ -91,6 +95,10 @@ using OpDone = std::function<void(const OpOutcome&)>;
 
 class Engine {
  public:
+  // Runs on `backends`: the viable allocators and executors (see
+  // daemon/core/backends.h; the engine does not ask them again).
+  Engine(EngineOptions options, Backends backends);
+  // Host memory only: the memfd allocator and `executor`.
   Engine(EngineOptions options, std::unique_ptr<Executor> executor);
   // Fails everything still pending (see Shutdown) and joins the threads.
   ~Engine();
@@ -116,8 +124,15 @@ class Engine {
                                             const std::string& mesh_name,
                                             const std::string& scope = "");
 
+  // A zero-filled buffer on `device` (ParseDevice's forms; "" is "cpu").
+  // INVALID_ARGUMENT for a malformed device or size, FAILED_PRECONDITION
+  // when this daemon has no usable allocator for the device's kind of
+  // memory, RESOURCE_EXHAUSTED past a quota (host and GPU bytes are counted
+  // apart), and what the allocator says (e.g. NOT_FOUND for a GPU that does
+  // not exist). A failed call changes nothing.
   absl::StatusOr<v1::BufferInfo> AllocateBuffer(const std::string& session_id,
-                                                int64_t size_bytes);
+                                                int64_t size_bytes,
+                                                const std::string& device = "");
   absl::Status FreeBuffer(const std::string& session_id, const std::string& buffer_id);
   // The buffer, for passing its descriptor to the owning session's process.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> GetBuffer(const std::string& session_id,
@@ -164,7 +179,9 @@ class Engine {
     bool attached = false;
     DeadlineTimer::TimerId attach_timer = 0;
     absl::flat_hash_map<std::string, std::shared_ptr<SharedBuffer>> buffers;
+    // Bytes of its host (memfd) buffers and, apart, of its GPU buffers.
     uint64_t buffer_bytes = 0;
+    uint64_t gpu_buffer_bytes = 0;
     // Mesh id -> member index.
     std::map<std::string, int> meshes;
     int64_t next_op_id = 1;
@@ -259,10 +276,27 @@ class Engine {
   v1::MeshInfo MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when the members' buffers of a matched op are of one kind of memory
+  // and a usable executor runs on it; else the FAILED_PRECONDITION every
+  // member gets.
+  absl::Status CheckMemory(const Mesh& mesh, const PendingOp& op) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The executor of buffers of `kind` ("memfd" for ops without buffers), or
+  // nullptr.
+  Executor* ExecutorFor(absl::string_view kind) const;
+  // Why there is no usable allocator / executor for `kind`.
+  std::string NoAllocatorReason(absl::string_view kind) const;
+  std::string NoExecutorReason(absl::string_view kind) const;
+  // Adds the session's buffers to `by_device` (keyed by device).
+  static void CountByDevice(const Session& s,
+                            std::map<std::string, v1::DeviceBufferStats>& by_device);
   static void Run(Callbacks& cbs);
 
   const EngineOptions options_;
-  const std::unique_ptr<Executor> executor_;
+  // Owns the backends; the maps index them by buffer kind.
+  const Backends backends_;
+  std::map<std::string, BufferAllocator*, std::less<>> allocators_;
+  std::map<std::string, Executor*, std::less<>> executors_;
   const absl::Time started_;
 
   Mutex mu_;

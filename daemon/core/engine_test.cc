@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "daemon/exec/cpu_executor.h"
+#include "daemon/memory/buffer_allocator.h"
+#include "tests/fakes/fake_gpu.h"
 
 namespace collectived {
 namespace {
@@ -48,6 +50,10 @@ class EngineTest : public ::testing::Test {
     engine_.reset();
     engine_ = std::make_unique<Engine>(
         options, std::make_unique<CpuExecutor>(CpuExecutorOptions{.threads = 2, .chunk_bytes = 256}));
+  }
+  void Start(EngineOptions options, Backends backends) {
+    engine_.reset();
+    engine_ = std::make_unique<Engine>(options, std::move(backends));
   }
 
   std::string NewSession(const std::string& name = "member") {
@@ -91,9 +97,10 @@ class EngineTest : public ::testing::Test {
     return out;
   }
 
-  // A float32 buffer of `count` elements filled with `value`.
-  std::string Buffer(const std::string& session, size_t count, float value) {
-    auto info = engine_->AllocateBuffer(session, static_cast<int64_t>(count * 4));
+  // A float32 buffer of `count` elements filled with `value`, on `device`.
+  std::string Buffer(const std::string& session, size_t count, float value,
+                     const std::string& device = "") {
+    auto info = engine_->AllocateBuffer(session, static_cast<int64_t>(count * 4), device);
     EXPECT_TRUE(info.ok()) << info.status();
     auto buf = engine_->GetBuffer(session, info->buffer_id());
     float* p = static_cast<float*>((*buf)->data());
@@ -616,6 +623,241 @@ TEST_F(EngineTest, UnattachedSessionsExpire) {
   EXPECT_EQ(engine_->ListSessions().sessions_size(), 0);
   EXPECT_EQ(engine_->AttachSession(s->session_id(), s->attach_token(), 1, 0).code(),
             absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------
+// Backends: buffers on devices, the executor of each kind of memory.
+//
+// The fake GPU of tests/fakes/fake_gpu.h (host memory calling itself
+// "cuda") lets the engine's choices be checked without a GPU.
+
+TEST_F(EngineTest, BuffersLiveOnTheDeviceAskedForAndStatsSplitThemByDevice) {
+  FakeGpuExecutor* gpu = nullptr;
+  Start(EngineOptions{}, HostAndFakeGpu(&gpu));
+  std::string s = NewSession();
+  auto host = engine_->AllocateBuffer(s, 100);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->kind(), "memfd");
+  EXPECT_EQ(host->device(), "cpu");
+  auto cpu = engine_->AllocateBuffer(s, 4096, "cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_EQ(cpu->device(), "cpu");
+  auto g1 = engine_->AllocateBuffer(s, 8192, "cuda:1");
+  ASSERT_TRUE(g1.ok()) << g1.status();
+  EXPECT_EQ(g1->kind(), "cuda");
+  EXPECT_EQ(g1->device(), FakeGpuBuffer::FakeDevice(1));
+  EXPECT_EQ(g1->size_bytes(), 8192);
+  auto by_uuid = engine_->AllocateBuffer(s, 4096, "GPU-00000000-0000-0000-0000-000000000001");
+  EXPECT_EQ(by_uuid.status().code(), absl::StatusCode::kNotFound);  // the fake knows ordinals only
+  EXPECT_EQ(engine_->AllocateBuffer(s, 4096, "cuda:7").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->AllocateBuffer(s, 4096, "gpu7").status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto sessions = engine_->ListSessions();
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  const auto& info = sessions.sessions(0);
+  EXPECT_EQ(info.buffers(), 3);
+  EXPECT_EQ(info.buffer_bytes(), 4096 + 4096 + 8192);
+  ASSERT_EQ(info.buffers_by_device_size(), 2);
+  EXPECT_EQ(info.buffers_by_device(0).device(), "cpu");
+  EXPECT_EQ(info.buffers_by_device(0).kind(), "memfd");
+  EXPECT_EQ(info.buffers_by_device(0).buffers(), 2);
+  EXPECT_EQ(info.buffers_by_device(0).buffer_bytes(), 8192);
+  EXPECT_EQ(info.buffers_by_device(1).device(), FakeGpuBuffer::FakeDevice(1));
+  EXPECT_EQ(info.buffers_by_device(1).kind(), "cuda");
+  EXPECT_EQ(info.buffers_by_device(1).buffers(), 1);
+  EXPECT_EQ(info.buffers_by_device(1).buffer_bytes(), 8192);
+  auto stats = engine_->GetStats();
+  EXPECT_EQ(stats.buffers(), 3);
+  EXPECT_EQ(stats.buffer_bytes(), 16384);
+  ASSERT_EQ(stats.buffers_by_device_size(), 2);
+  EXPECT_EQ(stats.buffers_by_device(1).buffer_bytes(), 8192);
+  EXPECT_EQ(stats.executor_threads(), 1);  // the host executor's (threads = 1)
+
+  ASSERT_TRUE(engine_->FreeBuffer(s, g1->buffer_id()).ok());
+  EXPECT_EQ(engine_->GetStats().buffers_by_device_size(), 1);
+  EXPECT_EQ(engine_->GetStats().buffer_bytes(), 8192);
+}
+
+TEST_F(EngineTest, HostAndGpuBytesHaveSeparateQuotas) {
+  EngineOptions options;
+  options.max_buffer_bytes_per_session = 4096;
+  options.max_gpu_buffer_bytes_per_session = 8192;
+  Start(options, HostAndFakeGpu(nullptr));
+  std::string s = NewSession();
+  ASSERT_TRUE(engine_->AllocateBuffer(s, 4096).ok());
+  EXPECT_EQ(engine_->AllocateBuffer(s, 1).status().code(), absl::StatusCode::kResourceExhausted);
+  auto g = engine_->AllocateBuffer(s, 8192, "cuda:0");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto over = engine_->AllocateBuffer(s, 1, "cuda:1");
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(std::string(over.status().message()),
+            "session holds 8192 GPU buffer bytes; 1 more exceeds the limit of 8192");
+  ASSERT_TRUE(engine_->FreeBuffer(s, g->buffer_id()).ok());
+  EXPECT_TRUE(engine_->AllocateBuffer(s, 1, "cuda:1").ok());
+  EXPECT_EQ(engine_->AllocateBuffer(s, 1).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(EngineTest, GpuDeviceWithoutAGpuAllocatorIsRefusedSayingWhyAndChangesNothing) {
+  // The convenience constructor: host memory only, no reason recorded.
+  std::string s = NewSession();
+  auto r = engine_->AllocateBuffer(s, 4096, "cuda:0");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(r.status().message()),
+            "device cuda:0: this daemon has no usable CUDA allocator: none was configured");
+  // With the reason the daemon recorded at start.
+  Backends b;
+  b.allocators.push_back(MakeMemfdAllocator());
+  b.executors.push_back(std::make_unique<CpuExecutor>(CpuExecutorOptions{.threads = 1}));
+  b.unusable_allocators["cuda"] = "built without CUDA";
+  Start(EngineOptions{}, std::move(b));
+  s = NewSession();
+  r = engine_->AllocateBuffer(s, 4096, "GPU-ab12");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(std::string(r.status().message()),
+            "device cuda:GPU-ab12: this daemon has no usable CUDA allocator: built without CUDA");
+  r = engine_->AllocateBuffer(s, 4096, "gpu7");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("accepted: "), absl::string_view::npos) << r.status();
+  // A malformed device is refused before the size is looked at.
+  EXPECT_EQ(engine_->AllocateBuffer(s, 0, "cuda:x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->AllocateBuffer("s-nope", 4096, "cuda:0").status().code(),
+            absl::StatusCode::kNotFound);
+  auto sessions = engine_->ListSessions();
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  EXPECT_EQ(sessions.sessions(0).buffers(), 0);
+  EXPECT_EQ(sessions.sessions(0).buffers_by_device_size(), 0);
+  EXPECT_EQ(engine_->GetStats().buffers(), 0);
+}
+
+TEST_F(EngineTest, OpsRunOnTheExecutorOfTheirBuffersKindWithTheirDevices) {
+  FakeGpuExecutor* gpu = nullptr;
+  Start(EngineOptions{}, HostAndFakeGpu(&gpu));
+  auto members = FormMesh("gpu", 2);
+  std::vector<std::string> gpu_bufs, host_bufs;
+  for (int i = 0; i < 2; ++i) {
+    gpu_bufs.push_back(Buffer(members[i].first, 8, i + 1.0f, absl::StrCat("cuda:", 1 - i)));
+    host_bufs.push_back(Buffer(members[i].first, 8, i + 1.0f));
+  }
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, gpu_bufs[i], 8),
+                                false, done[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(done[i].Get().status.ok()) << done[i].Get().status;
+    EXPECT_EQ(Data(members[i].first, gpu_bufs[i])[7], 3.0f);
+  }
+  EXPECT_EQ(gpu->runs(), 1);
+  EXPECT_EQ(gpu->devices(), (std::vector<int>{1, 0}));
+  // Host buffers: the CPU executor.
+  std::vector<Result<OpOutcome>> host(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, host_bufs[i], 8),
+                                false, host[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(host[i].Get().status.ok()) << host[i].Get().status;
+    EXPECT_EQ(Data(members[i].first, host_bufs[i])[0], 3.0f);
+  }
+  EXPECT_EQ(gpu->runs(), 1);
+}
+
+TEST_F(EngineTest, MembersOnDifferentKindsOfMemoryFailEveryMemberAndTheMeshGoesOn) {
+  FakeGpuExecutor* gpu = nullptr;
+  Start(EngineOptions{}, HostAndFakeGpu(&gpu));
+  auto members = FormMesh("mix", 4);
+  std::vector<std::string> bufs, host_bufs;
+  for (int i = 0; i < 4; ++i) {
+    bufs.push_back(Buffer(members[i].first, 8, 1.0f, i == 1 ? "cuda:0" : i == 3 ? "cuda:1" : ""));
+    host_bufs.push_back(Buffer(members[i].first, 8, 1.0f));
+  }
+  std::vector<Result<OpOutcome>> done(4);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, bufs[i], 8), false,
+                                done[i].Callback()).ok());
+  }
+  for (int i = 0; i < 4; ++i) {
+    const OpOutcome& o = done[i].Get();
+    ASSERT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_EQ(std::string(o.status.message()),
+              absl::StrCat("op 0 on mesh 'mix' mixes kinds of memory across members: member 1 has "
+                           "cuda buffers on ", FakeGpuBuffer::FakeDevice(0),
+                           " while member 3 has cuda buffers on ", FakeGpuBuffer::FakeDevice(1),
+                           " while members 0,2 have memfd buffers on cpu; every member's buffers "
+                           "of one op must be the same kind of memory (cuda or memfd)"));
+    EXPECT_EQ(Data(members[i].first, bufs[i])[0], 1.0f) << "a failed op wrote data";
+  }
+  EXPECT_EQ(gpu->runs(), 0);
+  EXPECT_EQ(engine_->GetStats().ops_failed(), 1);
+  std::vector<Result<OpOutcome>> next(4);
+  for (int i = 0; i < 4; ++i) {
+    auto r = engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, host_bufs[i], 8),
+                             false, next[i].Callback());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->sequence(), 1);
+  }
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
+    EXPECT_EQ(Data(members[i].first, host_bufs[i])[7], 4.0f);
+  }
+}
+
+TEST_F(EngineTest, BuffersWithoutAUsableExecutorFailEveryMemberSayingWhy) {
+  Start(EngineOptions{}, HostAndFakeGpu(nullptr));  // a GPU allocator, no GPU executor
+  auto members = FormMesh("noexec", 2);
+  std::vector<std::string> bufs, host_bufs;
+  for (int i = 0; i < 2; ++i) {
+    bufs.push_back(Buffer(members[i].first, 8, 1.0f, "cuda:0"));
+    host_bufs.push_back(Buffer(members[i].first, 8, 1.0f));
+  }
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PMAX, bufs[i], 8), false,
+                                done[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    const OpOutcome& o = done[i].Get();
+    ASSERT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_EQ(std::string(o.status.message()),
+              "op 0 on mesh 'noexec' runs on cuda buffers, but this daemon has no usable CUDA "
+              "executor: no CUDA driver: libcuda.so.1 not found");
+  }
+  std::vector<Result<OpOutcome>> next(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, host_bufs[i], 8),
+                                false, next[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
+}
+
+TEST_F(EngineTest, InputAndOutputOnDifferentDevicesAreRefusedAtSubmit) {
+  Start(EngineOptions{}, HostAndFakeGpu(nullptr));
+  auto members = FormMesh("split", 1);
+  const auto& [s, mesh] = members[0];
+  std::string host = Buffer(s, 8, 1.0f);
+  std::string gpu0 = Buffer(s, 8, 1.0f, "cuda:0");
+  std::string gpu1 = Buffer(s, 8, 1.0f, "cuda:1");
+  auto op = Op(mesh, v1::PSUM, host, 8);
+  op.mutable_output()->set_buffer_id(gpu0);
+  auto r = engine_->Submit(s, op, false, [](const OpOutcome&) { ADD_FAILURE() << "ran"; });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(r.status().message()),
+            absl::StrCat("psum: the input buffer '", host, "' is memfd memory on cpu but the output "
+                         "buffer '", gpu0, "' is cuda memory on ", FakeGpuBuffer::FakeDevice(0),
+                         "; an op's input and output must be on the same device"));
+  op = Op(mesh, v1::PSUM, gpu0, 8);
+  op.mutable_output()->set_buffer_id(gpu1);
+  EXPECT_EQ(engine_->Submit(s, op, false, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Nothing changed: the next op is still op 0.
+  Result<OpOutcome> done;
+  auto ok = engine_->Submit(s, Op(mesh, v1::PSUM, host, 8), false, done.Callback());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->sequence(), 0);
+  EXPECT_TRUE(done.Get().status.ok());
 }
 
 }  // namespace

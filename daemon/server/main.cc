@@ -31,6 +31,7 @@
 #include "common/unix_socket.h"
 #include "daemon/core/engine.h"
 #include "daemon/exec/cpu_executor.h"
+#include "daemon/server/backends.h"
 #include "daemon/server/health.h"
 #include "daemon/server/service.h"
 #include "daemon/server/fast_path.h"
@@ -90,7 +91,10 @@ ABSL_FLAG(int, max_sessions, 1024, "Most sessions at once.");
 ABSL_FLAG(int, max_meshes, 1024, "Most meshes at once.");
 ABSL_FLAG(int, max_buffers_per_session, 4096, "Most buffers one session may hold.");
 ABSL_FLAG(int64_t, max_buffer_bytes_per_session, int64_t{64} << 30,
-          "Most buffer bytes one session may hold.");
+          "Most host-memory buffer bytes one session may hold.");
+ABSL_FLAG(int64_t, max_gpu_buffer_bytes_per_session, int64_t{64} << 30,
+          "Most GPU-memory buffer bytes one session may hold (all GPUs together; counted "
+          "apart from host memory).");
 ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30, "Largest single buffer.");
 
 namespace collectived {
@@ -239,13 +243,20 @@ int Main(int argc, char** argv) {
   options.max_buffers_per_session = absl::GetFlag(FLAGS_max_buffers_per_session);
   options.max_buffer_bytes_per_session =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffer_bytes_per_session));
+  options.max_gpu_buffer_bytes_per_session =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_max_gpu_buffer_bytes_per_session));
   options.max_buffer_size = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffer_bytes));
   options.inline_op_bytes =
       static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_op_bytes)));
   CpuExecutorOptions exec_options;
   exec_options.threads = absl::GetFlag(FLAGS_threads);
   exec_options.chunk_bytes = static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));
-  auto engine = std::make_unique<Engine>(options, std::make_unique<CpuExecutor>(exec_options));
+  // The candidate backends; each says at start whether it can run here (one
+  // log line each) and the unviable ones are dropped.
+  Backends candidates;
+  AddCpuBackends(candidates, exec_options);
+  AddCudaBackends(candidates);
+  auto engine = std::make_unique<Engine>(options, SelectViable(std::move(candidates)));
 
   FastPathOptions fast_options;
   fast_options.spin = absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_fast_path_spin_us)));

@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,9 @@ class Buffer {
   const std::string& id() const { return id_; }
   void* data() const { return data_; }
   size_t size() const { return size_; }
+  // The device holding the memory, as the daemon names it: "cpu" for host
+  // memory (every buffer this SDK maps today), "cuda:GPU-<uuid>" for a GPU.
+  const std::string& device() const { return device_; }
   bool valid() const { return data_ != nullptr; }
   // The whole buffer as elements of T.
   template <typename T>
@@ -98,12 +102,14 @@ class Buffer {
 
  private:
   friend class ClientImpl;
-  Buffer(std::string id, void* data, size_t size) : id_(std::move(id)), data_(data), size_(size) {}
+  Buffer(std::string id, void* data, size_t size, std::string device)
+      : id_(std::move(id)), data_(data), size_(size), device_(std::move(device)) {}
   void Reset();
 
   std::string id_;
   void* data_ = nullptr;
   size_t size_ = 0;
+  std::string device_;
 };
 
 // A typed, shaped view of part of a buffer: what a collective reads or
@@ -355,8 +361,16 @@ class Client {
   // Joins (or creates) a mesh; returns when every member joined, or fails at
   // options.join_timeout naming the missing coordinates.
   absl::StatusOr<std::unique_ptr<Mesh>> JoinMesh(const MeshOptions& options);
-  // Allocates a zeroed shared buffer of at least `bytes` bytes.
+  // Allocates a zeroed shared buffer of at least `bytes` bytes of host
+  // memory (device "cpu").
   absl::StatusOr<Buffer> Allocate(size_t bytes);
+  // The same on `device`: "" or "cpu" (host memory), "cuda:N" (a GPU by the
+  // daemon's ordinal), "cuda:GPU-<uuid>" or "GPU-<uuid>" (a GPU by UUID).
+  // INVALID_ARGUMENT for another name, FAILED_PRECONDITION (saying why) when
+  // the daemon cannot allocate that kind of memory. This SDK maps host memory
+  // only: a GPU buffer is freed in the daemon again and the call returns
+  // UNIMPLEMENTED ("mapping CUDA buffers needs the SDK built with CUDA").
+  absl::StatusOr<Buffer> Allocate(size_t bytes, std::string_view device);
   // Frees a buffer in the daemon and unmaps it here.
   absl::Status Free(Buffer& buffer);
 

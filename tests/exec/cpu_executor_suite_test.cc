@@ -1,0 +1,52 @@
+// The executor suite (executor_suite.h) on the CPU executor, in host memory,
+// in three configurations: small work items on the pool (every op crosses
+// many chunks, no serial shortcut), the same writing every result with
+// streaming stores, and the daemon's defaults.
+#include <cstdlib>
+#include <cstring>
+
+#include "daemon/exec/cpu_executor.h"
+#include "tests/exec/executor_suite.h"
+
+namespace collectived::executor_suite {
+namespace {
+
+template <size_t kChunk, size_t kSerial, size_t kStream>
+struct CpuBackend {
+  static constexpr const char* kName = "cpu";
+  static std::unique_ptr<Executor> MakeExecutor() {
+    return std::make_unique<CpuExecutor>(CpuExecutorOptions{
+        .threads = 3, .chunk_bytes = kChunk, .serial_bytes = kSerial, .stream_bytes = kStream});
+  }
+  static absl::StatusOr<void*> Allocate(size_t bytes, int) {
+    // 64-byte aligned, as the daemon's page-aligned buffers are at offset 0.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
+    return p;
+  }
+  static void Free(void* p) { std::free(p); }
+  static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  static int Device(int) { return -1; }
+};
+
+constexpr size_t kDefaultChunk = CpuExecutorOptions{}.chunk_bytes;
+constexpr size_t kDefaultSerial = CpuExecutorOptions{}.serial_bytes;
+constexpr size_t kDefaultStream = CpuExecutorOptions{}.stream_bytes;
+
+using CpuChunked = CpuBackend<64, 0, kDefaultStream>;
+using CpuStreaming = CpuBackend<64, 0, 0>;
+using CpuDefaults = CpuBackend<kDefaultChunk, kDefaultSerial, kDefaultStream>;
+
+INSTANTIATE_TYPED_TEST_SUITE_P(CpuChunked, ExecutorSuite, CpuChunked);
+INSTANTIATE_TYPED_TEST_SUITE_P(CpuStreaming, ExecutorSuite, CpuStreaming);
+INSTANTIATE_TYPED_TEST_SUITE_P(CpuDefaults, ExecutorSuite, CpuDefaults);
+
+}  // namespace
+}  // namespace collectived::executor_suite

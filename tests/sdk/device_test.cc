@@ -1,0 +1,104 @@
+// The SDK against an in-process daemon whose engine has a fake GPU (host
+// memory calling itself "cuda", tests/fakes/fake_gpu.h): what Client::Allocate
+// does with a buffer it cannot map. A daemon built without CUDA never hands
+// out such a buffer, so this path is reachable only this way.
+//
+// Not in collectived_unit_tests: it runs gRPC in-process, which TSan builds
+// cannot check (Debian's gRPC is not instrumented).
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "collectived/client.h"
+#include "daemon/core/engine.h"
+#include "daemon/server/grpc_listener.h"
+#include "daemon/server/service.h"
+#include "daemon/server/side_channel.h"
+#include "tests/fakes/fake_gpu.h"
+
+namespace collectived {
+namespace {
+
+class SdkDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/collectived-sdk-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    socket_ = dir_ + "/d.sock";
+    EngineOptions options;
+    options.side_socket_path = socket_ + ".fds";
+    engine_ = std::make_unique<Engine>(options, HostAndFakeGpu(nullptr));
+    side_ = std::make_unique<SideChannel>(engine_.get(), nullptr);
+    ASSERT_TRUE(side_->Start(socket_ + ".fds").ok());
+    ASSERT_TRUE(listener_.Bind(socket_, 0600, -1).ok());
+    service_ = std::make_unique<CollectiveService>(engine_.get());
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    listener_.Start(server_.get());
+  }
+
+  void TearDown() override {
+    if (engine_) engine_->Shutdown("test over");
+    listener_.Stop();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (side_) side_->Stop();
+    server_.reset();
+    side_.reset();
+    engine_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  std::string dir_, socket_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<SideChannel> side_;
+  GrpcUnixListener listener_;
+  std::unique_ptr<CollectiveService> service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(SdkDeviceTest, GpuBufferIsFreedInTheDaemonAndRefusedAsUnimplemented) {
+  auto client = Client::Connect({.socket_path = socket_, .client_name = "sdk", .fast_path = false});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto gpu = (*client)->Allocate(4096, "cuda:1");
+  ASSERT_FALSE(gpu.ok());
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(std::string(gpu.status().message()),
+            absl::StrCat("mapping CUDA buffers needs the SDK built with CUDA (device ",
+                         FakeGpuBuffer::FakeDevice(1), ")"));
+  // Nothing is left behind in the daemon.
+  auto sessions = engine_->ListSessions();
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  EXPECT_EQ(sessions.sessions(0).buffers(), 0);
+  EXPECT_EQ(engine_->GetStats().buffers_by_device_size(), 0);
+
+  // Host memory maps as before, with either spelling, and says where it is.
+  for (const char* device : {"", "cpu"}) {
+    auto host = (*client)->Allocate(100, device);
+    ASSERT_TRUE(host.ok()) << host.status();
+    EXPECT_EQ(host->device(), "cpu");
+    EXPECT_GE(host->size(), 100u);
+    host->as<uint8_t>()[99] = 7;
+    ASSERT_TRUE((*client)->Free(*host).ok());
+  }
+  auto plain = (*client)->Allocate(8);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->device(), "cpu");
+  Buffer moved = std::move(*plain);
+  EXPECT_EQ(moved.device(), "cpu");
+
+  // Bad names and a GPU the daemon does not have: the daemon's answer.
+  EXPECT_EQ((*client)->Allocate(8, "gpu7").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->Allocate(8, "cuda:9").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->ListSessions().sessions(0).buffers(), 1);
+}
+
+}  // namespace
+}  // namespace collectived
