@@ -26,6 +26,9 @@
 #include "common/socket_path.h"
 #include "common/status_util.h"
 #include "common/unix_socket.h"
+#ifdef COLLECTIVED_HAVE_CUDA
+#include "client/src/cuda_import.h"
+#endif
 
 namespace collectived {
 
@@ -599,6 +602,9 @@ class ClientImpl {
     const std::string& id = info.buffer_id();
     // Daemons from before devices send no device: their buffers are host memory.
     const std::string placed = info.device().empty() ? "cpu" : info.device();
+#ifdef COLLECTIVED_HAVE_CUDA
+    if (info.kind() == "cuda") return ImportGpuBuffer(info, placed);
+#endif
     if (!info.kind().empty() && info.kind() != "memfd") {
       // Only host memory maps with mmap; importing GPU memory needs CUDA.
       // Free it in the daemon now rather than hold it unused until the
@@ -626,6 +632,32 @@ class ClientImpl {
     }
     return Buffer(id, *mapped, static_cast<size_t>(info.size_bytes()), placed);
   }
+
+#ifdef COLLECTIVED_HAVE_CUDA
+  // Fetches a GPU buffer's descriptor and imports it (cuda_import.h); on any
+  // failure the buffer is freed in the daemon again.
+  absl::StatusOr<Buffer> ImportGpuBuffer(const v1::BufferInfo& info, const std::string& placed) {
+    const std::string& id = info.buffer_id();
+    absl::StatusOr<std::unique_ptr<ImportedCudaBuffer>> imported =
+        absl::InternalError("daemon sent no descriptor for the buffer");
+    auto reply = SideRequest(absl::StrCat("FD ", id));
+    if (!reply.ok()) {
+      imported = reply.status();
+    } else if (reply->fd.valid()) {
+      imported = ImportCudaBuffer(reply->fd.release(), static_cast<size_t>(info.size_bytes()),
+                                  placed);
+    }
+    if (!imported.ok()) {
+      Buffer unmapped(id, nullptr, 0, placed);
+      Free(unmapped).IgnoreError();
+      return imported.status();
+    }
+    Buffer buffer(id, (*imported)->device_ptr(), static_cast<size_t>(info.size_bytes()), placed);
+    buffer.device_ordinal_ = (*imported)->device_ordinal();
+    buffer.gpu_mapping_ = std::shared_ptr<ImportedCudaBuffer>(std::move(*imported));
+    return buffer;
+  }
+#endif
 
   // Fetches buffer `id`'s descriptor on the side socket and maps it.
   absl::StatusOr<void*> MapBuffer(const std::string& id, size_t size) {
@@ -857,9 +889,11 @@ Buffer::~Buffer() { Reset(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : id_(std::move(other.id_)), data_(other.data_), size_(other.size_),
-      device_(std::move(other.device_)) {
+      device_(std::move(other.device_)), device_ordinal_(other.device_ordinal_),
+      gpu_mapping_(std::move(other.gpu_mapping_)) {
   other.data_ = nullptr;
   other.size_ = 0;
+  other.device_ordinal_ = -1;
 }
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
@@ -869,16 +903,24 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = other.data_;
     size_ = other.size_;
     device_ = std::move(other.device_);
+    device_ordinal_ = other.device_ordinal_;
+    gpu_mapping_ = std::move(other.gpu_mapping_);
     other.data_ = nullptr;
     other.size_ = 0;
+    other.device_ordinal_ = -1;
   }
   return *this;
 }
 
 void Buffer::Reset() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (gpu_mapping_ != nullptr) {
+    gpu_mapping_.reset();  // unmaps the GPU memory
+  } else if (data_ != nullptr) {
+    munmap(data_, size_);
+  }
   data_ = nullptr;
   size_ = 0;
+  device_ordinal_ = -1;
 }
 
 int64_t Array::num_elements() const {

@@ -69,10 +69,19 @@ TEST_F(SdkDeviceTest, GpuBufferIsFreedInTheDaemonAndRefusedAsUnimplemented) {
   ASSERT_TRUE(client.ok()) << client.status();
   auto gpu = (*client)->Allocate(4096, "cuda:1");
   ASSERT_FALSE(gpu.ok());
+#if COLLECTIVED_SDK_HAS_CUDA
+  // The CUDA SDK tries to import it: the stand-in GPU's descriptor is host
+  // memory on a GPU no driver knows, so the import fails (no driver here;
+  // no such UUID on a GPU host), and the buffer is freed all the same.
+  EXPECT_TRUE(gpu.status().code() == absl::StatusCode::kFailedPrecondition ||
+              gpu.status().code() == absl::StatusCode::kNotFound)
+      << gpu.status();
+#else
   EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(std::string(gpu.status().message()),
             absl::StrCat("mapping CUDA buffers needs the SDK built with CUDA (device ",
                          FakeGpuBuffer::FakeDevice(1), ")"));
+#endif
   // Nothing is left behind in the daemon.
   auto sessions = engine_->ListSessions();
   ASSERT_EQ(sessions.sessions_size(), 1);

@@ -88,11 +88,18 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   const std::string& id() const { return id_; }
+  // Host memory: the buffer's address in this process. GPU memory: its
+  // device address (a CUdeviceptr) on device_ordinal(), usable from CUDA
+  // kernels and copies in this process, not dereferenceable on the host.
   void* data() const { return data_; }
   size_t size() const { return size_; }
   // The device holding the memory, as the daemon names it: "cpu" for host
-  // memory (every buffer this SDK maps today), "cuda:GPU-<uuid>" for a GPU.
+  // memory, "cuda:GPU-<uuid>" for a GPU (GPU buffers need the SDK built with
+  // CUDA).
   const std::string& device() const { return device_; }
+  // A GPU buffer's CUDA device ordinal in this process (found by the GPU's
+  // UUID: ordinals differ between containers); -1 for host memory.
+  int device_ordinal() const { return device_ordinal_; }
   bool valid() const { return data_ != nullptr; }
   // The whole buffer as elements of T.
   template <typename T>
@@ -110,6 +117,10 @@ class Buffer {
   void* data_ = nullptr;
   size_t size_ = 0;
   std::string device_;
+  int device_ordinal_ = -1;
+  // GPU buffers: the imported mapping (unmapped when the last owner drops
+  // it); host buffers: empty, data_ is an mmap.
+  std::shared_ptr<void> gpu_mapping_;
 };
 
 // A typed, shaped view of part of a buffer: what a collective reads or
