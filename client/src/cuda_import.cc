@@ -34,22 +34,13 @@ absl::StatusOr<std::unique_ptr<ImportedCudaBuffer>> ImportCudaBuffer(int fd, siz
   if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("bad descriptor ", fd));
   if (size == 0) return absl::InvalidArgumentError("GPU buffer size must be > 0");
 
-  absl::StatusOr<const cuda::DriverApi*> api_or = cuda::RequireDevices();
-  if (!api_or.ok()) return api_or.status();
-  const cuda::DriverApi& api = **api_or;
   absl::StatusOr<int> ordinal = cuda::ResolveUuid(device);
   if (!ordinal.ok()) return ordinal.status();
-  if (absl::Status s = cuda::SetCurrentDevice(*ordinal); !s.ok()) return s;
-  CUdevice dev;
-  COLLECTIVED_CU_RETURN_IF_ERROR(api.cuDeviceGet(&dev, *ordinal));
-  CUuuid uuid;
-  COLLECTIVED_CU_RETURN_IF_ERROR(api.cuDeviceGetUuid(&uuid, dev));
-
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
-  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  absl::StatusOr<cuda::VmmDevice> vmm = cuda::OpenVmmDevice(*ordinal);
+  if (!vmm.ok()) return vmm.status();
+  const cuda::DriverApi& api = *vmm->api;
+  const CUdevice dev = vmm->dev;
+  const CUmemAllocationProp prop = vmm->prop;
   size_t granularity = 0;
   COLLECTIVED_CU_RETURN_IF_ERROR(
       api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
@@ -62,7 +53,7 @@ absl::StatusOr<std::unique_ptr<ImportedCudaBuffer>> ImportCudaBuffer(int fd, siz
   std::unique_ptr<ImportedCudaBuffer> b(new ImportedCudaBuffer);
   b->size_ = size;
   b->ordinal_ = *ordinal;
-  b->uuid_ = cuda::FormatUuid(uuid);
+  b->uuid_ = vmm->uuid;
   CUmemGenericAllocationHandle handle = 0;
   COLLECTIVED_CU_RETURN_IF_ERROR(api.cuMemImportFromShareableHandle(
       &handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),

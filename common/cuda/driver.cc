@@ -275,4 +275,22 @@ absl::Status SetCurrentDevice(int ordinal) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<VmmDevice> OpenVmmDevice(int ordinal) {
+  absl::StatusOr<const DriverApi*> api = RequireDevices();
+  if (!api.ok()) return api.status();
+  if (absl::Status s = SetCurrentDevice(ordinal); !s.ok()) return s;
+  VmmDevice d;
+  d.api = *api;
+  d.ordinal = ordinal;
+  COLLECTIVED_CU_RETURN_IF_ERROR(d.api->cuDeviceGet(&d.dev, ordinal));
+  CUuuid uuid;
+  COLLECTIVED_CU_RETURN_IF_ERROR(d.api->cuDeviceGetUuid(&uuid, d.dev));
+  d.uuid = FormatUuid(uuid);
+  d.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  d.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.prop.location.id = d.dev;
+  d.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return d;
+}
+
 }  // namespace collectived::cuda

@@ -136,6 +136,19 @@ absl::StatusOr<int> ResolveUuid(absl::string_view uuid);
 // process (as the CUDA runtime does), so buffers never outlive it.
 absl::Status SetCurrentDevice(int ordinal);
 
+// GPU `ordinal` made current for VMM work (SetCurrentDevice): its CUdevice,
+// its UUID ("GPU-...") and the allocation properties of the memory
+// collectived shares: pinned on that device, exportable as a POSIX file
+// descriptor. The exporter and the importer use the same properties.
+struct VmmDevice {
+  const DriverApi* api = nullptr;
+  int ordinal = -1;
+  CUdevice dev = 0;
+  std::string uuid;
+  CUmemAllocationProp prop = {};
+};
+absl::StatusOr<VmmDevice> OpenVmmDevice(int ordinal);
+
 }  // namespace collectived::cuda
 
 #endif  // COLLECTIVED_COMMON_CUDA_DRIVER_H_

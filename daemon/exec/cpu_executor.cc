@@ -103,41 +103,8 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
     default:
       return absl::UnimplementedError("cpu executor: unsupported op kind");
   }
-  if (traffic != nullptr) *traffic = Account(plan, staged);
+  if (traffic != nullptr) *traffic = AccountTraffic(plan, staged, staged);
   return absl::OkStatus();
-}
-
-Traffic CpuExecutor::Account(const OpPlan& plan, uint64_t staged) const {
-  Traffic t;
-  if (plan.kind == OpKind::kBarrier) return t;
-  const uint64_t members = plan.members();
-  // Inputs an op needs: all of them, except that a broadcast reads only its
-  // root's and a ppermute only its sources'.
-  uint64_t needed_inputs = members;
-  if (plan.kind == OpKind::kBroadcast) {
-    needed_inputs = plan.groups.size();
-  } else if (plan.kind == OpKind::kPpermute) {
-    uint64_t sources = 0;
-    for (int s : plan.perm_source) sources += s >= 0 ? 1 : 0;
-    needed_inputs = sources * plan.groups.size();
-  }
-  t.required = needed_inputs * plan.in_bytes + members * plan.out_bytes;
-  // What the algorithms below do: every needed input read once (ppermute and
-  // broadcast read a source once per destination), every output written
-  // once, plus the staging copies of in-place data movement (read and
-  // written once each).
-  uint64_t reads = needed_inputs * plan.in_bytes;
-  if (plan.kind == OpKind::kPpermute || plan.kind == OpKind::kBroadcast) {
-    uint64_t receivers = 0;
-    for (int d = 0; d < plan.group_size; ++d) {
-      const int s = plan.kind == OpKind::kBroadcast ? plan.root : plan.perm_source[d];
-      receivers += s >= 0 ? 1 : 0;
-    }
-    reads = receivers * plan.groups.size() * plan.in_bytes;
-  }
-  t.read = reads + staged;
-  t.written = members * plan.out_bytes + staged;
-  return t;
 }
 
 bool CpuExecutor::Streams(const OpPlan& plan) const {

@@ -47,8 +47,6 @@ class CpuExecutor final : public Executor {
   int threads() const override { return pool_->size() + 1; }
 
  private:
-  // What Run moved for `plan` (see Traffic), given the bytes staged.
-  Traffic Account(const OpPlan& plan, uint64_t staged) const;
   // Whether `plan` writes its results with streaming stores.
   bool Streams(const OpPlan& plan) const;
   // fn(0..n) for `plan`, on the pool unless the op is small.

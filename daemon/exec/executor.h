@@ -43,6 +43,39 @@ struct Traffic {
   uint64_t required = 0;
 };
 
+// The Traffic of an op that reads every input it needs once (ppermute and
+// broadcast: a source once per destination) and writes every output once,
+// plus `extra_read` / `extra_written` bytes of staging. What every executor
+// reports, so that their figures compare.
+inline Traffic AccountTraffic(const OpPlan& plan, uint64_t extra_read, uint64_t extra_written) {
+  Traffic t;
+  if (plan.kind == OpKind::kBarrier) return t;
+  const uint64_t members = plan.members();
+  // Inputs an op needs: all of them, except that a broadcast reads only its
+  // root's and a ppermute only its sources'.
+  uint64_t needed_inputs = members;
+  if (plan.kind == OpKind::kBroadcast) {
+    needed_inputs = plan.groups.size();
+  } else if (plan.kind == OpKind::kPpermute) {
+    uint64_t sources = 0;
+    for (int s : plan.perm_source) sources += s >= 0 ? 1 : 0;
+    needed_inputs = sources * plan.groups.size();
+  }
+  t.required = needed_inputs * plan.in_bytes + members * plan.out_bytes;
+  uint64_t reads = needed_inputs * plan.in_bytes;
+  if (plan.kind == OpKind::kPpermute || plan.kind == OpKind::kBroadcast) {
+    uint64_t receivers = 0;
+    for (int d = 0; d < plan.group_size; ++d) {
+      const int s = plan.kind == OpKind::kBroadcast ? plan.root : plan.perm_source[d];
+      receivers += s >= 0 ? 1 : 0;
+    }
+    reads = receivers * plan.groups.size() * plan.in_bytes;
+  }
+  t.read = reads + extra_read;
+  t.written = members * plan.out_bytes + extra_written;
+  return t;
+}
+
 class Executor {
  public:
   virtual ~Executor() = default;

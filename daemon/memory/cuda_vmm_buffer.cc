@@ -72,23 +72,13 @@ class CudaVmmAllocator final : public BufferAllocator {
       return absl::InvalidArgumentError(
           "the cuda allocator serves CUDA devices only (cuda:N or cuda:GPU-<uuid>)");
     }
-    absl::StatusOr<const DriverApi*> api_or = cuda::RequireDevices();
-    if (!api_or.ok()) return api_or.status();
-    const DriverApi& api = **api_or;
     absl::StatusOr<int> ordinal = cuda::ResolveDevice(device);
     if (!ordinal.ok()) return ordinal.status();
-    if (absl::Status s = cuda::SetCurrentDevice(*ordinal); !s.ok()) return s;
-
-    CUdevice dev;
-    COLLECTIVED_CU_RETURN_IF_ERROR(api.cuDeviceGet(&dev, *ordinal));
-    CUuuid uuid;
-    COLLECTIVED_CU_RETURN_IF_ERROR(api.cuDeviceGetUuid(&uuid, dev));
-
-    CUmemAllocationProp prop = {};
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    absl::StatusOr<cuda::VmmDevice> vmm = cuda::OpenVmmDevice(*ordinal);
+    if (!vmm.ok()) return vmm.status();
+    const DriverApi& api = *vmm->api;
+    const CUdevice dev = vmm->dev;
+    CUmemAllocationProp prop = vmm->prop;
     int rdma = 0;
     COLLECTIVED_CU_RETURN_IF_ERROR(api.cuDeviceGetAttribute(
         &rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, dev));
@@ -132,7 +122,7 @@ class CudaVmmAllocator final : public BufferAllocator {
     COLLECTIVED_CU_RETURN_IF_ERROR(api.cuMemsetD8(alloc->ptr, 0, size));
     COLLECTIVED_CU_RETURN_IF_ERROR(api.cuCtxSynchronize());
 
-    return std::shared_ptr<SharedBuffer>(new CudaVmmBuffer(std::move(alloc), cuda::FormatUuid(uuid)));
+    return std::shared_ptr<SharedBuffer>(new CudaVmmBuffer(std::move(alloc), vmm->uuid));
   }
 };
 

@@ -434,35 +434,6 @@ class OpRun {
   uint64_t extra_written_ = 0;
 };
 
-// What an op must move and what it moved (see Traffic), counted as
-// CpuExecutor counts it, plus the scratch traffic of staging.
-Traffic Account(const OpPlan& plan, uint64_t extra_read, uint64_t extra_written) {
-  Traffic t;
-  if (plan.kind == OpKind::kBarrier) return t;
-  const uint64_t members = plan.members();
-  uint64_t needed_inputs = members;
-  if (plan.kind == OpKind::kBroadcast) {
-    needed_inputs = plan.groups.size();
-  } else if (plan.kind == OpKind::kPpermute) {
-    uint64_t sources = 0;
-    for (int s : plan.perm_source) sources += s >= 0 ? 1 : 0;
-    needed_inputs = sources * plan.groups.size();
-  }
-  t.required = needed_inputs * plan.in_bytes + members * plan.out_bytes;
-  uint64_t reads = needed_inputs * plan.in_bytes;
-  if (plan.kind == OpKind::kPpermute || plan.kind == OpKind::kBroadcast) {
-    uint64_t receivers = 0;
-    for (int d = 0; d < plan.group_size; ++d) {
-      const int s = plan.kind == OpKind::kBroadcast ? plan.root : plan.perm_source[d];
-      receivers += s >= 0 ? 1 : 0;
-    }
-    reads = receivers * plan.groups.size() * plan.in_bytes;
-  }
-  t.read = reads + extra_read;
-  t.written = members * plan.out_bytes + extra_written;
-  return t;
-}
-
 }  // namespace
 
 CudaExecutor::CudaExecutor() {
@@ -533,7 +504,7 @@ absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& 
     extra_read = run.extra_read();
     extra_written = run.extra_written();
   }
-  if (traffic != nullptr) *traffic = Account(plan, extra_read, extra_written);
+  if (traffic != nullptr) *traffic = AccountTraffic(plan, extra_read, extra_written);
   return absl::OkStatus();
 }
 
