@@ -1,16 +1,273 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: builds the CUDA variant's GPU tests and runs
-# them with COLLECTIVED_REQUIRE_GPU=1, so a GPU the tests cannot use fails
-# instead of skipping.
-#   scripts/gpu-check.sh [build dir]        (default build-gpu)
-set -euo pipefail
+# On a machine with an NVIDIA GPU: builds the CUDA variant's GPU tests, the
+# daemon and the SDK, runs every test labelled gpu with
+# COLLECTIVED_REQUIRE_GPU=1 (so a GPU the tests cannot use fails them instead
+# of skipping them), and summarizes.
+#
+#   scripts/gpu-check.sh [OUTDIR]        (default gpu-check-out)
+#
+# OUTDIR gets ctest's JUnit XML (junit.xml), the build and test logs, and
+# summary.json (passed / failed / skipped per test binary). Exit status: 0
+# when the build succeeded and no test failed; 1 when a test failed; 2 when
+# the build (or its prerequisites) failed.
+#
+# Needs no network: it installs nothing (scripts/install-deps.sh is for
+# machines that have one); it says what is missing instead.
+#
+# Environment:
+#   GPU_CHECK_BUILD_DIR   build directory (default build-gpu)
+#   GPU_CHECK_CUDA_ARCHS  CMAKE_CUDA_ARCHITECTURES (default: native when
+#                         CMake and a GPU allow it, else 90)
+#   GPU_CHECK_JOBS        build and test parallelism (default: nproc)
+#   GPU_CHECK_CMAKE_ARGS  more configure arguments (split on spaces)
+#   GPU_CHECK_DEADLINE_S  seconds from the start by which every test must
+#                         have ended (default 450: the whole check stays
+#                         under 8 minutes; tests still running then fail as
+#                         timed out)
+set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$here"
-dir="${1:-build-gpu}"
-nvidia-smi -L || echo "nvidia-smi not found; going on"
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WITH_CUDA=ON \
-  | grep 'GPU buffers'
-cmake --build "$dir" -j"$(nproc)" --target collectived_cuda_tests collectived_cuda_import_helper
-cd "$dir"
-COLLECTIVED_REQUIRE_GPU=1 ctest --output-on-failure --no-tests=error -L 'gpu|unit' \
-  -R 'Cuda' -j1
+cd "$here" || exit 2
+
+out="${1:-gpu-check-out}"
+mkdir -p "$out" || exit 2
+out="$(cd "$out" && pwd)"
+build="${GPU_CHECK_BUILD_DIR:-build-gpu}"
+jobs="${GPU_CHECK_JOBS:-$(nproc)}"
+start=$SECONDS
+rm -f "$out/junit.xml" "$out/summary.json" "$out/tests.json"
+
+# What the GPU tests need built: the test binaries and their helpers, plus
+# the daemon and the SDK.
+targets=(
+  collectived collectived_client
+  collectived_cuda_tests collectived_cuda_import_helper
+  collectived_cuda_exec_tests collectived_cuda_executor_suite
+  collectived_gpu_e2e_tests collectived_gpu_e2e_worker
+)
+# Checks that cannot run yet: what they need is not built.
+not_built=(
+  "NCCL across GPUs (members on different GPUs): not built"
+  "stream-ordered submission: not built"
+  "GPU benchmarks (collectived_perf --device cuda, bare NCCL and copy rows): not built"
+)
+
+gpus=""
+build_state="not started"
+missing=()
+
+# summary.json from what is known so far ($1: the exit status).
+write_summary() {
+  local status="$1"
+  if ! command -v python3 >/dev/null 2>&1; then
+    # No python3: the essentials, without per-binary counts.
+    echo "python3 not found: no per-binary summary; see $out/ctest.log"
+    printf '{"build": "%s", "exit_code": %s, "binaries": {}, "not_built": [%s]}\n' \
+      "$build_state" "$status" \
+      '"NCCL across GPUs (members on different GPUs)", "stream-ordered submission", "GPU benchmarks (collectived_perf --device cuda, bare NCCL and copy rows)"' \
+      >"$out/summary.json"
+    return
+  fi
+  python3 - "$out" "$status" "$build_state" "$gpus" "${missing[@]+"${missing[@]}"}" <<'EOF'
+import json, os, sys
+import xml.etree.ElementTree as ET
+
+out, status, build_state, gpus = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+missing = sys.argv[5:]
+not_built = [
+    "NCCL across GPUs (members on different GPUs)",
+    "stream-ordered submission",
+    "GPU benchmarks (collectived_perf --device cuda, bare NCCL and copy rows)",
+]
+
+# Test name -> binary, from `ctest --show-only=json-v1`.
+binary_of = {}
+try:
+    with open(os.path.join(out, "tests.json")) as f:
+        for t in json.load(f).get("tests", []):
+            cmd = t.get("command") or []
+            binary_of[t["name"]] = os.path.basename(cmd[0]) if cmd else "?"
+except (OSError, ValueError):
+    pass
+
+binaries, failed_tests = {}, []
+junit = os.path.join(out, "junit.xml")
+if os.path.exists(junit):
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        name = case.get("name", "?")
+        status_attr = case.get("status")
+        skipped = case.find("skipped")
+        if status_attr == "disabled" or (
+                skipped is not None and
+                skipped.get("message") == "SKIP_REGULAR_EXPRESSION_MATCHED"):
+            result = "skipped"  # the test skipped itself (GTEST_SKIP)
+        elif status_attr == "run" and case.find("failure") is None and \
+                case.find("error") is None:
+            result = "passed"
+        else:
+            result = "failed"  # failed, or could not run (ctest counts it failed)
+            failed_tests.append(name)
+        counts = binaries.setdefault(binary_of.get(name, "?"),
+                                     {"passed": 0, "failed": 0, "skipped": 0})
+        counts[result] += 1
+
+totals = {k: sum(c[k] for c in binaries.values()) for k in ("passed", "failed", "skipped")}
+summary = {
+    "gpus": [l for l in gpus.splitlines() if l.strip()],
+    "build": build_state,
+    "missing": missing,
+    "binaries": binaries,
+    "totals": totals,
+    "failed_tests": failed_tests,
+    "not_built": not_built,
+    "exit_code": status,
+}
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=2)
+    f.write("\n")
+
+print()
+print("== summary ==")
+print("GPUs:", ", ".join(summary["gpus"]) or "none")
+print("build:", build_state)
+for m in missing:
+    print("missing:", m)
+if binaries:
+    width = max(len(b) for b in binaries)
+    print(f"{'test binary':<{width}}  passed  failed  skipped")
+    for b in sorted(binaries):
+        c = binaries[b]
+        print(f"{b:<{width}}  {c['passed']:>6}  {c['failed']:>6}  {c['skipped']:>7}")
+    print(f"{'total':<{width}}  {totals['passed']:>6}  {totals['failed']:>6}  {totals['skipped']:>7}")
+elif build_state == "ok":
+    print("no test results (see ctest.log)")
+for t in failed_tests:
+    print("FAILED:", t)
+print("summary:", os.path.join(out, "summary.json"))
+EOF
+}
+
+finish() {
+  local status="$1"
+  write_summary "$status"
+  echo "not run (what they need is not built yet):"
+  printf '  %s\n' "${not_built[@]}"
+  echo "gpu-check: exit $status after $((SECONDS - start)) s"
+  exit "$status"
+}
+
+echo "== GPUs =="
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+  echo "none: nvidia-smi not found (no NVIDIA driver here?)"
+elif listed="$(nvidia-smi -L 2>&1)" && [ -n "$listed" ]; then
+  gpus="$listed"
+  echo "$gpus"
+else
+  echo "none: nvidia-smi -L failed: ${listed:-(no output)}"
+fi
+
+echo "== prerequisites =="
+have() { command -v "$1" >/dev/null 2>&1; }
+# A file matching one of the globs exists.
+exists() {
+  local g f
+  for g in "$@"; do
+    for f in $g; do [ -e "$f" ] && return 0; done
+  done
+  return 1
+}
+have cmake || missing+=("cmake (Debian: cmake)")
+have g++ || have c++ || missing+=("a C++ compiler (Debian: g++)")
+if ! have grpc_cpp_plugin ||
+   ! exists /usr/lib/*/cmake/grpc/gRPCConfig.cmake /usr/lib/cmake/grpc/gRPCConfig.cmake \
+            /usr/local/lib*/cmake/grpc/gRPCConfig.cmake /opt/*/lib*/cmake/grpc/gRPCConfig.cmake; then
+  missing+=("gRPC C++ (grpc_cpp_plugin and gRPCConfig.cmake; Debian: libgrpc++-dev protobuf-compiler-grpc)")
+fi
+have protoc || missing+=("protoc (Debian: protobuf-compiler, libprotobuf-dev)")
+exists /usr/lib/*/cmake/absl/abslConfig.cmake /usr/local/lib*/cmake/absl/abslConfig.cmake ||
+  missing+=("Abseil (abslConfig.cmake; Debian: libabsl-dev)")
+exists /usr/include/gtest/gtest.h /usr/local/include/gtest/gtest.h ||
+  missing+=("GoogleTest (Debian: libgtest-dev libgmock-dev)")
+nvcc="$(command -v nvcc || true)"
+[ -n "$nvcc" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc; }
+[ -n "$nvcc" ] || missing+=("the CUDA toolkit (nvcc not on PATH nor in /usr/local/cuda/bin)")
+exists "${NCCL_ROOT:-/nonexistent}/include/nccl.h" /usr/include/nccl.h /usr/local/cuda/include/nccl.h \
+       /usr/local/cuda/targets/*/include/nccl.h /usr/local/include/nccl.h ||
+  missing+=("NCCL (nccl.h; set NCCL_ROOT, or Debian/NVIDIA: libnccl-dev)")
+if ((${#missing[@]})); then
+  for m in "${missing[@]}"; do echo "missing: $m"; done
+  echo "cannot build the CUDA variant here; nothing was installed (this script needs no network:"
+  echo "install those, e.g. with scripts/install-deps.sh where there is a network)"
+  build_state="missing prerequisites"
+  finish 2
+fi
+echo "cmake, C++ compiler, gRPC, protoc, Abseil, GoogleTest, nvcc ($nvcc), NCCL: found"
+
+echo "== build ($build) =="
+archs="${GPU_CHECK_CUDA_ARCHS:-}"
+if [ -z "$archs" ]; then
+  # "native" (CMake 3.24+) asks the GPU; without one it cannot work.
+  cmake_version="$(cmake --version | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')"
+  if [ -n "$gpus" ] && printf '%s\n3.24\n' "$cmake_version" | sort -V -C -r 2>/dev/null; then
+    archs=native
+  else
+    archs=90
+  fi
+fi
+[ -n "$nvcc" ] && export CUDACXX="${CUDACXX:-$nvcc}"
+launcher=()
+if have ccache; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+# shellcheck disable=SC2206
+extra=(${GPU_CHECK_CMAKE_ARGS:-})
+configure() {
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="$1" "${launcher[@]+"${launcher[@]}"}" \
+    "${extra[@]+"${extra[@]}"}" >"$out/configure.log" 2>&1
+}
+echo "CUDA architectures: $archs"
+if ! configure "$archs"; then
+  if [ "$archs" = native ]; then
+    echo "configuring with native failed (see below); again with 90"
+    tail -n 5 "$out/configure.log"
+    rm -f "$build/CMakeCache.txt"
+    rm -rf "$build/CMakeFiles"
+    archs=90
+    configure "$archs" || { tail -n 30 "$out/configure.log"; build_state="configure failed"; finish 2; }
+  else
+    tail -n 30 "$out/configure.log"
+    build_state="configure failed"
+    finish 2
+  fi
+fi
+grep -E 'GPU buffers|CUDA' "$out/configure.log" | head -n 5
+if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
+  grep -E 'error|Error' "$out/build.log" | head -n 30
+  tail -n 10 "$out/build.log"
+  build_state="build failed"
+  finish 2
+fi
+build_state="ok"
+echo "built ${targets[*]} in $((SECONDS - start)) s"
+
+echo "== ctest -L gpu (COLLECTIVED_REQUIRE_GPU=1) =="
+(cd "$build" && ctest -L gpu --show-only=json-v1 >"$out/tests.json" 2>/dev/null)
+# Tests that read the device's free memory are RUN_SERIAL: the others may
+# run side by side. Whatever the build left, at least a minute for them.
+left=$(( ${GPU_CHECK_DEADLINE_S:-450} - (SECONDS - start) ))
+((left >= 60)) || left=60
+stop_at="$(date -d "+$left seconds" +%H:%M:%S)"
+echo "tests must end by $stop_at ($left s from now)"
+(cd "$build" && COLLECTIVED_REQUIRE_GPU=1 ctest -L gpu --no-tests=error -j"$jobs" \
+   --stop-time "$stop_at" --output-on-failure --output-junit "$out/junit.xml" \
+   >"$out/ctest.log" 2>&1)
+ctest_status=$?
+grep -E '^[0-9]+% tests passed|tests failed out of|^Total Test time' "$out/ctest.log"
+if [ $ctest_status -ne 0 ]; then
+  echo "ctest exited $ctest_status; what the failures said, most frequent first (in full: $out/ctest.log):"
+  grep -E -A2 ': Failure$' "$out/ctest.log" | grep -v -E ': Failure$|^Failed$|^--$' |
+    sort | uniq -c | sort -rn | head -n 15
+  [ -s "$out/junit.xml" ] || echo "no JUnit XML written"
+  finish 1
+fi
+finish 0

@@ -25,6 +25,7 @@
 #include "daemon/memory/cuda_vmm_buffer.h"
 #include "gtest/gtest.h"
 #include "tests/cuda/pattern.h"
+#include "tests/harness/require_gpu.h"
 
 extern char** environ;
 
@@ -224,13 +225,7 @@ class CudaGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<const DriverApi*> api = cuda::RequireDevices();
-    if (!api.ok()) {
-      const char* require = std::getenv("COLLECTIVED_REQUIRE_GPU");
-      if (require != nullptr && std::string(require) == "1") {
-        FAIL() << "COLLECTIVED_REQUIRE_GPU=1 but no GPU is usable: " << api.status();
-      }
-      GTEST_SKIP() << "no GPU: " << api.status().message();
-    }
+    if (!api.ok()) COLLECTIVED_SKIP_OR_FAIL_WITHOUT_GPU(api.status().message());
     api_ = *api;
     absl::StatusOr<std::vector<cuda::DeviceInfo>> devices = cuda::ListDevices();
     ASSERT_TRUE(devices.ok()) << devices.status();

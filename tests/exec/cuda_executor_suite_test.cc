@@ -1,7 +1,8 @@
 // The executor suite (executor_suite.h) on the CUDA executor: every member's
 // memory is device memory on GPU 0 (the executor runs members of one GPU;
 // members on several GPUs need NCCL), copied in and out with cudaMemcpy. On a
-// host without a usable GPU every case is skipped with the executor's reason.
+// host without a usable GPU every case is skipped with the executor's reason
+// (fails, with COLLECTIVED_REQUIRE_GPU=1).
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@ absl::Status CudaOk(cudaError_t err, const char* call) {
 
 struct CudaSameGpuBackend {
   static constexpr const char* kName = "cuda";
+  static constexpr bool kNeedsGpu = true;
   static std::unique_ptr<Executor> MakeExecutor() { return MakeCudaExecutor(); }
   static absl::StatusOr<void*> Allocate(size_t bytes, int member) {
     if (auto st = CudaOk(cudaSetDevice(Device(member)), "cudaSetDevice"); !st.ok()) return st;

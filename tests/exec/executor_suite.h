@@ -18,13 +18,17 @@
 //     static absl::Status CopyOut(void* dst, const void* src, size_t bytes);
 //     // MemberIo::device of `member` (the CPU: -1).
 //     static int Device(int member);
+//     // Optional: true for a backend that needs a GPU (see below).
+//     static constexpr bool kNeedsGpu = true;
 //   };
 //   INSTANTIATE_TYPED_TEST_SUITE_P(My, ExecutorSuite, MyBackend);
 //
 // in a file of its own (tests/exec/cpu_executor_suite_test.cc is the CPU's).
 // When the backend's executor is not viable here (IsViable() false, e.g. a
 // CUDA executor on a host without a GPU) every case is skipped
-// (GTEST_SKIP) with the executor's WhyNotViable().
+// (GTEST_SKIP) with the executor's WhyNotViable(); for a backend with
+// kNeedsGpu true, COLLECTIVED_REQUIRE_GPU=1 makes that a failure
+// (tests/harness/require_gpu.h).
 //
 // A CUDA backend: Allocate is cudaSetDevice(Device(member)) then
 // cudaMalloc (device memory: the suite never dereferences it on the host),
@@ -60,6 +64,7 @@
 #include "daemon/core/op_plan.h"
 #include "daemon/exec/executor.h"
 #include "tests/integration/reference.h"
+#include "tests/harness/require_gpu.h"
 #include "tests/integration/sweep.h"
 
 namespace collectived::executor_suite {
@@ -147,12 +152,26 @@ inline v1::OpSpec ToOpSpec(const integration::Case& c) {
 template <typename Backend>
 class ExecutorSuite : public ::testing::Test {
  protected:
+  // Backend::kNeedsGpu, false when the backend does not say.
+  static constexpr bool NeedsGpu() {
+    if constexpr (requires { Backend::kNeedsGpu; }) {
+      return Backend::kNeedsGpu;
+    } else {
+      return false;
+    }
+  }
+
   void SetUp() override {
     executor_ = Backend::MakeExecutor();
     ASSERT_NE(executor_, nullptr);
     if (!executor_->IsViable()) {
-      GTEST_SKIP() << "the " << Backend::kName
-                   << " executor cannot run here: " << executor_->WhyNotViable();
+      if constexpr (NeedsGpu()) {
+        COLLECTIVED_SKIP_OR_FAIL_WITHOUT_GPU("the " << Backend::kName << " executor cannot run here: "
+                                                    << executor_->WhyNotViable());
+      } else {
+        GTEST_SKIP() << "the " << Backend::kName
+                     << " executor cannot run here: " << executor_->WhyNotViable();
+      }
     }
   }
 

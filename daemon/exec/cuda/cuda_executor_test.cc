@@ -10,7 +10,8 @@
 //    emulated on the host, give CpuExecutor's bytes;
 //  - without a GPU, the executor is unviable and says why.
 // GPU (label `gpu`, suite CudaGpu*): CudaExecutor against CpuExecutor, byte
-// for byte, for every op and dtype; skipped with the reason without a GPU.
+// for byte, for every op and dtype; skipped with the reason without a GPU
+// (a failure with COLLECTIVED_REQUIRE_GPU=1, tests/harness/require_gpu.h).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -27,6 +28,7 @@
 #include "daemon/exec/cuda/cuda_kernels.h"
 #include "daemon/exec/reduce.h"
 #include "daemon/exec/reduce_ops.h"
+#include "tests/harness/require_gpu.h"
 
 #if defined(__SSE__)
 #include <xmmintrin.h>
@@ -604,7 +606,7 @@ class CudaGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ex_ = std::make_unique<CudaExecutor>();
-    if (!ex_->IsViable()) GTEST_SKIP() << "no GPU: " << ex_->WhyNotViable();
+    if (!ex_->IsViable()) COLLECTIVED_SKIP_OR_FAIL_WITHOUT_GPU(ex_->WhyNotViable());
   }
 
   // Runs `plan` on the GPU with the members' inputs from `h`; returns each
