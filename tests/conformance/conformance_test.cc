@@ -163,8 +163,8 @@ TEST_P(ConformanceTest, MatchesJax) {
     }
     EXPECT_FALSE(r.timed_out) << "member " << m << " timed out; output tail:\n"
                               << Tail(r.output, 4000);
-    EXPECT_EQ(r.exit_code, 0) << "member " << m << " of " << layout_text << " on " << device << " ("
-                              << case_names.size() - ok.size() << " case(s) not OK)"
+    EXPECT_EQ(r.exit_code, 0) << "member " << m << " of " << layout_text << " on " << device
+                              << " (" << case_names.size() - ok.size() << " case(s) not OK)"
                               << (other.empty() ? "" : "; other output:\n")
                               << Tail(absl::StrJoin(other, "\n"), 4000);
     EXPECT_EQ(ok.size(), case_names.size())

@@ -240,53 +240,10 @@ void StopDaemon(std::unique_ptr<Daemon> d) {
 }
 
 // ---------------------------------------------------------------------------
-// The main sweep on every mesh shape.
-
-struct MeshConfig {
-  const char* test_name;
-  const char* axes;
-  uint64_t seed;
-};
-
-void PrintTo(const MeshConfig& c, std::ostream* os) { *os << c.axes; }
-
-const MeshConfig kMeshes[] = {
-    {"x1", "x:1", 101},  // a mesh of one member
-    {"x2", "x:2", 102},         {"x3", "x:3", 103},         {"x4", "x:4", 104},
-    {"x8", "x:8", 108},         {"x2y2", "x:2,y:2", 122}, {"x2y4", "x:2,y:4", 124},
-    // A size-1 axis (groups of one) and non-adjacent axis pairs.
-    {"x2y1z3", "x:2,y:1,z:3", 213},
-};
-
-// (device, mesh)
-class MainSweepTest : public ::testing::TestWithParam<std::tuple<std::string, MeshConfig>> {};
-
-TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
-  const auto& [device, cfg] = GetParam();
-  auto daemon = StartDaemon();
-  ASSERT_NE(daemon, nullptr);
-  SkipUnlessDeviceUsable(*daemon, device);
-  if (IsSkipped() || HasFatalFailure()) return;
-  RunMeshes(*daemon,
-            {{absl::StrCat("main-", cfg.test_name), cfg.axes, "main", cfg.seed, device}});
-  StopDaemon(std::move(daemon));
-}
-
-std::string MeshTestName(const ::testing::TestParamInfo<MainSweepTest::ParamType>& info) {
-  return std::get<1>(info.param).test_name;
-}
-
-INSTANTIATE_TEST_SUITE_P(Meshes, MainSweepTest,
-                         ::testing::Combine(::testing::Values(kCpu), ::testing::ValuesIn(kMeshes)),
-                         MeshTestName);
-#if COLLECTIVED_TESTS_HAVE_CUDA
-INSTANTIATE_TEST_SUITE_P(CudaGpuMeshes, MainSweepTest,
-                         ::testing::Combine(::testing::Values(kCuda), ::testing::ValuesIn(kMeshes)),
-                         MeshTestName);
-#endif
-
-// ---------------------------------------------------------------------------
-// The other sweeps, per backend (the parameter: the device).
+// Large buffers, async batches, error paths and repeatability, per backend
+// (the parameter: the device). Defined before the main sweep so that the CPU
+// tests keep their order (the long LargeBuffers first), which is the order
+// ctest -j starts them in on a fresh build.
 
 class CollectivesIntegration : public ::testing::TestWithParam<std::string> {
  protected:
@@ -380,7 +337,59 @@ INSTANTIATE_TEST_SUITE_P(Backends, CollectivesIntegration, ::testing::Values(kCp
 #if COLLECTIVED_TESTS_HAVE_CUDA
 INSTANTIATE_TEST_SUITE_P(CudaGpu, CollectivesIntegration, ::testing::Values(kCuda),
                          DeviceTestName);
+#endif
 
+// ---------------------------------------------------------------------------
+// The main sweep on every mesh shape.
+
+struct MeshConfig {
+  const char* test_name;
+  const char* axes;
+  uint64_t seed;
+};
+
+void PrintTo(const MeshConfig& c, std::ostream* os) { *os << c.axes; }
+
+const MeshConfig kMeshes[] = {
+    {"x1", "x:1", 101},  // a mesh of one member
+    {"x2", "x:2", 102},
+    {"x3", "x:3", 103},
+    {"x4", "x:4", 104},
+    {"x8", "x:8", 108},
+    {"x2y2", "x:2,y:2", 122},
+    {"x2y4", "x:2,y:4", 124},
+    // A size-1 axis (groups of one) and non-adjacent axis pairs.
+    {"x2y1z3", "x:2,y:1,z:3", 213},
+};
+
+// (device, mesh)
+class MainSweepTest : public ::testing::TestWithParam<std::tuple<std::string, MeshConfig>> {};
+
+TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
+  const auto& [device, cfg] = GetParam();
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  SkipUnlessDeviceUsable(*daemon, device);
+  if (IsSkipped() || HasFatalFailure()) return;
+  RunMeshes(*daemon,
+            {{absl::StrCat("main-", cfg.test_name), cfg.axes, "main", cfg.seed, device}});
+  StopDaemon(std::move(daemon));
+}
+
+std::string MeshTestName(const ::testing::TestParamInfo<MainSweepTest::ParamType>& info) {
+  return std::get<1>(info.param).test_name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, MainSweepTest,
+                         ::testing::Combine(::testing::Values(kCpu), ::testing::ValuesIn(kMeshes)),
+                         MeshTestName);
+#if COLLECTIVED_TESTS_HAVE_CUDA
+INSTANTIATE_TEST_SUITE_P(CudaGpuMeshes, MainSweepTest,
+                         ::testing::Combine(::testing::Values(kCuda), ::testing::ValuesIn(kMeshes)),
+                         MeshTestName);
+#endif
+
+#if COLLECTIVED_TESTS_HAVE_CUDA
 // ---------------------------------------------------------------------------
 // Host and GPU memory in one op: the daemon refuses it, with
 // FAILED_PRECONDITION on every member, and writes nothing. Member 0 (host
