@@ -1,10 +1,16 @@
 // JAX conformance: every case of tests/conformance/data/vectors.json (made by
 // gen_vectors.py from real jax.lax collectives) runs through a real daemon
 // with one real client process per mesh member, and each member's result must
-// equal JAX's bit for bit. One test per mesh layout.
+// equal JAX's bit for bit. One test per mesh layout and backend: the
+// workers' buffers in host memory ("cpu", Layouts/*) and, in the CUDA variant,
+// on "cuda:0" (CudaGpuLayouts/*, label gpu), the same cases. The GPU ones skip,
+// saying why, when the daemon cannot give this process GPU memory, and fail
+// instead with COLLECTIVED_REQUIRE_GPU=1.
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -12,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "collectived/client.h"
 #include "gtest/gtest.h"
 #include "tests/conformance/vectors.h"
 #include "tests/harness/harness.h"
@@ -67,10 +74,38 @@ TEST(ConformanceVectors, LayoutsMatchTheData) {
   }
 }
 
-class ConformanceTest : public ::testing::TestWithParam<std::string> {};
+const char* const kCpu = "cpu";
+#if COLLECTIVED_TESTS_HAVE_CUDA
+const char* const kCuda = "cuda:0";
+#endif
+
+bool GpuRequired() {
+  const char* require = std::getenv("COLLECTIVED_REQUIRE_GPU");
+  return require != nullptr && std::string(require) == "1";
+}
+
+// Host memory always works. For a GPU: whether `daemon` gives this process a
+// buffer on `device`; skips the calling test with the reason when not (fails
+// it under COLLECTIVED_REQUIRE_GPU=1).
+void SkipUnlessDeviceUsable(const Daemon& daemon, const std::string& device) {
+  if (device == kCpu) return;
+  auto client = collectived::Client::Connect(
+      {.socket_path = daemon.socket(), .client_name = "gpu-probe"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<collectived::Buffer> probe = (*client)->Allocate(4096, device);
+  if (probe.ok()) return;
+  if (GpuRequired()) {
+    FAIL() << "COLLECTIVED_REQUIRE_GPU=1 but no GPU memory on " << device << ": "
+           << probe.status();
+  }
+  GTEST_SKIP() << "no GPU memory on " << device << ": " << probe.status();
+}
+
+// (device of the workers' buffers, mesh layout)
+class ConformanceTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
 TEST_P(ConformanceTest, MatchesJax) {
-  const std::string layout_text = GetParam();
+  const auto& [device, layout_text] = GetParam();
   const Vectors& v = LoadedVectors();
   auto layout = ParseLayout(layout_text);
   ASSERT_TRUE(layout.ok()) << layout.status();
@@ -83,12 +118,14 @@ TEST_P(ConformanceTest, MatchesJax) {
 
   auto daemon = Daemon::Start({"--log_level=warn"});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
+  SkipUnlessDeviceUsable(**daemon, device);
+  if (IsSkipped() || HasFatalFailure()) return;
 
   std::vector<std::vector<std::string>> argvs;
   for (int m = 0; m < members; ++m) {
     argvs.push_back({COLLECTIVED_CONFORMANCE_WORKER, "--socket=" + (*daemon)->socket(),
                      "--vectors=" + VectorsPath(), "--mesh=" + layout_text,
-                     absl::StrCat("--member=", m)});
+                     absl::StrCat("--member=", m), "--device=" + device});
   }
   const absl::Time start = absl::Now();
   std::vector<ChildResult> results = RunAll(argvs, absl::Seconds(180));
@@ -126,8 +163,8 @@ TEST_P(ConformanceTest, MatchesJax) {
     }
     EXPECT_FALSE(r.timed_out) << "member " << m << " timed out; output tail:\n"
                               << Tail(r.output, 4000);
-    EXPECT_EQ(r.exit_code, 0) << "member " << m << " of " << layout_text << " ("
-                              << case_names.size() - ok.size() << " case(s) not OK)"
+    EXPECT_EQ(r.exit_code, 0) << "member " << m << " of " << layout_text << " on " << device
+                              << " (" << case_names.size() - ok.size() << " case(s) not OK)"
                               << (other.empty() ? "" : "; other output:\n")
                               << Tail(absl::StrJoin(other, "\n"), 4000);
     EXPECT_EQ(ok.size(), case_names.size())
@@ -164,15 +201,23 @@ TEST_P(ConformanceTest, MatchesJax) {
     ADD_FAILURE() << "a member did not finish normally; daemon log tail:\n"
                   << Tail(log.output, 4000);
   }
-  std::printf("layout %s: %zu cases x %d members in %s\n", layout_text.c_str(), case_names.size(),
-              members, absl::FormatDuration(took).c_str());
+  std::printf("layout %s on %s: %zu cases x %d members in %s\n", layout_text.c_str(),
+              device.c_str(), case_names.size(), members, absl::FormatDuration(took).c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, ConformanceTest, ::testing::ValuesIn(kLayouts),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           auto layout = ParseLayout(info.param);
-                           return layout.ok() ? LayoutTag(*layout) : std::string("invalid");
-                         });
+std::string LayoutTestName(const ::testing::TestParamInfo<ConformanceTest::ParamType>& info) {
+  auto layout = ParseLayout(std::get<1>(info.param));
+  return layout.ok() ? LayoutTag(*layout) : std::string("invalid");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ConformanceTest,
+                         ::testing::Combine(::testing::Values(kCpu), ::testing::ValuesIn(kLayouts)),
+                         LayoutTestName);
+#if COLLECTIVED_TESTS_HAVE_CUDA
+INSTANTIATE_TEST_SUITE_P(CudaGpuLayouts, ConformanceTest,
+                         ::testing::Combine(::testing::Values(kCuda), ::testing::ValuesIn(kLayouts)),
+                         LayoutTestName);
+#endif
 
 }  // namespace
 }  // namespace collectived::conformance

@@ -4,7 +4,7 @@
 // produced.
 //
 //   collectived_conformance_worker --socket=S --vectors=PATH --mesh=x:2,y:4 --member=I
-//       [--window=N] [--filter=SUBSTRING] [--op_timeout_ms=MS]
+//       [--window=N] [--filter=SUBSTRING] [--op_timeout_ms=MS] [--device=cpu|cuda:N]
 //
 // Start one process per member (I = 0 .. members-1, the row-major index of
 // the member's mesh coordinate). All members must pass the same --mesh,
@@ -18,6 +18,11 @@
 // Up to --window ops (default 8) are in flight at once (the *_async SDK
 // calls; ops of a mesh run in submission order), each in its own region;
 // --window=1 runs them one at a time.
+//
+// --device: where the buffer lives (default cpu). Inputs and poison go in
+// and results come out through MemberMemory (tests/harness/member_memory.h):
+// memcpy for host memory, cudaMemcpy for a GPU; the checks run on host
+// copies. cuda:N needs a build with CUDA (else exit status 2, saying so).
 //
 // Output: one line per case, `CASE <name> OK` or `CASE <name> FAIL <detail>`,
 // then `SUMMARY ...`. Exit status 0 only if every case passed; 1 if any failed;
@@ -38,6 +43,7 @@
 #include "collectived/client.h"
 #include "collectived/dtype.h"
 #include "tests/conformance/vectors.h"
+#include "tests/harness/member_memory.h"
 
 namespace {
 
@@ -47,6 +53,7 @@ using collectived::DType;
 using collectived::OpFuture;
 using collectived::conformance::Case;
 using collectived::conformance::MeshLayout;
+using collectived::testing::MemberMemory;
 
 constexpr unsigned char kPoison = 0xA5;  // fills output regions and guards before each op
 constexpr size_t kAlign = 64;
@@ -161,21 +168,27 @@ struct Options {
   int window = 8;
   std::string filter;
   int64_t op_timeout_ms = 30000;
+  std::string device = "cpu";
 };
 
 int Usage(const char* argv0, const std::string& why) {
   std::fprintf(stderr,
                "%s\nusage: %s --socket=S --vectors=PATH --mesh=x:2,y:4 --member=I "
-               "[--window=N] [--filter=SUBSTRING] [--op_timeout_ms=MS]\n",
+               "[--window=N] [--filter=SUBSTRING] [--op_timeout_ms=MS] [--device=cpu|cuda:N]\n",
                why.c_str(), argv0);
   return 2;
 }
 
 class Worker {
  public:
-  Worker(const Options& opt, collectived::Mesh& mesh, collectived::Buffer& buffer,
-         size_t slot_bytes, size_t in_region)
-      : opt_(opt), mesh_(mesh), buf_(buffer), slot_bytes_(slot_bytes), in_region_(in_region) {}
+  Worker(const Options& opt, const MemberMemory& memory, collectived::Mesh& mesh,
+         collectived::Buffer& buffer, size_t slot_bytes, size_t in_region)
+      : opt_(opt),
+        memory_(memory),
+        mesh_(mesh),
+        buf_(buffer),
+        slot_bytes_(slot_bytes),
+        in_region_(in_region) {}
 
   // Runs `cases` in order with at most opt.window ops in flight.
   void Run(const std::vector<const Case*>& cases) {
@@ -200,8 +213,6 @@ class Worker {
   int failed() const { return failed_; }
 
  private:
-  unsigned char* At(size_t offset) const { return static_cast<unsigned char*>(buf_.data()) + offset; }
-
   InFlight Submit(const Case& c, Slot slot) {
     InFlight f;
     f.c = &c;
@@ -215,8 +226,15 @@ class Worker {
     }
     const std::string& input = c.inputs[me];
     const std::string& want = c.outputs[me];
-    std::memcpy(At(slot.in_offset), input.data(), input.size());
-    std::memset(At(slot.out_offset), kPoison, want.size() + kGuard);
+    absl::Status st = memory_.Write(buf_, slot.in_offset, input.data(), input.size());
+    if (st.ok()) {
+      const std::vector<unsigned char> poison(want.size() + kGuard, kPoison);
+      st = memory_.Write(buf_, slot.out_offset, poison.data(), poison.size());
+    }
+    if (!st.ok()) {
+      f.submit_error = absl::StrCat("writing the input: ", st.ToString());
+      return f;
+    }
 
     Array x{&buf_, slot.in_offset, *dt, c.shape};
     Array out{&buf_, slot.out_offset, *out_dt, c.out_shape};
@@ -277,25 +295,31 @@ class Worker {
     }
     const DType out_dt = *collectived::DTypeFromName(c.out_dtype);
     const std::string& want = c.outputs[me];
-    std::string diff = CompareBytes(out_dt, c.out_shape, At(f.slot.out_offset), want);
+    const std::string& input = c.inputs[me];
+    // Host copies of the output with its guard and of the input.
+    std::vector<unsigned char> out(want.size() + kGuard), in(input.size());
+    st = memory_.Read(buf_, f.slot.out_offset, out.data(), out.size());
+    if (st.ok()) st = memory_.Read(buf_, f.slot.in_offset, in.data(), in.size());
+    if (!st.ok()) return absl::StrCat("reading the result: ", st.ToString());
+    std::string diff = CompareBytes(out_dt, c.out_shape, out.data(), want);
     if (!diff.empty()) problems.push_back(absl::StrCat("output ", diff));
     for (size_t i = 0; i < kGuard; ++i) {
-      if (At(f.slot.out_offset + want.size())[i] != kPoison) {
+      if (out[want.size() + i] != kPoison) {
         problems.push_back(absl::StrCat("wrote past the end of the output (byte ", i,
                                         " after its ", want.size(), " bytes)"));
         break;
       }
     }
-    const std::string& input = c.inputs[me];
-    if (std::memcmp(At(f.slot.in_offset), input.data(), input.size()) != 0) {
+    if (!input.empty() && std::memcmp(in.data(), input.data(), input.size()) != 0) {
       const DType in_dt = *collectived::DTypeFromName(c.dtype);
       problems.push_back(absl::StrCat(
-          "input modified: ", CompareBytes(in_dt, c.shape, At(f.slot.in_offset), input)));
+          "input modified: ", CompareBytes(in_dt, c.shape, in.data(), input)));
     }
     return absl::StrJoin(problems, "; ");
   }
 
   const Options& opt_;
+  const MemberMemory& memory_;
   collectived::Mesh& mesh_;
   collectived::Buffer& buf_;
   size_t slot_bytes_;
@@ -320,6 +344,7 @@ int Main(int argc, char** argv) {
     else if (auto v = value("--window")) opt.window = std::atoi(v->c_str());
     else if (auto v = value("--filter")) opt.filter = *v;
     else if (auto v = value("--op_timeout_ms")) opt.op_timeout_ms = std::atoll(v->c_str());
+    else if (auto v = value("--device")) opt.device = *v;
     else return Usage(argv[0], absl::StrCat("unknown argument ", arg));
   }
   if (opt.vectors.empty() || opt.mesh.empty()) return Usage(argv[0], "--vectors and --mesh are required");
@@ -329,6 +354,12 @@ int Main(int argc, char** argv) {
   const int members = collectived::conformance::NumMembers(*layout);
   if (opt.member < 0 || opt.member >= members) {
     return Usage(argv[0], absl::StrCat("--member must be in 0..", members - 1));
+  }
+
+  auto memory = MemberMemory::ForDevice(opt.device);
+  if (!memory.ok()) {
+    std::fprintf(stderr, "device: %s\n", memory.status().ToString().c_str());
+    return 2;
   }
 
   auto vectors = collectived::conformance::LoadVectors(opt.vectors);
@@ -352,9 +383,9 @@ int Main(int argc, char** argv) {
     coordinate[i] = rest % (*layout)[i].second;
     rest /= (*layout)[i].second;
   }
-  std::printf("WORKER member=%d coordinate=[%s] mesh=%s cases=%zu generator=%s\n", opt.member,
-              absl::StrJoin(coordinate, ",").c_str(), opt.mesh.c_str(), cases.size(),
-              vectors->generator.c_str());
+  std::printf("WORKER member=%d coordinate=[%s] mesh=%s device=%s cases=%zu generator=%s\n",
+              opt.member, absl::StrJoin(coordinate, ",").c_str(), opt.mesh.c_str(),
+              opt.device.c_str(), cases.size(), vectors->generator.c_str());
   std::fflush(stdout);
 
   auto client = collectived::Client::Connect(
@@ -384,13 +415,13 @@ int Main(int argc, char** argv) {
 
   const size_t in_region = AlignUp(std::max<size_t>(max_in, 1));
   const size_t slot_bytes = in_region + AlignUp(max_out + kGuard);
-  auto buffer = (*client)->Allocate(slot_bytes * static_cast<size_t>(opt.window));
+  auto buffer = (*memory)->Allocate(**client, slot_bytes * static_cast<size_t>(opt.window));
   if (!buffer.ok()) {
     std::fprintf(stderr, "allocate: %s\n", buffer.status().ToString().c_str());
     return 2;
   }
 
-  Worker worker(opt, **mesh, *buffer, slot_bytes, in_region);
+  Worker worker(opt, **memory, **mesh, *buffer, slot_bytes, in_region);
   worker.Run(cases);
   std::printf("SUMMARY member=%d mesh=%s passed=%d failed=%d\n", opt.member, opt.mesh.c_str(),
               worker.passed(), worker.failed());

@@ -7,19 +7,32 @@
 // group got bitwise-identical results where the semantics say so, and (in
 // RepeatableAcrossDaemonsAndMeshes) that the same sweep gives the same bits
 // on another daemon with another chunking and on concurrent meshes.
+//
+// Every test runs per backend, the same cases: its parameter is the device of
+// the workers' buffers, "cpu" (host memory, the CPU executor) and, in the CUDA
+// variant, "cuda:0" (GPU memory, the CUDA executor; every member on that one
+// GPU). The CUDA instantiations are named CudaGpu* (label gpu); they skip,
+// saying why, when the daemon cannot give this process GPU memory, and fail
+// instead with COLLECTIVED_REQUIRE_GPU=1.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "collectived/client.h"
 #include "gtest/gtest.h"
 #include "tests/harness/harness.h"
+#include "tests/harness/member_memory.h"
 #include "tests/integration/sweep.h"
 
 namespace collectived::integration {
@@ -42,7 +55,47 @@ struct MeshRun {
   std::string axes;   // "x:2,y:4"
   std::string sweep;  // main, large, async, errors
   uint64_t seed = 1;
+  std::string device = "cpu";  // of every member's buffers
 };
+
+// The backends every test runs on: the device of the workers' buffers.
+const char* const kCpu = "cpu";
+#if COLLECTIVED_TESTS_HAVE_CUDA
+const char* const kCuda = "cuda:0";
+#endif
+
+// "cuda:0" -> "cuda0": a test name's part.
+std::string DeviceTag(const std::string& device) {
+  std::string tag;
+  for (char ch : device) {
+    if (ch != ':') tag.push_back(ch);
+  }
+  return tag;
+}
+
+bool GpuRequired() {
+  const char* require = std::getenv("COLLECTIVED_REQUIRE_GPU");
+  return require != nullptr && std::string(require) == "1";
+}
+
+// Host memory always works. For a GPU: whether `daemon` gives this process a
+// buffer on `device` (a daemon without a usable GPU answers
+// FAILED_PRECONDITION saying why; an SDK without a GPU cannot map it). Skips
+// the calling test with the reason when not, or fails it under
+// COLLECTIVED_REQUIRE_GPU=1; the caller returns when IsSkipped() or
+// HasFatalFailure().
+void SkipUnlessDeviceUsable(const Daemon& daemon, const std::string& device) {
+  if (device == kCpu) return;
+  auto client = Client::Connect({.socket_path = daemon.socket(), .client_name = "gpu-probe"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<Buffer> probe = (*client)->Allocate(4096, device);
+  if (probe.ok()) return;
+  if (GpuRequired()) {
+    FAIL() << "COLLECTIVED_REQUIRE_GPU=1 but no GPU memory on " << device << ": "
+           << probe.status();
+  }
+  GTEST_SKIP() << "no GPU memory on " << device << ": " << probe.status();
+}
 
 // Per member: case name -> hash of its output.
 using MemberHashes = std::map<std::string, std::string>;
@@ -65,7 +118,7 @@ std::vector<MemberHashes> CheckMesh(const MeshRun& run, const std::vector<ChildR
   for (size_t m = 0; m < results.size(); ++m) {
     const ChildResult& r = results[m];
     const std::string who = absl::StrCat("mesh ", run.mesh, " (", run.axes, ", sweep ", run.sweep,
-                                         ") member ", m);
+                                         ", ", run.device, ") member ", m);
     EXPECT_FALSE(r.timed_out) << who << " timed out; output:\n" << Tail(r.output, 4000);
     EXPECT_EQ(r.exit_code, 0) << who << " exited " << r.exit_code << "; output:\n"
                               << Tail(r.output, 4000);
@@ -160,7 +213,7 @@ std::vector<std::vector<MemberHashes>> RunMeshes(const Daemon& daemon,
       argvs.push_back({COLLECTIVED_TEST_WORKER_BIN, "--socket=" + daemon.socket(),
                        "--mesh=" + run.mesh, "--axes=" + run.axes,
                        absl::StrCat("--member=", m), "--sweep=" + run.sweep,
-                       absl::StrCat("--seed=", run.seed)});
+                       absl::StrCat("--seed=", run.seed), "--device=" + run.device});
     }
   }
   std::vector<ChildResult> results = RunAll(argvs, kWorkerTimeout);
@@ -187,82 +240,75 @@ void StopDaemon(std::unique_ptr<Daemon> d) {
 }
 
 // ---------------------------------------------------------------------------
-// The main sweep on every mesh shape.
+// Large buffers, async batches, error paths and repeatability, per backend
+// (the parameter: the device). Defined before the main sweep so that the CPU
+// tests keep their order (the long LargeBuffers first), which is the order
+// ctest -j starts them in on a fresh build.
 
-struct MeshConfig {
-  const char* test_name;
-  const char* axes;
-  uint64_t seed;
+class CollectivesIntegration : public ::testing::TestWithParam<std::string> {
+ protected:
+  // A daemon with `flags` that can give this process memory on the device;
+  // null (the test skipped or failed) otherwise.
+  std::unique_ptr<Daemon> StartDaemonFor(std::vector<std::string> flags = kSmallChunks) {
+    auto daemon = StartDaemon(std::move(flags));
+    if (daemon == nullptr) return nullptr;
+    SkipUnlessDeviceUsable(*daemon, GetParam());
+    if (IsSkipped() || HasFailure()) return nullptr;
+    return daemon;
+  }
 };
 
-void PrintTo(const MeshConfig& c, std::ostream* os) { *os << c.axes; }
-
-class MainSweepTest : public ::testing::TestWithParam<MeshConfig> {};
-
-TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
-  auto daemon = StartDaemon();
-  ASSERT_NE(daemon, nullptr);
-  const MeshConfig& cfg = GetParam();
-  RunMeshes(*daemon, {{absl::StrCat("main-", cfg.test_name), cfg.axes, "main", cfg.seed}});
-  StopDaemon(std::move(daemon));
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Meshes, MainSweepTest,
-    ::testing::Values(MeshConfig{"x1", "x:1", 101},  // a mesh of one member
-                      MeshConfig{"x2", "x:2", 102}, MeshConfig{"x3", "x:3", 103},
-                      MeshConfig{"x4", "x:4", 104}, MeshConfig{"x8", "x:8", 108},
-                      MeshConfig{"x2y2", "x:2,y:2", 122}, MeshConfig{"x2y4", "x:2,y:4", 124},
-                      // A size-1 axis (groups of one) and non-adjacent axis pairs.
-                      MeshConfig{"x2y1z3", "x:2,y:1,z:3", 213}),
-    [](const ::testing::TestParamInfo<MeshConfig>& info) { return info.param.test_name; });
-
-// ---------------------------------------------------------------------------
-
 // Multi-MiB buffers (1024 chunks of 4 KiB) on two meshes at once.
-TEST(CollectivesIntegration, LargeBuffers) {
-  auto daemon = StartDaemon();
-  ASSERT_NE(daemon, nullptr);
-  RunMeshes(*daemon, {{"large-x4", "x:4", "large", 7}, {"large-x2y4", "x:2,y:4", "large", 8}});
+TEST_P(CollectivesIntegration, LargeBuffers) {
+  auto daemon = StartDaemonFor();
+  if (daemon == nullptr) return;
+  const std::string& device = GetParam();
+  RunMeshes(*daemon, {{"large-x4", "x:4", "large", 7, device},
+                      {"large-x2y4", "x:2,y:4", "large", 8, device}});
   StopDaemon(std::move(daemon));
 }
 
 // Batches of 8 ops submitted with the *_async API before any is waited for.
-TEST(CollectivesIntegration, AsyncOpsOutstanding) {
-  auto daemon = StartDaemon();
-  ASSERT_NE(daemon, nullptr);
-  RunMeshes(*daemon, {{"async-x2y4", "x:2,y:4", "async", 11}, {"async-x3", "x:3", "async", 12}});
+TEST_P(CollectivesIntegration, AsyncOpsOutstanding) {
+  auto daemon = StartDaemonFor();
+  if (daemon == nullptr) return;
+  const std::string& device = GetParam();
+  RunMeshes(*daemon, {{"async-x2y4", "x:2,y:4", "async", 11, device},
+                      {"async-x3", "x:3", "async", 12, device}});
   StopDaemon(std::move(daemon));
 }
 
 // Invalid ops rejected at submit (in place with a different result size,
 // out-of-range regions, unknown axes, ...), each followed by a valid psum.
-TEST(CollectivesIntegration, ErrorPathsLeaveMeshUsable) {
-  auto daemon = StartDaemon();
-  ASSERT_NE(daemon, nullptr);
-  RunMeshes(*daemon,
-            {{"errors-x2y2", "x:2,y:2", "errors", 21}, {"errors-x3", "x:3", "errors", 22}});
+TEST_P(CollectivesIntegration, ErrorPathsLeaveMeshUsable) {
+  auto daemon = StartDaemonFor();
+  if (daemon == nullptr) return;
+  const std::string& device = GetParam();
+  RunMeshes(*daemon, {{"errors-x2y2", "x:2,y:2", "errors", 21, device},
+                      {"errors-x3", "x:3", "errors", 22, device}});
   StopDaemon(std::move(daemon));
 }
 
 // The same sweep on two daemons (different chunk size and thread count) and
 // on two meshes running concurrently: every member's every result must be
 // the same bits everywhere.
-TEST(CollectivesIntegration, RepeatableAcrossDaemonsAndMeshes) {
+TEST_P(CollectivesIntegration, RepeatableAcrossDaemonsAndMeshes) {
   const std::string axes = "x:2,y:2";
   const uint64_t seed = 31;
+  const std::string& device = GetParam();
   std::vector<std::vector<MemberHashes>> runs;
   {
-    auto daemon = StartDaemon();
-    ASSERT_NE(daemon, nullptr);
-    auto r = RunMeshes(*daemon, {{"repeat-1", axes, "main", seed}});
+    auto daemon = StartDaemonFor();
+    if (daemon == nullptr) return;
+    auto r = RunMeshes(*daemon, {{"repeat-1", axes, "main", seed, device}});
     runs.push_back(r[0]);
     StopDaemon(std::move(daemon));
   }
   {
-    auto daemon = StartDaemon({"--threads=1", "--log_level=warn"});  // default chunks
+    auto daemon = StartDaemonFor({"--threads=1", "--log_level=warn"});  // default chunks
     ASSERT_NE(daemon, nullptr);
-    auto r = RunMeshes(*daemon, {{"repeat-2a", axes, "main", seed}, {"repeat-2b", axes, "main", seed}});
+    auto r = RunMeshes(*daemon, {{"repeat-2a", axes, "main", seed, device},
+                                 {"repeat-2b", axes, "main", seed, device}});
     runs.push_back(r[0]);
     runs.push_back(r[1]);
     StopDaemon(std::move(daemon));
@@ -281,6 +327,126 @@ TEST(CollectivesIntegration, RepeatableAcrossDaemonsAndMeshes) {
     }
   }
 }
+
+std::string DeviceTestName(const ::testing::TestParamInfo<std::string>& info) {
+  return DeviceTag(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CollectivesIntegration, ::testing::Values(kCpu),
+                         DeviceTestName);
+#if COLLECTIVED_TESTS_HAVE_CUDA
+INSTANTIATE_TEST_SUITE_P(CudaGpu, CollectivesIntegration, ::testing::Values(kCuda),
+                         DeviceTestName);
+#endif
+
+// ---------------------------------------------------------------------------
+// The main sweep on every mesh shape.
+
+struct MeshConfig {
+  const char* test_name;
+  const char* axes;
+  uint64_t seed;
+};
+
+void PrintTo(const MeshConfig& c, std::ostream* os) { *os << c.axes; }
+
+const MeshConfig kMeshes[] = {
+    {"x1", "x:1", 101},  // a mesh of one member
+    {"x2", "x:2", 102},
+    {"x3", "x:3", 103},
+    {"x4", "x:4", 104},
+    {"x8", "x:8", 108},
+    {"x2y2", "x:2,y:2", 122},
+    {"x2y4", "x:2,y:4", 124},
+    // A size-1 axis (groups of one) and non-adjacent axis pairs.
+    {"x2y1z3", "x:2,y:1,z:3", 213},
+};
+
+// (device, mesh)
+class MainSweepTest : public ::testing::TestWithParam<std::tuple<std::string, MeshConfig>> {};
+
+TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
+  const auto& [device, cfg] = GetParam();
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  SkipUnlessDeviceUsable(*daemon, device);
+  if (IsSkipped() || HasFatalFailure()) return;
+  RunMeshes(*daemon,
+            {{absl::StrCat("main-", cfg.test_name), cfg.axes, "main", cfg.seed, device}});
+  StopDaemon(std::move(daemon));
+}
+
+std::string MeshTestName(const ::testing::TestParamInfo<MainSweepTest::ParamType>& info) {
+  return std::get<1>(info.param).test_name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, MainSweepTest,
+                         ::testing::Combine(::testing::Values(kCpu), ::testing::ValuesIn(kMeshes)),
+                         MeshTestName);
+#if COLLECTIVED_TESTS_HAVE_CUDA
+INSTANTIATE_TEST_SUITE_P(CudaGpuMeshes, MainSweepTest,
+                         ::testing::Combine(::testing::Values(kCuda), ::testing::ValuesIn(kMeshes)),
+                         MeshTestName);
+#endif
+
+#if COLLECTIVED_TESTS_HAVE_CUDA
+// ---------------------------------------------------------------------------
+// Host and GPU memory in one op: the daemon refuses it, with
+// FAILED_PRECONDITION on every member, and writes nothing. Member 0 (host
+// memory) and member 1 (cuda:0) are two clients of this process.
+TEST(CudaGpuMixedMemory, CpuAndCudaMembersOfOneOpAreRefused) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  SkipUnlessDeviceUsable(*daemon, kCuda);
+  if (IsSkipped() || HasFatalFailure()) return;
+
+  const std::vector<std::string> devices = {kCpu, kCuda};
+  constexpr int64_t kElements = 256;
+  constexpr size_t kBytes = 4 * kElements;
+  std::vector<absl::Status> op_status(devices.size());
+  std::vector<std::string> problems(devices.size());
+  std::vector<std::thread> members;
+  for (size_t m = 0; m < devices.size(); ++m) {
+    members.emplace_back([&, m] {
+      std::string& problem = problems[m];
+      auto memory = collectived::testing::MemberMemory::ForDevice(devices[m]);
+      if (!memory.ok()) return void(problem = memory.status().ToString());
+      auto client = Client::Connect({.socket_path = daemon->socket(),
+                                     .client_name = absl::StrCat("mixed-", m)});
+      if (!client.ok()) return void(problem = "connect: " + client.status().ToString());
+      auto buffer = (*memory)->Allocate(**client, 2 * kBytes);
+      if (!buffer.ok()) return void(problem = "allocate: " + buffer.status().ToString());
+      std::vector<uint8_t> before(2 * kBytes);
+      for (size_t k = 0; k < before.size(); ++k) before[k] = static_cast<uint8_t>(k * 7 + m);
+      if (absl::Status st = (*memory)->Write(*buffer, 0, before.data(), before.size()); !st.ok()) {
+        return void(problem = "write: " + st.ToString());
+      }
+      auto mesh = (*client)->JoinMesh({.name = "mixed",
+                                       .axes = {{"x", 2}},
+                                       .coordinate = {static_cast<int>(m)},
+                                       .join_timeout = absl::Seconds(60),
+                                       .op_timeout = absl::Seconds(60)});
+      if (!mesh.ok()) return void(problem = "join: " + mesh.status().ToString());
+      op_status[m] = (*mesh)->psum(Array{&*buffer, 0, DType::kF32, {kElements}}, "x",
+                                   Array{&*buffer, kBytes, DType::kF32, {kElements}});
+      auto after = (*memory)->Read(*buffer, 0, before.size());
+      if (!after.ok()) return void(problem = "read: " + after.status().ToString());
+      if (*after != before) problem = "the refused op changed the buffer";
+      // Leave only after both members have their answer.
+      if (absl::Status st = (*mesh)->barrier(); !st.ok()) problem = "barrier: " + st.ToString();
+    });
+  }
+  for (std::thread& t : members) t.join();
+  for (size_t m = 0; m < devices.size(); ++m) {
+    EXPECT_EQ(problems[m], "") << "member " << m << " (" << devices[m] << ")";
+    EXPECT_EQ(op_status[m].code(), absl::StatusCode::kFailedPrecondition)
+        << "member " << m << " (" << devices[m] << "): " << op_status[m];
+    EXPECT_TRUE(absl::StrContains(op_status[m].message(), "mixes kinds of memory across members"))
+        << "member " << m << ": " << op_status[m];
+  }
+  StopDaemon(std::move(daemon));
+}
+#endif
 
 }  // namespace
 }  // namespace collectived::integration

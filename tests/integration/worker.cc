@@ -2,6 +2,7 @@
 //
 //   collectived_test_worker --socket=PATH --mesh=NAME --axes=x:2,y:4 --member=I
 //                           --sweep=main|large|async|errors [--seed=N]
+//                           [--device=cpu|cuda:N]
 //
 // Connects to the daemon, joins mesh NAME with coordinate = row-major unravel
 // of I, and runs the sweep (tests/integration/sweep.h). For every case it
@@ -16,6 +17,13 @@
 // then `DONE <ok> <failed>`. Exit status 0 only if every case passed. A
 // failing case does not stop the sweep: the other members keep going, so the
 // worker must keep submitting the same ops.
+//
+// --device: where the buffers live (default cpu). The worker reaches them
+// only through MemberMemory (tests/harness/member_memory.h): inputs and
+// sentinels are written from host copies, outputs read back into host copies
+// (memcpy for host memory, cudaMemcpy for a GPU), so the sweep is the same on
+// every backend. cuda:N needs a build with CUDA; without it the worker exits
+// with status 2 saying so.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -29,11 +37,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "collectived/client.h"
+#include "tests/harness/member_memory.h"
 #include "tests/integration/reference.h"
 #include "tests/integration/sweep.h"
 
 namespace collectived::integration {
 namespace {
+
+using collectived::testing::MemberMemory;
 
 constexpr size_t kGuard = 64;  // sentinel bytes checked around every region
 constexpr int kSlots = 8;      // buffers for ops outstanding at once
@@ -45,6 +56,7 @@ struct Args {
   int member = -1;
   std::string sweep;
   uint64_t seed = 1;
+  std::string device = "cpu";
 };
 
 // The SDK's spelling of a case's axes (sweep.h: kEveryAxis is All()).
@@ -96,7 +108,8 @@ Layout MakeLayout(const Case& c, int n, size_t index) {
 
 class Worker {
  public:
-  explicit Worker(Args args) : args_(std::move(args)) {}
+  Worker(Args args, std::unique_ptr<MemberMemory> memory)
+      : args_(std::move(args)), memory_(std::move(memory)) {}
 
   int Run() {
     if (!BuildSweep(args_.sweep, args_.mesh, &cases_)) {
@@ -152,6 +165,28 @@ class Worker {
     return 1;
   }
 
+  // Host <-> buffer copies; a copy that fails ends the worker (the driver
+  // sees the FATAL line and the exit status).
+  void Put(const Buffer& b, size_t offset, const void* src, size_t bytes) {
+    if (absl::Status st = memory_->Write(b, offset, src, bytes); !st.ok()) {
+      std::exit(Fatal("write", st));
+    }
+  }
+  void Put(const Buffer& b, size_t offset, const std::vector<uint8_t>& bytes) {
+    Put(b, offset, bytes.data(), bytes.size());
+  }
+  std::vector<uint8_t> Get(const Buffer& b, size_t offset, size_t bytes) {
+    absl::StatusOr<std::vector<uint8_t>> v = memory_->Read(b, offset, bytes);
+    if (!v.ok()) std::exit(Fatal("read", v.status()));
+    return *std::move(v);
+  }
+  // `bytes` sentinel bytes (as at offset 0 of a buffer).
+  static std::vector<uint8_t> Sentinels(size_t bytes) {
+    std::vector<uint8_t> v(bytes);
+    for (size_t k = 0; k < bytes; ++k) v[k] = Sentinel(k);
+    return v;
+  }
+
   void Report(const Case& c, bool ok, const std::string& detail) {
     std::printf("CASE %s %s %s\n", c.name.c_str(), ok ? "OK" : "FAIL", detail.c_str());
     std::fflush(stdout);
@@ -202,9 +237,9 @@ class Worker {
       b[s] = std::max(b[s], l.b_extent);
     }
     for (int s = 0; s < slots; ++s) {
-      auto ba = client_->Allocate(a[s]);
+      auto ba = memory_->Allocate(*client_, a[s]);
       if (!ba.ok()) return ba.status();
-      auto bb = client_->Allocate(b[s]);
+      auto bb = memory_->Allocate(*client_, b[s]);
       if (!bb.ok()) return bb.status();
       buf_a_.push_back(std::make_unique<Buffer>(*std::move(ba)));
       buf_b_.push_back(std::make_unique<Buffer>(*std::move(bb)));
@@ -232,12 +267,11 @@ class Worker {
     for (int m : p.group.members) p.inputs.push_back(MakeInput(c, args_.seed, m));
     p.a = buf_a_[slot].get();
     p.b = buf_b_[slot].get();
-    auto* a = static_cast<uint8_t*>(p.a->data());
-    auto* b = static_cast<uint8_t*>(p.b->data());
-    for (size_t k = 0; k < p.layout.a_extent; ++k) a[k] = Sentinel(k);
-    for (size_t k = 0; k < p.layout.b_extent; ++k) b[k] = Sentinel(k);
+    std::vector<uint8_t> a = Sentinels(p.layout.a_extent);
     const std::vector<uint8_t>& mine = p.inputs[p.group.rank];
-    if (!mine.empty()) std::memcpy(a + p.layout.in_off, mine.data(), mine.size());
+    if (!mine.empty()) std::memcpy(a.data() + p.layout.in_off, mine.data(), mine.size());
+    Put(*p.a, 0, a);
+    Put(*p.b, 0, Sentinels(p.layout.b_extent));
     p.x = Array{p.a, p.layout.in_off, c.dtype, c.shape};
     p.out = Array{p.layout.out_in_b ? p.b : p.a, p.layout.out_off, p.layout.out_dt,
                   p.layout.out_shape};
@@ -317,7 +351,9 @@ class Worker {
         Reference(c.op, c.dtype, c.shape, c.params, ptrs, p.group.rank,
                   args_.mesh.num_members() == 1);
     const Layout& l = p.layout;
-    const uint8_t* got = static_cast<const uint8_t*>((l.out_in_b ? p.b : p.a)->data()) + l.out_off;
+    const std::vector<uint8_t> a_now = Get(*p.a, 0, l.a_extent);
+    const std::vector<uint8_t> b_now = Get(*p.b, 0, l.b_extent);
+    const uint8_t* got = (l.out_in_b ? b_now : a_now).data() + l.out_off;
     if (expected.size() != l.out_bytes) std::abort();
     const size_t oes = ElemSize(l.out_dt);
     if (l.out_bytes > 0 && std::memcmp(got, expected.data(), l.out_bytes) != 0) {
@@ -336,7 +372,7 @@ class Worker {
     }
     // Everything around the output keeps its sentinel; an out-of-place input
     // is unchanged.
-    std::string damage = CheckUntouched(p);
+    std::string damage = CheckUntouched(p, a_now, b_now);
     if (!damage.empty()) {
       Report(c, false, damage);
       return;
@@ -344,10 +380,13 @@ class Worker {
     Report(c, true, Hex(Fnv1a(got, l.out_bytes)));
   }
 
-  std::string CheckUntouched(const Prepared& p) {
+  // `a_now` and `b_now`: the used extents of buffers A and B, read back.
+  std::string CheckUntouched(const Prepared& p, const std::vector<uint8_t>& a_now,
+                             const std::vector<uint8_t>& b_now) {
     const Layout& l = p.layout;
-    auto check = [&](const Buffer* buf, size_t extent, const char* name) -> std::string {
-      const auto* d = static_cast<const uint8_t*>(buf->data());
+    auto check = [&](const Buffer* buf, const std::vector<uint8_t>& now, size_t extent,
+                     const char* name) -> std::string {
+      const uint8_t* d = now.data();
       for (size_t k = 0; k < extent; ++k) {
         const bool in_out = (buf == (l.out_in_b ? p.b : p.a)) && k >= l.out_off &&
                             k < l.out_off + l.out_bytes;
@@ -363,8 +402,8 @@ class Worker {
       }
       return "";
     };
-    std::string s = check(p.a, l.a_extent, "A");
-    if (s.empty()) s = check(p.b, l.b_extent, "B");
+    std::string s = check(p.a, a_now, l.a_extent, "A");
+    if (s.empty()) s = check(p.b, b_now, l.b_extent, "B");
     return s;
   }
 
@@ -427,11 +466,9 @@ class Worker {
     const int n0 = args_.mesh.axes[0].second;
     Buffer& e = *buf_a_[0];
     Buffer& e2 = *buf_b_[0];
-    auto* d = static_cast<uint8_t*>(e.data());
     const size_t size = e.size();
-    for (size_t k = 0; k < size; ++k) d[k] = Sentinel(k);
-    auto* d2 = static_cast<uint8_t*>(e2.data());
-    for (size_t k = 0; k < e2.size(); ++k) d2[k] = Sentinel(k);
+    Put(e, 0, Sentinels(size));
+    Put(e2, 0, Sentinels(e2.size()));
 
     const std::string& s = c.special;
     const AxisNames all = AxisNames::All();
@@ -492,7 +529,7 @@ class Worker {
       st = mesh_->all_gather(f32({7}), axis0, f32({-1, 7}, 0, &e2));
     } else if (s == "err.freed_buffer") {
       want = absl::StatusCode::kNotFound;
-      auto freed = client_->Allocate(4096);
+      auto freed = memory_->Allocate(*client_, 4096);
       if (!freed.ok()) return Report(c, false, "allocate: " + freed.status().ToString());
       if (absl::Status fs = client_->Free(*freed); !fs.ok()) {
         return Report(c, false, "free: " + fs.ToString());
@@ -526,6 +563,8 @@ class Worker {
     if (st.code() != want) {
       problem = absl::StrCat("expected ", absl::StatusCodeToString(want), ", got ", st.ToString());
     } else {
+      const std::vector<uint8_t> d = Get(e, 0, size);
+      const std::vector<uint8_t> d2 = Get(e2, 0, e2.size());
       for (size_t k = 0; k < size && problem.empty(); ++k) {
         if (d[k] != Sentinel(k)) problem = absl::StrCat("rejected op changed buffer byte ", k);
       }
@@ -556,16 +595,20 @@ class Worker {
     }
     Buffer& a = *buf_a_[0];
     Buffer& b = *buf_b_[0];
-    float* x = a.as<float>().data();
-    float* y = b.as<float>().data();
     std::vector<float> mine(6);
     for (size_t k = 0; k < mine.size(); ++k) mine[k] = 1.5f * static_cast<float>(k + 1) + args_.member;
-    auto expect = [&](const OpFuture& f, const char* what, const Shape& shape, const float* got)
+    const size_t bytes = mine.size() * sizeof(float);
+    // The result, in buffer `where` at offset 0, must be the input.
+    auto expect = [&](const OpFuture& f, const char* what, const Shape& shape, const Buffer& where)
         -> std::string {
       if (absl::Status st = f.Wait(); !st.ok()) return absl::StrCat(what, ": ", st.ToString());
       if (f.out_shape() != shape || f.out_dtype() != DType::kF32) {
         return absl::StrCat(what, ": result ", ShortName(f.out_dtype()), ShapeStr(f.out_shape()),
                             ", want f32", ShapeStr(shape));
+      }
+      std::vector<float> got(mine.size());
+      if (absl::Status st = memory_->Read(where, 0, got.data(), bytes); !st.ok()) {
+        return absl::StrCat(what, ": reading the result: ", st.ToString());
       }
       for (size_t k = 0; k < mine.size(); ++k) {
         if (got[k] != mine[k]) {
@@ -576,37 +619,37 @@ class Worker {
       return "";
     };
     auto fill = [&] {
-      std::memcpy(x, mine.data(), mine.size() * sizeof(float));
-      std::memset(y, 0, mine.size() * sizeof(float));
+      Put(a, 0, mine.data(), bytes);
+      Put(b, 0, std::vector<uint8_t>(bytes));
     };
     std::string problem;
     fill();
-    problem = expect(mesh_->psum_async(Array::Of<float>(a, {6}), none), "psum over ()", {6}, x);
+    problem = expect(mesh_->psum_async(Array::Of<float>(a, {6}), none), "psum over ()", {6}, a);
     if (!problem.empty()) return problem;
     fill();
     problem = expect(mesh_->pmean_async(Array::Of<float>(a, {6}), none, Array::Of<float>(b, {6})),
-                     "pmean over ()", {6}, y);
+                     "pmean over ()", {6}, b);
     if (!problem.empty()) return problem;
     fill();
     problem = expect(mesh_->all_gather_async(Array::Of<float>(a, {2, 3}), none,
                                              Array::Of<float>(b, {2, 3}), {.axis = 1}),
-                     "all_gather over ()", {2, 3}, y);
+                     "all_gather over ()", {2, 3}, b);
     if (!problem.empty()) return problem;
     fill();
     problem = expect(mesh_->psum_scatter_async(Array::Of<float>(a, {6}), none,
                                                Array::Of<float>(b, {6})),
-                     "psum_scatter over ()", {6}, y);
+                     "psum_scatter over ()", {6}, b);
     if (!problem.empty()) return problem;
     fill();
     problem = expect(mesh_->all_to_all_async(Array::Of<float>(a, {1, 6}), none,
                                              {.split_axis = 0, .concat_axis = 1},
                                              Array::Of<float>(b, {6, 1})),
-                     "all_to_all over ()", {6, 1}, y);
+                     "all_to_all over ()", {6, 1}, b);
     if (!problem.empty()) return problem;
     fill();
     problem = expect(mesh_->ppermute_async(Array::Of<float>(a, {6}), none, {{0, 0}},
                                            Array::Of<float>(b, {6})),
-                     "ppermute over ()", {6}, y);
+                     "ppermute over ()", {6}, b);
     if (!problem.empty()) return problem;
     if (absl::Status st = mesh_->barrier(none); !st.ok()) return "barrier(()): " + st.ToString();
     // Parameters are checked against the group of one.
@@ -633,10 +676,10 @@ class Worker {
     for (int m : p.group.members) p.inputs.push_back(MakeInput(f, args_.seed, m));
     p.a = buf_a_[0].get();
     p.b = buf_b_[0].get();
-    auto* a = static_cast<uint8_t*>(p.a->data());
-    for (size_t k = 0; k < p.layout.a_extent; ++k) a[k] = Sentinel(k);
+    std::vector<uint8_t> a = Sentinels(p.layout.a_extent);
     const auto& mine = p.inputs[p.group.rank];
-    std::memcpy(a + p.layout.in_off, mine.data(), mine.size());
+    std::memcpy(a.data() + p.layout.in_off, mine.data(), mine.size());
+    Put(*p.a, 0, a);
     p.x = Array{p.a, p.layout.in_off, f.dtype, f.shape};
     p.out = Array{p.a, p.layout.out_off, p.layout.out_dt, p.layout.out_shape};
     OpFuture fut = mesh_->psum_async(p.x, AxisNames::All(), p.out);
@@ -647,7 +690,8 @@ class Worker {
     for (const auto& in : p.inputs) ptrs.push_back(in.data());
     std::vector<uint8_t> expected = Reference(Op::kPsum, f.dtype, f.shape, {}, ptrs, p.group.rank,
                                               args_.mesh.num_members() == 1);
-    const uint8_t* got = a + p.layout.out_off;
+    const std::vector<uint8_t> a_now = Get(*p.a, 0, p.layout.a_extent);
+    const uint8_t* got = a_now.data() + p.layout.out_off;
     if (std::memcmp(got, expected.data(), expected.size()) != 0) {
       size_t e = 0;
       while (std::memcmp(got + 4 * e, expected.data() + 4 * e, 4) == 0) ++e;
@@ -656,7 +700,7 @@ class Worker {
                                  " expected ", ElemString(DType::kI32, expected.data() + 4 * e),
                                  " got ", ElemString(DType::kI32, got + 4 * e)));
     }
-    std::string damage = CheckUntouched(p);
+    std::string damage = CheckUntouched(p, a_now, {});
     if (!damage.empty()) return Report(c, false, "the valid psum after the error: " + damage);
     const int64_t seq = fut.sequence();
     uint64_t h = Fnv1a(got, expected.size());
@@ -665,6 +709,7 @@ class Worker {
   }
 
   Args args_;
+  std::unique_ptr<MemberMemory> memory_;
   std::vector<Case> cases_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Mesh> mesh_;
@@ -691,6 +736,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
       args->sweep = v;
     } else if (const char* v = value("--seed=")) {
       args->seed = std::strtoull(v, nullptr, 10);
+    } else if (const char* v = value("--device=")) {
+      args->device = v;
     } else {
       return false;
     }
@@ -707,9 +754,14 @@ int main(int argc, char** argv) {
   if (!collectived::integration::ParseArgs(argc, argv, &args)) {
     std::fprintf(stderr,
                  "usage: %s --socket=PATH --mesh=NAME --axes=x:2,y:4 --member=I "
-                 "--sweep=main|large|async|errors [--seed=N]\n",
+                 "--sweep=main|large|async|errors [--seed=N] [--device=cpu|cuda:N]\n",
                  argv[0]);
     return 2;
   }
-  return collectived::integration::Worker(std::move(args)).Run();
+  auto memory = collectived::testing::MemberMemory::ForDevice(args.device);
+  if (!memory.ok()) {
+    std::printf("FATAL device: %s\n", memory.status().ToString().c_str());
+    return 2;
+  }
+  return collectived::integration::Worker(std::move(args), *std::move(memory)).Run();
 }
