@@ -467,9 +467,9 @@ Config ParseFlags(int argc, char** argv) {
   // --device
   cfg.device = std::string(absl::StripAsciiWhitespace(cfg.device));
   if (cfg.device.empty()) cfg.device = "cpu";
-  if (cfg.device == "cuda") cfg.device = "cuda:0";
   if (cfg.device != "cpu") {
-    if (!absl::StartsWith(cfg.device, "cuda:") && !absl::StartsWith(cfg.device, "GPU-")) {
+    if (cfg.device != "cuda" && !absl::StartsWith(cfg.device, "cuda:") &&
+        !absl::StartsWith(cfg.device, "GPU-")) {
       UsageError(absl::StrCat("--device=", cfg.device,
                               ": expected cpu, cuda, cuda:N, GPU-<uuid> or cuda:GPU-<uuid>"));
     }
@@ -484,6 +484,7 @@ Config ParseFlags(int argc, char** argv) {
     if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
       UsageError("--op=grpc_echo is not a collective and takes no --device");
     }
+    if (cfg.device == "cuda") cfg.device = "cuda:0";
   }
   if (cfg.member >= 0 && (cfg.report_fd < 0 || cfg.mesh.empty() || cfg.members.size() != 1)) {
     UsageError("--member needs --report-fd, --mesh and a single --members");
