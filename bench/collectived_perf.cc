@@ -4,7 +4,7 @@
 //   collectived_perf [--op=psum|...|all] [--members=2[,4,...]] [--dtype=float32]
 //                    [--min-bytes=8] [--max-bytes=64M] [--step-factor=2]
 //                    [--iters=20] [--warmup=5] [--check=true] [--json]
-//                    [--socket=PATH]
+//                    [--socket=PATH] [--device=cpu|cuda[:N]|GPU-<uuid>]
 //
 // The parent process starts a private daemon (unless --socket names a running
 // one), then for each member count N starts N member processes (this same
@@ -14,6 +14,10 @@
 // sends its times to the parent through a pipe; an iteration's time is the
 // slowest member's, and a row reports the median and the minimum over the
 // iterations. See bench/README.md for the column definitions.
+//
+// With --device=cuda the members' buffers are GPU memory (the daemon's CUDA
+// VMM allocations): inputs are written with cudaMemcpy before the timed ops
+// and results are copied back to the host to be checked.
 //
 // The parent never talks gRPC; members are fork+exec'd, never plain forked.
 #include <fcntl.h>
@@ -58,6 +62,10 @@
 #include "collectived/client.h"
 #include "collectived/dtype.h"
 #include "collectived/v1/collective.grpc.pb.h"
+
+#if COLLECTIVED_PERF_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -191,6 +199,7 @@ struct Config {
   bool breakdown = false;      // print where fast-path op time goes
   int64_t spin_us = -1;        // client polling before sleeping; -1: the SDK's default
   std::vector<std::string> daemon_args;  // extra flags for a private daemon
+  std::string device = "cpu";  // where the members' buffers live (Client::Allocate)
   std::string echo_socket;     // grpc_echo: the parent's echo server
   // Member mode (hidden flags).
   int member = -1;
@@ -270,7 +279,10 @@ constexpr char kUsage[] =
     "                     (medians: submit->taken by the daemon, taken->started,\n"
     "                     started->completed, completed->reaped by the member)\n"
     "  --daemon-args=STR  extra flags for the private daemon, space separated\n"
-    "                     (e.g. \"--threads=2 --fast-path-spin-us=0\")\n";
+    "                     (e.g. \"--threads=2 --fast-path-spin-us=0\")\n"
+    "  --device=DEV       where the members' buffers live: cpu (default), cuda (= cuda:0),\n"
+    "                     cuda:N (the daemon's ordinal), GPU-<uuid> or cuda:GPU-<uuid>\n"
+    "                     (needs a build with CUDA and a GPU the daemon can use)\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
@@ -350,7 +362,8 @@ Config ParseFlags(int argc, char** argv) {
     static const char* const kValued[] = {"op",     "members", "dtype",  "min-bytes",
                                           "max-bytes", "step-factor", "iters", "warmup",
                                           "socket", "member",  "report-fd", "mesh",
-                                          "path",   "spin-us", "daemon-args", "echo-socket"};
+                                          "path",   "spin-us", "daemon-args", "echo-socket",
+                                          "device"};
     if (std::none_of(std::begin(kValued), std::end(kValued),
                      [&](const char* f) { return name == f; })) {
       UsageError(absl::StrCat("unknown flag --", name));
@@ -390,6 +403,8 @@ Config ParseFlags(int argc, char** argv) {
       cfg.spin_us = ParseInt(name, value, 0, 1000000);
     } else if (name == "daemon-args") {
       cfg.daemon_args = absl::StrSplit(value, ' ', absl::SkipEmpty());
+    } else if (name == "device") {
+      cfg.device = value;
     } else if (name == "echo-socket") {  // hidden
       cfg.echo_socket = value;
     } else if (name == "member") {  // hidden: member mode
@@ -449,6 +464,28 @@ Config ParseFlags(int argc, char** argv) {
                             cfg.min_bytes, ")"));
   }
   if (cfg.max_bytes > (int64_t{16} << 30)) UsageError("--max-bytes must be at most 16G");
+  // --device
+  cfg.device = std::string(absl::StripAsciiWhitespace(cfg.device));
+  if (cfg.device.empty()) cfg.device = "cpu";
+  if (cfg.device != "cpu") {
+    if (cfg.device != "cuda" && !absl::StartsWith(cfg.device, "cuda:") &&
+        !absl::StartsWith(cfg.device, "GPU-")) {
+      UsageError(absl::StrCat("--device=", cfg.device,
+                              ": expected cpu, cuda, cuda:N, GPU-<uuid> or cuda:GPU-<uuid>"));
+    }
+#if !COLLECTIVED_PERF_CUDA
+    std::fprintf(stderr,
+                 "collectived_perf: --device=%s: this collectived_perf was built without CUDA "
+                 "(COLLECTIVED_WITH_CUDA=OFF, or the CUDA toolkit or NCCL was not found); "
+                 "rebuild with -DCOLLECTIVED_WITH_CUDA=AUTO or ON for GPU buffers\n",
+                 cfg.device.c_str());
+    std::exit(2);
+#endif
+    if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
+      UsageError("--op=grpc_echo is not a collective and takes no --device");
+    }
+    if (cfg.device == "cuda") cfg.device = "cuda:0";
+  }
   if (cfg.member >= 0 && (cfg.report_fd < 0 || cfg.mesh.empty() || cfg.members.size() != 1)) {
     UsageError("--member needs --report-fd, --mesh and a single --members");
   }
@@ -618,6 +655,72 @@ std::string Verify(Op op, DType dt, int n, int me, const Row& r, const void* out
   }
   if (bad == 0) return "";
   return absl::StrCat(bad, " of ", r.out_count, " elements wrong; first: ", first);
+}
+
+// ---------------------------------------------------------------------------
+// GPU buffers: the members read and write them through host staging copies.
+// Every helper returns only when the copy is complete on the device, as the
+// SDK's ordering contract asks of inputs (README, "GPU buffers").
+
+#if COLLECTIVED_PERF_CUDA
+absl::Status CudaCall(cudaError_t err, absl::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+}
+#endif
+
+// Copies `bytes` from host memory `src` into the buffer.
+absl::Status Upload(const collectived::Buffer& b, const void* src, size_t bytes) {
+  if (b.device_ordinal() < 0) {
+    std::memcpy(b.data(), src, bytes);
+    return absl::OkStatus();
+  }
+#if COLLECTIVED_PERF_CUDA
+  absl::Status st = CudaCall(cudaSetDevice(b.device_ordinal()), "cudaSetDevice");
+  if (st.ok()) st = CudaCall(cudaMemcpy(b.data(), src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  if (st.ok()) st = CudaCall(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return st;
+#else
+  return absl::UnimplementedError("GPU buffer in a build without CUDA");
+#endif
+}
+
+// Sets the first `bytes` of the buffer to `value`.
+absl::Status Memset(const collectived::Buffer& b, int value, size_t bytes) {
+  if (b.device_ordinal() < 0) {
+    std::memset(b.data(), value, bytes);
+    return absl::OkStatus();
+  }
+#if COLLECTIVED_PERF_CUDA
+  absl::Status st = CudaCall(cudaSetDevice(b.device_ordinal()), "cudaSetDevice");
+  if (st.ok()) st = CudaCall(cudaMemset(b.data(), value, bytes), "cudaMemset");
+  if (st.ok()) st = CudaCall(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return st;
+#else
+  return absl::UnimplementedError("GPU buffer in a build without CUDA");
+#endif
+}
+
+// The first `bytes` of the buffer, readable on the host: the buffer itself
+// for host memory, else a copy in `staging`.
+absl::StatusOr<const void*> Download(const collectived::Buffer& b, size_t bytes,
+                                     std::vector<unsigned char>& staging) {
+  if (b.device_ordinal() < 0) return static_cast<const void*>(b.data());
+#if COLLECTIVED_PERF_CUDA
+  staging.resize(std::max(staging.size(), bytes));
+  absl::Status st = CudaCall(cudaSetDevice(b.device_ordinal()), "cudaSetDevice");
+  if (st.ok()) {
+    st = CudaCall(cudaMemcpy(staging.data(), b.data(), bytes, cudaMemcpyDeviceToHost),
+                  "cudaMemcpy D2H");
+  }
+  if (!st.ok()) return st;
+  return static_cast<const void*>(staging.data());
+#else
+  (void)bytes;
+  (void)staging;
+  return absl::UnimplementedError("GPU buffer in a build without CUDA");
+#endif
 }
 
 // ---------------------------------------------------------------------------
@@ -799,20 +902,27 @@ int RunMember(const Config& cfg) {
   if (cfg.spin_us >= 0) options.fast_path_spin = absl::Microseconds(cfg.spin_us);
   auto client = collectived::Client::Connect(options);
   if (!client.ok()) return MemberFail(fd, absl::StrCat("connect: ", client.status().ToString()));
+  // The buffers first: a device the daemon cannot use fails every member the
+  // same way, before any of them waits in the mesh for the others.
+  auto in = (*client)->Allocate(max_in, cfg.device);
+  if (!in.ok()) {
+    return MemberFail(fd, absl::StrCat("allocate ", max_in, " B on ", cfg.device, ": ",
+                                       in.status().ToString()));
+  }
+  auto out = (*client)->Allocate(max_out, cfg.device);
+  if (!out.ok()) {
+    return MemberFail(fd, absl::StrCat("allocate ", max_out, " B on ", cfg.device, ": ",
+                                       out.status().ToString()));
+  }
   auto mesh = (*client)->JoinMesh({.name = cfg.mesh,
                                    .axes = {{"x", n}},
                                    .coordinate = {me},
                                    .join_timeout = absl::Seconds(60)});
   if (!mesh.ok()) return MemberFail(fd, absl::StrCat("join mesh: ", mesh.status().ToString()));
   collectived::Mesh& m = **mesh;
-  auto in = (*client)->Allocate(max_in);
-  if (!in.ok()) {
-    return MemberFail(fd, absl::StrCat("allocate ", max_in, " B: ", in.status().ToString()));
-  }
-  auto out = (*client)->Allocate(max_out);
-  if (!out.ok()) {
-    return MemberFail(fd, absl::StrCat("allocate ", max_out, " B: ", out.status().ToString()));
-  }
+  const bool on_gpu = in->device_ordinal() >= 0;
+  // GPU buffers: the inputs are written and the results read through these.
+  std::vector<unsigned char> staging_in(on_gpu ? max_in : 0), staging_out;
   std::unique_ptr<EchoClient> echo;
   if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
     echo = std::make_unique<EchoClient>();
@@ -832,16 +942,31 @@ int RunMember(const Config& cfg) {
                                   : absl::StrCat(OpName(r.op), " ", r.bytes, " B");
     };
     if (filled != r.op && !Sizeless(r.op)) {
-      FillInput(r.op, cfg.dtype, me, in->data(), fill_count[r.op]);
+      if (on_gpu) {
+        const size_t bytes = static_cast<size_t>(fill_count[r.op]) * collectived::DTypeSize(cfg.dtype);
+        FillInput(r.op, cfg.dtype, me, staging_in.data(), fill_count[r.op]);
+        if (absl::Status st = Upload(*in, staging_in.data(), bytes); !st.ok()) {
+          return MemberFail(fd, absl::StrCat(where(), ": writing the input: ", st.ToString()));
+        }
+      } else {
+        FillInput(r.op, cfg.dtype, me, in->data(), fill_count[r.op]);
+      }
       filled = r.op;
     }
     const OpCall call = MakeCall(r.op, cfg.dtype, n, r, *in, *out);
     std::string check = "skipped";
     if (cfg.check && !Sizeless(r.op)) {
-      std::memset(out->data(), 0xA5, r.out_bytes);
+      if (absl::Status st = Memset(*out, 0xA5, r.out_bytes); !st.ok()) {
+        return MemberFail(fd, absl::StrCat(where(), ": filling the output: ", st.ToString()));
+      }
       absl::Status st = RunOp(m, call);
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
-      std::string bad = Verify(r.op, cfg.dtype, n, me, r, out->data());
+      absl::StatusOr<const void*> result = Download(*out, r.out_bytes, staging_out);
+      if (!result.ok()) {
+        return MemberFail(fd, absl::StrCat(where(), ": reading the result: ",
+                                           result.status().ToString()));
+      }
+      std::string bad = Verify(r.op, cfg.dtype, n, me, r, *result);
       check = bad.empty() ? "ok" : "fail";
       if (!bad.empty() && !WriteAll(fd, absl::StrCat("CHECKFAIL ", ri, " ", bad, "\n"))) return 1;
     }
@@ -1124,9 +1249,10 @@ class Printer {
       std::printf(
           "{\"op\":\"%s\",\"members\":%d,\"dtype\":\"%s\",\"bytes\":%" PRId64
           ",\"count\":%" PRId64 ",\"time_us\":%.3f,\"time_us_min\":%.3f,\"algbw_gbps\":%.6f,"
-          "\"busbw_gbps\":%.6f,\"check\":\"%s\"}\n",
+          "\"busbw_gbps\":%.6f,\"check\":\"%s\"%s}\n",
           OpName(r.op), n, std::string(collectived::DTypeName(cfg_.dtype)).c_str(), r.bytes,
-          r.count, res.med_us, res.min_us, res.algbw, res.busbw, res.check.c_str());
+          r.count, res.med_us, res.min_us, res.algbw, res.busbw, res.check.c_str(),
+          cfg_.device == "cpu" ? "" : absl::StrCat(",\"device\":\"", cfg_.device, "\"").c_str());
       std::fflush(stdout);
       return;
     }
@@ -1161,8 +1287,10 @@ class Printer {
     n_ = n;
     busbw_sum_ = 0;
     rows_ = 0;
-    std::printf("# collectived_perf: op %s, members %d, dtype %s, daemon %s\n", OpName(op), n,
-                std::string(collectived::DTypeName(cfg_.dtype)).c_str(), daemon_.c_str());
+    std::printf("# collectived_perf: op %s, members %d, dtype %s, %sdaemon %s\n", OpName(op), n,
+                std::string(collectived::DTypeName(cfg_.dtype)).c_str(),
+                cfg_.device == "cpu" ? "" : absl::StrCat("buffers on ", cfg_.device, ", ").c_str(),
+                daemon_.c_str());
     std::printf(
         "# iters %d, warmup %d, check %s; time = median (and min) over iterations of the slowest "
         "member's op time\n",
@@ -1254,6 +1382,7 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
         absl::StrCat("--path=", cfg.fast_path ? "fast" : "grpc"),
         absl::StrCat("--breakdown=", cfg.breakdown ? "true" : "false"),
         "--echo-socket=" + cfg.echo_socket,
+        "--device=" + cfg.device,
         absl::StrCat("--spin-us=", cfg.spin_us < 0 ? std::string("") : absl::StrCat(cfg.spin_us)),
     };
     if (cfg.spin_us < 0) argv.pop_back();
@@ -1493,11 +1622,23 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
               return std::make_pair(members[a].reported, members[a].fail_order) <
                      std::make_pair(members[b].reported, members[b].fail_order);
             });
+  // Members that failed exactly as the first (an allocation the daemon
+  // refuses, say) are named on its line rather than repeated.
+  std::vector<size_t> same;
+  for (size_t i : order) {
+    if (i != order[0] && members[i].error == members[order[0]].error) same.push_back(i);
+  }
   for (size_t i : order) {
     const Member& m = members[i];
-    std::fprintf(stderr, "collectived_perf: %s member %zu of %d (pid %d) failed: %s\n",
+    if (i != order[0] && m.error == members[order[0]].error) continue;
+    std::string also;
+    if (i == order[0] && !same.empty()) {
+      also = absl::StrCat(same.size() == 1 ? " (member " : " (members ", absl::StrJoin(same, ","),
+                          " failed the same way)");
+    }
+    std::fprintf(stderr, "collectived_perf: %s member %zu of %d (pid %d) failed: %s%s\n",
                  i == order[0] ? "error:" : "also:", i, n, static_cast<int>(m.pid),
-                 m.error.c_str());
+                 m.error.c_str(), also.c_str());
   }
   if (!daemon_problem.empty()) {
     std::fprintf(stderr, "collectived_perf: %s\n", daemon_problem.c_str());

@@ -23,6 +23,19 @@ subprocess runs in its own process group with a timeout, and the whole group
 is killed when it expires. Exit status: 0, or 1 when some system failed or a
 check failed (the table is printed all the same), 2 for bad arguments.
 
+GPU rows (--gpu-rows FILE...): no benchmark is run; the JSON rows that
+bench/gpu_bench.sh writes (collectived_perf --device cuda, nccl_perf,
+cuda_copy_perf) are read back and printed as one table, psum and all_gather
+of K members on one GPU next to bare NCCL and the device's copy bandwidth,
+with the efficiency against that copy bandwidth:
+
+  moved GB/s   the least memory traffic of the op over its time: psum 2*K*S
+               (K inputs of S bytes read, K outputs written), all_gather
+               S + K*S (every tile read once, every output written)
+  copy GB/s    cuda_copy_perf's best (memcpy or kernel) copy_gbps at S (2S per
+               copy: S read + S written), else at the nearest measured size
+  eff          moved GB/s / copy GB/s: 1.0 is the memory's copy ceiling
+
 Only the Python 3 standard library is used.
 """
 
@@ -93,7 +106,13 @@ def parse_args(argv):
                    help="seconds each benchmark run may take (default 1200)")
     p.add_argument("--json-out", metavar="FILE", help="also write the merged rows to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as a Markdown table")
+    p.add_argument("--gpu-rows", nargs="+", metavar="FILE",
+                   help="run nothing: read the JSON rows of collectived_perf --device cuda, "
+                        "nccl_perf and cuda_copy_perf from FILEs and print the GPU table with "
+                        "the efficiency against the copy bandwidth")
     args = p.parse_args(argv)
+    if args.gpu_rows:
+        return args
 
     args.ops = [o.strip() for o in args.op.split(",") if o.strip()]
     for op in args.ops:
@@ -189,7 +208,8 @@ def parse_rows(stdout, system):
 def tail(text, lines=6):
     """The benchmark's own messages ("gloo_perf: ...") if any, else the last lines."""
     all_lines = [l.strip() for l in text.splitlines() if l.strip()]
-    own = [l for l in all_lines if l.split(":", 1)[0] in ("collectived_perf", "mpi_perf", "gloo_perf")]
+    own = [l for l in all_lines if l.split(":", 1)[0] in
+           ("collectived_perf", "mpi_perf", "gloo_perf", "nccl_perf", "cuda_copy_perf")]
     return " | ".join((own or all_lines)[-lines:])
 
 
@@ -345,8 +365,118 @@ def print_table(header, body, markdown):
         print(row(line))
 
 
+# --- GPU rows ----------------------------------------------------------------
+
+COPY_SYSTEMS = ("cuda_memcpy", "cuda_kernel")
+
+
+def read_gpu_rows(paths):
+    """JSON rows from files; a row without "system" is collectived_perf's."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line.startswith("{"):
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                row.setdefault("system", "collectived")
+                rows.append(row)
+    return rows
+
+
+def min_traffic(op, k, size):
+    """The least bytes an op of k members on one device reads plus writes."""
+    if op == "psum":
+        return 2 * k * size
+    if op == "all_gather":
+        return size + k * size
+    return None
+
+
+def copy_ceiling(copy_rows, size):
+    """The best copy bandwidth (GB/s, read + write) at `size`, else at the nearest size."""
+    if not copy_rows:
+        return None, None
+    sizes = sorted({int(r["bytes"]) for r in copy_rows})
+    near = min(sizes, key=lambda s: abs(s - size) / max(s, size))
+    best = max(float(r.get("copy_gbps") or 0) for r in copy_rows if int(r["bytes"]) == near)
+    return best, near
+
+
+def gpu_table(rows, target_bytes=64 << 20):
+    cd = [r for r in rows if r["system"] == "collectived"]
+    nccl = {(r["op"], int(r["bytes"])): r for r in rows if r["system"] == "nccl"}
+    copies = [r for r in rows if r["system"] in COPY_SYSTEMS]
+    header = ["op", "K", "bytes", "cd us", "cd busbw", "moved GB/s", "copy GB/s", "eff",
+              "nccl n", "nccl us", "nccl busbw"]
+    body, out, failed = [], [], False
+    op_order = {}
+    for r in cd:
+        op_order.setdefault(r["op"], len(op_order))
+    for r in sorted(cd, key=lambda r: (op_order[r["op"]], int(r["members"]), int(r["bytes"]))):
+        k, size, us = int(r["members"]), int(r["bytes"]), float(r["time_us"])
+        traffic = min_traffic(r["op"], k, size)
+        moved = traffic / (us * 1e3) if traffic is not None and us > 0 else None
+        ceiling, at = copy_ceiling(copies, size)
+        eff = moved / ceiling if moved is not None and ceiling else None
+        n = nccl.get((r["op"], size))
+        mark = "!" if r.get("check") == "fail" else ""
+        failed = failed or bool(mark) or (n is not None and n.get("check") == "fail")
+        body.append([r["op"], str(k), str(size), fmt(us, ".2f") + mark,
+                     fmt(r.get("busbw_gbps"), ".3f"), fmt(moved, ".1f"), fmt(ceiling, ".1f"),
+                     fmt(eff, ".3f"), fmt(n and n["members"], "d"), fmt(n and n["time_us"], ".2f"),
+                     fmt(n and n["busbw_gbps"], ".3f")])
+        out.append({"op": r["op"], "members": k, "bytes": size, "device": r.get("device"),
+                    "time_us": us, "moved_bytes": traffic, "moved_gbps": moved,
+                    "copy_gbps": ceiling, "copy_bytes": at, "efficiency": eff,
+                    "target_row": r["op"] == "psum" and size >= target_bytes,
+                    "collectived": r, "nccl": n})
+    return header, body, out, failed
+
+
+def gpu_main(args):
+    rows = read_gpu_rows(args.gpu_rows)
+    header, body, out, failed = gpu_table(rows)
+    title = ("GPU rows: K members' buffers on one GPU (collectived_perf --device cuda), bare NCCL "
+             "(nccl_perf, n ranks = visible GPUs) and the copy ceiling (cuda_copy_perf); "
+             "us = median; GB/s = 1e9 B/s")
+    print(title + "\n" if args.markdown else "# " + title)
+    if body:
+        print_table(header, body, args.markdown)
+    else:
+        print("(no collectived rows in %s)" % " ".join(args.gpu_rows))
+    notes = ["moved GB/s = least traffic / time: psum 2*K*S, all_gather S + K*S; copy GB/s = "
+             "best device copy at S counting read + write (2S); eff = moved / copy",
+             "the target rows are psum with S >= 64 MiB"]
+    if any(r["system"] == "nccl" and int(r["members"]) == 1 for r in rows):
+        notes.append("nccl n = 1: one GPU, so NCCL runs its single-rank path (a local copy of "
+                     "the input); busbw is 0 by definition, compare its time")
+    target = [o for o in out if o["target_row"] and o["efficiency"] is not None]
+    if target:
+        notes.append("psum >= 64 MiB: efficiency min %.3f, max %.3f over %d rows"
+                     % (min(o["efficiency"] for o in target), max(o["efficiency"] for o in target),
+                        len(target)))
+    if failed:
+        notes.append("! marks a row whose result check failed")
+    print()
+    for n in notes:
+        print(("- " if args.markdown else "note: ") + n)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"notes": notes, "rows": out,
+                       "copy": [r for r in rows if r["system"] in COPY_SYSTEMS]}, f, indent=1)
+            f.write("\n")
+    return 1 if failed else 0
+
+
 def main(argv):
     args = parse_args(argv)
+    if args.gpu_rows:
+        return gpu_main(args)
     notes = []
     all_rows = []
     ran = []
