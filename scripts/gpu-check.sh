@@ -6,8 +6,9 @@
 #
 #   scripts/gpu-check.sh [OUTDIR]        (default gpu-check-out)
 #
-# OUTDIR gets ctest's JUnit XML (junit.xml), the build and test logs, and
-# summary.json (passed / failed / skipped per test binary). Exit status: 0
+# OUTDIR gets ctest's JUnit XML (junit.xml), the build and test logs,
+# summary.json (passed / failed / skipped per test binary) and bench/ (the GPU
+# benchmark rows of bench/gpu_bench.sh, run after the tests in the time left). Exit status: 0
 # when the build succeeded and no test failed; 1 when a test failed; 2 when
 # the build (or its prerequisites) failed.
 #
@@ -21,9 +22,9 @@
 #   GPU_CHECK_JOBS        build and test parallelism (default: nproc)
 #   GPU_CHECK_CMAKE_ARGS  more configure arguments (split on spaces)
 #   GPU_CHECK_DEADLINE_S  seconds from the start by which every test must
-#                         have ended (default 450: the whole check stays
-#                         under 8 minutes; tests still running then fail as
-#                         timed out)
+#                         have ended (default 380: the benchmarks get what
+#                         is left of 470 s, so the whole check stays under 8
+#                         minutes; tests still running then fail as timed out)
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here" || exit 2
@@ -45,12 +46,12 @@ targets=(
   collectived_gpu_e2e_tests collectived_gpu_e2e_worker
   collectived_integration_tests collectived_test_worker
   collectived_conformance_tests collectived_conformance_worker
+  collectived_perf nccl_perf cuda_copy_perf
 )
 # Checks that cannot run yet: what they need is not built.
 not_built=(
   "NCCL across GPUs (members on different GPUs): not built"
   "stream-ordered submission: not built"
-  "GPU benchmarks (collectived_perf --device cuda, bare NCCL and copy rows): not built"
 )
 
 gpus=""
@@ -65,7 +66,7 @@ write_summary() {
     echo "python3 not found: no per-binary summary; see $out/ctest.log"
     printf '{"build": "%s", "exit_code": %s, "binaries": {}, "not_built": [%s]}\n' \
       "$build_state" "$status" \
-      '"NCCL across GPUs (members on different GPUs)", "stream-ordered submission", "GPU benchmarks (collectived_perf --device cuda, bare NCCL and copy rows)"' \
+      '"NCCL across GPUs (members on different GPUs)", "stream-ordered submission"' \
       >"$out/summary.json"
     return
   fi
@@ -78,7 +79,6 @@ missing = sys.argv[5:]
 not_built = [
     "NCCL across GPUs (members on different GPUs)",
     "stream-ordered submission",
-    "GPU benchmarks (collectived_perf --device cuda, bare NCCL and copy rows)",
 ]
 
 # Test name -> binary, from `ctest --show-only=json-v1`.
@@ -256,7 +256,7 @@ echo "== ctest -L gpu (COLLECTIVED_REQUIRE_GPU=1) =="
 (cd "$build" && ctest -L gpu --show-only=json-v1 >"$out/tests.json" 2>/dev/null)
 # Tests that read the device's free memory are RUN_SERIAL: the others may
 # run side by side. Whatever the build left, at least a minute for them.
-left=$(( ${GPU_CHECK_DEADLINE_S:-450} - (SECONDS - start) ))
+left=$(( ${GPU_CHECK_DEADLINE_S:-380} - (SECONDS - start) ))
 ((left >= 60)) || left=60
 stop_at="$(date -d "+$left seconds" +%H:%M:%S)"
 echo "tests must end by $stop_at ($left s from now)"
@@ -265,6 +265,22 @@ echo "tests must end by $stop_at ($left s from now)"
    >"$out/ctest.log" 2>&1)
 ctest_status=$?
 grep -E '^[0-9]+% tests passed|tests failed out of|^Total Test time' "$out/ctest.log"
+
+# The GPU benchmark rows (bench/gpu_bench.sh): collectived_perf --device cuda
+# for K = 2, 4, 8 members, bare NCCL and the device copy ceiling, side by side
+# (bench/README.md, "GPU rows"). Run whatever the tests said, within what is
+# left of the 8 minutes.
+bench_left=$(( 470 - (SECONDS - start) ))
+if ((bench_left >= 30)); then
+  echo "== GPU benchmarks (bench/gpu_bench.sh, at most $bench_left s) =="
+  if ! timeout "$bench_left" "$here/bench/gpu_bench.sh" "$out/bench" "$build"; then
+    echo "gpu_bench: failed or cut off at $bench_left s (logs in $out/bench)"
+  fi
+  [ -s "$out/bench/summary.txt" ] && cat "$out/bench/summary.txt"
+else
+  echo "GPU benchmarks: not run, only $bench_left s left of the 8 minutes"
+fi
+
 if [ $ctest_status -ne 0 ]; then
   echo "ctest exited $ctest_status; what the failures said, most frequent first (in full: $out/ctest.log):"
   grep -E -A2 ': Failure$' "$out/ctest.log" | grep -v -E ': Failure$|^Failed$|^--$' |
