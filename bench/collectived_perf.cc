@@ -62,6 +62,7 @@
 #include "collectived/client.h"
 #include "collectived/dtype.h"
 #include "collectived/v1/collective.grpc.pb.h"
+#include "daemon/plan/op_plan.h"
 
 #if COLLECTIVED_PERF_CUDA
 #include <cuda_runtime_api.h>
@@ -154,23 +155,14 @@ double BusFactor(Op op, int n) {
   return 0.0;
 }
 
-// The result dtype of a reduction, as jax.lax defines it (and the daemon).
+// The result dtype of an op: a reduction's as jax.lax defines it (the
+// daemon's rule, daemon/plan), the input's for the others.
 DType OutDType(Op op, DType dt) {
-  if (op == Op::kPsum && dt == DType::kBool) return DType::kI32;
-  if (op != Op::kPmean) return dt;
-  switch (dt) {
-    case DType::kBool:
-    case DType::kI8:
-    case DType::kU8:
-    case DType::kI32:
-    case DType::kU32:
-      return DType::kF32;
-    case DType::kI64:
-    case DType::kU64:
-      return DType::kF64;
-    default:
-      return dt;
+  if (op == Op::kPsum) return collectived::ReduceResultDType(collectived::ReduceKind::kSum, dt);
+  if (op == Op::kPmean) {
+    return collectived::ReduceResultDType(collectived::ReduceKind::kMean, dt);
   }
+  return dt;
 }
 
 struct Row {

@@ -85,14 +85,7 @@ Flags Parse(int argc, char** argv) {
       std::exit(0);
     }
     if (arg.rfind("--", 0) != 0) UsageError("unexpected argument '" + arg + "'");
-    std::string name = arg.substr(2), value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-      has_value = true;
-    }
-    std::replace(name.begin(), name.end(), '_', '-');
+    auto [name, value, has_value] = peers::SplitFlag(arg);
     if (name == "json" || name == "check") {
       auto b = peers::ParseBool(value);
       if (!b) UsageError("--" + name + "=" + value + ": expected true or false");

@@ -191,6 +191,23 @@ constexpr char kCommonUsage[] =
     "                     --nocheck turns it off)\n"
     "  --json[=BOOL]      one JSON object per row on stdout instead of the table\n";
 
+// One "--name" or "--name=value" argument: the name with `_` read as `-`, the
+// value, and whether "=value" was there. `arg` starts with "--".
+struct FlagArg {
+  std::string name, value;
+  bool has_value = false;
+};
+inline FlagArg SplitFlag(const std::string& arg) {
+  FlagArg f{arg.substr(2), "", false};
+  if (size_t eq = f.name.find('='); eq != std::string::npos) {
+    f.value = f.name.substr(eq + 1);
+    f.name.resize(eq);
+    f.has_value = true;
+  }
+  std::replace(f.name.begin(), f.name.end(), '_', '-');
+  return f;
+}
+
 // Parses argv into cfg. Flags take `--flag=value` or `--flag value`; `_` may
 // replace `-`. `extra(name, value)` handles the program's own valued flags
 // (listed in `extra_names`) and returns an error text or "". Returns an error
@@ -207,14 +224,7 @@ inline std::string ParseFlags(int argc, char** argv, Config& cfg,
       return "";
     }
     if (arg.rfind("--", 0) != 0) return "unexpected argument '" + arg + "'";
-    std::string name = arg.substr(2), value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name.resize(eq);
-      has_value = true;
-    }
-    std::replace(name.begin(), name.end(), '_', '-');
+    auto [name, value, has_value] = SplitFlag(arg);
     if (name == "json" || name == "check") {
       std::optional<bool> b = ParseBool(value);
       if (!b) return "--" + name + "=" + value + ": expected true or false";

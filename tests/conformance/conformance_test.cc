@@ -21,6 +21,7 @@
 #include "collectived/client.h"
 #include "gtest/gtest.h"
 #include "tests/conformance/vectors.h"
+#include "tests/harness/device_probe.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::conformance {
@@ -79,27 +80,9 @@ const char* const kCpu = "cpu";
 const char* const kCuda = "cuda:0";
 #endif
 
-bool GpuRequired() {
-  const char* require = std::getenv("COLLECTIVED_REQUIRE_GPU");
-  return require != nullptr && std::string(require) == "1";
-}
-
-// Host memory always works. For a GPU: whether `daemon` gives this process a
-// buffer on `device`; skips the calling test with the reason when not (fails
-// it under COLLECTIVED_REQUIRE_GPU=1).
-void SkipUnlessDeviceUsable(const Daemon& daemon, const std::string& device) {
-  if (device == kCpu) return;
-  auto client = collectived::Client::Connect(
-      {.socket_path = daemon.socket(), .client_name = "gpu-probe"});
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<collectived::Buffer> probe = (*client)->Allocate(4096, device);
-  if (probe.ok()) return;
-  if (GpuRequired()) {
-    FAIL() << "COLLECTIVED_REQUIRE_GPU=1 but no GPU memory on " << device << ": "
-           << probe.status();
-  }
-  GTEST_SKIP() << "no GPU memory on " << device << ": " << probe.status();
-}
+// Host memory always works; a GPU skips the test, saying why, when the
+// daemon gives no memory there.
+using ::collectived::testing::SkipUnlessDeviceUsable;
 
 // (device of the workers' buffers, mesh layout)
 class ConformanceTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
@@ -118,7 +101,7 @@ TEST_P(ConformanceTest, MatchesJax) {
 
   auto daemon = Daemon::Start({"--log_level=warn"});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
-  SkipUnlessDeviceUsable(**daemon, device);
+  SkipUnlessDeviceUsable((*daemon)->socket(), device);
   if (IsSkipped() || HasFatalFailure()) return;
 
   std::vector<std::vector<std::string>> argvs;

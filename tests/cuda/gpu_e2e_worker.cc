@@ -45,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "collectived/client.h"
+#include "tests/harness/flags.h"
 
 namespace {
 
@@ -62,10 +63,7 @@ bool Parse(int argc, char** argv, Flags& f) {
   for (int a = 1; a < argc; ++a) {
     std::string arg = argv[a];
     auto value = [&](const char* name, std::string* out) {
-      std::string prefix = absl::StrCat("--", name, "=");
-      if (arg.rfind(prefix, 0) != 0) return false;
-      *out = arg.substr(prefix.size());
-      return true;
+      return ::collectived::testing::FlagValue(arg, name, out);
     };
     std::string v;
     if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||

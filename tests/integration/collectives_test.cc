@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "collectived/client.h"
 #include "gtest/gtest.h"
+#include "tests/harness/device_probe.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/member_memory.h"
 #include "tests/integration/sweep.h"
@@ -73,29 +74,9 @@ std::string DeviceTag(const std::string& device) {
   return tag;
 }
 
-bool GpuRequired() {
-  const char* require = std::getenv("COLLECTIVED_REQUIRE_GPU");
-  return require != nullptr && std::string(require) == "1";
-}
-
-// Host memory always works. For a GPU: whether `daemon` gives this process a
-// buffer on `device` (a daemon without a usable GPU answers
-// FAILED_PRECONDITION saying why; an SDK without a GPU cannot map it). Skips
-// the calling test with the reason when not, or fails it under
-// COLLECTIVED_REQUIRE_GPU=1; the caller returns when IsSkipped() or
-// HasFatalFailure().
-void SkipUnlessDeviceUsable(const Daemon& daemon, const std::string& device) {
-  if (device == kCpu) return;
-  auto client = Client::Connect({.socket_path = daemon.socket(), .client_name = "gpu-probe"});
-  ASSERT_TRUE(client.ok()) << client.status();
-  absl::StatusOr<Buffer> probe = (*client)->Allocate(4096, device);
-  if (probe.ok()) return;
-  if (GpuRequired()) {
-    FAIL() << "COLLECTIVED_REQUIRE_GPU=1 but no GPU memory on " << device << ": "
-           << probe.status();
-  }
-  GTEST_SKIP() << "no GPU memory on " << device << ": " << probe.status();
-}
+// Host memory always works; a GPU skips the test, saying why, when the
+// daemon gives no memory there.
+using ::collectived::testing::SkipUnlessDeviceUsable;
 
 // Per member: case name -> hash of its output.
 using MemberHashes = std::map<std::string, std::string>;
@@ -252,7 +233,7 @@ class CollectivesIntegration : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Daemon> StartDaemonFor(std::vector<std::string> flags = kSmallChunks) {
     auto daemon = StartDaemon(std::move(flags));
     if (daemon == nullptr) return nullptr;
-    SkipUnlessDeviceUsable(*daemon, GetParam());
+    SkipUnlessDeviceUsable(daemon->socket(), GetParam());
     if (IsSkipped() || HasFailure()) return nullptr;
     return daemon;
   }
@@ -369,7 +350,7 @@ TEST_P(MainSweepTest, EveryOpDtypeShapeAndPlacement) {
   const auto& [device, cfg] = GetParam();
   auto daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
-  SkipUnlessDeviceUsable(*daemon, device);
+  SkipUnlessDeviceUsable(daemon->socket(), device);
   if (IsSkipped() || HasFatalFailure()) return;
   RunMeshes(*daemon,
             {{absl::StrCat("main-", cfg.test_name), cfg.axes, "main", cfg.seed, device}});
@@ -397,7 +378,7 @@ INSTANTIATE_TEST_SUITE_P(CudaGpuMeshes, MainSweepTest,
 TEST(CudaGpuMixedMemory, CpuAndCudaMembersOfOneOpAreRefused) {
   auto daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
-  SkipUnlessDeviceUsable(*daemon, kCuda);
+  SkipUnlessDeviceUsable(daemon->socket(), kCuda);
   if (IsSkipped() || HasFatalFailure()) return;
 
   const std::vector<std::string> devices = {kCpu, kCuda};
