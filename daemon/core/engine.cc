@@ -997,32 +997,56 @@ void Engine::FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callb
             {"error", std::string(status.message())}});
 }
 
-void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
-  timer_->Cancel(op.timer);
-  // Every member's n-th op must be the same op.
-  std::vector<std::pair<std::string, std::vector<int>>> variants;
-  for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
-    const std::string& sig = op.subs[i]->plan->signature;
-    auto it = std::find_if(variants.begin(), variants.end(),
-                           [&](const auto& v) { return v.first == sig; });
-    if (it == variants.end()) {
-      variants.push_back({sig, {i}});
+namespace {
+
+// Member indices 0..n-1 grouped by *key(i) (members whose key is null left
+// out), the groups in first-seen order and then the smallest first (stable):
+// the order in which errors list who did what. The key is copied once per
+// group (this runs for every op).
+std::vector<std::pair<std::string, std::vector<int>>> GroupMembers(
+    int n, const std::function<const std::string*(int)>& key) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int i = 0; i < n; ++i) {
+    const std::string* k = key(i);
+    if (k == nullptr) continue;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == *k; });
+    if (it == groups.end()) {
+      groups.push_back({*k, {i}});
     } else {
       it->second.push_back(i);
     }
   }
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  return groups;
+}
+
+// "member 2 <one> X while members 0,1,3 <many> Y".
+std::string ListGroups(const std::vector<std::pair<std::string, std::vector<int>>>& groups,
+                       absl::string_view one, absl::string_view many) {
+  std::vector<std::string> parts;
+  for (const auto& [what, members] : groups) {
+    parts.push_back(absl::StrCat(members.size() == 1 ? "member " : "members ",
+                                 absl::StrJoin(members, ","), members.size() == 1 ? one : many,
+                                 what));
+  }
+  return absl::StrJoin(parts, " while ");
+}
+
+}  // namespace
+
+void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
+  timer_->Cancel(op.timer);
+  // Every member's n-th op must be the same op.
+  auto variants = GroupMembers(static_cast<int>(op.subs.size()),
+                               [&](int i) { return &op.subs[i]->plan->signature; });
   if (variants.size() > 1) {
-    std::sort(variants.begin(), variants.end(),
-              [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-    std::vector<std::string> parts;
-    for (const auto& [sig, members] : variants) {
-      parts.push_back(absl::StrCat(members.size() == 1 ? "member " : "members ",
-                                   absl::StrJoin(members, ","), " submitted ", sig));
-    }
+    const std::string parts = ListGroups(variants, " submitted ", " submitted ");
     // Failed in order, when the op reaches the front of the mesh's queue.
     op.verdict = absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " on mesh '", mesh.name, "' does not match across members: ",
-        absl::StrJoin(parts, " while ")));
+        parts));
   } else {
     op.verdict = CheckMemory(mesh, op);
   }
@@ -1032,35 +1056,28 @@ void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
 absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
   // Ops without buffers (barriers, empty arrays) run on the host executor.
   std::string kind = "memfd";
-  // "<kind> buffers on <device>" -> member indices, and the kinds seen.
-  std::vector<std::pair<std::string, std::vector<int>>> places;
+  // Members by "<kind> buffers on <device>" (members without buffers aside),
+  // and the kinds seen.
   std::set<std::string> kinds;
-  for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
-    const Submission& sub = *op.subs[i];
-    if (!sub.in_buf) continue;
-    kind = std::string(sub.in_buf->kind());
+  for (const auto& sub : op.subs) {
+    if (!sub->in_buf) continue;
+    kind = std::string(sub->in_buf->kind());
     kinds.insert(kind);
-    const std::string place = absl::StrCat(kind, " buffers on ", sub.in_buf->device());
-    auto it = std::find_if(places.begin(), places.end(),
-                           [&](const auto& p) { return p.first == place; });
-    if (it == places.end()) {
-      places.push_back({place, {i}});
-    } else {
-      it->second.push_back(i);
-    }
   }
   if (kinds.size() > 1) {
-    std::stable_sort(places.begin(), places.end(),
-                     [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
-    std::vector<std::string> parts;
-    for (const auto& [place, members] : places) {
-      parts.push_back(absl::StrCat(members.size() == 1 ? "member " : "members ",
-                                   absl::StrJoin(members, ","),
-                                   members.size() == 1 ? " has " : " have ", place));
+    std::vector<std::string> place(op.subs.size());
+    for (size_t i = 0; i < op.subs.size(); ++i) {
+      const Submission& sub = *op.subs[i];
+      if (sub.in_buf) {
+        place[i] = absl::StrCat(sub.in_buf->kind(), " buffers on ", sub.in_buf->device());
+      }
     }
+    auto places = GroupMembers(static_cast<int>(op.subs.size()), [&](int i) {
+      return op.subs[i]->in_buf ? &place[i] : nullptr;
+    });
     return absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " on mesh '", mesh.name, "' mixes kinds of memory across members: ",
-        absl::StrJoin(parts, " while "),
+        ListGroups(places, " has ", " have "),
         "; every member's buffers of one op must be the same kind of memory (",
         absl::StrJoin(kinds, " or "), ")"));
   }
