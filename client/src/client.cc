@@ -609,8 +609,7 @@ class ClientImpl {
       // Only host memory maps with mmap; importing GPU memory needs CUDA.
       // Free it in the daemon now rather than hold it unused until the
       // session ends; no descriptor was fetched, so nothing is open here.
-      Buffer unmapped(id, nullptr, 0, placed);
-      absl::Status freed = Free(unmapped);
+      absl::Status freed = FreeUnmapped(id, placed);
       std::string message =
           info.kind() == "cuda"
               ? absl::StrCat("mapping CUDA buffers needs the SDK built with CUDA (device ", placed,
@@ -626,8 +625,7 @@ class ClientImpl {
     auto mapped = MapBuffer(id, static_cast<size_t>(info.size_bytes()));
     if (!mapped.ok()) {
       // Not usable here: release it in the daemon too (best effort).
-      Buffer unmapped(id, nullptr, 0, placed);
-      Free(unmapped).IgnoreError();
+      FreeUnmapped(id, placed).IgnoreError();
       return mapped.status();
     }
     return Buffer(id, *mapped, static_cast<size_t>(info.size_bytes()), placed);
@@ -648,8 +646,7 @@ class ClientImpl {
                                   placed);
     }
     if (!imported.ok()) {
-      Buffer unmapped(id, nullptr, 0, placed);
-      Free(unmapped).IgnoreError();
+      FreeUnmapped(id, placed).IgnoreError();
       return imported.status();
     }
     Buffer buffer(id, (*imported)->device_ptr(), static_cast<size_t>(info.size_bytes()), placed);
@@ -658,6 +655,12 @@ class ClientImpl {
     return buffer;
   }
 #endif
+
+  // Frees buffer `id` in the daemon when this process did not map it.
+  absl::Status FreeUnmapped(const std::string& id, const std::string& device) {
+    Buffer unmapped(id, nullptr, 0, device);
+    return Free(unmapped);
+  }
 
   // Fetches buffer `id`'s descriptor on the side socket and maps it.
   absl::StatusOr<void*> MapBuffer(const std::string& id, size_t size) {
