@@ -133,7 +133,7 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   // A mesh of one member is a one-device program in JAX, and an op over no
   // axes (JAX's empty tuple) is no collective: nothing is reduced (see
   // ReduceMeshOfOne). A group of one over a named axis of a bigger mesh is.
-  const bool mesh_of_one = plan.members() == 1 || plan.axis_ids.empty();
+  const bool mesh_of_one = plan.ReducesNothing();
   // Each chunk of the inputs is read once; its result goes to every member's
   // output from L1 (see ReduceTo).
   ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {
@@ -141,17 +141,20 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
     const size_t begin = (task % chunks) * chunk;
     const size_t len = std::min(chunk, count - begin);
     if (mesh_of_one) {
+      if (io[group[0]].out == nullptr) return;  // written elsewhere
       ReduceMeshOfOne(kind, plan.dtype, io[group[0]].in + begin * in_es,
                       io[group[0]].out + begin * out_es, len);
       return;
     }
     absl::InlinedVector<const void*, 16> inputs(n);
-    absl::InlinedVector<void*, 16> outputs(n);
+    absl::InlinedVector<void*, 16> outputs;
     for (int i = 0; i < n; ++i) {
       inputs[i] = io[group[i]].in + begin * in_es;
-      outputs[i] = io[group[i]].out + begin * out_es;
+      if (io[group[i]].out != nullptr) outputs.push_back(io[group[i]].out + begin * out_es);
     }
-    ReduceTo(kind, plan.dtype, inputs.data(), n, outputs.data(), n, len, stream);
+    if (outputs.empty()) return;
+    ReduceTo(kind, plan.dtype, inputs.data(), n, outputs.data(), static_cast<int>(outputs.size()),
+             len, stream);
   });
 }
 
@@ -181,6 +184,7 @@ void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io)
       const size_t len = std::min({end - pos, inner_bytes - off, kCopyBlock});
       const size_t out_pos = (o * n + src) * inner_bytes + off;
       for (int dst = 0; dst < n; ++dst) {
+        if (io[group[dst]].out == nullptr) continue;  // written elsewhere
         uint8_t* out = io[group[dst]].out + out_pos;
         if (out == in + pos) continue;  // one member, in place
         if (stream) {
@@ -210,6 +214,7 @@ void CpuExecutor::RunReduceScatter(const OpPlan& plan, const std::vector<MemberI
     const int j = static_cast<int>((task % per_group) / chunks);
     const size_t begin = (task % chunks) * chunk;
     const size_t len = std::min(chunk, inner - begin);
+    if (io[group[j]].out == nullptr) return;  // written elsewhere
     absl::InlinedVector<const void*, 16> inputs(n);
     for (size_t o = 0; o < outer; ++o) {
       const size_t offset = (o * n + j) * inner + begin;
@@ -244,6 +249,7 @@ uint64_t CpuExecutor::RunPermute(const OpPlan& plan, const std::vector<MemberIo>
     const size_t begin = (task % chunks) * options_.chunk_bytes;
     const size_t len = std::min(options_.chunk_bytes, bytes - begin);
     const int s = plan.kind == OpKind::kBroadcast ? plan.root : plan.perm_source[dst];
+    if (io[group[dst]].out == nullptr) return;  // written elsewhere
     uint8_t* out = io[group[dst]].out + begin;
     if (s < 0) {
       std::memset(out, 0, len);
@@ -280,6 +286,7 @@ uint64_t CpuExecutor::RunAllToAll(const OpPlan& plan, const std::vector<MemberIo
     const auto& group = plan.groups[task / pairs];
     const int dst = static_cast<int>((task % pairs) / n);
     const int from = static_cast<int>(task % n);
+    if (io[group[dst]].out == nullptr) return;  // written elsewhere
     // Block `dst` along the split axis of member `from` goes to position
     // `from` along the concat axis of member `dst`.
     std::vector<int64_t> src_start(in_shape.size(), 0), dst_start(in_shape.size(), 0);

@@ -23,7 +23,11 @@ namespace collectived {
 // For a CUDA executor, `in` and `out` are device addresses in the daemon
 // (its mapping of the members' VMM buffers) on GPU `device` (the ordinal in
 // the daemon); for the CPU executor they are host addresses and `device` is
-// -1.
+// -1 (RunSpanning's tests give host memory partition numbers).
+//
+// `out == nullptr` (with `in` set): a member whose result another partition
+// writes (spanning.h): its input is read if the op needs it, its output is
+// not written. The engine never submits such members; RunSpanning does.
 struct MemberIo {
   const uint8_t* in = nullptr;
   uint8_t* out = nullptr;

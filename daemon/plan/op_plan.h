@@ -86,8 +86,19 @@ struct OpPlan {
   // broadcast: root group index.
   int root = 0;
 
+  // Members of the whole mesh when this plan is part of an op (a partition's
+  // share, spanning.h); 0 for a whole op, whose mesh is members().
+  uint64_t mesh_members = 0;
+
   // Members the op runs on (every group's).
   uint64_t members() const { return groups.size() * static_cast<uint64_t>(group_size); }
+  // Whether a reduction combines nothing and gives each member its input's
+  // value (reduce.h's ReduceMeshOfOne): a mesh of one member is a one-device
+  // program in JAX, and an op over no axes (JAX's empty tuple) is no
+  // collective. A group of one over a named axis of a bigger mesh does reduce.
+  bool ReducesNothing() const {
+    return (mesh_members > 0 ? mesh_members : members()) == 1 || axis_ids.empty();
+  }
   // Bytes of all members' inputs and outputs: what the thresholds for
   // running inline, serially or with streaming stores are measured in.
   uint64_t bytes_touched() const { return (in_bytes + out_bytes) * members(); }

@@ -234,7 +234,7 @@ class OpRun {
     // As CpuExecutor::RunReduce: a mesh of one member, or an op over no
     // axes, reduces nothing (ReduceMeshOfOne); each group's first member
     // only.
-    const bool mesh_of_one = plan_.members() == 1 || plan_.axis_ids.empty();
+    const bool mesh_of_one = plan_.ReducesNothing();
     const int n_eff = mesh_of_one ? 1 : n();
     std::vector<const void*> ins;
     std::vector<void*> outs;
