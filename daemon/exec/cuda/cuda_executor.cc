@@ -1,22 +1,37 @@
 #include "daemon/exec/cuda/cuda_executor.h"
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <thread>
 #include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "daemon/exec/cuda/cuda_kernels.h"
+#include "daemon/exec/spanning.h"
 
 namespace collectived {
 
 struct CudaExecutor::Device {
   Mutex mu;
   cudaStream_t stream ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+// One NCCL communicator per GPU, rank = ordinal (the daemon is every rank).
+struct CudaExecutor::Nccl {
+  std::vector<ncclComm_t> comms;
+  ~Nccl() {
+    // Abort, not destroy: destroy waits for queued work, which a broken
+    // exchange may never finish.
+    for (ncclComm_t c : comms) {
+      if (c != nullptr) ncclCommAbort(c);
+    }
+  }
 };
 
 namespace {
@@ -152,8 +167,10 @@ class OpRun {
     return static_cast<uint8_t*>(p);
   }
 
+  // Copies within the device; a null `dst` (a member whose result another
+  // GPU writes, spanning.h) copies nothing.
   absl::Status CopyD2D(void* dst, const void* src, uint64_t bytes) {
-    if (dst == src || bytes == 0) return absl::OkStatus();
+    if (dst == nullptr || dst == src || bytes == 0) return absl::OkStatus();
     COLLECTIVED_CUDA_RETURN_IF_ERROR(
         "cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     return absl::OkStatus();
@@ -388,6 +405,7 @@ class OpRun {
       for (int dst = 0; dst < n(); ++dst) {
         const int s = plan_.kind == OpKind::kBroadcast ? plan_.root : plan_.perm_source[dst];
         uint8_t* out = io_[Member(g, dst)].out;
+        if (out == nullptr) continue;  // written on another GPU
         if (s < 0) {
           COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMemsetAsync",
                                            cudaMemsetAsync(out, 0, bytes, stream_));
@@ -434,6 +452,195 @@ class OpRun {
   uint64_t extra_written_ = 0;
 };
 
+absl::Status NcclError(absl::string_view call, ncclResult_t r) {
+  return absl::InternalError(absl::StrCat("cuda executor: ", call, ": ", ncclGetErrorString(r),
+                                          " (", ncclGetLastError(nullptr), ")"));
+}
+
+// Waits until no communicator of `comms` is ncclInProgress (what a
+// non-blocking communicator reports while it initializes or enqueues), or
+// `deadline`.
+absl::Status AwaitComms(const std::vector<ncclComm_t>& comms, absl::string_view what,
+                        absl::Time deadline) {
+  for (;;) {
+    bool pending = false;
+    for (ncclComm_t c : comms) {
+      if (c == nullptr) continue;
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(c, &state);
+      if (r != ncclSuccess) return NcclError("ncclCommGetAsyncError", r);
+      if (state == ncclInProgress) {
+        pending = true;
+      } else if (state != ncclSuccess) {
+        return NcclError(what, state);
+      }
+    }
+    if (!pending) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("cuda executor: ", what, " did not complete within ",
+                       absl::FormatDuration(CudaExecutor::kNcclTimeout)));
+    }
+    std::this_thread::yield();
+  }
+}
+
+// The Fabric of an op across GPUs: partitions are device ordinals; transfers
+// are NCCL sends and receives (cudaMemcpyAsync within a GPU), local runs are
+// OpRuns, everything on each device's one stream.
+class NcclFabric final : public Fabric {
+ public:
+  NcclFabric(const std::vector<ncclComm_t>& comms, const std::vector<cudaStream_t>& streams,
+             absl::Time deadline)
+      : comms_(comms), streams_(streams), deadline_(deadline) {}
+  ~NcclFabric() override { Release(); }
+
+  absl::StatusOr<uint8_t*> Scratch(int part, uint64_t bytes) override {
+    ScopedDevice scoped;
+    COLLECTIVED_RETURN_IF_ERROR(scoped.Set(part));
+    void* p = nullptr;
+    COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMallocAsync",
+                                     cudaMallocAsync(&p, std::max<uint64_t>(bytes, 1),
+                                                     streams_[part]));
+    scratch_.emplace_back(part, p);
+    return static_cast<uint8_t*>(p);
+  }
+
+  absl::Status Exchange(const std::vector<Transfer>& transfers) override {
+    std::vector<ncclComm_t> used;
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return NcclError("ncclGroupStart", r);
+    absl::Status status;
+    for (const Transfer& t : transfers) {
+      if (t.bytes == 0) continue;
+      if (t.src_part == t.dst_part) {
+        ScopedDevice scoped;
+        status = scoped.Set(t.src_part);
+        if (status.ok()) {
+          const cudaError_t e = cudaMemcpyAsync(t.dst, t.src, t.bytes, cudaMemcpyDeviceToDevice,
+                                                streams_[t.src_part]);
+          if (e != cudaSuccess) status = CudaError("cudaMemcpyAsync", e);
+        }
+        if (!status.ok()) break;
+        continue;
+      }
+      r = ncclSend(t.src, t.bytes, ncclUint8, t.dst_part, comms_[t.src_part],
+                   streams_[t.src_part]);
+      if (r == ncclSuccess || r == ncclInProgress) {
+        r = ncclRecv(t.dst, t.bytes, ncclUint8, t.src_part, comms_[t.dst_part],
+                     streams_[t.dst_part]);
+      }
+      if (r != ncclSuccess && r != ncclInProgress) {
+        status = NcclError("ncclSend/ncclRecv", r);
+        break;
+      }
+      used.push_back(comms_[t.src_part]);
+      used.push_back(comms_[t.dst_part]);
+    }
+    r = ncclGroupEnd();
+    if (!status.ok()) return status;
+    if (r != ncclSuccess && r != ncclInProgress) return NcclError("ncclGroupEnd", r);
+    exchanged_ = true;
+    // A non-blocking communicator takes no more calls until the group is
+    // enqueued.
+    return AwaitComms(used, "enqueueing the exchange between GPUs", deadline_);
+  }
+
+  absl::Status RunLocal(int part, const OpPlan& plan, const std::vector<MemberIo>& io) override {
+    ScopedDevice scoped;
+    COLLECTIVED_RETURN_IF_ERROR(scoped.Set(part));
+    auto& run = runs_.emplace_back(part, std::make_unique<OpRun>(plan, io, streams_[part]));
+    return run.second->Execute();
+  }
+
+  absl::Status Copy(int part, uint8_t* dst, const uint8_t* src, uint64_t bytes) override {
+    if (dst == src || bytes == 0) return absl::OkStatus();
+    ScopedDevice scoped;
+    COLLECTIVED_RETURN_IF_ERROR(scoped.Set(part));
+    COLLECTIVED_CUDA_RETURN_IF_ERROR(
+        "cudaMemcpyAsync",
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_[part]));
+    return absl::OkStatus();
+  }
+
+  // Polls every stream until its work is done, a communicator reports an
+  // error, or the deadline.
+  absl::Status Finish() override {
+    absl::Status status = Wait();
+    if (status.ok()) {
+      for (auto& [part, run] : runs_) {
+        extra_read_ += run->extra_read();
+        extra_written_ += run->extra_written();
+      }
+    }
+    if (!status.ok()) failed_ = true;
+    // After a failure the caller aborts the communicators before anything
+    // here is freed (see ~NcclFabric); on success the streams are idle.
+    if (status.ok()) Release();
+    return status;
+  }
+
+  bool failed() const { return failed_; }
+  uint64_t extra_read() const { return extra_read_; }
+  uint64_t extra_written() const { return extra_written_; }
+
+  // Frees the scratch and the runs (each waits for its stream).
+  void Release() {
+    runs_.clear();
+    for (auto& [part, p] : scratch_) {
+      ScopedDevice scoped;
+      if (!scoped.Set(part).ok()) continue;
+      cudaFreeAsync(p, streams_[part]);
+      cudaStreamSynchronize(streams_[part]);
+    }
+    scratch_.clear();
+  }
+
+ private:
+  absl::Status Wait() {
+    std::vector<int> parts;
+    for (const auto& [part, p] : scratch_) parts.push_back(part);
+    for (const auto& [part, run] : runs_) parts.push_back(part);
+    for (size_t d = 0; d < streams_.size(); ++d) {
+      if (streams_[d] != nullptr) parts.push_back(static_cast<int>(d));
+    }
+    std::sort(parts.begin(), parts.end());
+    parts.erase(std::unique(parts.begin(), parts.end()), parts.end());
+    for (int part : parts) {
+      for (;;) {
+        const cudaError_t e = cudaStreamQuery(streams_[part]);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) return CudaError("cudaStreamQuery", e);
+        if (exchanged_) {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t r = ncclCommGetAsyncError(comms_[part], &state);
+          if (r != ncclSuccess) return NcclError("ncclCommGetAsyncError", r);
+          if (state != ncclSuccess && state != ncclInProgress) {
+            return NcclError("the exchange between GPUs", state);
+          }
+        }
+        if (absl::Now() > deadline_) {
+          return absl::DeadlineExceededError(absl::StrCat(
+              "cuda executor: an op across GPUs did not finish on GPU ", part, " within ",
+              absl::FormatDuration(CudaExecutor::kNcclTimeout)));
+        }
+        std::this_thread::yield();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const std::vector<ncclComm_t>& comms_;
+  const std::vector<cudaStream_t>& streams_;
+  const absl::Time deadline_;
+  std::vector<std::pair<int, void*>> scratch_;
+  std::deque<std::pair<int, std::unique_ptr<OpRun>>> runs_;
+  bool exchanged_ = false;
+  bool failed_ = false;
+  uint64_t extra_read_ = 0;
+  uint64_t extra_written_ = 0;
+};
+
 }  // namespace
 
 CudaExecutor::CudaExecutor() {
@@ -455,6 +662,10 @@ CudaExecutor::CudaExecutor() {
 }
 
 CudaExecutor::~CudaExecutor() {
+  {
+    MutexLock lock(&across_mu_);
+    nccl_.reset();
+  }
   for (auto& d : devices_) {
     MutexLock lock(&d->mu);
     if (d->stream != nullptr) cudaStreamDestroy(d->stream);
@@ -475,18 +686,16 @@ absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& 
   }
   const int device = io[0].device;
   for (const MemberIo& m : io) {
-    if (m.device != device) {
-      return absl::UnimplementedError("members on different GPUs need NCCL (not built yet)");
-    }
     if ((plan.in_bytes > 0 && m.in == nullptr) || (plan.out_bytes > 0 && m.out == nullptr)) {
       return absl::InvalidArgumentError("cuda executor: a member region is null");
     }
+    if (m.device < 0 || m.device >= device_count_) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda executor: device ", m.device,
+                                                     " out of range (", device_count_,
+                                                     " devices)"));
+    }
   }
-  if (device < 0 || device >= device_count_) {
-    return absl::InvalidArgumentError(absl::StrCat("cuda executor: device ", device,
-                                                   " out of range (", device_count_,
-                                                   " devices)"));
-  }
+  if (SpansPartitions(io)) return RunAcrossGpus(plan, io, traffic);
   Device& dev = *devices_[device];
   MutexLock lock(&dev.mu);
   ScopedDevice scoped;
@@ -505,6 +714,96 @@ absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& 
     extra_written = run.extra_written();
   }
   if (traffic != nullptr) *traffic = AccountTraffic(plan, extra_read, extra_written);
+  return absl::OkStatus();
+}
+
+absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<MemberIo>& io,
+                                         Traffic* traffic) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::vector<int> devices;
+  for (const MemberIo& m : io) devices.push_back(m.device);
+  std::sort(devices.begin(), devices.end());
+  devices.erase(std::unique(devices.begin(), devices.end()), devices.end());
+  MutexLock across(&across_mu_);
+  // Every device the op uses, in ordinal order (so two ops never wait on
+  // each other), for one launch order per GPU.
+  for (int d : devices) devices_[d]->mu.Lock();
+  struct Unlock {
+    CudaExecutor* self;
+    const std::vector<int>& devices;
+    ~Unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      for (auto it = devices.rbegin(); it != devices.rend(); ++it) self->devices_[*it]->mu.Unlock();
+    }
+  } unlock{this, devices};
+  const absl::Time deadline = absl::Now() + kNcclTimeout;
+
+  std::vector<cudaStream_t> streams(device_count_, nullptr);
+  for (int d : devices) {
+    ScopedDevice scoped;
+    COLLECTIVED_RETURN_IF_ERROR(scoped.Set(d));
+    if (devices_[d]->stream == nullptr) {
+      COLLECTIVED_CUDA_RETURN_IF_ERROR(
+          "cudaStreamCreateWithFlags",
+          cudaStreamCreateWithFlags(&devices_[d]->stream, cudaStreamNonBlocking));
+    }
+    streams[d] = devices_[d]->stream;
+  }
+  if (nccl_ == nullptr) {
+    // Every GPU's communicator, created together in one group.
+    auto nccl = std::make_unique<Nccl>();
+    nccl->comms.assign(device_count_, nullptr);
+    ncclUniqueId id;
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) return NcclError("ncclGetUniqueId", r);
+    r = ncclGroupStart();
+    if (r != ncclSuccess) return NcclError("ncclGroupStart", r);
+    absl::Status status;
+    for (int d = 0; d < device_count_; ++d) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const cudaError_t e = cudaSetDevice(d);
+      if (e != cudaSuccess) {
+        status = CudaError("cudaSetDevice", e);
+        break;
+      }
+      r = ncclCommInitRankConfig(&nccl->comms[d], device_count_, id, d, &config);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        status = NcclError("ncclCommInitRankConfig", r);
+        break;
+      }
+    }
+    r = ncclGroupEnd();
+    if (status.ok() && r != ncclSuccess && r != ncclInProgress) {
+      status = NcclError("ncclGroupEnd", r);
+    }
+    if (status.ok()) {
+      status = AwaitComms(nccl->comms, "creating the NCCL communicators", deadline);
+    }
+    if (!status.ok()) return status;  // ~Nccl aborts what was created
+    nccl_ = std::move(nccl);
+  }
+
+  SpanningTraffic moved;
+  absl::Status status;
+  uint64_t extra_read = 0, extra_written = 0;
+  {
+    NcclFabric fabric(nccl_->comms, streams, deadline);
+    status = RunSpanning(plan, io, &fabric, &moved);
+    if (fabric.failed()) {
+      // Stuck or broken: abort every communicator (their kernels stop), then
+      // let the fabric wait for the streams and free its memory.
+      nccl_.reset();
+    }
+    extra_read = fabric.extra_read();
+    extra_written = fabric.extra_written();
+  }
+  if (!status.ok()) {
+    if (nccl_ != nullptr && status.code() != absl::StatusCode::kInvalidArgument) nccl_.reset();
+    return status;
+  }
+  if (traffic != nullptr) {
+    *traffic = AccountTraffic(plan, extra_read + moved.exchanged + moved.copied,
+                              extra_written + moved.exchanged + moved.copied);
+  }
   return absl::OkStatus();
 }
 

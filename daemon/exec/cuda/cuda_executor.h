@@ -4,20 +4,33 @@
 // reductions compute each element from the identity with the members in
 // group order, with the element-wise rules of reduce_ops.h in software
 // (SoftwareEnv: flush-to-zero, x86's NaN results). Data movement lays data
-// out as CpuExecutor does. Members on different GPUs need NCCL, which is not
-// built yet (UNIMPLEMENTED).
+// out as CpuExecutor does.
+//
+// Members on different GPUs of the host: RunSpanning (daemon/exec/spanning.h)
+// over NCCL point-to-point transfers between the GPUs, with this executor's
+// kernels inside each GPU, so the results are the same bits as on one GPU
+// (a one-group reduction moves what a ring all-reduce moves with one member
+// per GPU). The daemon is every rank: one NCCL communicator per GPU, all
+// created together on the first op across GPUs (ncclCommInitRankConfig in
+// one group, non-blocking, polled with ncclCommGetAsyncError within
+// kNcclTimeout). An op across GPUs that does not finish within kNcclTimeout,
+// or whose communicator reports an error, aborts every communicator
+// (ncclCommAbort) and fails (DEADLINE_EXCEEDED / INTERNAL); the next op
+// across GPUs creates new ones. The destructor aborts them too.
 //
 // Run enqueues the op on one stream per device and synchronizes before it
 // returns (every output is written). In-place data movement (ppermute,
 // broadcast, all_to_all with out == in) and in-place results wider than the
 // input stage through device scratch memory (stream-ordered allocations).
-// Every CUDA error becomes an absl::Status naming the call.
+// Every CUDA and NCCL error becomes an absl::Status naming the call.
 //
 // Without a driver or a device (cudart is linked statically: no libcuda at
 // link time) IsViable() is false and WhyNotViable() says why.
 //
 // Thread-safety: Run may be called concurrently; ops on the same device are
-// serialized by that device's mutex.
+// serialized by that device's mutex, so each GPU has one launch order (NCCL
+// needs it); ops across GPUs also hold every device mutex they use (taken in
+// ordinal order) and run one at a time.
 #ifndef COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
 #define COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
 
@@ -25,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "common/sync.h"
 #include "daemon/exec/executor.h"
 
 namespace collectived {
@@ -49,14 +64,25 @@ class CudaExecutor final : public Executor {
   // GPUs found (0 when not viable).
   int device_count() const { return device_count_; }
 
+  // How long an op across GPUs (and the creation of the communicators) may
+  // take before the communicators are aborted.
+  static constexpr absl::Duration kNcclTimeout = absl::Seconds(120);
+
  private:
   struct Device;
+  struct Nccl;
+
+  absl::Status RunAcrossGpus(const OpPlan& plan, const std::vector<MemberIo>& io,
+                             Traffic* traffic);
 
   int device_count_ = 0;
   std::string why_not_;
   // One per GPU, created with the executor; each holds its stream (created on
   // first use) and the mutex that serializes ops on it.
   std::vector<std::unique_ptr<Device>> devices_;
+  // Ops across GPUs, one at a time; the communicators.
+  Mutex across_mu_;
+  std::unique_ptr<Nccl> nccl_ ABSL_GUARDED_BY(across_mu_);
 };
 
 std::unique_ptr<Executor> MakeCudaExecutor();

@@ -50,7 +50,10 @@ __global__ void AllReduceKernel(MemberTable table, int n, int num_groups, int nu
       const Out r = reduce_ops::ReduceElement(codec, op, n, [&](int k) {
         return reinterpret_cast<const In*>(table.In(base + k))[q];
       });
-      for (int k = 0; k < num_outs; ++k) reinterpret_cast<Out*>(table.Out(base + k))[q] = r;
+      for (int k = 0; k < num_outs; ++k) {
+        Out* out = reinterpret_cast<Out*>(table.Out(base + k));
+        if (out != nullptr) out[q] = r;  // null: written on another GPU
+      }
     }
   }
 }
@@ -65,6 +68,7 @@ __global__ void ReduceScatterKernel(MemberTable table, int n, int num_groups, ui
   for (int64_t m = blockIdx.y; m < members; m += gridDim.y) {
     const int64_t base = m / n * n;
     const uint64_t j = static_cast<uint64_t>(m % n);
+    if (table.Out(m) == nullptr) continue;  // written on another GPU
     for (uint64_t q = FirstIndex(); q < count; q += Stride()) {
       const uint64_t src = ReduceScatterSource(n, inner, j, q);
       const Out r = reduce_ops::ReduceElement(codec, op, n, [&](int k) {
@@ -79,6 +83,7 @@ __global__ void CanonicalizeBF16Kernel(MemberTable table, int entries, uint64_t 
   for (int e = blockIdx.y; e < entries; e += gridDim.y) {
     const auto* in = reinterpret_cast<const uint16_t*>(table.In(e));
     auto* out = reinterpret_cast<uint16_t*>(table.Out(e));
+    if (out == nullptr) continue;  // written on another GPU
     for (uint64_t q = FirstIndex(); q < count; q += Stride()) {
       out[q] = reduce_ops::CanonicalizeBF16NaN(in[q]);
     }
@@ -94,6 +99,7 @@ __global__ void AllGatherKernel(MemberTable table, int n, int num_groups, uint64
   for (int64_t m = blockIdx.y; m < members; m += gridDim.y) {
     const int64_t base = m / n * n;
     U* out = reinterpret_cast<U*>(table.Out(m));
+    if (out == nullptr) continue;  // written on another GPU
     for (uint64_t q = FirstIndex(); q < count; q += Stride()) {
       int64_t from = 0;
       uint64_t src = 0;
@@ -111,6 +117,7 @@ __global__ void AllToAllKernel(MemberTable table, int n, int num_groups, uint64_
     const int64_t base = m / n * n;
     const int64_t dst = m % n;
     U* out = reinterpret_cast<U*>(table.Out(m));
+    if (out == nullptr) continue;  // written on another GPU
     for (uint64_t q = FirstIndex(); q < elements; q += Stride()) {
       int64_t from = 0, src = 0;
       AllToAllSource(d, dst, q, &from, &src);

@@ -3,7 +3,9 @@
 // runtime API's types).
 //
 // Members are addressed through a MemberTable, group-major: entry g * n + i
-// is the member with group index i in group g (n the group size). Every
+// is the member with group index i in group g (n the group size). A null
+// output is a member whose result another GPU writes: nothing is written
+// for it. Every
 // launcher enqueues its work on `stream` and returns the launch error
 // (cudaSuccess, or what cudaGetLastError reported; cudaErrorInvalidValue for
 // a dtype the plan library does not have). The element-wise arithmetic is
