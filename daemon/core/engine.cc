@@ -610,7 +610,10 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
       "mesh '", mesh.name, "' generation ", mesh.generation, " is broken: ", reason));
   for (auto it = mesh.pending.begin(); it != mesh.pending.end();) {
     if (it->second.running) {
-      ++it;  // finishes on its own; its outcome stands
+      // Finishes on its own; its outcome stands. One still waiting for its
+      // members' streams stops waiting and fails with `status`.
+      if (it->second.cancel) it->second.cancel->Cancel(status);
+      ++it;
       continue;
     }
     FailOp(mesh, it->second, status, cbs);
@@ -814,6 +817,31 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     auto s = GetSession(session_id);
     if (!s.ok()) return s.status();
     Session* session = *s;
+    // Stream-ordered submission: the words first, so that a refusal below
+    // still releases the client's stream (see v1::StreamSync).
+    std::optional<SyncWords> sync;
+    if (op.has_stream_sync()) {
+      auto words = SyncWords::Resolve(
+          op.stream_sync(),
+          [&](const std::string& id,
+              const char* what) -> absl::StatusOr<std::shared_ptr<SharedBuffer>> {
+            auto it = session->buffers.find(id);
+            if (it == session->buffers.end()) {
+              return absl::NotFoundError(
+                  absl::StrCat(what, " buffer '", id, "' not found in this session"));
+            }
+            return it->second;
+          });
+      if (!words.ok()) return words.status();
+      sync = *std::move(words);
+    }
+    struct ReleaseIfRefused {
+      std::optional<SyncWords>* sync;
+      bool accepted = false;
+      ~ReleaseIfRefused() {
+        if (!accepted && sync->has_value()) (*sync)->Release();
+      }
+    } release_if_refused{&sync};
     auto member = session->meshes.find(op.mesh_id());
     if (member == session->meshes.end()) {
       return absl::NotFoundError(absl::StrCat(
@@ -949,6 +977,8 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
       };
     }
     sub.done = std::move(done);
+    sub.sync = sync;
+    release_if_refused.accepted = true;
     pending.subs[index] = std::move(sub);
     ++pending.submitted;
     resp.set_op_id(op_id);
@@ -962,6 +992,8 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
 }
 
 void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs) {
+  // The client's stream goes on whatever the outcome (v1::StreamSync).
+  if (sub.sync) sub.sync->Release();
   if (!sub.done) return;
   OpOutcome o = outcome;
   o.out_shape = sub.plan->out_shape;
@@ -1123,15 +1155,30 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   Executor* executor = ExecutorFor(kind);
   std::string mesh_id = mesh.id;
   int64_t seq = op.sequence;
-  auto run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+  // Stream-ordered members: the op waits for their streams first.
+  std::vector<MemberSync> streams;
+  for (size_t i = 0; i < op.subs.size(); ++i) {
+    if (op.subs[i]->sync) {
+      streams.push_back(MemberSync{*op.subs[i]->sync, MemberLabel(mesh, static_cast<int>(i))});
+    }
+  }
+  if (!streams.empty()) op.cancel = std::make_shared<OpCancel>();
+  auto run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq,
+              streams = std::move(streams), cancel = op.cancel, deadline = op.deadline,
+              what = absl::StrCat("mesh '", mesh.name, "': op ", seq, " (", plan->signature,
+                                  ")")] {
+    absl::Status status;
+    if (!streams.empty()) status = AwaitStreams(streams, deadline, cancel.get(), what);
     const int64_t started_ns = fastq::MonotonicNs();
     Traffic traffic;
-    absl::Status status = executor->Run(*plan, io, &traffic);
+    if (status.ok()) status = executor->Run(*plan, io, &traffic);
     OnOpFinished(mesh_id, seq, status, started_ns, traffic);
   };
   // Not inline while an inline op runs on this thread: OnOpFinished starts
   // the next op from inside it, and chains of queued ops must not recurse.
-  if (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline) {
+  // Nor when it waits for streams: that would hold up the thread that
+  // completed the op (a fast-path or gRPC thread).
+  if (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline && !op.cancel) {
     cbs.push_back([run = std::move(run)] {
       t_running_inline = true;
       run();
@@ -1394,6 +1441,7 @@ void Engine::Shutdown(const std::string& reason) {
       mesh->join_waiters.clear();
       for (auto it = mesh->pending.begin(); it != mesh->pending.end();) {
         if (it->second.running) {
+          if (it->second.cancel) it->second.cancel->Cancel(status);
           ++it;
           continue;
         }

@@ -27,6 +27,7 @@
 #include "common/sync.h"
 #include "absl/time/time.h"
 #include "collectived/v1/collective.pb.h"
+#include "daemon/core/stream_sync.h"
 #include "daemon/core/backends.h"
 #include "daemon/core/op_plan.h"
 #include "daemon/core/timer.h"
@@ -194,6 +195,8 @@ class Engine {
     std::shared_ptr<const OpPlan> plan;
     std::shared_ptr<SharedBuffer> in_buf, out_buf;
     uint64_t in_offset = 0, out_offset = 0;
+    // Stream-ordered submission: the member's ready/done words.
+    std::optional<SyncWords> sync;
     OpDone done;
   };
 
@@ -207,6 +210,9 @@ class Engine {
     bool running = false;
     // Set when the members' ops disagree; the op then fails in its turn.
     absl::Status verdict;
+    // While running and waiting for members' streams: stops the wait when
+    // the mesh breaks or the daemon shuts down.
+    std::shared_ptr<OpCancel> cancel;
   };
 
   enum class MeshState { kForming, kReady, kBroken };

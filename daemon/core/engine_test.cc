@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -858,6 +859,167 @@ TEST_F(EngineTest, InputAndOutputOnDifferentDevicesAreRefusedAtSubmit) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->sequence(), 0);
   EXPECT_TRUE(done.Get().status.ok());
+}
+
+// Stream-ordered submission (v1::StreamSync): each member's ready and done
+// words in a host buffer of its session, written here by hand as a CUDA
+// stream would write them.
+class StreamSyncTest : public EngineTest {
+ protected:
+  struct Member {
+    std::string session, mesh, data, words;
+  };
+  std::vector<Member> Form(const std::string& name, int n, int64_t op_timeout_ms = 0) {
+    std::vector<Member> out;
+    for (auto& [s, m] : FormMesh(name, n, op_timeout_ms)) {
+      Member member{s, m, Buffer(s, 4, 1.0f), ""};
+      auto info = engine_->AllocateBuffer(s, 64, "");
+      EXPECT_TRUE(info.ok()) << info.status();
+      member.words = info->buffer_id();
+      out.push_back(member);
+    }
+    return out;
+  }
+  std::atomic_ref<uint64_t> Word(const Member& m, int index) {
+    auto buf = engine_->GetBuffer(m.session, m.words);
+    return std::atomic_ref<uint64_t>(static_cast<uint64_t*>((*buf)->data())[index]);
+  }
+  // The member's psum of its data, ordered by its words 0 (ready) and 1 (done).
+  v1::OpSpec SyncedPsum(const Member& m, uint64_t value) {
+    v1::OpSpec op = Op(m.mesh, v1::PSUM, m.data, 4);
+    v1::StreamSync* sync = op.mutable_stream_sync();
+    sync->mutable_ready()->set_buffer_id(m.words);
+    sync->mutable_ready()->set_offset(0);
+    sync->mutable_done()->set_buffer_id(m.words);
+    sync->mutable_done()->set_offset(8);
+    sync->set_value(value);
+    return op;
+  }
+};
+
+TEST_F(StreamSyncTest, TheOpWaitsForEveryStreamAndThenReleasesEveryStream) {
+  auto members = Form("ss", 2);
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].session, SyncedPsum(members[i], 1), false,
+                                done[i].Callback()).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(done[0].Done()) << "the op ran before any stream was ready";
+  Word(members[0], 0).store(1);
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(done[0].Done()) << "the op ran before member 1's stream was ready";
+  EXPECT_EQ(Data(members[0].session, members[0].data)[0], 1.0f) << "an input was read early";
+  EXPECT_EQ(Word(members[0], 1).load(), 0u);
+  Word(members[1], 0).store(7);  // any value >= 1 will do
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(done[i].Get().status.ok()) << done[i].Get().status;
+    EXPECT_EQ(Data(members[i].session, members[i].data)[0], 2.0f);
+    EXPECT_EQ(Word(members[i], 1).load(), 1u) << "member " << i << "'s stream was not released";
+  }
+}
+
+TEST_F(StreamSyncTest, AStreamThatNeverArrivesIsNamedAtTheDeadlineAndTheMeshGoesOn) {
+  auto members = Form("late", 2, /*op_timeout_ms=*/300);
+  Word(members[0], 0).store(1);
+  std::vector<Result<OpOutcome>> done(2);
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].session, SyncedPsum(members[i], 1), false,
+                                done[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    const absl::Status& st = done[i].Get().status;
+    EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+    EXPECT_NE(st.message().find("the streams of these members did not reach the op"),
+              std::string::npos) << st;
+    EXPECT_NE(st.message().find("1 (1) pid 1000"), std::string::npos) << st;
+    EXPECT_NE(st.message().find("(ready word 0, awaited 1)"), std::string::npos) << st;
+    EXPECT_EQ(st.message().find("0 (0) pid"), std::string::npos) << "member 0 was ready: " << st;
+    EXPECT_EQ(Word(members[i], 1).load(), 1u) << "a failed op must release the stream too";
+    EXPECT_EQ(Data(members[i].session, members[i].data)[0], 1.0f) << "a failed op wrote data";
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The members still agree on the sequence: the next op runs.
+  std::vector<Result<OpOutcome>> next(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].session, Op(members[i].mesh, v1::PSUM,
+                                                       members[i].data, 4),
+                                false, next[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
+}
+
+TEST_F(StreamSyncTest, AMemberThatDiesWhileOthersWaitForItsStreamAbortsThemAtOnce) {
+  auto members = Form("dies", 2, /*op_timeout_ms=*/60000);
+  Word(members[0], 0).store(1);
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(members[i].session, SyncedPsum(members[i], 1), false,
+                                done[i].Callback()).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(engine_->CloseSession(members[1].session, "killed").ok());
+  const absl::Status& st = done[0].Get().status;
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_NE(st.message().find("killed"), std::string::npos) << st;
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "waited for the op deadline";
+  EXPECT_EQ(Word(members[0], 1).load(), 1u);
+}
+
+TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
+  auto members = Form("bad", 1);
+  const Member& m = members[0];
+  // A valid stream_sync on an op refused for another reason: released.
+  v1::OpSpec op = SyncedPsum(m, 3);
+  op.mutable_input()->set_buffer_id("no-such-buffer");
+  auto r = engine_->Submit(m.session, op, false, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_EQ(Word(m, 1).load(), 3u);
+  // The words never go down.
+  Word(m, 1).store(10);
+  Word(m, 0).store(10);
+  Result<OpOutcome> ok;
+  ASSERT_TRUE(engine_->Submit(m.session, SyncedPsum(m, 4), false, ok.Callback()).ok());
+  EXPECT_TRUE(ok.Get().status.ok()) << ok.Get().status;
+  EXPECT_EQ(Word(m, 1).load(), 10u);
+
+  struct Bad {
+    std::function<void(v1::StreamSync*)> edit;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Bad> bad = {
+      {[](v1::StreamSync* s) { s->set_value(0); }, absl::StatusCode::kInvalidArgument,
+       "value must be > 0"},
+      {[](v1::StreamSync* s) { s->mutable_done()->set_offset(0); },
+       absl::StatusCode::kInvalidArgument, "same word"},
+      {[](v1::StreamSync* s) { s->mutable_ready()->set_offset(4); },
+       absl::StatusCode::kInvalidArgument, "not a multiple of 8"},
+      {[](v1::StreamSync* s) { s->mutable_done()->set_offset(1 << 20); },
+       absl::StatusCode::kOutOfRange, "not inside buffer"},
+      {[](v1::StreamSync* s) { s->mutable_ready()->set_buffer_id("nope"); },
+       absl::StatusCode::kNotFound, "stream_sync ready buffer 'nope' not found"},
+      {[](v1::StreamSync* s) { s->mutable_ready()->set_size_bytes(16); },
+       absl::StatusCode::kInvalidArgument, "a stream_sync word is 8 bytes"},
+  };
+  for (const Bad& b : bad) {
+    Word(m, 0).store(0);
+    Word(m, 1).store(0);
+    v1::OpSpec op = SyncedPsum(m, 5);
+    b.edit(op.mutable_stream_sync());
+    auto refused = engine_->Submit(m.session, op, false, nullptr);
+    EXPECT_EQ(refused.status().code(), b.code) << refused.status();
+    EXPECT_NE(refused.status().message().find(b.message), std::string::npos) << refused.status();
+    EXPECT_EQ(Word(m, 0).load(), 0u);
+    EXPECT_EQ(Word(m, 1).load(), 0u) << "invalid words were written: " << refused.status();
+  }
+  // The session's mesh still works after every refusal.
+  Result<OpOutcome> after;
+  Word(m, 0).store(100);
+  ASSERT_TRUE(engine_->Submit(m.session, SyncedPsum(m, 100), false, after.Callback()).ok());
+  EXPECT_TRUE(after.Get().status.ok()) << after.Get().status;
 }
 
 }  // namespace
