@@ -27,7 +27,11 @@
 #include "common/status_util.h"
 #include "common/unix_socket.h"
 #ifdef COLLECTIVED_HAVE_CUDA
+#include <cuda.h>
+
 #include "client/src/cuda_import.h"
+#include "client/src/cuda_stream_sync.h"
+#include "common/cuda/driver.h"
 #endif
 
 namespace collectived {
@@ -72,14 +76,32 @@ class OpState {
   bool small() const { return small_; }
   void Complete(absl::Status status, int64_t sequence, std::vector<int64_t> out_shape,
                 DType out_dtype) {
-    MutexLock lock(&mu_);
-    if (done_) return;
-    done_ = true;
-    status_ = std::move(status);
-    sequence_ = sequence;
-    out_shape_ = std::move(out_shape);
-    out_dtype_ = out_dtype;
-    done_flag_.store(true, std::memory_order_release);
+    std::function<void()> on_failure;
+    {
+      MutexLock lock(&mu_);
+      if (done_) return;
+      done_ = true;
+      if (!status.ok()) on_failure = std::move(on_failure_);
+      status_ = std::move(status);
+      sequence_ = sequence;
+      out_shape_ = std::move(out_shape);
+      out_dtype_ = out_dtype;
+      done_flag_.store(true, std::memory_order_release);
+    }
+    if (on_failure) on_failure();
+  }
+  // Runs `f` once if the op fails (at once if it already has); never after
+  // a success. `f` must not block.
+  void OnFailure(std::function<void()> f) {
+    {
+      MutexLock lock(&mu_);
+      if (!done_) {
+        on_failure_ = std::move(f);
+        return;
+      }
+      if (status_.ok()) return;
+    }
+    f();
   }
   absl::Status Wait(std::optional<absl::Duration> timeout);
   bool Ready() const { return done_flag_.load(std::memory_order_acquire); }
@@ -131,6 +153,7 @@ class OpState {
   DType out_dtype_ ABSL_GUARDED_BY(mu_) = DType::kInvalid;
   OpTiming timing_ ABSL_GUARDED_BY(mu_);
   OpTraffic traffic_ ABSL_GUARDED_BY(mu_);
+  std::function<void()> on_failure_ ABSL_GUARDED_BY(mu_);
 };
 
 // The client's half of a session's fast-path queue (common/fast_queue.h).
@@ -959,7 +982,6 @@ struct Mesh::OpRequest {
   absl::Status error;
 };
 
-Mesh::~Mesh() { Leave().IgnoreError(); }
 
 absl::Status Mesh::Leave() {
   if (left_.exchange(true)) return absl::OkStatus();
@@ -990,13 +1012,148 @@ int Mesh::axis_size(const AxisNames& axes) const {
   return size;
 }
 
+// The words of stream-ordered submission: a host buffer of kSlots ready
+// words then kSlots done words; op v (1, 2, ...) uses slot v % kSlots.
+struct Mesh::StreamOrder {
+  static constexpr uint64_t kSlots = 256;
+  static constexpr size_t kBytes = 2 * kSlots * sizeof(uint64_t);  // 4 KiB
+  Buffer words;
+#ifdef COLLECTIVED_HAVE_CUDA
+  std::unique_ptr<RegisteredHostWords> registered;  // destroyed before `words`
+#endif
+  void* stream = nullptr;
+  uint64_t next = 0;  // the last value used
+  // Streams that may still wait on the words: synchronized before they go.
+  std::vector<void*> used_streams;
+
+  std::atomic_ref<uint64_t> Done(uint64_t slot) const {
+    return std::atomic_ref<uint64_t>(static_cast<uint64_t*>(words.data())[kSlots + slot]);
+  }
+  // Raises the done word of op `value` (what the daemon does; the SDK does it
+  // when the daemon cannot).
+  void Release(uint64_t value) const {
+    std::atomic_ref<uint64_t> done = Done(value % kSlots);
+    uint64_t cur = done.load(std::memory_order_relaxed);
+    while (cur < value && !done.compare_exchange_weak(cur, value)) {
+    }
+  }
+  ~StreamOrder() {
+#ifdef COLLECTIVED_HAVE_CUDA
+    // The streams' pending waits read the words: let them finish first.
+    if (auto api = cuda::Driver(); api.ok()) {
+      for (void* st : used_streams) (*api)->cuStreamSynchronize(static_cast<CUstream>(st));
+    }
+#endif
+  }
+};
+
+Mesh::~Mesh() {
+  Leave().IgnoreError();
+  if (stream_order_ != nullptr) {
+    Buffer words = std::move(stream_order_->words);
+    stream_order_.reset();  // waits for the streams that used the words
+    client_->Free(words).IgnoreError();
+  }
+}
+
+absl::Status Mesh::set_stream(void* stream) {
+#ifdef COLLECTIVED_HAVE_CUDA
+  if (stream == nullptr) {
+    if (stream_order_ != nullptr) stream_order_->stream = nullptr;
+    return absl::OkStatus();
+  }
+  if (stream_order_ == nullptr) {
+    auto words = client_->Allocate(StreamOrder::kBytes, "");
+    if (!words.ok()) return words.status();
+    auto order = std::make_unique<StreamOrder>();
+    order->words = *std::move(words);
+    auto registered = RegisteredHostWords::Register(order->words.data(), StreamOrder::kBytes);
+    if (!registered.ok()) {
+      client_->Free(order->words).IgnoreError();  // best effort; the session end frees it too
+      return registered.status();
+    }
+    order->registered = *std::move(registered);
+    stream_order_ = std::move(order);
+  }
+  stream_order_->stream = stream;
+  if (std::find(stream_order_->used_streams.begin(), stream_order_->used_streams.end(), stream) ==
+      stream_order_->used_streams.end()) {
+    stream_order_->used_streams.push_back(stream);
+  }
+  return absl::OkStatus();
+#else
+  if (stream == nullptr) return absl::OkStatus();
+  return absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA");
+#endif
+}
+
+void* Mesh::stream() const { return stream_order_ != nullptr ? stream_order_->stream : nullptr; }
+
 OpFuture Mesh::Submit(const OpRequest& request) {
   if (!request.error.ok()) {
     auto state = std::make_shared<OpState>(op_deadline_);
     state->Complete(request.error, -1, {}, DType::kInvalid);
     return OpFuture(state);
   }
+  if (stream_order_ != nullptr && stream_order_->stream != nullptr) {
+    return SubmitOnStream(request);
+  }
   return client_->Submit(request.spec, op_deadline_);
+}
+
+OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
+  auto failed = [this](absl::Status st) {
+    auto state = std::make_shared<OpState>(op_deadline_);
+    state->Complete(std::move(st), -1, {}, DType::kInvalid);
+    return OpFuture(state);
+  };
+#ifdef COLLECTIVED_HAVE_CUDA
+  StreamOrder& so = *stream_order_;
+  const uint64_t v = ++so.next;
+  const uint64_t slot = v % StreamOrder::kSlots;
+  // The slot's previous op must be over (its done word raised) before the
+  // slot is reused.
+  if (v > StreamOrder::kSlots) {
+    const uint64_t previous = v - StreamOrder::kSlots;
+    const absl::Time deadline = absl::Now() + op_deadline_ + absl::Seconds(5);
+    while (so.Done(slot).load(std::memory_order_acquire) < previous) {
+      if (absl::Now() > deadline) {
+        return failed(absl::DeadlineExceededError(absl::StrCat(
+            "stream-ordered op ", previous, " of this mesh is still outstanding; at most ",
+            StreamOrder::kSlots, " may be")));
+      }
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+  const size_t ready_offset = slot * sizeof(uint64_t);
+  const size_t done_offset = (StreamOrder::kSlots + slot) * sizeof(uint64_t);
+  if (absl::Status st = so.registered->WriteOnStream(so.stream, ready_offset, v); !st.ok()) {
+    so.Release(v);  // nothing waits on it, but keep the slot's words in step
+    return failed(st);
+  }
+  v1::OpSpec spec = request.spec;
+  v1::StreamSync* sync = spec.mutable_stream_sync();
+  sync->mutable_ready()->set_buffer_id(so.words.id());
+  sync->mutable_ready()->set_offset(static_cast<int64_t>(ready_offset));
+  sync->mutable_ready()->set_size_bytes(8);
+  sync->mutable_done()->set_buffer_id(so.words.id());
+  sync->mutable_done()->set_offset(static_cast<int64_t>(done_offset));
+  sync->mutable_done()->set_size_bytes(8);
+  sync->set_value(v);
+  OpFuture f = client_->Submit(spec, op_deadline_);
+  // The daemon raises the done word whatever the outcome; when it cannot (it
+  // is gone, or the SDK failed the op before the daemon saw it), this does.
+  f.state_->OnFailure([order = stream_order_.get(), v] { order->Release(v); });
+  if (absl::Status st = so.registered->WaitOnStream(so.stream, done_offset, v); !st.ok()) {
+    // The stream cannot wait: wait here, so work enqueued after the call
+    // still runs after the op.
+    f.Wait().IgnoreError();
+  }
+  return f;
+#else
+  (void)request;
+  return failed(absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA"));
+#endif
 }
 
 namespace {

@@ -62,7 +62,8 @@ namespace collectived::cuda {
   X(cuMemHostRegister, 6050)                     \
   X(cuMemHostUnregister, 4000)                   \
   X(cuStreamWriteValue64, 11070)                 \
-  X(cuStreamWaitValue64, 11070)
+  X(cuStreamWaitValue64, 11070)                  \
+  X(cuStreamSynchronize, 2000)
 
 // cuda.h maps some names to their latest version (cuDeviceGetUuid is
 // cuDeviceGetUuid_v2): the PFN type is pasted from the unexpanded name, the

@@ -204,6 +204,27 @@ TEST_P(E2eTest, CollectivesAcrossProcessesAreExact) {
   RunOps(absl::StrCat("ops-", n), n);
 }
 
+// Stream-ordered submission: every member submits without synchronizing
+// its stream; the daemon waits for each stream and releases it.
+TEST_P(E2eTest, StreamOrderedOpsWaitForTheStreamAndReleaseIt) {
+  if (!gpu()) GTEST_SKIP() << "stream-ordered submission needs GPU buffers";
+  const int n = members();
+  std::vector<std::vector<std::string>> argvs;
+  for (int i = 0; i < n; ++i) {
+    argvs.push_back(WorkerArgv(WorkerBinary(), *daemon_, absl::StrCat("stream-", n), n, i,
+                               {"--mode=stream", "--device=" + device()}));
+  }
+  std::vector<ChildResult> results = RunAll(argvs, kFinish);
+  for (int i = 0; i < n; ++i) {
+    const ChildResult& r = results[i];
+    EXPECT_FALSE(r.timed_out) << "member " << i << " timed out:\n" << Tail(r.output);
+    EXPECT_EQ(r.exit_code, 0) << "member " << i << ":\n" << Tail(r.output);
+    EXPECT_EQ(Field(r.output, "DONE", "failed"), "0") << r.output;
+    EXPECT_EQ(Field(r.output, "DONE", "checks"), "2") << r.output;
+    EXPECT_FALSE(absl::StrContains(r.output, " ok=0")) << r.output;
+  }
+}
+
 // SIGKILL one member while the others run ops on GPU buffers.
 TEST_P(E2eTest, KilledMemberAbortsTheOthersAndItsMemoryIsFreed) {
   const int n = members();

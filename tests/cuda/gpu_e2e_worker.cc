@@ -11,6 +11,17 @@
 //                 from every member's inputs; also that out-of-place ops
 //                 left their input alone and nothing was written past a
 //                 result
+//   --mode=stream stream-ordered submission (Mesh::set_stream): on a CUDA
+//                 stream, a gate (a host function that holds the stream
+//                 until this process opens it, after psum_async returned),
+//                 then the input copied in (pinned memory, async), then psum
+//                 in place submitted without synchronizing, then the result
+//                 copied out on the stream; checks it after one
+//                 cudaStreamSynchronize. A psum_async that waited for the
+//                 stream on the host would never return before the gate
+//                 gives up (20 s): that fails the check. Then 300
+//                 stream-ordered pmax in a row (more than the 256 slots),
+//                 checked once at the end.
 //   --mode=loop   psum f32[1024] in place until an op fails; print it
 //   --mode=stall  join, then never submit (a stuck-but-alive member)
 //   --bytes=B     the buffer's size (default 64 MiB; ops needs about 17 MiB)
@@ -31,6 +42,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +64,7 @@ namespace {
 using collectived::Array;
 using collectived::Buffer;
 using collectived::Mesh;
+using collectived::OpFuture;
 
 struct Flags {
   std::string socket, mesh, mode = "ops", device = "cuda:0";
@@ -83,7 +96,7 @@ bool Parse(int argc, char** argv, Flags& f) {
   }
   return !f.socket.empty() && !f.mesh.empty() && f.members > 0 && f.member >= 0 &&
          f.member < f.members && f.bytes > 0 &&
-         (f.mode == "ops" || f.mode == "loop" || f.mode == "stall");
+         (f.mode == "ops" || f.mode == "loop" || f.mode == "stall" || f.mode == "stream");
 }
 
 void Line(const std::string& s) {
@@ -358,6 +371,108 @@ int RunOps(Mesh& mesh, const Buffer& buf, bool gpu, int n, int me) {
   return member.failed() == 0 ? 0 : 1;
 }
 
+// --mode=stream (see the top of the file).
+int RunStream(Mesh& mesh, const Buffer& buf, int n, int me) {
+  constexpr int64_t kCount = 1 << 20;  // 4 MiB of f32
+  const size_t bytes = kCount * sizeof(float);
+  cudaStream_t stream = nullptr;
+  float* host_in = nullptr;
+  float* host_out = nullptr;
+  auto fail = [](const std::string& what) {
+    Line(absl::StrCat("CHECK op=stream ok=0 ", what));
+    Line("DONE checks=1 failed=1");
+    return 1;
+  };
+  if (cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+      err != cudaSuccess) {
+    return fail(CudaError(err, "cudaStreamCreateWithFlags"));
+  }
+  if (cudaError_t err = cudaMallocHost(reinterpret_cast<void**>(&host_in), bytes); err != cudaSuccess) {
+    return fail(CudaError(err, "cudaMallocHost"));
+  }
+  if (cudaError_t err = cudaMallocHost(reinterpret_cast<void**>(&host_out), bytes); err != cudaSuccess) {
+    return fail(CudaError(err, "cudaMallocHost"));
+  }
+  for (int64_t j = 0; j < kCount; ++j) host_in[j] = PsumF32(me, j);
+  if (absl::Status st = mesh.set_stream(stream); !st.ok()) {
+    return fail(absl::StrCat("set_stream: ", st.ToString()));
+  }
+  // The input lands only after the gate opens, which is after psum_async
+  // returned: a daemon that read it at submission would sum stale data, an
+  // SDK that waited for the stream would wait for the gate's timeout.
+  struct Gate {
+    std::atomic<bool> open{false};
+    std::atomic<bool> timed_out{false};
+  };
+  static Gate gate;
+  if (cudaError_t err = cudaLaunchHostFunc(
+          stream,
+          [](void*) {
+            const absl::Time deadline = absl::Now() + absl::Seconds(20);
+            while (!gate.open.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+            if (!gate.open.load()) gate.timed_out.store(true);
+          },
+          nullptr);
+      err != cudaSuccess) {
+    return fail(CudaError(err, "cudaLaunchHostFunc"));
+  }
+  if (cudaError_t err =
+          cudaMemcpyAsync(buf.data(), host_in, bytes, cudaMemcpyHostToDevice, stream);
+      err != cudaSuccess) {
+    return fail(CudaError(err, "cudaMemcpyAsync in"));
+  }
+  const Array x = Array::Of<float>(buf, {kCount});
+  OpFuture psum = mesh.psum_async(x, "i");
+  gate.open.store(true);
+  if (cudaError_t err =
+          cudaMemcpyAsync(host_out, buf.data(), bytes, cudaMemcpyDeviceToHost, stream);
+      err != cudaSuccess) {
+    return fail(CudaError(err, "cudaMemcpyAsync out"));
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    return fail(CudaError(err, "cudaStreamSynchronize"));
+  }
+  if (gate.timed_out.load()) return fail("psum_async waited for the stream on the host");
+  if (absl::Status st = psum.Wait(); !st.ok()) return fail(absl::StrCat("psum: ", st.ToString()));
+  for (int64_t j = 0; j < kCount; ++j) {
+    float want = 0;
+    for (int m = 0; m < n; ++m) want += PsumF32(m, j);
+    if (host_out[j] != want) {
+      return fail(absl::StrCat("psum element ", j, " is ", host_out[j], ", want ", want));
+    }
+  }
+  Line("CHECK op=stream_psum ok=1");
+  // More ops than slots, none waited for on the host until the last.
+  const Array small = Array::Of<float>(buf, {256});
+  for (int64_t j = 0; j < 256; ++j) host_in[j] = static_cast<float>(me * 1000 + j);
+  if (cudaError_t err = cudaMemcpyAsync(buf.data(), host_in, 256 * sizeof(float),
+                                        cudaMemcpyHostToDevice, stream);
+      err != cudaSuccess) {
+    return fail(CudaError(err, "cudaMemcpyAsync in"));
+  }
+  OpFuture last;
+  for (int k = 0; k < 300; ++k) last = mesh.pmax_async(small, "i");
+  if (cudaError_t err = cudaMemcpyAsync(host_out, buf.data(), 256 * sizeof(float),
+                                        cudaMemcpyDeviceToHost, stream);
+      err != cudaSuccess) {
+    return fail(CudaError(err, "cudaMemcpyAsync out"));
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    return fail(CudaError(err, "cudaStreamSynchronize"));
+  }
+  if (absl::Status st = last.Wait(); !st.ok()) return fail(absl::StrCat("pmax: ", st.ToString()));
+  for (int64_t j = 0; j < 256; ++j) {
+    const float want = static_cast<float>((n - 1) * 1000 + j);
+    if (host_out[j] != want) {
+      return fail(absl::StrCat("pmax element ", j, " is ", host_out[j], ", want ", want));
+    }
+  }
+  Line("CHECK op=stream_pmax_300 ok=1");
+  mesh.set_stream(nullptr).IgnoreError();
+  Line("DONE checks=2 failed=0");
+  return 0;
+}
+
 int Run(const Flags& f) {
   auto client = collectived::Client::Connect(
       {.socket_path = f.socket, .client_name = absl::StrCat("gpu-e2e-", f.member)});
@@ -400,6 +515,13 @@ int Run(const Flags& f) {
   if (f.mode == "stall") {
     absl::SleepFor(absl::Seconds(60));
     return 0;
+  }
+  if (f.mode == "stream") {
+    if (!gpu) {
+      Line("CHECK op=stream ok=0 stream mode needs a GPU buffer");
+      return 1;
+    }
+    return RunStream(**mesh, *buf, f.members, f.member);
   }
   if (f.mode == "loop") {
     // The buffer is zeroed: the sums stay 0.

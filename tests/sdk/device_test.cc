@@ -109,5 +109,34 @@ TEST_F(SdkDeviceTest, GpuBufferIsFreedInTheDaemonAndRefusedAsUnimplemented) {
   EXPECT_EQ(engine_->ListSessions().sessions(0).buffers(), 1);
 }
 
+// Stream-ordered submission needs the SDK built with CUDA and a usable GPU;
+// without either, set_stream says which and leaves the mesh as it was (on the
+// simple contract, its buffer for the words given back).
+TEST_F(SdkDeviceTest, SetStreamWithoutAUsableGpuSaysWhyAndChangesNothing) {
+  auto client = Client::Connect({.socket_path = socket_, .client_name = "sdk", .fast_path = false});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto mesh = (*client)->JoinMesh({.name = "streams", .axes = {{"i", 1}}});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  EXPECT_TRUE((*mesh)->set_stream(nullptr).ok());
+  // Any non-null handle: it is refused before it is used.
+  void* stream = reinterpret_cast<void*>(uintptr_t{0x1000});
+  absl::Status st = (*mesh)->set_stream(stream);
+#if COLLECTIVED_SDK_HAS_CUDA
+  if (st.ok()) GTEST_SKIP() << "this host has a usable GPU (the GPU tests cover set_stream)";
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+#else
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+  EXPECT_EQ(std::string(st.message()), "stream-ordered submission needs the SDK built with CUDA");
+#endif
+  EXPECT_EQ((*mesh)->stream(), nullptr);
+  EXPECT_EQ(engine_->ListSessions().sessions(0).buffers(), 0) << "the words' buffer was kept";
+  // Ops run as before.
+  auto buf = (*client)->Allocate(16);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  buf->as<float>()[0] = 2.5f;
+  EXPECT_TRUE((*mesh)->psum(Array::Of<float>(*buf, {4}), "i").ok());
+  EXPECT_EQ(buf->as<float>()[0], 2.5f);
+}
+
 }  // namespace
 }  // namespace collectived

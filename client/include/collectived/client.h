@@ -332,6 +332,33 @@ class Mesh {
                            std::optional<Array> out = {});
   OpFuture barrier_async(const AxisNames& axes = AxisNames::All());
 
+  // Stream-ordered submission, for GPU buffers (an SDK built with CUDA).
+  // After set_stream(s), every op this Mesh submits is ordered with the CUDA
+  // stream `s` (a cudaStream_t or CUstream; null would be the legacy default
+  // stream, so pass one you created) instead of with the host:
+  //  - the daemon reads the op's inputs only once `s` has reached the point
+  //    where the op was submitted, so kernels that write the inputs may
+  //    still be running on `s` when you submit (no cudaStreamSynchronize);
+  //  - work you enqueue on `s` after the call runs after the op has written
+  //    its result: the stream waits, the host does not;
+  //  - the op's future still gives its outcome. An op that fails releases
+  //    the stream too (the daemon, or this SDK when the daemon is gone), and
+  //    the work after it then sees outputs that were not written: check the
+  //    future before trusting them.
+  // The daemon waits for `s` within the op's deadline (DEADLINE_EXCEEDED
+  // naming the members whose streams did not get there). At most 256
+  // stream-ordered ops of a Mesh may be outstanding: the next waits, on the
+  // host, for the oldest. If enqueueing the stream's wait fails, the call
+  // waits for the op on the host instead (the ordering holds either way).
+  // set_stream(nullptr) returns to the simple contract (inputs complete at
+  // submission). Not concurrently with ops on this Mesh.
+  // Errors: UNIMPLEMENTED from an SDK built without CUDA;
+  // FAILED_PRECONDITION without a usable CUDA driver or GPU; the errors of
+  // allocating the 4 KiB host buffer that holds the words.
+  absl::Status set_stream(void* stream);
+  // The stream set by set_stream (null: none).
+  void* stream() const;
+
   // Leaves the mesh (it breaks for the other members). Also done by the
   // destructor. Waits at most ClientOptions::close_timeout (see there);
   // DEADLINE_EXCEEDED when the daemon did not answer in time, and then the
@@ -342,7 +369,9 @@ class Mesh {
   friend class ClientImpl;
   Mesh() = default;
   struct OpRequest;  // defined in the implementation
+  struct StreamOrder;  // set_stream's words and stream
   OpFuture Submit(const OpRequest& request);
+  OpFuture SubmitOnStream(const OpRequest& request);
 
   ClientImpl* client_ = nullptr;
   std::string id_;
@@ -354,6 +383,7 @@ class Mesh {
   std::vector<int> coordinate_;
   absl::Duration op_deadline_;
   std::atomic<bool> left_{false};
+  std::unique_ptr<StreamOrder> stream_order_;
 };
 
 // A session with the daemon. Create with Connect.

@@ -1,0 +1,61 @@
+#include "client/src/cuda_stream_sync.h"
+
+#include <cuda.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda/driver.h"
+
+namespace collectived {
+
+absl::StatusOr<std::unique_ptr<RegisteredHostWords>> RegisteredHostWords::Register(void* host,
+                                                                                   size_t bytes) {
+  if (host == nullptr || bytes == 0 || bytes % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream words: bad region of ", bytes, " bytes"));
+  }
+  auto api = cuda::RequireDevices();
+  if (!api.ok()) return api.status();
+  // Any context: the registration is portable (every context sees it).
+  if (auto st = cuda::SetCurrentDevice(0); !st.ok()) return st;
+  COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuMemHostRegister(
+      host, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+  std::unique_ptr<RegisteredHostWords> w(new RegisteredHostWords);
+  w->host_ = host;
+  w->bytes_ = bytes;
+  return w;
+}
+
+RegisteredHostWords::~RegisteredHostWords() {
+  auto api = cuda::Driver();
+  if (api.ok() && host_ != nullptr) (*api)->cuMemHostUnregister(host_);
+}
+
+absl::Status RegisteredHostWords::WriteOnStream(void* stream, size_t offset,
+                                                uint64_t value) const {
+  if (offset + 8 > bytes_ || offset % 8 != 0) {
+    return absl::InvalidArgumentError("stream words: offset out of range");
+  }
+  auto api = cuda::Driver();
+  if (!api.ok()) return api.status();
+  const CUdeviceptr addr =
+      static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host_) + offset);
+  COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuStreamWriteValue64(
+      static_cast<CUstream>(stream), addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status RegisteredHostWords::WaitOnStream(void* stream, size_t offset,
+                                               uint64_t value) const {
+  if (offset + 8 > bytes_ || offset % 8 != 0) {
+    return absl::InvalidArgumentError("stream words: offset out of range");
+  }
+  auto api = cuda::Driver();
+  if (!api.ok()) return api.status();
+  const CUdeviceptr addr =
+      static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host_) + offset);
+  COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuStreamWaitValue64(
+      static_cast<CUstream>(stream), addr, value, CU_STREAM_WAIT_VALUE_GEQ));
+  return absl::OkStatus();
+}
+
+}  // namespace collectived
