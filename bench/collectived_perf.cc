@@ -274,7 +274,9 @@ constexpr char kUsage[] =
     "                     (e.g. \"--threads=2 --fast-path-spin-us=0\")\n"
     "  --device=DEV       where the members' buffers live: cpu (default), cuda (= cuda:0),\n"
     "                     cuda:N (the daemon's ordinal), GPU-<uuid> or cuda:GPU-<uuid>\n"
-    "                     (needs a build with CUDA and a GPU the daemon can use)\n";
+    "                     (needs a build with CUDA and a GPU the daemon can use), or\n"
+    "                     cuda:spread: member m on GPU m mod (visible GPUs), so ops\n"
+    "                     cross GPUs (NCCL) when there are several\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
@@ -896,14 +898,24 @@ int RunMember(const Config& cfg) {
   if (!client.ok()) return MemberFail(fd, absl::StrCat("connect: ", client.status().ToString()));
   // The buffers first: a device the daemon cannot use fails every member the
   // same way, before any of them waits in the mesh for the others.
-  auto in = (*client)->Allocate(max_in, cfg.device);
+  std::string device = cfg.device;
+#if COLLECTIVED_PERF_CUDA
+  if (device == "cuda:spread") {
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 1) {
+      return MemberFail(fd, "--device=cuda:spread: this process sees no CUDA device");
+    }
+    device = absl::StrCat("cuda:", me % gpus);
+  }
+#endif
+  auto in = (*client)->Allocate(max_in, device);
   if (!in.ok()) {
-    return MemberFail(fd, absl::StrCat("allocate ", max_in, " B on ", cfg.device, ": ",
+    return MemberFail(fd, absl::StrCat("allocate ", max_in, " B on ", device, ": ",
                                        in.status().ToString()));
   }
-  auto out = (*client)->Allocate(max_out, cfg.device);
+  auto out = (*client)->Allocate(max_out, device);
   if (!out.ok()) {
-    return MemberFail(fd, absl::StrCat("allocate ", max_out, " B on ", cfg.device, ": ",
+    return MemberFail(fd, absl::StrCat("allocate ", max_out, " B on ", device, ": ",
                                        out.status().ToString()));
   }
   auto mesh = (*client)->JoinMesh({.name = cfg.mesh,

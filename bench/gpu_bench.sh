@@ -11,6 +11,9 @@
 #   collectived.jsonl  collectived_perf --device cuda: psum and all_gather of
 #                      K = 2, 4, 8 members, their buffers on GPU 0, through a
 #                      private daemon
+#   across.jsonl       with two GPUs or more: collectived_perf --device=cuda:spread,
+#                      one member per GPU, psum and all_gather (across.txt: the
+#                      table beside the nccl rows)
 #   gpu_rows.json      compare.py --gpu-rows over the three: the efficiency
 #                      (2*K*S / time) / copy GB/s of psum at S >= 64 MiB
 #   *.log, summary.txt the tools' stderr and the printed table
@@ -84,6 +87,33 @@ row nccl 30 "$bin/peers/nccl_perf" --json --op=psum,all_gather \
   --min-bytes=1K --max-bytes=256M --step-factor=4 --iters=20 --warmup=5
 row collectived 60 "$bin/collectived_perf" --json --device=cuda --op=psum,all_gather \
   --members=2,4,8 --min-bytes=1K --max-bytes=256M --step-factor=4 --iters=10 --warmup=3
+
+# Across GPUs, where there are several: one member per GPU, against the nccl
+# rows above (the same GPUs).
+gpu_count="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+if [[ "${gpu_count:-0}" -ge 2 ]]; then
+  row across 60 "$bin/collectived_perf" --json --device=cuda:spread --op=psum,all_gather \
+    --members="$gpu_count" --min-bytes=1K --max-bytes=256M --step-factor=4 --iters=10 --warmup=3
+  python3 - "$out/nccl.jsonl" "$out/across.jsonl" > "$out/across.txt" 2>&1 <<'PY' || status=1
+import json, sys
+def rows(path):
+    out = {}
+    for line in open(path):
+        if line.startswith("{"):
+            r = json.loads(line)
+            out[(r["op"], r["bytes"])] = r
+    return out
+nccl, ours = rows(sys.argv[1]), rows(sys.argv[2])
+print(f"{'op':<11} {'bytes':>11} {'nccl busbw':>11} {'collectived':>12} {'ratio':>6}")
+for key in sorted(ours):
+    if key in nccl and nccl[key]["busbw_gbps"] > 0:
+        n, c = nccl[key]["busbw_gbps"], ours[key]["busbw_gbps"]
+        print(f"{key[0]:<11} {key[1]:>11} {n:>11.2f} {c:>12.2f} {c / n:>6.2f}")
+PY
+  cat "$out/across.txt"
+else
+  echo "gpu_bench: across GPUs: skipped (${gpu_count:-0} GPU)"
+fi
 
 python3 "$here/bench/peers/compare.py" --gpu-rows "$out/copy.jsonl" "$out/nccl.jsonl" \
   "$out/collectived.jsonl" --json-out "$out/gpu_rows.json" | tee "$out/summary.txt" || status=1
