@@ -371,6 +371,13 @@ def check_runtime_libs(dockerfile, binaries):
         if "not found" in out.stdout:
             problem(b, f"unresolved libraries:\n{out.stdout}")
         for lib in re.findall(r"=>\s+(/\S+)", out.stdout):
+            # The CUDA variant's libraries from the CUDA toolkit (libnccl):
+            # the image builds the non-CUDA variant (its build stage has no
+            # toolkit), so they are not the runtime stage's to install.
+            if os.path.realpath(lib).startswith("/usr/local/cuda"):
+                print(f"note {b}: {os.path.basename(lib)} comes from the CUDA toolkit "
+                      "(CUDA variant; the image builds the non-CUDA variant)")
+                continue
             needed.setdefault(os.path.basename(lib), []).append(b)
     if not needed:
         return
