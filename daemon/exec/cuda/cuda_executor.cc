@@ -249,6 +249,7 @@ class OpRun {
         case DType::kF32:
         case DType::kF64:
         case DType::kF16:
+        case DType::kF8E4M3FN:
           // Every bit kept.
           for (size_t e = 0; e < ins.size(); ++e) {
             COLLECTIVED_RETURN_IF_ERROR(CopyD2D(outs[e], ins[e], plan_.in_bytes));
@@ -261,6 +262,15 @@ class OpRun {
               "LaunchCanonicalizeBF16",
               cuda_kernels::LaunchCanonicalizeBF16(*table, static_cast<int>(ins.size()), count,
                                                    stream_));
+          return absl::OkStatus();
+        }
+        case DType::kF8E5M2: {
+          auto table = Table(ins, outs);
+          if (!table.ok()) return table.status();
+          COLLECTIVED_CUDA_RETURN_IF_ERROR(
+              "LaunchCanonicalizeF8E5M2",
+              cuda_kernels::LaunchCanonicalizeF8E5M2(*table, static_cast<int>(ins.size()), count,
+                                                     stream_));
           return absl::OkStatus();
         }
         default:
