@@ -467,6 +467,28 @@ TYPED_TEST_P(ExecutorSuite, NoAxesReturnTheInputBits) {
     EXPECT_EQ(FromBytes<uint32_t>(out[0]), a) << kind;
     EXPECT_EQ(FromBytes<uint32_t>(out[1]), b) << kind;
   }
+  // No conversion either (JAX 0.10.2 returns these bits for psum over ()):
+  // bfloat16 and float8_e5m2 NaNs are not made canonical, as they are in a
+  // mesh of one.
+  const std::vector<uint16_t> bf16 = {0x7f81, 0xffc3, 0x8000, 0x0001};
+  const std::vector<uint8_t> e5m2 = {0x7d, 0xfe, 0x80, 0x01};
+  for (const auto& [mesh, members] : std::vector<std::pair<MeshShape, int>>{{x2y1, 2},
+                                                                            {kMeshOfOne, 1}}) {
+    for (v1::OpKind kind : {v1::PSUM, v1::PMAX, v1::PMIN, v1::PMEAN}) {
+      auto op = Typed(kind, v1::BFLOAT16, {4});
+      op.set_no_axes(true);
+      for (const auto& out : this->RunBytes(
+               op, mesh, {}, std::vector<std::vector<uint8_t>>(members, Bytes(bf16)))) {
+        EXPECT_EQ(FromBytes<uint16_t>(out), bf16) << kind;
+      }
+      op = Typed(kind, v1::FLOAT8_E5M2, {4});
+      op.set_no_axes(true);
+      for (const auto& out :
+           this->RunBytes(op, mesh, {}, std::vector<std::vector<uint8_t>>(members, e5m2))) {
+        EXPECT_EQ(out, e5m2) << kind;
+      }
+    }
+  }
 }
 
 // Data movement copies bits: a signaling NaN (and other payloads, -0.0 and

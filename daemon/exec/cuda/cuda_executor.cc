@@ -244,6 +244,15 @@ class OpRun {
         outs.push_back(io_[Member(g, i)].out);
       }
     }
+    // Over no axes nothing is converted either (JAX: psum(x, ()) is x):
+    // every float bit is kept, bfloat16 and float8_e5m2 NaNs included.
+    const bool keep_bits = plan_.axis_ids.empty() && IsFloat(plan_.dtype);
+    if (mesh_of_one && keep_bits) {
+      for (size_t e = 0; e < ins.size(); ++e) {
+        COLLECTIVED_RETURN_IF_ERROR(CopyD2D(outs[e], ins[e], plan_.in_bytes));
+      }
+      return absl::OkStatus();
+    }
     if (mesh_of_one) {
       switch (plan_.dtype) {
         case DType::kF32:
