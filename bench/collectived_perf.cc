@@ -253,7 +253,8 @@ constexpr char kUsage[] =
     "                     benchmark that answers at once\n"
     "  --members=N[,M..]  member processes (default 2)\n"
     "  --dtype=NAME       float32 (default), float64, float16, bfloat16, int8, uint8,\n"
-    "                     int32, uint32, int64, uint64, bool\n"
+    "                     int32, uint32, int64, uint64, bool, float8_e4m3fn,\n"
+    "                     float8_e5m2\n"
     "  --min-bytes=SIZE   smallest size (default 8); suffixes K, M, G (powers of 1024)\n"
     "  --max-bytes=SIZE   largest size (default 64M)\n"
     "  --step-factor=F    multiply the size by F between rows (default 2)\n"
@@ -375,7 +376,8 @@ Config ParseFlags(int argc, char** argv) {
       if (!dt) {
         UsageError(absl::StrCat("--dtype=", value,
                                 ": expected float32, float64, float16, bfloat16, int8, uint8, "
-                                "int32, uint32, int64, uint64 or bool"));
+                                "int32, uint32, int64, uint64, bool, float8_e4m3fn or "
+                                "float8_e5m2"));
       }
       cfg.dtype = *dt;
     } else if (name == "min-bytes" || name == "max-bytes") {
@@ -502,6 +504,8 @@ double GetElem(DType dt, const void* p, size_t i) {
     case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
     case DType::kU64: return static_cast<double>(static_cast<const uint64_t*>(p)[i]);
     case DType::kBool: return static_cast<const uint8_t*>(p)[i];  // raw byte: 0/1 expected
+    case DType::kF8E4M3FN: return collectived::F8E4M3FNToFloat(static_cast<const uint8_t*>(p)[i]);
+    case DType::kF8E5M2: return collectived::F8E5M2ToFloat(static_cast<const uint8_t*>(p)[i]);
     default: return std::nan("");
   }
 }
@@ -525,6 +529,12 @@ void SetElem(DType dt, void* p, size_t i, double v) {
     case DType::kI64: static_cast<int64_t*>(p)[i] = w; break;
     case DType::kU64: static_cast<uint64_t*>(p)[i] = static_cast<uint64_t>(w); break;
     case DType::kBool: static_cast<uint8_t*>(p)[i] = v != 0 ? 1 : 0; break;
+    case DType::kF8E4M3FN:
+      static_cast<uint8_t*>(p)[i] = collectived::FloatToF8E4M3FN(static_cast<float>(v));
+      break;
+    case DType::kF8E5M2:
+      static_cast<uint8_t*>(p)[i] = collectived::FloatToF8E5M2(static_cast<float>(v));
+      break;
     default: break;
   }
 }
@@ -552,6 +562,8 @@ int64_t MoveVal(DType dt, int i, int64_t k) {
     case DType::kU8: m = 255; break;
     case DType::kBF16: m = 256; break;
     case DType::kF16: m = 2048; break;
+    case DType::kF8E4M3FN: m = 16; break;  // every integer up to 16 is exact
+    case DType::kF8E5M2: m = 8; break;
     default: break;
   }
   return (k * 13 + int64_t{i} * 7 + 1) % m;
@@ -597,6 +609,16 @@ double Expected(Op op, DType dt, int n, int me, const Row& r, int64_t k) {
         case DType::kBF16:  // sum rounded to the format, divided in float32, rounded
           return Represent(dt, static_cast<float>(Represent(dt, static_cast<double>(s))) /
                                    static_cast<float>(n));
+        case DType::kF8E4M3FN:
+        case DType::kF8E5M2: {
+          // In float16 (as XLA): the sum rounded to float8, times
+          // float16(1/n), rounded to float16, then to float8.
+          const float scale = collectived::HalfToFloat(
+              collectived::FloatToHalf(1.0f / static_cast<float>(n)));
+          const float product =
+              static_cast<float>(Represent(dt, static_cast<double>(s))) * scale;
+          return Represent(dt, collectived::HalfToFloat(collectived::FloatToHalf(product)));
+        }
         case DType::kI64:
         case DType::kU64:  // the wrapped sum, divided in float64
           return Represent(dt, static_cast<double>(s)) / n;

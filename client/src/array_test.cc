@@ -14,6 +14,8 @@ TEST(ArrayTest, SizesOfOrdinaryShapes) {
   EXPECT_EQ((Array{nullptr, 0, DType::kF32, {}}).num_bytes(), 4u);
   EXPECT_EQ((Array{nullptr, 0, DType::kF64, {3, 5}}).num_bytes(), 120u);
   EXPECT_EQ((Array{nullptr, 0, DType::kF16, {0, 7}}).num_bytes(), 0u);
+  EXPECT_EQ((Array{nullptr, 0, DType::kF8E4M3FN, {3, 7}}).num_bytes(), 21u);
+  EXPECT_EQ((Array{nullptr, 0, DType::kF8E5M2, {5}}).num_bytes(), 5u);
 }
 
 // Overflowing or negative shapes are reported, not wrapped around: a

@@ -62,9 +62,25 @@ absl::StatusOr<int64_t> CheckedElements(absl::string_view name, absl::string_vie
 
 }  // namespace
 
+static_assert(static_cast<int>(DType::kF32) == v1::FLOAT32 &&
+                  static_cast<int>(DType::kF64) == v1::FLOAT64 &&
+                  static_cast<int>(DType::kF16) == v1::FLOAT16 &&
+                  static_cast<int>(DType::kBF16) == v1::BFLOAT16 &&
+                  static_cast<int>(DType::kI8) == v1::INT8 &&
+                  static_cast<int>(DType::kU8) == v1::UINT8 &&
+                  static_cast<int>(DType::kI32) == v1::INT32 &&
+                  static_cast<int>(DType::kU32) == v1::UINT32 &&
+                  static_cast<int>(DType::kI64) == v1::INT64 &&
+                  static_cast<int>(DType::kU64) == v1::UINT64 &&
+                  static_cast<int>(DType::kBool) == v1::BOOL &&
+                  static_cast<int>(DType::kF8E4M3FN) == v1::FLOAT8_E4M3FN &&
+                  static_cast<int>(DType::kF8E5M2) == v1::FLOAT8_E5M2 &&
+                  v1::DType_MAX == v1::FLOAT8_E5M2,
+              "DType is numbered as v1::DType, and kF8E5M2 is the last");
+
 DType FromProto(v1::DType dt) {
   int v = static_cast<int>(dt);
-  if (v < 1 || v > static_cast<int>(DType::kBool)) return DType::kInvalid;
+  if (v < 1 || v > static_cast<int>(DType::kF8E5M2)) return DType::kInvalid;
   return static_cast<DType>(v);
 }
 
@@ -172,7 +188,8 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
   if (plan.dtype == DType::kInvalid) {
     return Invalid(name, "dtype ", static_cast<int>(op.dtype()),
                    " is not one of float32, float64, float16, bfloat16, int8, "
-                   "uint8, int32, uint32, int64, uint64, bool");
+                   "uint8, int32, uint32, int64, uint64, bool, float8_e4m3fn, "
+                   "float8_e5m2");
   }
   if (op.shape_size() > kMaxRank) {
     return Invalid(name, "rank ", op.shape_size(), " exceeds the maximum ", kMaxRank);

@@ -154,6 +154,16 @@ TEST(OpPlanTest, ResultShapes) {
   EXPECT_EQ(mean->out_bytes, 20u);
   EXPECT_EQ(PlanOp(Spec(v1::PMEAN, {"i"}, {5}, v1::UINT64), m)->out_dtype, DType::kF64);
   EXPECT_EQ(PlanOp(Spec(v1::PSUM, {"i"}, {5}, v1::BOOL), m)->out_dtype, DType::kI32);
+  // float8: one byte per element; pmean keeps the dtype.
+  for (auto [wire, dt] : {std::pair{v1::FLOAT8_E4M3FN, DType::kF8E4M3FN},
+                          std::pair{v1::FLOAT8_E5M2, DType::kF8E5M2}}) {
+    auto f8 = PlanOp(Spec(v1::PMEAN, {"i"}, {5}, wire), m);
+    ASSERT_TRUE(f8.ok()) << f8.status();
+    EXPECT_EQ(f8->dtype, dt);
+    EXPECT_EQ(f8->out_dtype, dt);
+    EXPECT_EQ(f8->in_bytes, 5u);
+    EXPECT_EQ(f8->out_bytes, 5u);
+  }
 }
 
 TEST(OpPlanTest, RejectsBadInputWithPreciseMessages) {
@@ -168,6 +178,8 @@ TEST(OpPlanTest, RejectsBadInputWithPreciseMessages) {
   expect_invalid(Spec(v1::PSUM, {"j"}, {1}), "unknown axis name 'j'");
   expect_invalid(Spec(v1::PSUM, {"i", "i"}, {1}), "named twice");
   expect_invalid(Spec(v1::PSUM, {"i"}, {1}, v1::DTYPE_UNSPECIFIED), "dtype");
+  expect_invalid(Spec(v1::PSUM, {"i"}, {1}, static_cast<v1::DType>(14)),
+                 "dtype 14 is not one of");
   expect_invalid(Spec(v1::PSUM, {"i"}, {-1}), "negative dimension");
   expect_invalid(Spec(v1::PSUM, {"i"}, {1 << 30, 1 << 30, 4}), "2^40");
   expect_invalid(Spec(v1::PSUM_SCATTER, {"i"}, {4}, v1::BOOL), "bool");

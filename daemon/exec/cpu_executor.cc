@@ -134,6 +134,7 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   // axes (JAX's empty tuple) is no collective: nothing is reduced (see
   // ReduceMeshOfOne). A group of one over a named axis of a bigger mesh is.
   const bool mesh_of_one = plan.ReducesNothing();
+  const bool keep_bits = plan.axis_ids.empty() && IsFloat(plan.dtype);
   // Each chunk of the inputs is read once; its result goes to every member's
   // output from L1 (see ReduceTo).
   ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {
@@ -142,6 +143,15 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
     const size_t len = std::min(chunk, count - begin);
     if (mesh_of_one) {
       if (io[group[0]].out == nullptr) return;  // written elsewhere
+      if (keep_bits) {
+        // Over no axes nothing is converted either (JAX: psum(x, ()) is x):
+        // every float bit is kept, bfloat16 and float8_e5m2 NaNs included.
+        if (io[group[0]].out != io[group[0]].in) {
+          std::memmove(io[group[0]].out + begin * out_es, io[group[0]].in + begin * in_es,
+                       len * in_es);
+        }
+        return;
+      }
       ReduceMeshOfOne(kind, plan.dtype, io[group[0]].in + begin * in_es,
                       io[group[0]].out + begin * out_es, len);
       return;

@@ -295,12 +295,13 @@ void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, const Outs& 
   }
 }
 
-// float16 and bfloat16. SumOp is how the sum adds: HalfAdd (rounded per
-// addition) for float16, Add (float32, rounded once) for bfloat16.
-// `mean_scale` is the reciprocal 1/n the mean multiplies by, as a float.
-template <typename Format, typename SumOp>
+// float16, bfloat16 and float8. SumOp is how the sum adds: HalfAdd (rounded
+// per addition to float16) for float16 and float8, Add (float32, rounded
+// once) for bfloat16. `mean` is the mean's codec (WidenedMean, F8Mean) with
+// the reciprocal 1/n it multiplies by.
+template <typename Format, typename SumOp, typename MeanCodec>
 void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
-                   size_t count, float mean_scale) {
+                   size_t count, MeanCodec mean) {
   switch (kind) {
     case ReduceKind::kSum:
       return Run(Widened<Format>{}, SumOp{}, inputs, n, out, count);
@@ -309,8 +310,7 @@ void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, const Outs
     case ReduceKind::kMin:
       return Run(WidenedPicked<Format>{}, FloatMin<CpuEnv>{}, inputs, n, out, count);
     case ReduceKind::kMean:
-      return Run(WidenedMean<Format, CpuEnv>{mean_scale}, SumOp{}, inputs, n, out,
-                 count);
+      return Run(mean, SumOp{}, inputs, n, out, count);
   }
 }
 
@@ -343,11 +343,18 @@ void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& o
       // The mean's reciprocal is float16(1/n) (rounding 1/n to float32 first
       // gives the same float16: 24 >= 2 * 11 + 2 bits).
       return ReduceWidened<HalfFormat, HalfAdd<CpuEnv>>(
-          kind, inputs, n, out, count,
-          MeanScaleF16(n));
+          kind, inputs, n, out, count, WidenedMean<HalfFormat, CpuEnv>{MeanScaleF16(n)});
     case DType::kBF16:
       // bfloat16's mean multiplies in float32 by float32(1/n).
-      return ReduceWidened<BF16Format, Add<CpuEnv>>(kind, inputs, n, out, count, MeanScaleF32(n));
+      return ReduceWidened<BF16Format, Add<CpuEnv>>(
+          kind, inputs, n, out, count, WidenedMean<BF16Format, CpuEnv>{MeanScaleF32(n)});
+    case DType::kF8E4M3FN:
+      // float8 is reduced as float16 (reduce_ops.h: F8E4M3FNFormat).
+      return ReduceWidened<F8E4M3FNFormat, HalfAdd<CpuEnv>>(
+          kind, inputs, n, out, count, F8Mean<F8E4M3FNFormat, CpuEnv>{MeanScaleF16(n)});
+    case DType::kF8E5M2:
+      return ReduceWidened<F8E5M2Format, HalfAdd<CpuEnv>>(
+          kind, inputs, n, out, count, F8Mean<F8E5M2Format, CpuEnv>{MeanScaleF16(n)});
     case DType::kI8:
       return ReduceInt<int8_t>(kind, inputs, n, out, count);
     case DType::kU8:
@@ -392,8 +399,16 @@ void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,
     case DType::kF32:
     case DType::kF64:
     case DType::kF16:
+    case DType::kF8E4M3FN:
       if (out != in && count > 0) std::memmove(out, in, count * DTypeSize(dt));
       return;
+    case DType::kF8E5M2: {
+      // XLA's round trip through float16 makes every NaN 0x7f.
+      const auto* src = static_cast<const uint8_t*>(in);
+      auto* dst = static_cast<uint8_t*>(out);
+      ForEachIndex(count, [&](size_t i) { dst[i] = CanonicalizeF8E5M2NaN(src[i]); });
+      return;
+    }
     case DType::kBF16: {
       const auto* src = static_cast<const uint16_t*>(in);
       auto* dst = static_cast<uint16_t*>(out);

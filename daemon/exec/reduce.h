@@ -59,6 +59,23 @@ namespace collectived {
 //      count as int32).
 //    E.g. uint8 values summing to 218 over n = 3 give 218 * f32(1/3) =
 //    0x42915556, not 218 / 3 = 0x42915555.
+// float8_e4m3fn / float8_e5m2: XLA on CPU runs float8 collectives in
+// float16 (each operand converted to float16, exactly; the float16 result
+// converted back, rounded to nearest even), so every kind follows the
+// float16 rules above and rounds to float8 at the end:
+//  - kSum: f8(the float16 sum, rounded to float16 after EVERY addition); so
+//    an intermediate sum may exceed the float8 range and come back (e4m3fn:
+//    448 + 448 - 448 = 448), and the result is not the per-step float8 sum;
+//  - kMean: f8(f16(f16(f8(s)) * f16(1/n))), s the float16 sum (the product
+//    rounded to float16, then to float8);
+//  - kMax/kMin: the float16 rule, exact; an all-NaN element gives -inf/+inf,
+//    which float8_e4m3fn encodes as its NaN (0xff / 0x7f);
+//  - never flushed (float8 values are normal float32 numbers);
+//  - NaN results: the float16 NaN of the sum (first NaN of the accumulator,
+//    or the default NaN, sign set, for inf + -inf) converted: float8_e4m3fn
+//    sign | 0x7f; float8_e5m2 0x7f whatever the sign (XLA's conversion);
+//  - float8_e4m3fn overflow (a result rounding above 448) is NaN, sign kept;
+//    float8_e5m2 overflow (from 61440) is +-inf.
 // Subnormals, float32/float64/bfloat16 (XLA on CPU runs with flush-to-zero
 // and denormals-are-zero, and so do the kernels):
 //  - a subnormal input reads as a zero of its sign, for every kind: so
@@ -97,6 +114,9 @@ void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
 //    NaNs stay signaling, subnormals stay; pmax of a NaN is that NaN);
 //  - bfloat16: every bit kept except that a NaN becomes sign | 0x7fc0 (XLA
 //    on CPU converts bfloat16 to float32 and back around the collective);
+//  - float8_e4m3fn: every bit kept (its NaNs survive the round trip through
+//    float16); float8_e5m2: every bit kept except that a NaN becomes 0x7f,
+//    sign dropped (XLA's float16 -> float8_e5m2 conversion);
 //  - integers: kept, and for kMean converted to float32 (int8, uint8, int32,
 //    uint32) or float64 (int64, uint64), rounded to nearest even;
 //  - bool (any nonzero byte is true): kSum gives int32 0/1, kMax/kMin 0/1,

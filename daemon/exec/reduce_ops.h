@@ -1,8 +1,8 @@
 // The element-wise arithmetic of the reductions, shared by the CPU kernels
 // (reduce.cc) and the CUDA kernels (exec/cuda): one definition of every
 // per-element rule of reduce.h (identity, accumulate step, NaN handling,
-// flush-to-zero, float16/bfloat16 rounding, the mean's reciprocal), compiled
-// for the host and, under nvcc, for the device.
+// flush-to-zero, float16/bfloat16/float8 rounding, the mean's reciprocal),
+// compiled for the host and, under nvcc, for the device.
 //
 // The rules depend on the floating-point environment they run in, which is a
 // template parameter (`Env`) of every float combiner and codec:
@@ -300,6 +300,7 @@ COLLECTIVED_HD inline uint16_t CanonicalizeBF16NaN(uint16_t b) {
 }
 
 struct HalfFormat {
+  using Bits = uint16_t;
   COLLECTIVED_HD static float Decode(uint16_t h) { return DecodeHalf(h); }
   COLLECTIVED_HD static uint16_t Encode(float f) { return EncodeHalf(f); }
 };
@@ -308,8 +309,118 @@ struct HalfFormat {
 // WidenedPicked). float16 subnormals are normal float32 numbers, and XLA
 // does not flush them.
 struct BF16Format {
+  using Bits = uint16_t;
   COLLECTIVED_HD static float Decode(uint16_t b) { return DecodeBF16(b); }
   COLLECTIVED_HD static uint16_t Encode(float f) { return EncodeBF16(f); }
+};
+
+// ---------------------------------------------------------------------------
+// float8_e4m3fn and float8_e5m2. Branch-free versions of the conversions in
+// dtype.cc, with the same bits (ml_dtypes'), NaNs included: decoding is exact
+// and gives a NaN as the quiet NaN of its sign (payload dropped); encoding
+// rounds to nearest even and keeps subnormals. Integer operations and exact
+// float operations only (the subnormal path's one addition, 2^14 + |f| or
+// 2^7 + |f|, rounds the same with or without DAZ: a float32 subnormal |f| is
+// far below half a float8 unit).
+
+// float8_e4m3fn (bias 7, 3 mantissa bits, no inf; S.1111.111 is NaN).
+COLLECTIVED_HD inline float DecodeF8E4M3FN(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const int32_t em = b & 0x7f;  // exponent and mantissa bits
+  // Normal: rebias the exponent from 7 to 127.
+  const uint32_t normal = (static_cast<uint32_t>(em) << 20) + (120u << 23);
+  // Subnormals (and zero) are em * 2^-9, exact in float.
+  const uint32_t subnormal = BitCast<uint32_t>(static_cast<float>(em) * 0x1p-9f);
+  const uint32_t finite = SelectBits(em < 0x08, subnormal, normal);
+  return BitCast<float>(sign | SelectBits(em == 0x7f, 0x7fc00000u, finite));
+}
+
+// |f| rounding above 448 (from just above 464; 464 ties to 448), +-inf and
+// NaN all give the NaN of f's sign, sign | 0x7f.
+COLLECTIVED_HD inline uint8_t EncodeF8E4M3FN(float f) {
+  const uint32_t u = BitCast<uint32_t>(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t ua = u & 0x7fffffffu;
+  const int32_t a = static_cast<int32_t>(ua);  // signed compares vectorize
+  // Normal (|f| >= 2^-6): rebias and round the 20 dropped bits to nearest
+  // even. Clamping |f| to 480 first makes everything that rounds to 480 or
+  // beyond (inf and NaN included) come out as exactly 0x7f, the NaN.
+#if defined(__CUDA_ARCH__)
+  const uint32_t clamped = static_cast<uint32_t>(min(a, 0x43f00000));
+#else
+  const uint32_t clamped = static_cast<uint32_t>(std::min(a, 0x43f00000));
+#endif
+  const uint32_t normal =
+      (clamped - ((127u - 7u) << 23) + 0x7ffffu + ((clamped >> 20) & 1u)) >> 20;
+  // Subnormal: in 2^14 + |f| the float ulp is 2^-9, the float8 subnormal
+  // unit, so the (round-to-nearest-even) FPU addition does the rounding; a
+  // carry to 2^-6 gives 0x08, the smallest normal.
+  const uint32_t subnormal = BitCast<uint32_t>(BitCast<float>(ua) + 0x1p14f) - 0x46800000u;
+  return static_cast<uint8_t>(sign | SelectBits(a < 0x3c800000, subnormal, normal));
+}
+
+// float8_e5m2 (bias 15, 2 mantissa bits; the top byte of a float16).
+COLLECTIVED_HD inline float DecodeF8E5M2(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t bits = BitCast<uint32_t>(DecodeHalf(static_cast<uint16_t>((b & 0x7fu) << 8)));
+  return BitCast<float>(sign | SelectBits((b & 0x7f) > 0x7c, 0x7fc00000u, bits));
+}
+
+// |f| from 61440 (halfway from 57344 to 2^16) up gives the infinity of f's
+// sign; NaN gives sign | 0x7e.
+COLLECTIVED_HD inline uint8_t EncodeF8E5M2(float f) {
+  const uint32_t u = BitCast<uint32_t>(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t ua = u & 0x7fffffffu;
+  const int32_t a = static_cast<int32_t>(ua);
+  // Normal (|f| >= 2^-14): as EncodeHalf, 21 dropped bits. Clamping |f| to
+  // 2^16 makes everything from 61440 up (inf and NaN included) 0x7c.
+#if defined(__CUDA_ARCH__)
+  const uint32_t clamped = static_cast<uint32_t>(min(a, 0x47800000));
+#else
+  const uint32_t clamped = static_cast<uint32_t>(std::min(a, 0x47800000));
+#endif
+  const uint32_t normal =
+      (clamped - ((127u - 15u) << 23) + 0xfffffu + ((clamped >> 21) & 1u)) >> 21;
+  // Subnormal: units of 2^-16, the float ulp of 2^7 + |f|.
+  const uint32_t subnormal = BitCast<uint32_t>(BitCast<float>(ua) + 0x1p7f) - 0x43000000u;
+  const uint32_t nan_bits = SelectBits(a > 0x7f800000, 0x02u, 0u);  // 0x7c | 0x02
+  return static_cast<uint8_t>(sign | nan_bits | SelectBits(a < 0x38800000, subnormal, normal));
+}
+
+// XLA's float16 -> float8_e5m2 conversion, which ends every float8_e5m2
+// collective on CPU (see F8E5M2Format): as EncodeF8E5M2, except that every
+// NaN becomes 0x7f, sign dropped. (The float16 -> float8_e4m3fn conversion
+// is EncodeF8E4M3FN's, NaNs included.)
+COLLECTIVED_HD inline uint8_t EncodeF8E5M2FromHalf(float f) {
+  const bool is_nan = static_cast<int32_t>(BitCast<uint32_t>(f) & 0x7fffffffu) > 0x7f800000;
+  return is_nan ? static_cast<uint8_t>(0x7fu) : EncodeF8E5M2(f);
+}
+
+// float8_e5m2 NaN -> 0x7f, every other value kept: XLA's round trip through
+// float16 (ReduceMeshOfOne, and XLA's data movement).
+COLLECTIVED_HD inline uint8_t CanonicalizeF8E5M2NaN(uint8_t b) {
+  return (b & 0x7fu) > 0x7cu ? static_cast<uint8_t>(0x7fu) : b;
+}
+
+// XLA on CPU runs every float8 collective in float16 (its float
+// normalization pass): each operand is converted to float16 (exact), the
+// reduction runs under the float16 rules (HalfAdd: rounded to float16 after
+// every addition, first NaN kept; max/min compare exactly; never flushed),
+// and the float16 result is converted back (rounded to nearest even). So the
+// float8 sum is NOT rounded to float8 per addition. Decode/Encode are those
+// two conversions: Decode gives the float16 value as a float; Encode takes a
+// float16 value (as a float) to float8 as XLA's convert does.
+struct F8E4M3FNFormat {
+  using Bits = uint8_t;
+  COLLECTIVED_HD static float Decode(uint8_t b) { return DecodeF8E4M3FN(b); }
+  COLLECTIVED_HD static uint8_t Encode(float f) { return EncodeF8E4M3FN(f); }
+};
+
+struct F8E5M2Format {
+  using Bits = uint8_t;
+  COLLECTIVED_HD static float Decode(uint8_t b) { return DecodeF8E5M2(b); }
+  COLLECTIVED_HD static uint8_t Encode(float f) { return EncodeF8E5M2FromHalf(f); }
 };
 
 // ---------------------------------------------------------------------------
@@ -496,26 +607,28 @@ struct Picked {
   COLLECTIVED_HD Out Store(Acc a) const { return FlushSubnormal(a); }
 };
 
-// float16/bfloat16 computed in float32 and encoded on the way out. For the
-// bfloat16 sum that is its one rounding; the float16 sum (HalfAdd) holds
-// float16 values in float already, which encode back to exactly their bits.
+// float16/bfloat16/float8 computed in float32 and encoded on the way out.
+// For the bfloat16 sum that is its one rounding; the float16 and float8 sums
+// (HalfAdd) hold float16 values in float already, which encode back to
+// exactly their bits (float16) or are rounded once to float8.
 template <typename Format>
 struct Widened {
-  using In = uint16_t;
+  using In = typename Format::Bits;
   using Acc = float;
-  using Out = uint16_t;
+  using Out = typename Format::Bits;
   COLLECTIVED_HD Acc Load(In x) const { return Format::Decode(x); }
   COLLECTIVED_HD Out Store(Acc a) const { return Format::Encode(a); }
 };
 
-// float16/bfloat16 max/min keep one of the inputs (or +-inf), which encodes
-// back to exactly its bits; a bfloat16 subnormal winner (it won as a zero)
-// is flushed on the way out.
+// float16/bfloat16/float8 max/min keep one of the inputs (or +-inf), which
+// encodes back to exactly its bits (float8_e4m3fn has no infinity: an
+// identity that no member beat, i.e. all NaN, encodes to NaN, sign | 0x7f);
+// a bfloat16 subnormal winner (it won as a zero) is flushed on the way out.
 template <typename Format>
 struct WidenedPicked {
-  using In = uint16_t;
+  using In = typename Format::Bits;
   using Acc = float;
-  using Out = uint16_t;
+  using Out = typename Format::Bits;
   COLLECTIVED_HD Acc Load(In x) const { return Format::Decode(x); }
   COLLECTIVED_HD Out Store(Acc a) const {
     if constexpr (std::is_same_v<Format, BF16Format>) {
@@ -551,6 +664,23 @@ struct WidenedMean {
   COLLECTIVED_HD Acc Load(In x) const { return Format::Decode(x); }
   COLLECTIVED_HD Out Store(Acc a) const {
     return Format::Encode(Env::Mul(Format::Decode(Format::Encode(a)), scale));
+  }
+};
+
+// Mean of float8 (XLA computes it in float16, see F8E4M3FNFormat): the
+// float16 sum converted to float8, back to float16, times scale = f16(1/n)
+// (MeanScaleF16) rounded to float16 (the float32 product is exact), then
+// converted to float8: f8(f16(f16(f8(s)) * f16(1/n))), two roundings.
+template <typename Format, typename Env>
+struct F8Mean {
+  using In = typename Format::Bits;
+  using Acc = float;
+  using Out = typename Format::Bits;
+  float scale;
+  COLLECTIVED_HD Acc Load(In x) const { return Format::Decode(x); }
+  COLLECTIVED_HD Out Store(Acc a) const {
+    const float product = Env::Mul(Format::Decode(Format::Encode(a)), scale);
+    return Format::Encode(DecodeHalf(EncodeHalf(product)));
   }
 };
 
@@ -661,6 +791,20 @@ inline bool VisitReduce(ReduceKind kind, DType dt, int n, Fn&& fn) {
         return fn(WidenedMean<Format, Env>{scale}, sum);
     }
   };
+  // float8: the float16 rules, see F8E4M3FNFormat.
+  auto float8 = [&](auto format) {
+    using Format = decltype(format);
+    switch (kind) {
+      case ReduceKind::kSum:
+        return fn(Widened<Format>{}, HalfAdd<Env>{});
+      case ReduceKind::kMax:
+        return fn(WidenedPicked<Format>{}, FloatMax<Env>{});
+      case ReduceKind::kMin:
+        return fn(WidenedPicked<Format>{}, FloatMin<Env>{});
+      case ReduceKind::kMean:
+        return fn(F8Mean<Format, Env>{MeanScaleF16(n)}, HalfAdd<Env>{});
+    }
+  };
   switch (dt) {
     case DType::kF32:
       floating(float{0}, MeanScaleF32(n));
@@ -673,6 +817,12 @@ inline bool VisitReduce(ReduceKind kind, DType dt, int n, Fn&& fn) {
       return true;
     case DType::kBF16:
       widened(BF16Format{}, AddLastNaN<Env>{}, MeanScaleF32(n));
+      return true;
+    case DType::kF8E4M3FN:
+      float8(F8E4M3FNFormat{});
+      return true;
+    case DType::kF8E5M2:
+      float8(F8E5M2Format{});
       return true;
     case DType::kI8:
       integer(int8_t{0});

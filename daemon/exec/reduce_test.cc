@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "daemon/exec/reduce_ops.h"
 #include "daemon/plan/dtype.h"
 #include "gtest/gtest.h"
 
@@ -26,7 +27,7 @@ namespace {
 constexpr DType kAllDTypes[] = {
     DType::kF32, DType::kF64, DType::kF16,  DType::kBF16,
     DType::kI8,  DType::kU8,  DType::kI32,  DType::kU32,
-    DType::kI64, DType::kU64, DType::kBool,
+    DType::kI64, DType::kU64, DType::kBool, DType::kF8E4M3FN, DType::kF8E5M2,
 };
 constexpr DType kFloatDTypes[] = {DType::kF32, DType::kF64, DType::kF16,
                                   DType::kBF16};
@@ -74,6 +75,12 @@ std::vector<uint8_t> EncodeFloats(DType dt, const std::vector<double>& values) {
         h = FloatToBF16(f);
         std::memcpy(p, &h, 2);
         break;
+      case DType::kF8E4M3FN:
+        *p = FloatToF8E4M3FN(f);
+        break;
+      case DType::kF8E5M2:
+        *p = FloatToF8E5M2(f);
+        break;
       default:
         ADD_FAILURE() << "not a float dtype";
     }
@@ -99,6 +106,10 @@ double DecodeFloat(DType dt, const uint8_t* buf, size_t i) {
     case DType::kBF16:
       std::memcpy(&h, p, 2);
       return BF16ToFloat(h);
+    case DType::kF8E4M3FN:
+      return F8E4M3FNToFloat(*p);
+    case DType::kF8E5M2:
+      return F8E5M2ToFloat(*p);
     default:
       ADD_FAILURE() << "not a float dtype";
       return 0;
@@ -315,6 +326,43 @@ std::vector<uint8_t> RefWidened(ReduceKind kind, DType dt,
   return ToBytes(out);
 }
 
+// float8 (reduce.h): XLA computes it in float16. Each input is converted to
+// float16 (exact), reduced by the float16 rules (RefWidened's), and the
+// float16 result converted to float8 (nearest even; float8_e4m3fn: NaN and
+// overflow give sign | 0x7f; float8_e5m2: a NaN gives 0x7f, sign dropped).
+// The mean converts the float16 sum to float8 and back, multiplies by
+// float16(1/n) and rounds to float16, then to float8.
+std::vector<uint8_t> RefFloat8(ReduceKind kind, DType dt, const std::vector<const void*>& in,
+                               size_t count) {
+  const bool e4m3 = dt == DType::kF8E4M3FN;
+  const auto decode = [e4m3](uint8_t b) { return e4m3 ? F8E4M3FNToFloat(b) : F8E5M2ToFloat(b); };
+  const auto encode = [e4m3](float f) -> uint8_t {
+    if (std::isnan(f) && !e4m3) return 0x7f;
+    return e4m3 ? FloatToF8E4M3FN(f) : FloatToF8E5M2(f);
+  };
+  const int n = static_cast<int>(in.size());
+  std::vector<std::vector<uint16_t>> halves(n, std::vector<uint16_t>(count));
+  std::vector<const void*> half_ptrs;
+  for (int k = 0; k < n; ++k) {
+    for (size_t i = 0; i < count; ++i) {
+      halves[k][i] = FloatToHalf(decode(Elem<uint8_t>(in[k], i)));
+    }
+    half_ptrs.push_back(halves[k].data());
+  }
+  const ReduceKind half_kind = kind == ReduceKind::kMean ? ReduceKind::kSum : kind;
+  const std::vector<uint8_t> h = RefWidened(half_kind, DType::kF16, half_ptrs, count);
+  const float scale = HalfToFloat(FloatToHalf(1.0f / static_cast<float>(n)));
+  std::vector<uint8_t> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    float v = HalfToFloat(Elem<uint16_t>(h.data(), i));
+    if (kind == ReduceKind::kMean) {
+      v = HalfToFloat(RefHalfOut(decode(encode(v)) * scale));  // exact product
+    }
+    out[i] = encode(v);
+  }
+  return out;
+}
+
 // Integers: the sum wraps modulo 2^bits (computed here in uint64 and then
 // truncated); mean converts the wrapped sum to R and multiplies it by 1/n
 // computed in R.
@@ -387,6 +435,9 @@ std::vector<uint8_t> ReferenceReduce(ReduceKind kind, DType dt,
     case DType::kF16:
     case DType::kBF16:
       return RefWidened(kind, dt, in, count);
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2:
+      return RefFloat8(kind, dt, in, count);
     case DType::kI8:
       return RefInt<int8_t, float>(kind, in, count);
     case DType::kU8:
@@ -533,6 +584,24 @@ void FillRandom(DType dt, uint8_t* p, size_t count, std::mt19937_64& rng) {
           Put(p, i, dt == DType::kF16 ? FloatToHalf(f) : FloatToBF16(f));
         }
         break;
+      case DType::kF8E4M3FN:
+      case DType::kF8E5M2: {
+        // Half of them arbitrary bytes (every class of value).
+        const bool e4m3 = dt == DType::kF8E4M3FN;
+        const uint64_t r = rng() % 4;
+        if (r < 2) {
+          Put(p, i, static_cast<uint8_t>(rng()));
+        } else if (r == 2) {
+          // Ordinary values in range, so that sums stay finite.
+          const float f = static_cast<float>(std::uniform_real_distribution<double>(-8, 8)(rng));
+          Put(p, i, e4m3 ? FloatToF8E4M3FN(f) : FloatToF8E5M2(f));
+        } else {
+          const float f = static_cast<float>(RandomFloatValue(
+              rng, e4m3 ? 400.0 : 50000.0, e4m3 ? 0x1p-6 : 0x1p-14, e4m3 ? 0x1p-8 : 0x1p-15));
+          Put(p, i, e4m3 ? FloatToF8E4M3FN(f) : FloatToF8E5M2(f));
+        }
+        break;
+      }
       case DType::kI8:
         Put(p, i, RandomInt<int8_t>(rng));
         break;
@@ -678,6 +747,171 @@ TEST(ReduceTest, WidenedConversionsCoverEveryValue) {
 }
 
 // ---------------------------------------------------------------------------
+// float8.
+
+// The kernels' branch-free float8 conversions (reduce_ops.h) against the
+// readable ones of dtype.cc (which dtype_test checks against ml_dtypes):
+// every code, and every float32 bit pattern on a dense stride plus every
+// pattern near the float8 rounding boundaries.
+TEST(ReduceTest, Float8CodecsMatchDTypeConversions) {
+  for (uint32_t b = 0; b < 256; ++b) {
+    const uint8_t code = static_cast<uint8_t>(b);
+    ASSERT_EQ(std::bit_cast<uint32_t>(reduce_ops::DecodeF8E4M3FN(code)),
+              std::bit_cast<uint32_t>(F8E4M3FNToFloat(code)))
+        << std::hex << b;
+    ASSERT_EQ(std::bit_cast<uint32_t>(reduce_ops::DecodeF8E5M2(code)),
+              std::bit_cast<uint32_t>(F8E5M2ToFloat(code)))
+        << std::hex << b;
+  }
+  std::vector<uint32_t> probe;
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 65521) probe.push_back(static_cast<uint32_t>(u));
+  for (uint32_t b = 0; b < 256; ++b) {
+    // Every float8 value and the float32 patterns around it and around the
+    // midpoints to its neighbours.
+    for (float v : {F8E4M3FNToFloat(static_cast<uint8_t>(b)), F8E5M2ToFloat(static_cast<uint8_t>(b))}) {
+      if (std::isnan(v)) continue;
+      const uint32_t u = std::bit_cast<uint32_t>(v);
+      for (uint32_t mid_bit : {0u, 1u << 19, 1u << 20}) {
+        for (int d = -3; d <= 3; ++d) probe.push_back(u + mid_bit + static_cast<uint32_t>(d));
+      }
+    }
+  }
+  for (uint32_t u : probe) {
+    const float f = std::bit_cast<float>(u);
+    ASSERT_EQ(reduce_ops::EncodeF8E4M3FN(f), FloatToF8E4M3FN(f)) << std::hex << u;
+    ASSERT_EQ(reduce_ops::EncodeF8E5M2(f), FloatToF8E5M2(f)) << std::hex << u;
+    ASSERT_EQ(reduce_ops::EncodeF8E5M2FromHalf(f), std::isnan(f) ? 0x7f : FloatToF8E5M2(f))
+        << std::hex << u;
+  }
+}
+
+// Every pair (and some triples) of float8 values through every kind, against
+// the reference.
+TEST(ReduceTest, Float8EveryPairOfValues) {
+  constexpr size_t kCount = 1 << 16;
+  std::vector<uint8_t> a(kCount), b(kCount), c(kCount);
+  std::mt19937_64 rng(8);
+  for (size_t i = 0; i < kCount; ++i) {
+    a[i] = static_cast<uint8_t>(i & 0xff);
+    b[i] = static_cast<uint8_t>(i >> 8);
+    c[i] = static_cast<uint8_t>(rng());
+  }
+  const std::vector<std::vector<const void*>> cases = {
+      {a.data()}, {a.data(), b.data()}, {a.data(), b.data(), c.data()},
+      {c.data(), a.data(), b.data(), c.data(), a.data()}};
+  for (DType dt : {DType::kF8E4M3FN, DType::kF8E5M2}) {
+    for (ReduceKind kind : kAllKinds) {
+      for (const auto& in : cases) {
+        SCOPED_TRACE(std::string(DTypeName(dt)) + " " + KindName(kind) +
+                     " n=" + std::to_string(in.size()));
+        std::vector<uint8_t> out(kCount);
+        Reduce(kind, dt, in.data(), static_cast<int>(in.size()), out.data(), kCount);
+        ExpectSameOutput(dt, out.data(), ReferenceReduce(kind, dt, in, kCount), kCount);
+      }
+    }
+  }
+}
+
+std::vector<uint8_t> ReduceBytes(ReduceKind kind, DType dt,
+                                 const std::vector<std::vector<uint8_t>>& in) {
+  return ReduceTyped<uint8_t, uint8_t>(kind, dt, in);
+}
+
+// The sum is rounded to float16 after every addition and to float8 once, at
+// the end (XLA runs float8 collectives in float16): not to float8 per step.
+TEST(ReduceTest, Float8SumRoundsToFloat16PerAdditionAndToFloat8Once) {
+  const uint8_t one = 0x38, sixteenth = 0x18;  // e4m3fn 1.0, 0.0625
+  // 1 + 1/16 + 1/16 = 1.125 (0x39); rounded to float8 per addition, 1 + 1/16
+  // would tie to 1.0 and stay there.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, {{one}, {sixteenth}, {sixteenth}}),
+            std::vector<uint8_t>{0x39});
+  // 448 + 448 - 448: 896 is a float16 value; the result is finite (448).
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, {{0x7e}, {0x7e}, {0xfe}}),
+            std::vector<uint8_t>{0x7e});
+  // 448 + 448 alone overflows float8_e4m3fn: NaN, not an infinity.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, {{0x7e}, {0x7e}}),
+            std::vector<uint8_t>{0x7f});
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, {{0xfe}, {0xfe}}),
+            std::vector<uint8_t>{0xff});
+  // float8_e5m2: 57344 * 2 overflows float16 already (inf stays inf).
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E5M2, {{0x7b}, {0x7b}, {0xfb}}),
+            std::vector<uint8_t>{0x7c});
+  // Subnormals are not flushed: 2^-9 + 2^-9 = 2^-8.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, {{0x01}, {0x01}}),
+            std::vector<uint8_t>{0x02});
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E5M2, {{0x01}, {0x81}, {0x01}}),
+            std::vector<uint8_t>{0x01});
+  // A sum of -0.0s is +0.0.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E5M2, {{0x80}, {0x80}}),
+            std::vector<uint8_t>{0x00});
+}
+
+// Values JAX 0.10.2 returned on CPU (lax.psum/pmean over 3 members).
+TEST(ReduceTest, Float8MatchesJaxOnOrdinaryValues) {
+  // Members (1, 2, 448, -3), (0.125, 3, 448, 5), (1, 0.0625, 1, -2).
+  const std::vector<std::vector<uint8_t>> e4m3 = {
+      {0x38, 0x40, 0x7e, 0xc4}, {0x20, 0x44, 0x7e, 0x4a}, {0x38, 0x18, 0x38, 0xc0}};
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, e4m3),
+            (std::vector<uint8_t>{64, 74, 127, 0}));
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMean, DType::kF8E4M3FN, e4m3),
+            (std::vector<uint8_t>{51, 61, 127, 0}));
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMax, DType::kF8E4M3FN, e4m3),
+            (std::vector<uint8_t>{56, 68, 126, 74}));
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMin, DType::kF8E4M3FN, e4m3),
+            (std::vector<uint8_t>{32, 24, 56, 196}));
+  const std::vector<std::vector<uint8_t>> e5m2 = {
+      {0x3c, 0x40, 0x5f, 0xc2}, {0x30, 0x42, 0x5f, 0x45}, {0x3c, 0x2c, 0x3c, 0xc0}};
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E5M2, e5m2),
+            (std::vector<uint8_t>{64, 69, 99, 0}));
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMean, DType::kF8E5M2, e5m2),
+            (std::vector<uint8_t>{57, 63, 93, 0}));
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMax, DType::kF8E5M2, e5m2),
+            (std::vector<uint8_t>{60, 66, 95, 69}));
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMin, DType::kF8E5M2, e5m2),
+            (std::vector<uint8_t>{48, 44, 60, 194}));
+}
+
+TEST(ReduceTest, Float8NaNs) {
+  // float8_e4m3fn: NaN results keep the sign of the first NaN (float16 rule).
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E4M3FN, {{0x38}, {0xff}, {0x7f}}),
+            std::vector<uint8_t>{0xff});
+  // float8_e5m2: every NaN result is 0x7f (XLA's float16 -> e5m2
+  // conversion), whatever the sign or payload of the inputs.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E5M2, {{0xfd}, {0x3c}}),
+            std::vector<uint8_t>{0x7f});
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMean, DType::kF8E5M2, {{0x3c}, {0xfe}}),
+            std::vector<uint8_t>{0x7f});
+  // inf + -inf: NaN.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kSum, DType::kF8E5M2, {{0x7c}, {0xfc}}),
+            std::vector<uint8_t>{0x7f});
+  // max/min skip NaNs; all NaN gives the identity, -inf/+inf, which
+  // float8_e4m3fn encodes as its NaN of that sign.
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMax, DType::kF8E4M3FN, {{0x7f}, {0x38}}),
+            std::vector<uint8_t>{0x38});
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMax, DType::kF8E4M3FN, {{0x7f}, {0x7f}}),
+            std::vector<uint8_t>{0xff});
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMin, DType::kF8E4M3FN, {{0xff}}),
+            std::vector<uint8_t>{0x7f});
+  EXPECT_EQ(ReduceBytes(ReduceKind::kMax, DType::kF8E5M2, {{0x7d}, {0xfe}}),
+            std::vector<uint8_t>{0xfc});
+}
+
+TEST(ReduceMeshOfOneTest, Float8E4M3FNKeepsEveryBitE5M2NaNsBecome0x7f) {
+  std::vector<uint8_t> all(256);
+  for (size_t i = 0; i < 256; ++i) all[i] = static_cast<uint8_t>(i);
+  for (ReduceKind kind : kAllKinds) {
+    std::vector<uint8_t> out(256);
+    ReduceMeshOfOne(kind, DType::kF8E4M3FN, all.data(), out.data(), all.size());
+    EXPECT_EQ(out, all);
+    ReduceMeshOfOne(kind, DType::kF8E5M2, all.data(), out.data(), all.size());
+    for (size_t i = 0; i < 256; ++i) {
+      const bool nan = (i & 0x7f) > 0x7c;
+      EXPECT_EQ(out[i], nan ? 0x7f : i) << std::hex << i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Result dtypes.
 
 TEST(ReduceResultDTypeTest, SumMaxMinKeepDTypeExceptBoolSum) {
@@ -699,6 +933,8 @@ TEST(ReduceResultDTypeTest, Mean) {
   EXPECT_EQ(mean(DType::kF64), DType::kF64);
   EXPECT_EQ(mean(DType::kF16), DType::kF16);
   EXPECT_EQ(mean(DType::kBF16), DType::kBF16);
+  EXPECT_EQ(mean(DType::kF8E4M3FN), DType::kF8E4M3FN);
+  EXPECT_EQ(mean(DType::kF8E5M2), DType::kF8E5M2);
   EXPECT_EQ(mean(DType::kBool), DType::kF32);
   EXPECT_EQ(mean(DType::kI8), DType::kF32);
   EXPECT_EQ(mean(DType::kU8), DType::kF32);

@@ -1,8 +1,10 @@
 #include "daemon/plan/dtype.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -16,7 +18,7 @@ namespace {
 constexpr DType kAllDTypes[] = {
     DType::kF32, DType::kF64, DType::kF16,  DType::kBF16,
     DType::kI8,  DType::kU8,  DType::kI32,  DType::kU32,
-    DType::kI64, DType::kU64, DType::kBool,
+    DType::kI64, DType::kU64, DType::kBool, DType::kF8E4M3FN, DType::kF8E5M2,
 };
 
 uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
@@ -41,6 +43,9 @@ TEST(DTypeTest, Sizes) {
   EXPECT_EQ(DTypeSize(DType::kI64), 8u);
   EXPECT_EQ(DTypeSize(DType::kU64), 8u);
   EXPECT_EQ(DTypeSize(DType::kBool), 1u);
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3FN), 1u);
+  EXPECT_EQ(DTypeSize(DType::kF8E5M2), 1u);
+  EXPECT_EQ(DTypeSize(static_cast<DType>(14)), 0u);
   EXPECT_EQ(DTypeSize(static_cast<DType>(200)), 0u);
 }
 
@@ -57,7 +62,12 @@ TEST(DTypeTest, Names) {
   EXPECT_EQ(DTypeName(DType::kI64), "int64");
   EXPECT_EQ(DTypeName(DType::kU64), "uint64");
   EXPECT_EQ(DTypeName(DType::kBool), "bool");
-  EXPECT_EQ(DTypeName(static_cast<DType>(12)), "invalid");
+  EXPECT_EQ(DTypeName(DType::kF8E4M3FN), "float8_e4m3fn");
+  EXPECT_EQ(DTypeName(DType::kF8E5M2), "float8_e5m2");
+  EXPECT_EQ(DTypeName(static_cast<DType>(14)), "invalid");
+  // The enum values are the wire (proto) numbers.
+  EXPECT_EQ(static_cast<int>(DType::kF8E4M3FN), 12);
+  EXPECT_EQ(static_cast<int>(DType::kF8E5M2), 13);
 }
 
 TEST(DTypeTest, ShortNames) {
@@ -72,6 +82,8 @@ TEST(DTypeTest, ShortNames) {
   EXPECT_EQ(DTypeShortName(DType::kI64), "i64");
   EXPECT_EQ(DTypeShortName(DType::kU64), "u64");
   EXPECT_EQ(DTypeShortName(DType::kBool), "bool");
+  EXPECT_EQ(DTypeShortName(DType::kF8E4M3FN), "f8e4m3fn");
+  EXPECT_EQ(DTypeShortName(DType::kF8E5M2), "f8e5m2");
 }
 
 TEST(DTypeTest, FromNameInvertsName) {
@@ -94,7 +106,8 @@ TEST(DTypeTest, FromNameRejectsUnknown) {
 }
 
 TEST(DTypeTest, Classification) {
-  for (DType dt : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16}) {
+  for (DType dt : {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kF8E4M3FN,
+                   DType::kF8E5M2}) {
     EXPECT_TRUE(IsFloat(dt)) << DTypeName(dt);
     EXPECT_FALSE(IsInteger(dt)) << DTypeName(dt);
   }
@@ -407,6 +420,146 @@ TEST(BF16Test, FloatToBF16MatchesReferenceOnRandomBits) {
     ASSERT_EQ(FloatToBF16(f), ReferenceFloatToBF16(f))
         << std::hex << "float bits 0x" << Bits(f);
   }
+}
+
+// ---------------------------------------------------------------------------
+// float8: against ml_dtypes' conversions, tabulated by
+// gen_float8_reference.py (float8_reference.inc).
+
+struct Float8Step {
+  uint32_t first_bits;  // smallest non-negative float32 bit pattern ...
+  uint8_t code;         // ... that encodes to this code
+};
+struct Float8Special {
+  uint32_t bits;
+  uint8_t code;
+};
+
+#include "daemon/plan/float8_reference.inc"
+
+struct Float8Case {
+  const char* name;
+  float (*decode)(uint8_t);
+  uint8_t (*encode)(float);
+  const uint32_t* decoded;  // [256]
+  const Float8Step* steps;
+  size_t num_steps;
+  const Float8Special* specials;
+  size_t num_specials;
+};
+
+const Float8Case kFloat8Cases[] = {
+    {"float8_e4m3fn", F8E4M3FNToFloat, FloatToF8E4M3FN, kDecodeE4M3FN, kEncodeThresholdsE4M3FN,
+     std::size(kEncodeThresholdsE4M3FN), kEncodeSpecialsE4M3FN, std::size(kEncodeSpecialsE4M3FN)},
+    {"float8_e5m2", F8E5M2ToFloat, FloatToF8E5M2, kDecodeE5M2, kEncodeThresholdsE5M2,
+     std::size(kEncodeThresholdsE5M2), kEncodeSpecialsE5M2, std::size(kEncodeSpecialsE5M2)},
+};
+
+TEST(Float8Test, DecodeMatchesMlDtypesForEveryCode) {
+  for (const Float8Case& c : kFloat8Cases) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      ASSERT_EQ(Bits(c.decode(static_cast<uint8_t>(b))), c.decoded[b])
+          << c.name << std::hex << " code 0x" << b;
+    }
+  }
+}
+
+TEST(Float8Test, EveryCodeRoundTrips) {
+  for (const Float8Case& c : kFloat8Cases) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      const uint8_t code = static_cast<uint8_t>(b);
+      const float f = c.decode(code);
+      if (std::isnan(f)) {
+        // e4m3fn has one NaN per sign; e5m2's NaNs come back as sign | 0x7e.
+        const uint8_t want = static_cast<uint8_t>(
+            (b & 0x80u) | (std::string(c.name) == "float8_e4m3fn" ? 0x7fu : 0x7eu));
+        ASSERT_EQ(c.encode(f), want) << c.name << std::hex << " code 0x" << b;
+      } else {
+        ASSERT_EQ(c.encode(f), code) << c.name << std::hex << " code 0x" << b;
+      }
+    }
+  }
+}
+
+TEST(Float8Test, EncodeMatchesMlDtypesAroundEveryStepAndOnADenseSweep) {
+  for (const Float8Case& c : kFloat8Cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<uint32_t> probe;
+    // Around every rounding boundary (ties and the values next to them,
+    // the subnormal/normal boundary, the overflow point).
+    for (size_t i = 0; i < c.num_steps; ++i) {
+      const uint32_t s = c.steps[i].first_bits;
+      for (uint32_t d = 0; d < 9; ++d) {
+        if (s + d >= 4 && s + d - 4 <= 0x7f800000u) probe.push_back(s + d - 4);
+      }
+    }
+    // A dense sweep of the whole non-negative range, +inf included.
+    for (uint64_t b = 0; b <= 0x7f800000u; b += 4093) probe.push_back(static_cast<uint32_t>(b));
+    probe.push_back(0x7f800000u);
+    size_t step = 0;
+    std::sort(probe.begin(), probe.end());
+    for (uint32_t bits : probe) {
+      while (step + 1 < c.num_steps && c.steps[step + 1].first_bits <= bits) ++step;
+      const uint8_t want = c.steps[step].code;
+      ASSERT_EQ(c.encode(FromBits(bits)), want) << std::hex << "float bits 0x" << bits;
+      // The sign is kept, NaN and inf included.
+      ASSERT_EQ(c.encode(FromBits(bits | 0x80000000u)), want | 0x80)
+          << std::hex << "float bits 0x" << (bits | 0x80000000u);
+    }
+    EXPECT_EQ(c.steps[0].first_bits, 0u);
+  }
+}
+
+TEST(Float8Test, EncodeMatchesMlDtypesOnSpecials) {
+  for (const Float8Case& c : kFloat8Cases) {
+    for (size_t i = 0; i < c.num_specials; ++i) {
+      EXPECT_EQ(c.encode(FromBits(c.specials[i].bits)), c.specials[i].code)
+          << c.name << std::hex << " float bits 0x" << c.specials[i].bits;
+    }
+  }
+}
+
+// Hand-written values (independent of the table).
+TEST(Float8Test, KnownValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // float8_e4m3fn.
+  EXPECT_EQ(F8E4M3FNToFloat(0x7e), 448.0f);  // largest finite
+  EXPECT_EQ(F8E4M3FNToFloat(0x08), 0x1p-6f);  // smallest normal
+  EXPECT_EQ(F8E4M3FNToFloat(0x01), 0x1p-9f);  // smallest subnormal
+  EXPECT_EQ(F8E4M3FNToFloat(0x38), 1.0f);
+  EXPECT_EQ(F8E4M3FNToFloat(0xc0), -2.0f);
+  EXPECT_EQ(Bits(F8E4M3FNToFloat(0x7f)), 0x7fc00000u);
+  EXPECT_EQ(Bits(F8E4M3FNToFloat(0xff)), 0xffc00000u);
+  EXPECT_EQ(F8E4M3FNToFloat(0x78), 256.0f);  // exponent 15 is finite
+  EXPECT_EQ(FloatToF8E4M3FN(448.0f), 0x7e);
+  EXPECT_EQ(FloatToF8E4M3FN(464.0f), 0x7e);    // tie: to even (448)
+  EXPECT_EQ(FloatToF8E4M3FN(464.001f), 0x7f);  // past the tie: NaN
+  EXPECT_EQ(FloatToF8E4M3FN(-1e6f), 0xff);
+  EXPECT_EQ(FloatToF8E4M3FN(inf), 0x7f);
+  EXPECT_EQ(FloatToF8E4M3FN(-inf), 0xff);
+  EXPECT_EQ(FloatToF8E4M3FN(0x1p-10f), 0x00);  // half the smallest subnormal: to even
+  EXPECT_EQ(FloatToF8E4M3FN(0x3p-10f), 0x02);  // 1.5 units: to even
+  EXPECT_EQ(FloatToF8E4M3FN(-0x1p-10f), 0x80);
+  EXPECT_EQ(FloatToF8E4M3FN(1.0625f), 0x38);  // tie between 1 and 1.125
+  EXPECT_EQ(FloatToF8E4M3FN(1.1875f), 0x3a);  // tie between 1.125 and 1.25
+  EXPECT_EQ(FloatToF8E4M3FN(0xfp-10f), 0x08);  // 7.5 units: to the smallest normal
+  EXPECT_EQ(FloatToF8E4M3FN(FromBits(0x7f800001u)), 0x7f);
+  EXPECT_EQ(FloatToF8E4M3FN(FromBits(0xffc00000u)), 0xff);
+  // float8_e5m2.
+  EXPECT_EQ(F8E5M2ToFloat(0x7b), 57344.0f);
+  EXPECT_EQ(F8E5M2ToFloat(0x04), 0x1p-14f);
+  EXPECT_EQ(F8E5M2ToFloat(0x01), 0x1p-16f);
+  EXPECT_EQ(F8E5M2ToFloat(0x7c), inf);
+  EXPECT_EQ(F8E5M2ToFloat(0xfc), -inf);
+  EXPECT_EQ(Bits(F8E5M2ToFloat(0x7d)), 0x7fc00000u);  // signaling in, quiet out
+  EXPECT_EQ(Bits(F8E5M2ToFloat(0xff)), 0xffc00000u);
+  EXPECT_EQ(FloatToF8E5M2(61439.996f), 0x7b);
+  EXPECT_EQ(FloatToF8E5M2(61440.0f), 0x7c);  // tie: to even, which is inf
+  EXPECT_EQ(FloatToF8E5M2(-1e30f), 0xfc);
+  EXPECT_EQ(FloatToF8E5M2(FromBits(0x7fc12345u)), 0x7e);
+  EXPECT_EQ(FloatToF8E5M2(FromBits(0xff800001u)), 0xfe);
+  EXPECT_EQ(FloatToF8E5M2(0x1p-17f), 0x00);
+  EXPECT_EQ(FloatToF8E5M2(0x1.000002p-17f), 0x01);
 }
 
 }  // namespace

@@ -119,8 +119,9 @@ std::string ShapeString(DType dt, const std::vector<int64_t>& shape);
 // The dtype of the result of reducing `dt` with `kind`, as jax.lax defines it:
 //  - kSum/kMax/kMin keep the dtype, except kSum of bool which is int32 (psum
 //    counts the true values);
-//  - kMean of a float type keeps it; of bool, int8/16/32 and uint8/16/32 it is
-//    float32; of int64/uint64 it is float64.
+//  - kMean of a float type (float8_e4m3fn and float8_e5m2 included) keeps it;
+//    of bool, int8/16/32 and uint8/16/32 it is float32; of int64/uint64 it is
+//    float64.
 DType ReduceResultDType(ReduceKind kind, DType dt);
 
 }  // namespace collectived

@@ -108,6 +108,14 @@ std::string Describe(DType dt, const unsigned char* p) {
     case DType::kI64: { int64_t v; std::memcpy(&v, p, 8); value = absl::StrCat(v); break; }
     case DType::kU64: { uint64_t v; std::memcpy(&v, p, 8); value = absl::StrCat(v); break; }
     case DType::kBool: value = p[0] == 0 ? "false" : p[0] == 1 ? "true" : "invalid-bool"; break;
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2: {
+      const float v = dt == DType::kF8E4M3FN ? collectived::F8E4M3FNToFloat(p[0])
+                                             : collectived::F8E5M2ToFloat(p[0]);
+      std::snprintf(buf, sizeof(buf), "%.6g", static_cast<double>(v));
+      value = buf;
+      break;
+    }
     default: value = "?"; break;
   }
   return absl::StrCat(Hex(p, size), " (", value, ")");

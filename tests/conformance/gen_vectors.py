@@ -72,8 +72,16 @@ DTYPES = {
     "int64": np.dtype(np.int64),
     "uint64": np.dtype(np.uint64),
     "bool": np.dtype(np.bool_),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
-ALL_DTYPES = list(DTYPES)
+# The dtypes of the cases before gen_float8 (which appends the float8 cases
+# last, so that the earlier cases, and their random data, stay the same).
+ALL_DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32",
+              "uint32", "int64", "uint64", "bool"]
+F8E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+F8E5M2 = np.dtype(ml_dtypes.float8_e5m2)
+F8_DTYPES = ["float8_e4m3fn", "float8_e5m2"]
 FLOAT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
 FEW_DTYPES = ["float32", "bfloat16", "int8", "uint64", "bool"]
 MOVE_DTYPES_SMALL = ["float32", "int8", "bool"]
@@ -642,6 +650,114 @@ def gen_edges():
 
 
 # --------------------------------------------------------------------------
+# float8 (float8_e4m3fn, float8_e5m2): appended after every other case, with
+# their own random generator, so the earlier cases stay byte for byte the
+# same.
+
+f8_rng = np.random.default_rng(8)
+
+
+def f8_rand(dt, shape):
+    """Ordinary values: mostly small, some near the top of the range (sums
+    that overflow), some subnormal."""
+    big = 448.0 if dt == "float8_e4m3fn" else 57344.0
+    v = f8_rng.standard_normal(size=shape) * np.exp2(f8_rng.integers(-4, 5, size=shape))
+    pick = f8_rng.integers(0, 16, size=shape)
+    v = np.where(pick == 0, np.sign(v) * big * f8_rng.uniform(0.5, 1.0, size=shape), v)
+    tiny = 2.0 ** -9 if dt == "float8_e4m3fn" else 2.0 ** -16
+    v = np.where(pick == 1, f8_rng.integers(-7, 8, size=shape) * tiny, v)
+    return v.astype(DTYPES[dt])
+
+
+def f8_codes(dt, N, no_nan=False):
+    """(N, 256): member m holds every code, rotated by 37 * m, so each column
+    meets different partners. no_nan: NaN codes replaced by 1.0."""
+    d = DTYPES[dt]
+    row = np.arange(256, dtype=np.uint8)
+    out = np.stack([np.roll(row, 37 * m) for m in range(N)])
+    if no_nan:
+        one = np.array(1.0, np.float32).astype(d).view(np.uint8)
+        out = np.where(np.isnan(out.view(d).astype(np.float32)), one, out).astype(np.uint8)
+    return out.view(d)
+
+
+def gen_float8():
+    for dt in F8_DTYPES:
+        movement_no_nan = dt == "float8_e5m2"
+        # Random data through every reduction and layout.
+        for op, f in RED_OPS.items():
+            for mesh_key, axes in axes_configs():
+                N = n_members(mesh_key)
+                shape = (5,) if len(MESHES[mesh_key]) == 1 else (2, 5)
+                data = f8_rand(dt, (N,) + shape)
+                ax = axis_arg(axes)
+                add_case(f"{op}_{dt}_{mesh_key}_over_{axes_tag(axes)}_random", op, mesh_key,
+                         axes, dt, data, {}, lambda x, f=f, ax=ax: f(x, ax))
+            # Every code against varying partners: NaNs, infinities, overflow,
+            # subnormals, signed zeros.
+            for mesh_key in ["x2", "x3", "x8"]:
+                N = n_members(mesh_key)
+                add_case(f"{op}_{dt}_{mesh_key}_over_x_codes", op, mesh_key, ("x",), dt,
+                         f8_codes(dt, N), {}, lambda x, f=f: f(x, "x"))
+            # A mesh of one, and groups of one in a bigger mesh.
+            add_case(f"{op}_{dt}_x1_over_x_codes", op, "x1", ("x",), dt, f8_codes(dt, 1), {},
+                     lambda x, f=f: f(x, "x"))
+            for axes in [("y",), ("x", "y")]:
+                ax = axis_arg(axes)
+                add_case(f"{op}_{dt}_x2y1_over_{axes_tag(axes)}_codes", op, "x2y1", axes, dt,
+                         f8_codes(dt, 2), {}, lambda x, f=f, ax=ax: f(x, ax))
+        # psum_scatter.
+        for mesh_key, axes in [("x4", ("x",)), ("x8", ("x",)), ("x2y2", ("y", "x")),
+                               ("x1", ("x",))]:
+            N = n_members(mesh_key)
+            G = group_size(MESHES[mesh_key], axes)
+            ax = axis_arg(axes)
+            for shape, sd, tiled in [((G, 3), 0, False), ((3, 2 * G), 1, True)]:
+                data = f8_rand(dt, (N,) + shape)
+                add_case(f"psum_scatter_{dt}_{mesh_key}_over_{axes_tag(axes)}_shape"
+                         f"{'x'.join(map(str, shape))}_dim{sd}_{'tiled' if tiled else 'untiled'}",
+                         "psum_scatter", mesh_key, axes, dt, data,
+                         {"scatter_dimension": sd, "tiled": tiled},
+                         lambda x, ax=ax, sd=sd, tiled=tiled:
+                         lax.psum_scatter(x, ax, scatter_dimension=sd, tiled=tiled))
+        for mesh_key in ["x3", "x1"]:
+            N = n_members(mesh_key)
+            codes = f8_codes(dt, N)
+            add_case(f"psum_scatter_{dt}_{mesh_key}_over_x_codes", "psum_scatter", mesh_key,
+                     ("x",), dt, codes[:, :255] if N == 3 else codes,
+                     {"scatter_dimension": 0, "tiled": True},
+                     lambda x: lax.psum_scatter(x, "x", scatter_dimension=0, tiled=True))
+        # Data movement: every code (float8_e5m2 without NaNs, see above).
+        for mesh_key, axes in [("x3", ("x",)), ("x2y2", ("y", "x")), ("x1", ("x",))]:
+            N = n_members(mesh_key)
+            G = group_size(MESHES[mesh_key], axes)
+            ax = axis_arg(axes)
+            codes = f8_codes(dt, N, no_nan=movement_no_nan)
+            tag = f"{dt}_{mesh_key}_over_{axes_tag(axes)}_codes"
+            add_case(f"all_gather_{tag}", "all_gather", mesh_key, axes, dt, codes,
+                     {"axis": 0, "tiled": False}, lambda x, ax=ax: lax.all_gather(x, ax, axis=0))
+            perm = [[i, (i + 1) % G] for i in range(G)]
+            add_case(f"ppermute_{tag}", "ppermute", mesh_key, axes, dt, codes, {"perm": perm},
+                     lambda x, ax=ax, perm=perm: lax.ppermute(x, ax, [tuple(q) for q in perm]))
+            k = 256 // G * G
+            add_case(f"all_to_all_{tag}", "all_to_all", mesh_key, axes, dt, codes[:, :k],
+                     {"split_axis": 0, "concat_axis": 0, "tiled": True},
+                     lambda x, ax=ax: lax.all_to_all(x, ax, 0, 0, tiled=True))
+        for mesh_key, axes in [("x4", ("x",)), ("x2y4", ("x", "y"))]:
+            N = n_members(mesh_key)
+            G = group_size(MESHES[mesh_key], axes)
+            ax = axis_arg(axes)
+            data = f8_rand(dt, (N, 2 * G, 3))
+            add_case(f"all_gather_{dt}_{mesh_key}_over_{axes_tag(axes)}_random_axis1_tiled",
+                     "all_gather", mesh_key, axes, dt, data, {"axis": 1, "tiled": True},
+                     lambda x, ax=ax: lax.all_gather(x, ax, axis=1, tiled=True))
+            add_case(f"all_to_all_{dt}_{mesh_key}_over_{axes_tag(axes)}_random_split0_concat1",
+                     "all_to_all", mesh_key, axes, dt, data,
+                     {"split_axis": 0, "concat_axis": 1, "tiled": True},
+                     lambda x, ax=ax: lax.all_to_all(x, ax, 0, 1, tiled=True))
+
+
+# --------------------------------------------------------------------------
 # Reference model (numpy) of what JAX returned.  Every generated case is
 # checked against it bit-exactly, so the model doubles as a specification for
 # the C++ implementation.
@@ -689,7 +805,7 @@ def accum_dtype(dt):
 #    first NaN of the accumulator); inf + -inf gives the default NaN, sign
 #    set; float16/bfloat16 NaN results are canonical (sign | quiet bit).
 
-UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 QUIET_BIT = {4: 0x00400000, 8: 0x0008000000000000}
 DEFAULT_NAN = {4: 0xffc00000, 8: 0xfff8000000000000}
 
@@ -768,10 +884,46 @@ def bf16_out(acc):
     return np.where(np.isnan(acc), canon, b).view(BF16)
 
 
+# float8: XLA on CPU runs float8 collectives in float16 (its float
+# normalization pass): the operands are converted to float16 (exact; a NaN
+# becomes the canonical float16 NaN of its sign), the collective runs under
+# the float16 rules above, and the result is converted back (nearest even).
+# XLA's float16 -> float8_e4m3fn conversion is ml_dtypes' (overflow, inf and
+# NaN give the NaN of their sign, 0x7f | sign); its float16 -> float8_e5m2
+# conversion is ml_dtypes' except that every NaN becomes 0x7f, sign dropped.
+# So a float8_e5m2 NaN comes out of any XLA collective that converts (all but
+# all_to_all) as 0x7f; collectived moves data bits unchanged, so the data
+# movement cases hold no float8_e5m2 NaN.
+
+
+def f8_in(x):
+    """float8 -> float16 (exact), NaNs canonical (sign kept)."""
+    h = x.astype(np.float16)
+    canon = np.where(np.signbit(h), 0xfe00, 0x7e00).astype(np.uint16)
+    return np.where(np.isnan(h), canon, bits(h)).view(np.float16)
+
+
+def f8_out(h, dt):
+    """float16 values -> float8 dt, as XLA's convert."""
+    with np.errstate(all="ignore"):
+        r = bits(np.asarray(h).astype(dt))
+    if dt == F8E5M2:
+        r = np.where(np.isnan(h), np.uint8(0x7f), r).astype(np.uint8)
+    return np.ascontiguousarray(r).view(dt)
+
+
+def f8e5m2_canonical(x):
+    """float8_e5m2 NaNs -> 0x7f, other bits kept."""
+    b = bits(x)
+    return np.where((b & 0x7f) > 0x7c, np.uint8(0x7f), b).astype(np.uint8).view(F8E5M2)
+
+
 def model_psum(xs, dt):
     """acc = +0 (in the accumulation type); acc = acc + x for each member in
     group order, rounding to the accumulation type after every addition;
     integers wrap.  Floats: flush-to-zero and the NaN rules above."""
+    if dt in (F8E4M3FN, F8E5M2):
+        return f8_out(model_psum([f8_in(x) for x in xs], np.dtype(np.float16)), dt)
     t = accum_dtype(dt)
     if dt == np.float16:
         acc = np.zeros(xs[0].shape, np.float32)
@@ -804,6 +956,13 @@ def model_pmean(xs, dt):
     reciprocal), the product flushed if tiny."""
     s = model_psum(xs, dt)
     n = len(xs)
+    if dt in (F8E4M3FN, F8E5M2):
+        # float16: the float8 sum back in float16, times float16(1/n) (the
+        # float32 product is exact), rounded to float16, then to float8.
+        s32 = f8_in(s).astype(np.float32)
+        with np.errstate(all="ignore"):
+            r = s32 * np.float32(np.float16(1.0 / n))
+        return f8_out(half_out(select(np.isnan(s32), s32, r)), dt)
     with np.errstate(all="ignore"):
         if s.dtype.kind in "iu":
             f = np.dtype(np.float64) if s.dtype.itemsize == 8 else np.dtype(np.float32)
@@ -825,6 +984,8 @@ def model_pmax_pmin(xs, dt, is_max):
     pmin).  So NaN never wins (all-NaN gives -inf/+inf) and on ties between
     -0.0 and +0.0 the earlier member's zero is kept.  float32/float64/bfloat16
     subnormals compete, and win, as zeros of their sign."""
+    if dt in (F8E4M3FN, F8E5M2):
+        return f8_out(model_pmax_pmin([f8_in(x) for x in xs], np.dtype(np.float16), is_max), dt)
     if dt == np.bool_:
         ident = not is_max
     elif dt.kind in "iu":
@@ -859,8 +1020,10 @@ def model_mesh_of_one(x, dt, op):
     dtype: float bits kept, except bfloat16 NaNs, which become canonical (XLA
     converts bfloat16 to float32 and back around the collective); integers
     and bool as the one-member reduction (exact)."""
-    if dt in (np.float32, np.float64, np.float16):
+    if dt in (np.float32, np.float64, np.float16, F8E4M3FN):
         return x.copy()
+    if dt == F8E5M2:
+        return f8e5m2_canonical(x)
     if dt == BF16:
         canon = np.where(np.signbit(x.astype(np.float32)), 0xffc0, 0x7fc0).astype(np.uint16)
         return np.where(np.isnan(x.astype(np.float32)), canon, bits(x)).view(BF16)
@@ -1088,6 +1251,7 @@ def main():
     gen_psum_scatter()
     gen_all_to_all()
     gen_edges()
+    gen_float8()
 
     doc = {"generator": f"jax {jax.__version__}", "cases": CASES}
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

@@ -386,6 +386,16 @@ TYPED_TEST_P(ExecutorSuite, MeshOfOneReduceReturnsTheInputBits) {
                     {Bytes(std::vector<uint16_t>{0x8000, 0x7f81, 0xffc3, 0x1, 0x8003, 0x3f80})},
                     in_place)[0]),
                 (std::vector<uint16_t>{0x8000, 0x7fc0, 0xffc0, 0x1, 0x8003, 0x3f80}));
+      // float8: XLA converts to float16 and back. float8_e4m3fn keeps every
+      // bit (its NaNs survive); a float8_e5m2 NaN becomes 0x7f, sign dropped.
+      const std::vector<uint8_t> e4m3 = {0x80, 0x7f, 0xff, 0x01, 0x81, 0x7e};
+      EXPECT_EQ(this->RunBytes(Typed(kind, v1::FLOAT8_E4M3FN, {6}), kMeshOfOne, {"x"}, {e4m3},
+                               in_place)[0],
+                e4m3);
+      EXPECT_EQ(this->RunBytes(Typed(kind, v1::FLOAT8_E5M2, {6}), kMeshOfOne, {"x"},
+                               {std::vector<uint8_t>{0x80, 0x7d, 0xfe, 0x01, 0xfc, 0x3c}},
+                               in_place)[0],
+                (std::vector<uint8_t>{0x80, 0x7f, 0x7f, 0x01, 0xfc, 0x3c}));
     }
   }
 }
@@ -457,6 +467,28 @@ TYPED_TEST_P(ExecutorSuite, NoAxesReturnTheInputBits) {
     EXPECT_EQ(FromBytes<uint32_t>(out[0]), a) << kind;
     EXPECT_EQ(FromBytes<uint32_t>(out[1]), b) << kind;
   }
+  // No conversion either (JAX 0.10.2 returns these bits for psum over ()):
+  // bfloat16 and float8_e5m2 NaNs are not made canonical, as they are in a
+  // mesh of one.
+  const std::vector<uint16_t> bf16 = {0x7f81, 0xffc3, 0x8000, 0x0001};
+  const std::vector<uint8_t> e5m2 = {0x7d, 0xfe, 0x80, 0x01};
+  for (const auto& [mesh, members] : std::vector<std::pair<MeshShape, int>>{{x2y1, 2},
+                                                                            {kMeshOfOne, 1}}) {
+    for (v1::OpKind kind : {v1::PSUM, v1::PMAX, v1::PMIN, v1::PMEAN}) {
+      auto op = Typed(kind, v1::BFLOAT16, {4});
+      op.set_no_axes(true);
+      for (const auto& out : this->RunBytes(
+               op, mesh, {}, std::vector<std::vector<uint8_t>>(members, Bytes(bf16)))) {
+        EXPECT_EQ(FromBytes<uint16_t>(out), bf16) << kind;
+      }
+      op = Typed(kind, v1::FLOAT8_E5M2, {4});
+      op.set_no_axes(true);
+      for (const auto& out :
+           this->RunBytes(op, mesh, {}, std::vector<std::vector<uint8_t>>(members, e5m2))) {
+        EXPECT_EQ(out, e5m2) << kind;
+      }
+    }
+  }
 }
 
 // Data movement copies bits: a signaling NaN (and other payloads, -0.0 and
@@ -469,6 +501,7 @@ TYPED_TEST_P(ExecutorSuite, DataMovementKeepsEveryBit) {
   const std::vector<uint64_t> f64 = {0x7ff0000000000001, 0xfff7ffffffffffff,
                                      0x7ff8000000000123, 0x8000000000000000, 0x1,
                                      0x8000000000000003};
+  const std::vector<uint8_t> f8e5m2 = {0x7d, 0xfe, 0x7f, 0x80, 0x01, 0xfc};
   const int n = 3;
   struct TypedBytes {
     v1::DType dt;
@@ -477,7 +510,8 @@ TYPED_TEST_P(ExecutorSuite, DataMovementKeepsEveryBit) {
   const std::vector<TypedBytes> data = {{v1::FLOAT32, Bytes(f32)},
                                         {v1::FLOAT16, Bytes(half)},
                                         {v1::BFLOAT16, Bytes(bf16)},
-                                        {v1::FLOAT64, Bytes(f64)}};
+                                        {v1::FLOAT64, Bytes(f64)},
+                                        {v1::FLOAT8_E5M2, f8e5m2}};
   for (const auto& [dt, bytes] : data) {
     SCOPED_TRACE(v1::DType_Name(dt));
     // Member m holds the pattern rotated by m elements, so every output

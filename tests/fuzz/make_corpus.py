@@ -66,6 +66,8 @@ with tempfile.TemporaryDirectory() as gen:
         "psum": op(pb.PSUM, [4, 3]),
         "pmean_int8": op(pb.PMEAN, [7], pb.INT8),
         "pmax_bf16": op(pb.PMAX, [1031], pb.BFLOAT16),
+        "pmean_f8e4m3fn": op(pb.PMEAN, [33], pb.FLOAT8_E4M3FN),
+        "psum_f8e5m2": op(pb.PSUM, [2, 5], pb.FLOAT8_E5M2),
         "pmin_bool": op(pb.PMIN, [], pb.BOOL),
         "all_gather": op(pb.ALL_GATHER, [2, 3], all_gather=pb.AllGatherParams(axis=1, tiled=True)),
         "ppermute": op(pb.PPERMUTE, [5], ppermute=pb.PpermuteParams(

@@ -145,6 +145,19 @@ void SumElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
       Store(out, F32ToBF16(acc));
       return;
     }
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2: {
+      // In float16, as kF16 above (each member converted to float16
+      // exactly), then converted to float8 once.
+      const bool e4m3fn = dt == DType::kF8E4M3FN;
+      uint16_t acc = 0;
+      for (const uint8_t* x : xs) {
+        const float a = F16ToF32(acc);
+        acc = F32ToF16(std::isnan(a) ? a : AddF32(a, F8ToF32(e4m3fn, *x)));
+      }
+      *out = F32ToF8(e4m3fn, F16ToF32(acc));
+      return;
+    }
     case DType::kI8: return SumInt<int8_t>(xs, out);
     case DType::kU8: return SumInt<uint8_t>(xs, out);
     case DType::kI32: return SumInt<int32_t>(xs, out);
@@ -166,7 +179,9 @@ DType MeanDType(DType dt) {
     case DType::kF32:
     case DType::kF64:
     case DType::kF16:
-    case DType::kBF16: return dt;
+    case DType::kBF16:
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2: return dt;
     case DType::kI64:
     case DType::kU64: return DType::kF64;
     default: return DType::kF32;
@@ -191,6 +206,15 @@ void MeanElem(DType dt, const std::vector<const uint8_t*>& xs, uint8_t* out) {
     case DType::kBF16:
       Store(out, F32ToBF16(MulF32(BF16ToF32(Load<uint16_t>(sum)), static_cast<float>(recip))));
       return;
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2: {
+      // The float8 sum back in float16, times float16(1/n) (exact in
+      // float32), rounded to float16, then to float8.
+      const bool e4m3fn = dt == DType::kF8E4M3FN;
+      const float product = MulF32(F8ToF32(e4m3fn, sum[0]), F16ToF32(F64ToF16(recip)));
+      *out = F32ToF8(e4m3fn, F16ToF32(F32ToF16(product)));
+      return;
+    }
     case DType::kI8: Store(out, MulF32(static_cast<float>(Load<int8_t>(sum)), static_cast<float>(recip))); return;
     case DType::kU8: Store(out, MulF32(static_cast<float>(Load<uint8_t>(sum)), static_cast<float>(recip))); return;
     case DType::kI32:
@@ -221,6 +245,8 @@ double FloatValue(DType dt, const uint8_t* p) {
     case DType::kF64: return Load<double>(p);
     case DType::kF16: return F16ToF32(Load<uint16_t>(p));
     case DType::kBF16: return BF16ToF32(Load<uint16_t>(p));
+    case DType::kF8E4M3FN: return F8ToF32(true, *p);
+    case DType::kF8E5M2: return F8ToF32(false, *p);
     default: std::abort();
   }
 }
@@ -230,7 +256,9 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
     case DType::kF32:
     case DType::kF64:
     case DType::kF16:
-    case DType::kBF16: {
+    case DType::kBF16:
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2: {
       // acc = -inf (+inf); if (x > acc) acc = x: NaN never wins, and on ties
       // the earlier member's value (bits) stays. The result keeps the bits of
       // the winning input, except that a float32/float64/bfloat16 subnormal
@@ -242,6 +270,11 @@ void MaxMinElem(bool is_max, DType dt, const std::vector<const uint8_t*>& xs, ui
         case DType::kF32: Store(acc, static_cast<float>(acc_value)); break;
         case DType::kF64: Store(acc, acc_value); break;
         case DType::kF16: Store<uint16_t>(acc, is_max ? 0xfc00 : 0x7c00); break;
+        case DType::kF8E4M3FN:
+        case DType::kF8E5M2:
+          // float8_e4m3fn has no infinity: -inf/+inf become its NaN.
+          *acc = F32ToF8(dt == DType::kF8E4M3FN, static_cast<float>(acc_value));
+          break;
         default: Store<uint16_t>(acc, is_max ? 0xff80 : 0x7f80); break;
       }
       for (const uint8_t* x : xs) {
@@ -325,7 +358,9 @@ size_t ElemSize(DType dt) {
     case DType::kBF16: return 2;
     case DType::kI8:
     case DType::kU8:
-    case DType::kBool: return 1;
+    case DType::kBool:
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2: return 1;
     default: return 0;
   }
 }
@@ -343,12 +378,15 @@ const char* ShortName(DType dt) {
     case DType::kI64: return "i64";
     case DType::kU64: return "u64";
     case DType::kBool: return "bool";
+    case DType::kF8E4M3FN: return "f8e4m3fn";
+    case DType::kF8E5M2: return "f8e5m2";
     default: return "invalid";
   }
 }
 
 bool IsFloatType(DType dt) {
-  return dt == DType::kF32 || dt == DType::kF64 || dt == DType::kF16 || dt == DType::kBF16;
+  return dt == DType::kF32 || dt == DType::kF64 || dt == DType::kF16 || dt == DType::kBF16 ||
+         dt == DType::kF8E4M3FN || dt == DType::kF8E5M2;
 }
 
 int64_t NumElements(const Shape& shape) {
@@ -415,6 +453,45 @@ uint16_t F32ToBF16(float f) {
   return static_cast<uint16_t>(r);
 }
 
+// float8, written independently of the daemon's bit manipulations: decoding
+// from the format's definition, encoding by searching the format's values.
+float F8ToF32(bool e4m3fn, uint8_t b) {
+  const int mant_bits = e4m3fn ? 3 : 2;
+  const int bias = e4m3fn ? 7 : 15;
+  const int e = (b & 0x7f) >> mant_bits;
+  const int m = b & ((1 << mant_bits) - 1);
+  float v;
+  if (e4m3fn && (b & 0x7f) == 0x7f) {
+    v = NAN;
+  } else if (!e4m3fn && e == 31) {
+    v = m == 0 ? INFINITY : NAN;
+  } else if (e == 0) {
+    v = std::ldexp(static_cast<float>(m), 1 - bias - mant_bits);
+  } else {
+    v = std::ldexp(static_cast<float>(m + (1 << mant_bits)), e - bias - mant_bits);
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+uint8_t F32ToF8(bool e4m3fn, float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  if (std::isnan(f)) return e4m3fn ? (sign | 0x7f) : 0x7f;
+  // The codes 0 .. top in order of value, top being one past the largest
+  // finite code and standing for 480 (e4m3fn: its NaN) or 2^16 (e5m2: inf).
+  const int top = e4m3fn ? 0x7f : 0x7c;
+  const double a = std::fabs(static_cast<double>(f));
+  const auto value = [&](int c) {
+    return c == top ? (e4m3fn ? 480.0 : 65536.0) : static_cast<double>(F8ToF32(e4m3fn, static_cast<uint8_t>(c)));
+  };
+  if (a >= value(top)) return sign | top;
+  int lo = 0;  // the largest code whose value is <= a
+  while (lo + 1 <= top && value(lo + 1) <= a) ++lo;
+  if (value(lo) == a) return sign | lo;
+  const double below = a - value(lo), above = value(lo + 1) - a;
+  const int c = below < above ? lo : above < below ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
+  return static_cast<uint8_t>(sign | c);
+}
+
 std::string ElemString(DType dt, const uint8_t* p) {
   char buf[96];
   switch (dt) {
@@ -434,6 +511,10 @@ std::string ElemString(DType dt, const uint8_t* p) {
       break;
     case DType::kBF16:
       std::snprintf(buf, sizeof(buf), "%.4g(0x%04x)", BF16ToF32(Load<uint16_t>(p)), Load<uint16_t>(p));
+      break;
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2:
+      std::snprintf(buf, sizeof(buf), "%.4g(0x%02x)", F8ToF32(dt == DType::kF8E4M3FN, *p), *p);
       break;
     case DType::kI8: std::snprintf(buf, sizeof(buf), "%d", Load<int8_t>(p)); break;
     case DType::kU8: std::snprintf(buf, sizeof(buf), "%u", Load<uint8_t>(p)); break;
@@ -550,11 +631,13 @@ std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpPara
       case Op::kPmin:
         for (int j = 0; j < n; ++j) xs[j] = in_at(j, o);
         if (mesh_of_one && IsFloatType(dt)) {
-          // Nothing is reduced: the input's bits (a bfloat16 NaN canonical).
+          // Nothing is reduced: the input's bits (a bfloat16 NaN canonical,
+          // a float8_e5m2 NaN 0x7f).
           copy_elem(o, 0, o);
           if (dt == DType::kBF16 && std::isnan(FloatValue(dt, dst))) {
             Store<uint16_t>(dst, F32ToBF16(FloatValue(dt, dst)));
           }
+          if (dt == DType::kF8E5M2 && std::isnan(FloatValue(dt, dst))) *dst = 0x7f;
         } else if (op == Op::kPsum) {
           SumElem(dt, xs, dst);
         } else if (op == Op::kPmean) {

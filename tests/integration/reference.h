@@ -36,7 +36,7 @@ enum class Op {
 const char* OpName(Op op);
 // Our own element size / short name tables (not the SDK's).
 size_t ElemSize(DType dt);
-const char* ShortName(DType dt);  // f32 f64 f16 bf16 i8 u8 i32 u32 i64 u64 bool
+const char* ShortName(DType dt);  // f32 f64 f16 bf16 i8 u8 i32 u32 i64 u64 bool f8e4m3fn f8e5m2
 bool IsFloatType(DType dt);
 
 int64_t NumElements(const Shape& shape);
@@ -70,11 +70,14 @@ bool ResultType(Op op, DType dt, const Shape& shape, int n, const OpParams& p, D
 // NaN results of float sums (psum, pmean, psum_scatter) are exact: the NaN
 // of the last NaN member, quieted (float16: the first NaN of the
 // accumulator), or the default NaN of an invalid operation; float16 and
-// bfloat16 NaNs canonical (see F32ToF16 / F32ToBF16).
+// bfloat16 NaNs canonical (see F32ToF16 / F32ToBF16). float8 is reduced as
+// float16 (members in group order, rounded to float16 per addition) and
+// converted to float8 once at the end (F32ToF8); pmean: that float8 sum as
+// float16, times float16(1/n), rounded to float16 and then to float8.
 //
 // `mesh_of_one`: the mesh has one member, a one-device program in JAX, whose
 // psum/pmean/pmax/pmin reduce nothing: the input converted to the result
-// dtype, float bits kept (bfloat16 NaNs canonical). Not so for psum_scatter,
+// dtype, float bits kept (bfloat16 NaNs canonical, float8_e5m2 NaNs 0x7f). Not so for psum_scatter,
 // nor for a group of one inside a bigger mesh.
 std::vector<uint8_t> Reference(Op op, DType dt, const Shape& shape, const OpParams& p,
                                const std::vector<const uint8_t*>& inputs, int rank,
@@ -87,6 +90,16 @@ uint16_t F64ToF16(double d);
 inline uint16_t F32ToF16(float f) { return F64ToF16(static_cast<double>(f)); }
 float BF16ToF32(uint16_t b);
 uint16_t F32ToBF16(float f);
+
+// float8 (e4m3fn when `e4m3fn`, else e5m2) <-> float. F8ToF32 is exact (a
+// NaN stays a NaN of its sign). F32ToF8 rounds a float to the nearest float8
+// value, ties to the even code, the way XLA's float16 -> float8 conversion
+// ends every float8 collective on CPU (XLA runs them in float16): e4m3fn has
+// no infinity, so a magnitude above 464 (halfway from 448 to the 480 it
+// lacks), inf and NaN give sign | 0x7f; e5m2 overflows to +-inf from 61440
+// and gives 0x7f for every NaN (sign dropped).
+float F8ToF32(bool e4m3fn, uint8_t b);
+uint8_t F32ToF8(bool e4m3fn, float f);
 
 // Human-readable value of one element (for FAIL lines): bits and value.
 std::string ElemString(DType dt, const uint8_t* p);

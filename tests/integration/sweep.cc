@@ -8,9 +8,10 @@
 namespace collectived::integration {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                                DType::kI8,  DType::kU8,  DType::kI32, DType::kU32,
-                                DType::kI64, DType::kU64, DType::kBool};
+constexpr DType kAllDTypes[] = {DType::kF32,      DType::kF64,     DType::kF16, DType::kBF16,
+                                DType::kI8,       DType::kU8,      DType::kI32, DType::kU32,
+                                DType::kI64,      DType::kU64,     DType::kBool,
+                                DType::kF8E4M3FN, DType::kF8E5M2};
 
 uint64_t Mix(uint64_t z) {  // splitmix64
   z += 0x9e3779b97f4a7c15ull;
@@ -242,7 +243,10 @@ void MainSweep(const MeshSpec& mesh, std::vector<Case>* cases) {
           {{n, 0}, ps(0, false)},     {{0}, ps(0, true)},      {{4 * n, 3}, ps(0, true)},
           {{3, n * 300}, ps(1, true)}, {{2, n, 600}, ps(1, false)},
           {{3, n}, ps(-1, false)},    {{4 * n, 3}, ps(-2, true)}};
-      const std::vector<DType> non_bool(std::begin(kAllDTypes), std::end(kAllDTypes) - 1);
+      std::vector<DType> non_bool;
+      for (DType dt : kAllDTypes) {
+        if (dt != DType::kBool) non_bool.push_back(dt);
+      }
       if (full) {
         for (const auto& [s, p] : every_dtype) {
           for (DType dt : non_bool) b.Add(Op::kPsumScatter, dt, s, axes, n, p, PsVariant(p));
@@ -595,10 +599,19 @@ std::vector<uint8_t> MakeInput(const Case& c, uint64_t seed, int member) {
       static const Fmt kBF16 = {127, 7, 8, 30,
                                 {0x0, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0xffc0, 0x7f7f, 0xff7f, 0x1,
                                  0x8001, 0x0080, 0x3f80, 0xbf80}};
-      const Fmt& f = c.dtype == DType::kF32   ? kF32
-                     : c.dtype == DType::kF64 ? kF64
-                     : c.dtype == DType::kF16 ? kF16
-                                              : kBF16;
+      // float8: e4m3fn's NaN is 0x7f (no inf; 0x7e is 448), e5m2 is IEEE-like.
+      static const Fmt kF8E4M3FN = {7, 3, 4, 6,
+                                    {0x0, 0x80, 0x7f, 0xff, 0x7f, 0xff, 0x7e, 0xfe, 0x1, 0x81,
+                                     0x08, 0x38, 0xb8}};
+      static const Fmt kF8E5M2 = {15, 2, 5, 10,
+                                  {0x0, 0x80, 0x7c, 0xfc, 0x7e, 0xfd, 0x7b, 0xfb, 0x1, 0x81, 0x04,
+                                   0x3c, 0xbc}};
+      const Fmt& f = c.dtype == DType::kF32        ? kF32
+                     : c.dtype == DType::kF64      ? kF64
+                     : c.dtype == DType::kF16      ? kF16
+                     : c.dtype == DType::kF8E4M3FN ? kF8E4M3FN
+                     : c.dtype == DType::kF8E5M2   ? kF8E5M2
+                                                   : kBF16;
       const uint64_t sign_bit = uint64_t{1} << (f.mbits + f.ebits);
       const int cls = static_cast<int>(i % 16);
       auto normal = [&] {
@@ -619,6 +632,8 @@ std::vector<uint8_t> MakeInput(const Case& c, uint64_t seed, int member) {
         if (c.dtype == DType::kF32) bits = std::bit_cast<uint32_t>(static_cast<float>(d));
         else if (c.dtype == DType::kF64) bits = std::bit_cast<uint64_t>(d);
         else if (c.dtype == DType::kF16) bits = F64ToF16(d);
+        else if (c.dtype == DType::kF8E4M3FN) bits = F32ToF8(true, static_cast<float>(d));
+        else if (c.dtype == DType::kF8E5M2) bits = F32ToF8(false, static_cast<float>(d));
         else bits = F32ToBF16(static_cast<float>(d));
       } else {
         bits = normal();

@@ -27,17 +27,28 @@ enum class DType : uint8_t {
   kI64 = 9,
   kU64 = 10,
   kBool = 11,
+  // 8-bit floats (one byte per element), as ml_dtypes/JAX define them:
+  // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+  //   infinities; the only NaNs are S.1111.111 (0x7f, 0xff); largest finite
+  //   value 448; subnormals down to 2^-9.
+  // float8_e5m2: 1 sign, 5 exponent (bias 15), 2 mantissa bits; IEEE-like
+  //   (the top byte of a float16): +-inf (0x7c, 0xfc), NaNs 0x7d..0x7f and
+  //   0xfd..0xff; largest finite value 57344; subnormals down to 2^-16.
+  kF8E4M3FN = 12,
+  kF8E5M2 = 13,
 };
 
 // Size of one element in bytes; 0 for kInvalid.
 size_t DTypeSize(DType dt);
-// JAX/numpy spelling: "float32", "bfloat16", "bool", ... ("invalid" for kInvalid).
+// JAX/numpy spelling: "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+// "bool", ... ("invalid" for kInvalid).
 std::string_view DTypeName(DType dt);
 // Inverse of DTypeName; nullopt for unknown names (and for "invalid").
 std::optional<DType> DTypeFromName(std::string_view name);
-// Short spelling used in error messages: "f32", "bf16", "i8", "u64", "bool".
+// Short spelling used in error messages: "f32", "bf16", "f8e4m3fn",
+// "f8e5m2", "i8", "u64", "bool".
 std::string_view DTypeShortName(DType dt);
-bool IsFloat(DType dt);    // f32, f64, f16, bf16
+bool IsFloat(DType dt);    // f32, f64, f16, bf16, f8e4m3fn, f8e5m2
 bool IsInteger(DType dt);  // signed or unsigned integers (not bool)
 
 // IEEE binary16 <-> binary32. FloatToHalf rounds to nearest even, overflows to
@@ -48,10 +59,26 @@ uint16_t FloatToHalf(float f);
 // (quiet) NaN.
 float BF16ToFloat(uint16_t b);
 uint16_t FloatToBF16(float f);
+// float8_e4m3fn <-> binary32, bit for bit as ml_dtypes converts.
+// F8E4M3FNToFloat is exact; a NaN (0x7f, 0xff) gives the quiet NaN of its
+// sign (0x7fc00000, 0xffc00000). FloatToF8E4M3FN rounds to nearest even,
+// keeps subnormals (2^-10 rounds to 0, just above it to 0x01); a magnitude
+// that rounds above 448 (from 464 exclusive: 464 itself ties to 448), an
+// infinity and a NaN all give the NaN of the input's sign (0x7f / 0xff).
+float F8E4M3FNToFloat(uint8_t b);
+uint8_t FloatToF8E4M3FN(float f);
+// float8_e5m2 <-> binary32, bit for bit as ml_dtypes converts.
+// F8E5M2ToFloat is exact; any NaN gives the quiet NaN of its sign (payload
+// dropped). FloatToF8E5M2 rounds to nearest even, keeps subnormals; a
+// magnitude from 61440 (halfway from 57344 to 2^16) up overflows to the
+// infinity of its sign; a NaN gives sign | 0x7e.
+float F8E5M2ToFloat(uint8_t b);
+uint8_t FloatToF8E5M2(float f);
 
-// The DType of a C++ element type: DTypeOf<float>() == DType::kF32. float16
-// and bfloat16 have no C++ type here; name them with DType::kF16/kBF16 and
-// store their bits as uint16_t.
+// The DType of a C++ element type: DTypeOf<float>() == DType::kF32. float16,
+// bfloat16 and the float8 types have no C++ type here; name them with
+// DType::kF16/kBF16 (bits stored as uint16_t) and DType::kF8E4M3FN/kF8E5M2
+// (bits stored as uint8_t).
 template <typename T>
 constexpr DType DTypeOf() {
   if constexpr (std::is_same_v<T, float>) return DType::kF32;

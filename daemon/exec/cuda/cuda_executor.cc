@@ -261,11 +261,21 @@ class OpRun {
         outs.push_back(io_[Member(g, i)].out);
       }
     }
+    // Over no axes nothing is converted either (JAX: psum(x, ()) is x):
+    // every float bit is kept, bfloat16 and float8_e5m2 NaNs included.
+    const bool keep_bits = plan_.axis_ids.empty() && IsFloat(plan_.dtype);
+    if (mesh_of_one && keep_bits) {
+      for (size_t e = 0; e < ins.size(); ++e) {
+        COLLECTIVED_RETURN_IF_ERROR(CopyD2D(outs[e], ins[e], plan_.in_bytes));
+      }
+      return absl::OkStatus();
+    }
     if (mesh_of_one) {
       switch (plan_.dtype) {
         case DType::kF32:
         case DType::kF64:
         case DType::kF16:
+        case DType::kF8E4M3FN:
           // Every bit kept.
           for (size_t e = 0; e < ins.size(); ++e) {
             COLLECTIVED_RETURN_IF_ERROR(CopyD2D(outs[e], ins[e], plan_.in_bytes));
@@ -278,6 +288,15 @@ class OpRun {
               "LaunchCanonicalizeBF16",
               cuda_kernels::LaunchCanonicalizeBF16(*table, static_cast<int>(ins.size()), count,
                                                    stream_));
+          return absl::OkStatus();
+        }
+        case DType::kF8E5M2: {
+          auto table = Table(ins, outs);
+          if (!table.ok()) return table.status();
+          COLLECTIVED_CUDA_RETURN_IF_ERROR(
+              "LaunchCanonicalizeF8E5M2",
+              cuda_kernels::LaunchCanonicalizeF8E5M2(*table, static_cast<int>(ins.size()), count,
+                                                     stream_));
           return absl::OkStatus();
         }
         default:

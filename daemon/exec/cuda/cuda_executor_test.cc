@@ -37,9 +37,10 @@
 namespace collectived {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16,
-                                DType::kI8,  DType::kU8,  DType::kI32, DType::kU32,
-                                DType::kI64, DType::kU64, DType::kBool};
+constexpr DType kAllDTypes[] = {DType::kF32,      DType::kF64,     DType::kF16, DType::kBF16,
+                                DType::kI8,       DType::kU8,      DType::kI32, DType::kU32,
+                                DType::kI64,      DType::kU64,     DType::kBool,
+                                DType::kF8E4M3FN, DType::kF8E5M2};
 constexpr ReduceKind kAllKinds[] = {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin,
                                     ReduceKind::kMean};
 
@@ -75,6 +76,14 @@ std::vector<uint64_t> Specials(DType dt) {
       return {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x807f, 0x0080, 0x8080, 0x00c0, 0x3f80,
               0xbf80, 0x3eab, 0x4b00, 0x3b80, 0x7f7f, 0xff7f, 0x7f80, 0xff80, 0x7fc0, 0xffc0,
               0x7f81, 0xffa3, 0x0081};
+    case DType::kF8E4M3FN:
+      // +-0, subnormals, the smallest normal, 1, 448 (largest), 256, NaN.
+      return {0x00, 0x80, 0x01, 0x81, 0x07, 0x87, 0x08, 0x88, 0x38, 0xb8,
+              0x39, 0x7e, 0xfe, 0x7d, 0x78, 0x7f, 0xff, 0x18, 0x30};
+    case DType::kF8E5M2:
+      // +-0, subnormals, the smallest normal, 1, 57344 (largest), inf, NaNs.
+      return {0x00, 0x80, 0x01, 0x81, 0x03, 0x83, 0x04, 0x84, 0x3c, 0xbc,
+              0x3d, 0x7b, 0xfb, 0x7a, 0x7c, 0xfc, 0x7d, 0xfe, 0x7f, 0x2c};
     case DType::kBool:
       return {0, 1, 2, 255};
     default: {
@@ -248,6 +257,17 @@ TEST_F(CudaArithTest, DocumentedCases) {
             CpuReduce(ReduceKind::kSum, DType::kF16, h, 1));
   EXPECT_EQ(DeviceRecipeOnHost(ReduceKind::kSum, DType::kF16, h, 1),
             (std::vector<uint8_t>{0x00, 0x7c}));
+  // float8 is reduced in float16: 448 + 448 - 448 = 448 in float8_e4m3fn
+  // (896 is a float16 value), and every float8_e5m2 NaN result is 0x7f.
+  std::vector<std::vector<uint8_t>> f8 = {{0x7e}, {0x7e}, {0xfe}};
+  EXPECT_EQ(DeviceRecipeOnHost(ReduceKind::kSum, DType::kF8E4M3FN, f8, 1),
+            (std::vector<uint8_t>{0x7e}));
+  f8 = {{0xfd}, {0x3c}};
+  EXPECT_EQ(DeviceRecipeOnHost(ReduceKind::kSum, DType::kF8E5M2, f8, 1),
+            (std::vector<uint8_t>{0x7f}));
+  f8 = {{0x7f}, {0x7f}};  // all NaN: max gives -inf, float8_e4m3fn's NaN 0xff
+  EXPECT_EQ(DeviceRecipeOnHost(ReduceKind::kMax, DType::kF8E4M3FN, f8, 1),
+            (std::vector<uint8_t>{0xff}));
   // uint8 mean: 218 * f32(1/3) = 0x42915556.
   std::vector<std::vector<uint8_t>> u = {{200}, {10}, {8}};
   const auto mean = DeviceRecipeOnHost(ReduceKind::kMean, DType::kU8, u, 1);
@@ -543,7 +563,7 @@ TEST_F(CudaLayoutTest, AllGatherAndAllToAllSourcesMatchCpuExecutor) {
 
 TEST_F(CudaLayoutTest, ReduceScatterSourcesMatchCpuExecutor) {
   for (int n : {1, 2, 3, 8}) {
-    for (DType dt : {DType::kF32, DType::kBF16, DType::kI32, DType::kF16}) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kI32, DType::kF16, DType::kF8E5M2}) {
       for (const Case& c : Cases(dt, n)) {
         if (c.op.kind() != v1::PSUM_SCATTER) continue;
         auto plan = PlanOp(c.op, c.mesh);

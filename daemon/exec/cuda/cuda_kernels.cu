@@ -8,9 +8,9 @@
 // result and is built without FTZ and without FMA contraction, see
 // CMakeLists.txt).
 //
-// Kernel instances: 44 reductions (11 dtypes x 4 kinds), 10 reduce-scatters
-// (the sums), 1 bfloat16 canonicalization, 5 gather and 4 all_to_all copy
-// widths.
+// Kernel instances: 52 reductions (13 dtypes x 4 kinds), 12 reduce-scatters
+// (the sums), 1 bfloat16 and 1 float8_e5m2 canonicalization, 5 gather and 4
+// all_to_all copy widths.
 #include "daemon/exec/cuda/cuda_kernels.h"
 
 #include <cuda_runtime.h>
@@ -90,6 +90,17 @@ __global__ void CanonicalizeBF16Kernel(MemberTable table, int entries, uint64_t 
   }
 }
 
+__global__ void CanonicalizeF8E5M2Kernel(MemberTable table, int entries, uint64_t count) {
+  for (int e = blockIdx.y; e < entries; e += gridDim.y) {
+    const auto* in = reinterpret_cast<const uint8_t*>(table.In(e));
+    auto* out = reinterpret_cast<uint8_t*>(table.Out(e));
+    if (out == nullptr) continue;  // written on another GPU
+    for (uint64_t q = FirstIndex(); q < count; q += Stride()) {
+      out[q] = reduce_ops::CanonicalizeF8E5M2NaN(in[q]);
+    }
+  }
+}
+
 // Units of `U` (1..16 bytes); inner counted in units.
 template <typename U>
 __global__ void AllGatherKernel(MemberTable table, int n, int num_groups, uint64_t outer,
@@ -142,6 +153,8 @@ template <typename T, typename E>
 struct IsMean<reduce_ops::FloatMean<T, E>> : std::true_type {};
 template <typename F, typename E>
 struct IsMean<reduce_ops::WidenedMean<F, E>> : std::true_type {};
+template <typename F, typename E>
+struct IsMean<reduce_ops::F8Mean<F, E>> : std::true_type {};
 template <typename T, typename R>
 struct IsMean<reduce_ops::IntMean<T, R>> : std::true_type {};
 template <>
@@ -184,6 +197,13 @@ cudaError_t LaunchCanonicalizeBF16(const MemberTable& table, int entries, uint64
                                    cudaStream_t stream) {
   if (count == 0 || entries == 0) return cudaSuccess;
   CanonicalizeBF16Kernel<<<Grid(count, entries), kThreads, 0, stream>>>(table, entries, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCanonicalizeF8E5M2(const MemberTable& table, int entries, uint64_t count,
+                                     cudaStream_t stream) {
+  if (count == 0 || entries == 0) return cudaSuccess;
+  CanonicalizeF8E5M2Kernel<<<Grid(count, entries), kThreads, 0, stream>>>(table, entries, count);
   return cudaGetLastError();
 }
 

@@ -70,6 +70,12 @@ cudaError_t LaunchReduceScatter(DType dt, const MemberTable& table, int n, int n
 cudaError_t LaunchCanonicalizeBF16(const MemberTable& table, int entries, uint64_t count,
                                    cudaStream_t stream);
 
+// out[e][i] = CanonicalizeF8E5M2NaN(in[e][i]) (every NaN becomes 0x7f) for
+// `entries` entries of `count` float8_e5m2 elements (ReduceMeshOfOne of
+// float8_e5m2; in place is fine).
+cudaError_t LaunchCanonicalizeF8E5M2(const MemberTable& table, int entries, uint64_t count,
+                                     cudaStream_t stream);
+
 // all_gather: inputs viewed as [outer, inner_bytes], outputs as
 // [outer, n, inner_bytes]; every member of a group gets every member's input
 // at its group index. Copies in units of `unit` bytes (1, 2, 4, 8 or 16),
