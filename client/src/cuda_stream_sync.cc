@@ -2,6 +2,8 @@
 
 #include <cuda.h>
 
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "common/cuda/driver.h"
 
@@ -30,31 +32,33 @@ RegisteredHostWords::~RegisteredHostWords() {
   if (api.ok() && host_ != nullptr) (*api)->cuMemHostUnregister(host_);
 }
 
+absl::StatusOr<unsigned long long> RegisteredHostWords::Address(size_t offset) const {
+  if (offset % 8 != 0 || offset > bytes_ || bytes_ - offset < 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stream words: offset ", offset, " is not a word of the ", bytes_, " bytes"));
+  }
+  return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(host_) + offset);
+}
+
 absl::Status RegisteredHostWords::WriteOnStream(void* stream, size_t offset,
                                                 uint64_t value) const {
-  if (offset + 8 > bytes_ || offset % 8 != 0) {
-    return absl::InvalidArgumentError("stream words: offset out of range");
-  }
+  auto addr = Address(offset);
+  if (!addr.ok()) return addr.status();
   auto api = cuda::Driver();
   if (!api.ok()) return api.status();
-  const CUdeviceptr addr =
-      static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host_) + offset);
   COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuStreamWriteValue64(
-      static_cast<CUstream>(stream), addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
+      static_cast<CUstream>(stream), *addr, value, CU_STREAM_WRITE_VALUE_DEFAULT));
   return absl::OkStatus();
 }
 
 absl::Status RegisteredHostWords::WaitOnStream(void* stream, size_t offset,
                                                uint64_t value) const {
-  if (offset + 8 > bytes_ || offset % 8 != 0) {
-    return absl::InvalidArgumentError("stream words: offset out of range");
-  }
+  auto addr = Address(offset);
+  if (!addr.ok()) return addr.status();
   auto api = cuda::Driver();
   if (!api.ok()) return api.status();
-  const CUdeviceptr addr =
-      static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(host_) + offset);
   COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuStreamWaitValue64(
-      static_cast<CUstream>(stream), addr, value, CU_STREAM_WAIT_VALUE_GEQ));
+      static_cast<CUstream>(stream), *addr, value, CU_STREAM_WAIT_VALUE_GEQ));
   return absl::OkStatus();
 }
 

@@ -42,6 +42,8 @@ class RegisteredHostWords {
 
  private:
   RegisteredHostWords() = default;
+  // The device address (a CUdeviceptr) of the word at `offset`.
+  absl::StatusOr<unsigned long long> Address(size_t offset) const;
   void* host_ = nullptr;
   size_t bytes_ = 0;
 };

@@ -73,6 +73,12 @@ namespace collectived::executor_suite {
 inline constexpr size_t kGuardBytes = 64;
 inline constexpr uint8_t kFill = 0xA5;
 
+// CopyIn / CopyOut of a backend whose memory is host memory.
+inline absl::Status HostCopy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return absl::OkStatus();
+}
+
 template <typename U>
 std::vector<uint8_t> Bytes(const std::vector<U>& v) {
   std::vector<uint8_t> b(v.size() * sizeof(U));

@@ -32,12 +32,10 @@ struct SpanningBackend {
   }
   static void Free(void* p) { Registry::Get().Free(p); }
   static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
-    if (bytes > 0) std::memcpy(dst, src, bytes);
-    return absl::OkStatus();
+    return HostCopy(dst, src, bytes);
   }
   static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
-    if (bytes > 0) std::memcpy(dst, src, bytes);
-    return absl::OkStatus();
+    return HostCopy(dst, src, bytes);
   }
   // Round robin (member m on partition m % kParts), or in blocks of two
   // (members 0,1 on 0, members 2,3 on 1, ...), as GPUs of a host would
