@@ -81,7 +81,8 @@ class OpState {
       MutexLock lock(&mu_);
       if (done_) return;
       done_ = true;
-      if (!status.ok()) on_failure = std::move(on_failure_);
+      on_failure = std::move(on_failure_);  // dropped, not run, on success
+      if (status.ok()) on_failure = nullptr;
       status_ = std::move(status);
       sequence_ = sequence;
       out_shape_ = std::move(out_shape);
@@ -1013,7 +1014,9 @@ int Mesh::axis_size(const AxisNames& axes) const {
 }
 
 // The words of stream-ordered submission: a host buffer of kSlots ready
-// words then kSlots done words; op v (1, 2, ...) uses slot v % kSlots.
+// words then kSlots done words; op v (1, 2, ...) uses slot v % kSlots. Kept
+// (mapped and registered) while the Mesh or a failure hook of one of its ops
+// holds it; the daemon frees the buffer itself when the session ends.
 struct Mesh::StreamOrder {
   static constexpr uint64_t kSlots = 256;
   static constexpr size_t kBytes = 2 * kSlots * sizeof(uint64_t);  // 4 KiB
@@ -1021,10 +1024,13 @@ struct Mesh::StreamOrder {
 #ifdef COLLECTIVED_HAVE_CUDA
   std::unique_ptr<RegisteredHostWords> registered;  // destroyed before `words`
 #endif
-  void* stream = nullptr;
-  uint64_t next = 0;  // the last value used
-  // Streams that may still wait on the words: synchronized before they go.
-  std::vector<void*> used_streams;
+  // Serializes stream-ordered submissions (values must reach the daemon in
+  // the order they are written on the streams).
+  Mutex mu;
+  void* stream ABSL_GUARDED_BY(mu) = nullptr;
+  uint64_t next ABSL_GUARDED_BY(mu) = 0;  // the last value used
+  // Every stream that may wait on the words (~Mesh synchronizes them).
+  std::vector<void*> used_streams ABSL_GUARDED_BY(mu);
 
   std::atomic_ref<uint64_t> Done(uint64_t slot) const {
     return std::atomic_ref<uint64_t>(static_cast<uint64_t*>(words.data())[kSlots + slot]);
@@ -1037,35 +1043,39 @@ struct Mesh::StreamOrder {
     while (cur < value && !done.compare_exchange_weak(cur, value)) {
     }
   }
-  ~StreamOrder() {
+  // Waits until the streams have passed their waits on the words.
+  void SyncStreams() {
 #ifdef COLLECTIVED_HAVE_CUDA
-    // The streams' pending waits read the words: let them finish first.
+    std::vector<void*> streams;
+    {
+      MutexLock lock(&mu);
+      streams = used_streams;
+    }
     if (auto api = cuda::Driver(); api.ok()) {
-      for (void* st : used_streams) (*api)->cuStreamSynchronize(static_cast<CUstream>(st));
+      for (void* st : streams) (*api)->cuStreamSynchronize(static_cast<CUstream>(st));
     }
 #endif
   }
 };
 
 Mesh::~Mesh() {
-  Leave().IgnoreError();
-  if (stream_order_ != nullptr) {
-    Buffer words = std::move(stream_order_->words);
-    stream_order_.reset();  // waits for the streams that used the words
-    client_->Free(words).IgnoreError();
-  }
+  Leave().IgnoreError();  // fails this member's pending ops: their done words rise
+  if (stream_order_ != nullptr) stream_order_->SyncStreams();
 }
 
 absl::Status Mesh::set_stream(void* stream) {
 #ifdef COLLECTIVED_HAVE_CUDA
   if (stream == nullptr) {
-    if (stream_order_ != nullptr) stream_order_->stream = nullptr;
+    if (stream_order_ != nullptr) {
+      MutexLock lock(&stream_order_->mu);
+      stream_order_->stream = nullptr;
+    }
     return absl::OkStatus();
   }
   if (stream_order_ == nullptr) {
     auto words = client_->Allocate(StreamOrder::kBytes, "");
     if (!words.ok()) return words.status();
-    auto order = std::make_unique<StreamOrder>();
+    auto order = std::make_shared<StreamOrder>();
     order->words = *std::move(words);
     auto registered = RegisteredHostWords::Register(order->words.data(), StreamOrder::kBytes);
     if (!registered.ok()) {
@@ -1075,10 +1085,11 @@ absl::Status Mesh::set_stream(void* stream) {
     order->registered = *std::move(registered);
     stream_order_ = std::move(order);
   }
-  stream_order_->stream = stream;
-  if (std::find(stream_order_->used_streams.begin(), stream_order_->used_streams.end(), stream) ==
-      stream_order_->used_streams.end()) {
-    stream_order_->used_streams.push_back(stream);
+  StreamOrder& so = *stream_order_;
+  MutexLock lock(&so.mu);
+  so.stream = stream;
+  if (std::find(so.used_streams.begin(), so.used_streams.end(), stream) == so.used_streams.end()) {
+    so.used_streams.push_back(stream);
   }
   return absl::OkStatus();
 #else
@@ -1087,7 +1098,11 @@ absl::Status Mesh::set_stream(void* stream) {
 #endif
 }
 
-void* Mesh::stream() const { return stream_order_ != nullptr ? stream_order_->stream : nullptr; }
+void* Mesh::stream() const {
+  if (stream_order_ == nullptr) return nullptr;
+  MutexLock lock(&stream_order_->mu);
+  return stream_order_->stream;
+}
 
 OpFuture Mesh::Submit(const OpRequest& request) {
   if (!request.error.ok()) {
@@ -1095,9 +1110,7 @@ OpFuture Mesh::Submit(const OpRequest& request) {
     state->Complete(request.error, -1, {}, DType::kInvalid);
     return OpFuture(state);
   }
-  if (stream_order_ != nullptr && stream_order_->stream != nullptr) {
-    return SubmitOnStream(request);
-  }
+  if (stream() != nullptr) return SubmitOnStream(request);
   return client_->Submit(request.spec, op_deadline_);
 }
 
@@ -1109,6 +1122,8 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   };
 #ifdef COLLECTIVED_HAVE_CUDA
   StreamOrder& so = *stream_order_;
+  MutexLock lock(&so.mu);
+  if (so.stream == nullptr) return client_->Submit(request.spec, op_deadline_);
   const uint64_t v = ++so.next;
   const uint64_t slot = v % StreamOrder::kSlots;
   // The slot's previous op must be over (its done word raised) before the
@@ -1143,7 +1158,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   OpFuture f = client_->Submit(spec, op_deadline_);
   // The daemon raises the done word whatever the outcome; when it cannot (it
   // is gone, or the SDK failed the op before the daemon saw it), this does.
-  f.state_->OnFailure([order = stream_order_.get(), v] { order->Release(v); });
+  f.state_->OnFailure([order = stream_order_, v] { order->Release(v); });
   if (absl::Status st = so.registered->WaitOnStream(so.stream, done_offset, v); !st.ok()) {
     // The stream cannot wait: wait here, so work enqueued after the call
     // still runs after the op.

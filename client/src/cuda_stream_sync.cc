@@ -17,10 +17,18 @@ absl::StatusOr<std::unique_ptr<RegisteredHostWords>> RegisteredHostWords::Regist
   }
   auto api = cuda::RequireDevices();
   if (!api.ok()) return api.status();
-  // Any context: the registration is portable (every context sees it).
-  if (auto st = cuda::SetCurrentDevice(0); !st.ok()) return st;
-  COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuMemHostRegister(
-      host, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+  // Any context will do: the registration is portable (every context sees
+  // it). The caller's current context, if it has one; else device 0's
+  // primary context, made current only for this call.
+  CUcontext current = nullptr;
+  COLLECTIVED_CU_RETURN_IF_ERROR((*api)->cuCtxGetCurrent(&current));
+  if (current == nullptr) {
+    if (auto st = cuda::SetCurrentDevice(0); !st.ok()) return st;
+  }
+  const CUresult registered = (*api)->cuMemHostRegister(
+      host, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+  if (current == nullptr) (*api)->cuCtxSetCurrent(nullptr);
+  if (registered != CUDA_SUCCESS) return cuda::CuStatus(registered, "cuMemHostRegister");
   std::unique_ptr<RegisteredHostWords> w(new RegisteredHostWords);
   w->host_ = host;
   w->bytes_ = bytes;

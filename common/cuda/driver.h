@@ -44,6 +44,7 @@ namespace collectived::cuda {
   X(cuDevicePrimaryCtxRetain, 7000)              \
   X(cuDevicePrimaryCtxRelease, 11000)            \
   X(cuCtxSetCurrent, 4000)                       \
+  X(cuCtxGetCurrent, 4000)                       \
   X(cuCtxSynchronize, 2000)                      \
   X(cuMemGetInfo, 3020)                          \
   X(cuMemGetAllocationGranularity, 10020)        \

@@ -117,7 +117,8 @@ Engine::Engine(EngineOptions options, Backends backends)
       backends_(std::move(backends)),
       started_(absl::Now()),
       timer_(std::make_unique<DeadlineTimer>()),
-      runners_(std::make_unique<ThreadPool>(options_.runner_threads)) {
+      runners_(std::make_unique<ThreadPool>(options_.runner_threads)),
+      stream_waiter_(std::make_unique<StreamWaiter>()) {
   for (const auto& a : backends_.allocators) allocators_.emplace(std::string(a->kind()), a.get());
   for (const auto& e : backends_.executors) {
     executors_.emplace(std::string(e->buffer_kind()), e.get());
@@ -146,7 +147,8 @@ std::string Engine::NoExecutorReason(absl::string_view kind) const {
 
 Engine::~Engine() {
   Shutdown("daemon stopped");
-  runners_.reset();  // finishes running ops
+  stream_waiter_.reset();  // fails the ops that still wait for streams
+  runners_.reset();        // finishes running ops
   timer_->Stop();    // callbacks may still use timer_ while it stops
   timer_.reset();
 }
@@ -821,18 +823,20 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     // still releases the client's stream (see v1::StreamSync).
     std::optional<SyncWords> sync;
     if (op.has_stream_sync()) {
-      auto words = SyncWords::Resolve(
-          op.stream_sync(),
-          [&](const std::string& id,
-              const char* what) -> absl::StatusOr<std::shared_ptr<SharedBuffer>> {
-            auto it = session->buffers.find(id);
-            if (it == session->buffers.end()) {
-              return absl::NotFoundError(
-                  absl::StrCat(what, " buffer '", id, "' not found in this session"));
-            }
-            return it->second;
-          });
-      if (!words.ok()) return words.status();
+      auto find = [&](const std::string& id,
+                      const char* what) -> absl::StatusOr<std::shared_ptr<SharedBuffer>> {
+        auto it = session->buffers.find(id);
+        if (it == session->buffers.end()) {
+          return absl::NotFoundError(
+              absl::StrCat(what, " buffer '", id, "' not found in this session"));
+        }
+        return it->second;
+      };
+      auto words = SyncWords::Resolve(op.stream_sync(), find);
+      if (!words.ok()) {
+        SyncWords::ReleaseDoneIfValid(op.stream_sync(), find);
+        return words.status();
+      }
       sync = *std::move(words);
     }
     struct ReleaseIfRefused {
@@ -1155,30 +1159,38 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   Executor* executor = ExecutorFor(kind);
   std::string mesh_id = mesh.id;
   int64_t seq = op.sequence;
-  // Stream-ordered members: the op waits for their streams first.
+  auto run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+    const int64_t started_ns = fastq::MonotonicNs();
+    Traffic traffic;
+    absl::Status status = executor->Run(*plan, io, &traffic);
+    OnOpFinished(mesh_id, seq, status, started_ns, traffic);
+  };
+  // Stream-ordered members: unless their streams are there already, the op
+  // waits for them on the stream waiter's thread (holding no runner), and
+  // then runs on a runner.
   std::vector<MemberSync> streams;
   for (size_t i = 0; i < op.subs.size(); ++i) {
     if (op.subs[i]->sync) {
       streams.push_back(MemberSync{*op.subs[i]->sync, MemberLabel(mesh, static_cast<int>(i))});
     }
   }
-  if (!streams.empty()) op.cancel = std::make_shared<OpCancel>();
-  auto run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq,
-              streams = std::move(streams), cancel = op.cancel, deadline = op.deadline,
-              what = absl::StrCat("mesh '", mesh.name, "': op ", seq, " (", plan->signature,
-                                  ")")] {
-    absl::Status status;
-    if (!streams.empty()) status = AwaitStreams(streams, deadline, cancel.get(), what);
-    const int64_t started_ns = fastq::MonotonicNs();
-    Traffic traffic;
-    if (status.ok()) status = executor->Run(*plan, io, &traffic);
-    OnOpFinished(mesh_id, seq, status, started_ns, traffic);
-  };
+  if (!streams.empty() && !StreamsReady(streams)) {
+    op.cancel = std::make_shared<OpCancel>();
+    stream_waiter_->Add(
+        std::move(streams), op.deadline, op.cancel,
+        absl::StrCat("mesh '", mesh.name, "': op ", seq, " (", plan->signature, ")"),
+        [this, run = std::move(run), mesh_id, seq](absl::Status status) {
+          if (status.ok()) {
+            runners_->Schedule(run);
+          } else {
+            OnOpFinished(mesh_id, seq, std::move(status), fastq::MonotonicNs(), Traffic{});
+          }
+        });
+    return;
+  }
   // Not inline while an inline op runs on this thread: OnOpFinished starts
   // the next op from inside it, and chains of queued ops must not recurse.
-  // Nor when it waits for streams: that would hold up the thread that
-  // completed the op (a fast-path or gRPC thread).
-  if (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline && !op.cancel) {
+  if (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline) {
     cbs.push_back([run = std::move(run)] {
       t_running_inline = true;
       run();

@@ -348,6 +348,9 @@ class Engine {
   // the state above.
   std::unique_ptr<DeadlineTimer> timer_;
   std::unique_ptr<ThreadPool> runners_;
+  // Ops waiting for their members' streams (stream_sync); its callbacks
+  // schedule on runners_, so it goes first.
+  std::unique_ptr<StreamWaiter> stream_waiter_;
 };
 
 }  // namespace collectived

@@ -995,13 +995,13 @@ TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
        "value must be > 0"},
       {[](v1::StreamSync* s) { s->mutable_done()->set_offset(0); },
        absl::StatusCode::kInvalidArgument, "same word"},
-      {[](v1::StreamSync* s) { s->mutable_ready()->set_offset(4); },
+      {[](v1::StreamSync* s) { s->mutable_done()->set_offset(4); },
        absl::StatusCode::kInvalidArgument, "not a multiple of 8"},
       {[](v1::StreamSync* s) { s->mutable_done()->set_offset(1 << 20); },
        absl::StatusCode::kOutOfRange, "not inside buffer"},
-      {[](v1::StreamSync* s) { s->mutable_ready()->set_buffer_id("nope"); },
-       absl::StatusCode::kNotFound, "stream_sync ready buffer 'nope' not found"},
-      {[](v1::StreamSync* s) { s->mutable_ready()->set_size_bytes(16); },
+      {[](v1::StreamSync* s) { s->mutable_done()->set_buffer_id("nope"); },
+       absl::StatusCode::kNotFound, "stream_sync done buffer 'nope' not found"},
+      {[](v1::StreamSync* s) { s->mutable_done()->set_size_bytes(16); },
        absl::StatusCode::kInvalidArgument, "a stream_sync word is 8 bytes"},
   };
   for (const Bad& b : bad) {
@@ -1015,6 +1015,14 @@ TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
     EXPECT_EQ(Word(m, 0).load(), 0u);
     EXPECT_EQ(Word(m, 1).load(), 0u) << "invalid words were written: " << refused.status();
   }
+  // Only the ready word is wrong: the done word is still raised, so the
+  // client's stream goes on.
+  Word(m, 1).store(0);
+  v1::OpSpec bad_ready = SyncedPsum(m, 6);
+  bad_ready.mutable_stream_sync()->mutable_ready()->set_offset(4);
+  EXPECT_EQ(engine_->Submit(m.session, bad_ready, false, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Word(m, 1).load(), 6u);
   // The session's mesh still works after every refusal.
   Result<OpOutcome> after;
   Word(m, 0).store(100);

@@ -63,6 +63,25 @@ absl::StatusOr<SyncWords> SyncWords::Resolve(
   return w;
 }
 
+void SyncWords::ReleaseDoneIfValid(
+    const v1::StreamSync& sync,
+    const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
+        const std::string& id, const char* what)>& find) {
+  if (sync.value() == 0) return;
+  if (sync.ready().buffer_id() == sync.done().buffer_id() &&
+      sync.ready().offset() == sync.done().offset()) {
+    return;  // one word for both: raising it would fake the stream's arrival
+  }
+  auto done = Word(sync.done(), "stream_sync done", find);
+  if (!done.ok()) return;
+  std::atomic_ref<uint64_t> word(*done->second);
+  uint64_t cur = word.load(std::memory_order_relaxed);
+  while (cur < sync.value() &&
+         !word.compare_exchange_weak(cur, sync.value(), std::memory_order_release,
+                                     std::memory_order_relaxed)) {
+  }
+}
+
 uint64_t SyncWords::ReadyValue() const {
   return std::atomic_ref<uint64_t>(*ready_).load(std::memory_order_acquire);
 }
@@ -91,24 +110,16 @@ absl::Status OpCancel::status() const {
   return why_;
 }
 
-absl::Status AwaitStreams(const std::vector<MemberSync>& members, absl::Time deadline,
-                          const OpCancel* cancel, const std::string& what) {
-  const absl::Time start = absl::Now();
-  absl::Duration nap = absl::Microseconds(20);
-  for (;;) {
-    bool all = true;
-    for (const MemberSync& m : members) all = all && m.words.Ready();
-    if (all) return absl::OkStatus();
-    if (cancel != nullptr && cancel->cancelled()) return cancel->status();
-    const absl::Time now = absl::Now();
-    if (now >= deadline) break;
-    if (now - start < absl::Microseconds(200)) {
-      std::this_thread::yield();
-    } else {
-      absl::SleepFor(std::min(nap, deadline - now));
-      nap = std::min(nap * 2, absl::Milliseconds(1));
-    }
+bool StreamsReady(const std::vector<MemberSync>& members) {
+  for (const MemberSync& m : members) {
+    if (!m.words.Ready()) return false;
   }
+  return true;
+}
+
+namespace {
+
+absl::Status LateStreams(const std::vector<MemberSync>& members, const std::string& what) {
   std::vector<std::string> late;
   for (const MemberSync& m : members) {
     if (m.words.Ready()) continue;
@@ -118,6 +129,90 @@ absl::Status AwaitStreams(const std::vector<MemberSync>& members, absl::Time dea
   return absl::DeadlineExceededError(absl::StrCat(
       what, ": the streams of these members did not reach the op before its deadline: ",
       absl::StrJoin(late, "; ")));
+}
+
+}  // namespace
+
+StreamWaiter::StreamWaiter() : thread_([this] { Loop(); }) {}
+
+StreamWaiter::~StreamWaiter() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  thread_.join();
+  // Ops still waiting fail: with their cancel status, else UNAVAILABLE.
+  std::vector<Entry> left;
+  {
+    MutexLock lock(&mu_);
+    left.swap(entries_);
+  }
+  for (Entry& e : left) {
+    absl::Status st = e.cancel != nullptr && e.cancel->cancelled()
+                          ? e.cancel->status()
+                          : absl::UnavailableError(absl::StrCat(
+                                e.what, ": the daemon stopped while the op waited for streams"));
+    e.done(std::move(st));
+  }
+}
+
+void StreamWaiter::Add(std::vector<MemberSync> members, absl::Time deadline,
+                       std::shared_ptr<const OpCancel> cancel, std::string what,
+                       std::function<void(absl::Status)> done) {
+  {
+    MutexLock lock(&mu_);
+    entries_.push_back(Entry{std::move(members), deadline, std::move(cancel), std::move(what),
+                             std::move(done)});
+    last_add_ = absl::Now();
+  }
+  cv_.Signal();
+}
+
+void StreamWaiter::Loop() {
+  absl::Duration nap = absl::Microseconds(20);
+  for (;;) {
+    std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> finished;
+    {
+      MutexLock lock(&mu_);
+      while (entries_.empty() && !stop_) cv_.Wait(&mu_);
+      if (stop_) return;
+      const absl::Time now = absl::Now();
+      for (auto it = entries_.begin(); it != entries_.end();) {
+        absl::Status status;
+        bool over = true;
+        if (StreamsReady(it->members)) {
+          status = absl::OkStatus();
+        } else if (it->cancel != nullptr && it->cancel->cancelled()) {
+          status = it->cancel->status();
+        } else if (now >= it->deadline) {
+          status = LateStreams(it->members, it->what);
+        } else {
+          over = false;
+        }
+        if (over) {
+          finished.emplace_back(std::move(it->done), std::move(status));
+          it = entries_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      if (finished.empty() && !entries_.empty()) {
+        // Nothing changed: look again soon. Continuously right after an op
+        // arrived, then backing off to 1 ms (an Add wakes the wait).
+        if (now - last_add_ < absl::Microseconds(200)) {
+          nap = absl::Microseconds(20);
+          mu_.Unlock();
+          std::this_thread::yield();
+          mu_.Lock();
+        } else {
+          cv_.WaitWithDeadline(&mu_, now + nap);
+          nap = std::min(nap * 2, absl::Milliseconds(1));
+        }
+      }
+    }
+    for (auto& [done, status] : finished) done(std::move(status));
+  }
 }
 
 }  // namespace collectived

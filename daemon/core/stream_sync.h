@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +40,14 @@ class SyncWords {
   // memory, a region that is not 8 bytes at an 8-aligned offset inside the
   // buffer, `ready` and `done` the same word.
   static absl::StatusOr<SyncWords> Resolve(
+      const v1::StreamSync& sync,
+      const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
+          const std::string& id, const char* what)>& find);
+
+  // For a `sync` that Resolve refused: raises its done word to its value if
+  // that word alone is valid (so that the client's stream is released even
+  // when only the ready word was wrong).
+  static void ReleaseDoneIfValid(
       const v1::StreamSync& sync,
       const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
           const std::string& id, const char* what)>& find);
@@ -81,13 +90,52 @@ struct MemberSync {
   std::string label;
 };
 
-// Waits until every member's ready word is there: spins (yielding) for the
-// first 200 µs, then sleeps up to 1 ms between looks. OK; the cancel status;
-// or, at `deadline`, DEADLINE_EXCEEDED naming each member whose stream did
-// not reach the op, with its ready word and the value awaited (`what`
-// prefixes the message, e.g. "mesh 'm': op 3 (psum f32[4] over (x))").
-absl::Status AwaitStreams(const std::vector<MemberSync>& members, absl::Time deadline,
-                          const OpCancel* cancel, const std::string& what);
+// Watches the ready words of ops that wait for their members' streams, all
+// on one thread of its own, so that a waiting op holds no runner thread (an
+// op may wait for a stream that first needs another op to run).
+//
+// Thread-safety: Add may be called from any thread; callbacks run on the
+// waiter's thread, one at a time, with no lock of the waiter held.
+class StreamWaiter {
+ public:
+  StreamWaiter();
+  // Stops the thread, then fails the ops still waiting (their cancel
+  // status, else UNAVAILABLE), on the calling thread.
+  ~StreamWaiter();
+  StreamWaiter(const StreamWaiter&) = delete;
+  StreamWaiter& operator=(const StreamWaiter&) = delete;
+
+  // Calls `done` once: OK when every member's ready word is there; the
+  // cancel status once `cancel` (may be null) is cancelled; or, at
+  // `deadline`, DEADLINE_EXCEEDED naming each member whose stream did not
+  // reach the op, with its ready word and the value awaited (`what`
+  // prefixes the message, e.g. "mesh 'm': op 3 (psum f32[4] over (i))").
+  // Looks at the words continuously for 200 µs after an op arrives, then at
+  // most 1 ms apart.
+  void Add(std::vector<MemberSync> members, absl::Time deadline,
+           std::shared_ptr<const OpCancel> cancel, std::string what,
+           std::function<void(absl::Status)> done);
+
+ private:
+  struct Entry {
+    std::vector<MemberSync> members;
+    absl::Time deadline;
+    std::shared_ptr<const OpCancel> cancel;
+    std::string what;
+    std::function<void(absl::Status)> done;
+  };
+  void Loop();
+
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_add_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// Whether every member's ready word is there now.
+bool StreamsReady(const std::vector<MemberSync>& members);
 
 }  // namespace collectived
 

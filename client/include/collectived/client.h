@@ -351,7 +351,10 @@ class Mesh {
   // host, for the oldest. If enqueueing the stream's wait fails, the call
   // waits for the op on the host instead (the ordering holds either way).
   // set_stream(nullptr) returns to the simple contract (inputs complete at
-  // submission). Not concurrently with ops on this Mesh.
+  // submission). Every stream given here must stay valid until the Mesh is
+  // destroyed: ~Mesh synchronizes them (their pending waits read the words).
+  // Ops on a new stream are not ordered after those on the previous one.
+  // Not concurrently with ops on this Mesh.
   // Errors: UNIMPLEMENTED from an SDK built without CUDA;
   // FAILED_PRECONDITION without a usable CUDA driver or GPU; the errors of
   // allocating the 4 KiB host buffer that holds the words.
@@ -383,7 +386,8 @@ class Mesh {
   std::vector<int> coordinate_;
   absl::Duration op_deadline_;
   std::atomic<bool> left_{false};
-  std::unique_ptr<StreamOrder> stream_order_;
+  // Shared with the failure hooks of stream-ordered ops still in flight.
+  std::shared_ptr<StreamOrder> stream_order_;
 };
 
 // A session with the daemon. Create with Connect.

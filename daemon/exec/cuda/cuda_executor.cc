@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -518,10 +519,16 @@ class NcclFabric final : public Fabric {
     ScopedDevice scoped;
     COLLECTIVED_RETURN_IF_ERROR(scoped.Set(part));
     void* p = nullptr;
-    COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMallocAsync",
-                                     cudaMallocAsync(&p, std::max<uint64_t>(bytes, 1),
-                                                     streams_[part]));
-    scratch_.emplace_back(part, p);
+    const uint64_t size = std::max<uint64_t>(bytes, 1);
+    const cudaError_t e = cudaMallocAsync(&p, size, streams_[part]);
+    if (e == cudaSuccess) {
+      scratch_.push_back(Scratched{part, p, true});
+      return static_cast<uint8_t*>(p);
+    }
+    if (e != cudaErrorNotSupported) return CudaError("cudaMallocAsync", e);
+    cudaGetLastError();  // no memory pools on this device: plain cudaMalloc
+    COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMalloc", cudaMalloc(&p, size));
+    scratch_.push_back(Scratched{part, p, false});
     return static_cast<uint8_t*>(p);
   }
 
@@ -557,12 +564,20 @@ class NcclFabric final : public Fabric {
       used.push_back(comms_[t.dst_part]);
     }
     r = ncclGroupEnd();
-    if (!status.ok()) return status;
-    if (r != ncclSuccess && r != ncclInProgress) return NcclError("ncclGroupEnd", r);
     exchanged_ = true;
+    if (status.ok() && r != ncclSuccess && r != ncclInProgress) {
+      status = NcclError("ncclGroupEnd", r);
+    }
     // A non-blocking communicator takes no more calls until the group is
-    // enqueued.
-    return AwaitComms(used, "enqueueing the exchange between GPUs", deadline_);
+    // enqueued, error or not.
+    const absl::Status enqueued =
+        AwaitComms(used, "enqueueing the exchange between GPUs", deadline_);
+    if (status.ok()) status = enqueued;
+    // Part of a failed group may be enqueued (a send whose receive was
+    // refused would never finish): the communicators must be aborted before
+    // any memory the group uses is freed (see Finish).
+    if (!status.ok()) failed_ = true;
+    return status;
   }
 
   absl::Status RunLocal(int part, const OpPlan& plan, const std::vector<MemberIo>& io) override {
@@ -585,6 +600,10 @@ class NcclFabric final : public Fabric {
   // Polls every stream until its work is done, a communicator reports an
   // error, or the deadline.
   absl::Status Finish() override {
+    if (failed_) {
+      // Not waited for: the caller aborts the communicators first.
+      return absl::InternalError("cuda executor: an exchange between GPUs failed");
+    }
     absl::Status status = Wait();
     if (status.ok()) {
       for (auto& [part, run] : runs_) {
@@ -603,14 +622,25 @@ class NcclFabric final : public Fabric {
   uint64_t extra_read() const { return extra_read_; }
   uint64_t extra_written() const { return extra_written_; }
 
-  // Frees the scratch and the runs (each waits for its stream).
+  // Frees the scratch and the runs (each waits for its stream). Uses only
+  // the streams: never the plans or member tables of the runs, which may be
+  // gone by now.
   void Release() {
-    runs_.clear();
-    for (auto& [part, p] : scratch_) {
+    for (auto& [part, run] : runs_) {
       ScopedDevice scoped;
-      if (!scoped.Set(part).ok()) continue;
-      cudaFreeAsync(p, streams_[part]);
-      cudaStreamSynchronize(streams_[part]);
+      if (scoped.Set(part).ok()) run.reset();
+    }
+    runs_.clear();
+    for (const Scratched& s : scratch_) {
+      ScopedDevice scoped;
+      if (!scoped.Set(s.part).ok()) continue;
+      if (s.stream_ordered) {
+        cudaFreeAsync(s.p, streams_[s.part]);
+        cudaStreamSynchronize(streams_[s.part]);
+      } else {
+        cudaStreamSynchronize(streams_[s.part]);
+        cudaFree(s.p);
+      }
     }
     scratch_.clear();
   }
@@ -618,7 +648,7 @@ class NcclFabric final : public Fabric {
  private:
   absl::Status Wait() {
     std::vector<int> parts;
-    for (const auto& [part, p] : scratch_) parts.push_back(part);
+    for (const Scratched& sc : scratch_) parts.push_back(sc.part);
     for (const auto& [part, run] : runs_) parts.push_back(part);
     for (size_t d = 0; d < streams_.size(); ++d) {
       if (streams_[d] != nullptr) parts.push_back(static_cast<int>(d));
@@ -652,7 +682,12 @@ class NcclFabric final : public Fabric {
   const std::vector<ncclComm_t>& comms_;
   const std::vector<cudaStream_t>& streams_;
   const absl::Time deadline_;
-  std::vector<std::pair<int, void*>> scratch_;
+  struct Scratched {
+    int part;
+    void* p;
+    bool stream_ordered;  // cudaMallocAsync (else cudaMalloc)
+  };
+  std::vector<Scratched> scratch_;
   std::deque<std::pair<int, std::unique_ptr<OpRun>>> runs_;
   bool exchanged_ = false;
   bool failed_ = false;
@@ -767,6 +802,11 @@ absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<M
     streams[d] = devices_[d]->stream;
   }
   if (nccl_ == nullptr) {
+    // All ranks live in this process, where NCCL would otherwise read and
+    // write peers' buffers directly; the members' VMM buffers are mapped for
+    // their own GPU only (and scratch comes from per-device pools), so make
+    // it go through its own buffers. A value the operator set is kept.
+    setenv("NCCL_P2P_DIRECT_DISABLE", "1", /*overwrite=*/0);
     // Every GPU's communicator, created together in one group.
     auto nccl = std::make_unique<Nccl>();
     nccl->comms.assign(device_count_, nullptr);
@@ -779,11 +819,9 @@ absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<M
     for (int d = 0; d < device_count_; ++d) {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
-      const cudaError_t e = cudaSetDevice(d);
-      if (e != cudaSuccess) {
-        status = CudaError("cudaSetDevice", e);
-        break;
-      }
+      ScopedDevice scoped;
+      status = scoped.Set(d);
+      if (!status.ok()) break;
       r = ncclCommInitRankConfig(&nccl->comms[d], device_count_, id, d, &config);
       if (r != ncclSuccess && r != ncclInProgress) {
         status = NcclError("ncclCommInitRankConfig", r);
@@ -815,10 +853,7 @@ absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<M
     extra_read = fabric.extra_read();
     extra_written = fabric.extra_written();
   }
-  if (!status.ok()) {
-    if (nccl_ != nullptr && status.code() != absl::StatusCode::kInvalidArgument) nccl_.reset();
-    return status;
-  }
+  if (!status.ok()) return status;
   if (traffic != nullptr) {
     *traffic = AccountTraffic(plan, extra_read + moved.exchanged + moved.copied,
                               extra_written + moved.exchanged + moved.copied);
