@@ -950,6 +950,37 @@ TEST_F(StreamSyncTest, AStreamThatNeverArrivesIsNamedAtTheDeadlineAndTheMeshGoes
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
 }
 
+TEST_F(StreamSyncTest, OpsWaitingForStreamsHoldNoRunnerThread) {
+  EngineOptions options;
+  options.runner_threads = 1;
+  options.inline_op_bytes = 0;  // every op runs on the one runner
+  Start(options);
+  // Three meshes whose ops wait for streams that have not arrived.
+  std::vector<std::vector<Member>> waiting;
+  std::vector<std::vector<Result<OpOutcome>>> waiting_done(3);
+  for (int k = 0; k < 3; ++k) {
+    waiting.push_back(Form(absl::StrCat("w", k), 1));
+    waiting_done[k] = std::vector<Result<OpOutcome>>(1);
+    ASSERT_TRUE(engine_->Submit(waiting[k][0].session, SyncedPsum(waiting[k][0], 1), false,
+                                waiting_done[k][0].Callback()).ok());
+  }
+  // An op without streams still runs at once.
+  auto plain = Form("plain", 2);
+  std::vector<Result<OpOutcome>> done(2);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(engine_->Submit(plain[i].session, Op(plain[i].mesh, v1::PSUM, plain[i].data, 4),
+                                false, done[i].Callback()).ok());
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(done[i].Get().status.ok()) << done[i].Get().status;
+  for (int k = 0; k < 3; ++k) EXPECT_FALSE(waiting_done[k][0].Done());
+  // Then the streams arrive, and those ops run too.
+  for (int k = 0; k < 3; ++k) Word(waiting[k][0], 0).store(1);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_TRUE(waiting_done[k][0].Get().status.ok()) << waiting_done[k][0].Get().status;
+    EXPECT_EQ(Word(waiting[k][0], 1).load(), 1u);
+  }
+}
+
 TEST_F(StreamSyncTest, AMemberThatDiesWhileOthersWaitForItsStreamAbortsThemAtOnce) {
   auto members = Form("dies", 2, /*op_timeout_ms=*/60000);
   Word(members[0], 0).store(1);
@@ -966,6 +997,8 @@ TEST_F(StreamSyncTest, AMemberThatDiesWhileOthersWaitForItsStreamAbortsThemAtOnc
   EXPECT_NE(st.message().find("killed"), std::string::npos) << st;
   EXPECT_LT(absl::Now() - killed, absl::Seconds(5)) << "waited for the op deadline";
   EXPECT_EQ(Word(members[0], 1).load(), 1u);
+  // The closed session's own op fails too (its callback still runs).
+  EXPECT_FALSE(done[1].Get().status.ok());
 }
 
 TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
