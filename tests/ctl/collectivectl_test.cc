@@ -1,0 +1,171 @@
+// collectivectl against a real daemon process, with real client sessions
+// made by the SDK in this process: what each command shows, its JSON, and
+// its answers when no daemon runs or the command line is wrong.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "collectived/client.h"
+#include "tests/harness/harness.h"
+
+namespace collectived {
+namespace {
+
+using testing::Child;
+using testing::ChildResult;
+using testing::Daemon;
+
+constexpr absl::Duration kRun = absl::Seconds(20);
+
+std::string CtlBinary() { return COLLECTIVECTL_BIN; }
+
+ChildResult Ctl(const std::string& socket, std::vector<std::string> args) {
+  std::vector<std::string> argv = {CtlBinary()};
+  if (!socket.empty()) argv.push_back("--socket=" + socket);
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto child = Child::Start(argv);
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return ChildResult{};
+  return (*child)->Wait(kRun);
+}
+
+class CollectivectlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto d = Daemon::Start();
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+  }
+  std::unique_ptr<Daemon> daemon_;
+};
+
+TEST_F(CollectivectlTest, ShowsSessionsMeshesPendingOpsAndStats) {
+  const std::string socket = daemon_->socket();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Mesh>> meshes;
+  std::vector<Buffer> buffers;
+  for (int i = 0; i < 2; ++i) {
+    auto c = Client::Connect({.socket_path = socket, .client_name = absl::StrCat("ctl-", i)});
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  // Join concurrently: each waits for the other.
+  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(2);
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        joined[i] = clients[i]->JoinMesh({.name = "ctl-mesh", .axes = {{"x", 2}}, .coordinate = {i}});
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(joined[i].ok()) << joined[i].status();
+    meshes.push_back(*std::move(joined[i]));
+    auto b = clients[i]->Allocate(1024);
+    ASSERT_TRUE(b.ok()) << b.status();
+    buffers.push_back(*std::move(b));
+  }
+  // Member 0 submits; member 1 has not yet: the op is pending.
+  const Array x0 = Array::Of<float>(buffers[0], {16});
+  OpFuture first = meshes[0]->psum_async(x0, "x");
+
+  ChildResult sessions = Ctl(socket, {"sessions"});
+  EXPECT_EQ(sessions.exit_code, 0) << sessions.output;
+  EXPECT_TRUE(absl::StrContains(sessions.output, "ctl-0")) << sessions.output;
+  EXPECT_TRUE(absl::StrContains(sessions.output, "ctl-1")) << sessions.output;
+
+  ChildResult mesh_list = Ctl(socket, {"meshes"});
+  EXPECT_EQ(mesh_list.exit_code, 0) << mesh_list.output;
+  EXPECT_TRUE(absl::StrContains(mesh_list.output, "ctl-mesh")) << mesh_list.output;
+  EXPECT_TRUE(absl::StrContains(mesh_list.output, "x=2")) << mesh_list.output;
+  EXPECT_TRUE(absl::StrContains(mesh_list.output, meshes[0]->id())) << mesh_list.output;
+
+  ChildResult pending = Ctl(socket, {"pending"});
+  EXPECT_EQ(pending.exit_code, 0) << pending.output;
+  EXPECT_TRUE(absl::StrContains(pending.output, "psum f32[16] over (x)")) << pending.output;
+  ChildResult pending_json = Ctl(socket, {"--json", "pending", meshes[0]->id()});
+  EXPECT_EQ(pending_json.exit_code, 0) << pending_json.output;
+  EXPECT_TRUE(absl::StrContains(pending_json.output, "\"submitted\":[0]")) << pending_json.output;
+  EXPECT_TRUE(absl::StrContains(pending_json.output, "\"missing\":[1]")) << pending_json.output;
+
+  // Member 1 submits: the op completes, and the stats count it.
+  const Array x1 = Array::Of<float>(buffers[1], {16});
+  ASSERT_TRUE(meshes[1]->psum(x1, "x").ok());
+  ASSERT_TRUE(first.Wait().ok());
+  ChildResult none = Ctl(socket, {"pending"});
+  EXPECT_TRUE(absl::StrContains(none.output, "(none)")) << none.output;
+
+  ChildResult stats = Ctl(socket, {"stats"});
+  EXPECT_EQ(stats.exit_code, 0) << stats.output;
+  bool psum_row = false;
+  for (absl::string_view line : absl::StrSplit(stats.output, '\n')) {
+    if (absl::StartsWith(line, "psum ")) {
+      std::vector<absl::string_view> cells = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      ASSERT_GE(cells.size(), 3u) << line;
+      EXPECT_EQ(cells[1], "1") << "completed: " << line;
+      EXPECT_EQ(cells[2], "0") << "failed: " << line;
+      psum_row = true;
+    }
+  }
+  EXPECT_TRUE(psum_row) << stats.output;
+  EXPECT_TRUE(absl::StrContains(stats.output, "cpu")) << "buffers per device: " << stats.output;
+
+  ChildResult status_json = Ctl(socket, {"--json", "status"});
+  EXPECT_EQ(status_json.exit_code, 0) << status_json.output;
+  EXPECT_TRUE(absl::StrContains(status_json.output, "\"sessions\":2")) << status_json.output;
+  EXPECT_TRUE(absl::StrContains(status_json.output, "\"ops_completed\":\"1\"")) << status_json.output;
+
+  ChildResult watch = Ctl(socket, {"--json", "watch", "--count=3", "--interval-ms=50"});
+  EXPECT_EQ(watch.exit_code, 0) << watch.output;
+  std::vector<std::string> lines = absl::StrSplit(watch.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << watch.output;
+  for (const std::string& l : lines) {
+    EXPECT_TRUE(absl::StrContains(l, "\"sessions\": 2")) << l;
+    EXPECT_TRUE(absl::StrContains(l, "\"ops_completed\": 1")) << l;
+  }
+
+  ChildResult health = Ctl(socket, {"health"});
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_TRUE(absl::StrContains(health.output, "SERVING")) << health.output;
+}
+
+TEST_F(CollectivectlTest, FindsTheDaemonThroughTheEnvironmentAsTheSdkDoes) {
+  std::vector<std::string> argv = {"/usr/bin/env", "COLLECTIVED_SOCKET=" + daemon_->socket(),
+                                   CtlBinary(), "health"};
+  auto child = Child::Start(argv);
+  ASSERT_TRUE(child.ok()) << child.status();
+  ChildResult r = (*child)->Wait(kRun);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(CollectivectlNoDaemonTest, SaysNoDaemonAnswersAndExits3) {
+  const std::string socket = testing::MakeTempDir() + "/absent.sock";
+  for (const char* command : {"status", "sessions", "meshes", "pending", "stats", "health"}) {
+    ChildResult r = Ctl(socket, {"--timeout-ms=500", command});
+    EXPECT_EQ(r.exit_code, 3) << command << ": " << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "no daemon answers on " + socket)) << r.output;
+  }
+}
+
+TEST(CollectivectlNoDaemonTest, BadCommandLinesExit2WithUsage) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{}, {"bogus"}, {"--frobnicate", "status"},
+                                             {"sessions", "extra"}, {"watch", "--count=0"},
+                                             {"--timeout-ms=x", "status"}}) {
+    ChildResult r = Ctl("", args);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(args, " ") << ": " << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "usage: collectivectl")) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace collectived
