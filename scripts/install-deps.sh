@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
   docker-compose python3-pip openssl clang libclang-rt-14-dev
-  libopenmpi-dev openmpi-bin libgloo-dev
+  libopenmpi-dev openmpi-bin libgloo-dev prometheus-cpp-dev
 )
 missing=()
 for p in "${packages[@]}"; do

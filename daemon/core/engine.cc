@@ -1021,12 +1021,17 @@ void Engine::CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffi
 void Engine::FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callbacks& cbs) {
   timer_->Cancel(op.timer);
   OpKind kind = OpKind::kUnspecified;
+  uint64_t member_bytes = 0;
   for (auto& sub : op.subs) {
     if (!sub) continue;
     kind = sub->plan->kind;
+    member_bytes = sub->plan->in_bytes;
     DeliverOutcome(*sub, OpOutcome{status, op.sequence}, cbs);
   }
   CountOp(kind, false, 0);
+  if (options_.op_observer) {
+    options_.op_observer(kind, status.code(), member_bytes, absl::Now() - op.first_submit);
+  }
   LogEvent(LogLevel::kWarn, "op_failed",
            {{"mesh", mesh.name}, {"seq", absl::StrCat(op.sequence)},
             {"code", absl::StatusCodeToString(status.code())},
@@ -1215,6 +1220,10 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
     const OpPlan& plan = *op.subs[0]->plan;
     if (status.ok()) {
       CountOp(plan.kind, true, plan.in_bytes * op.subs.size(), traffic);
+      if (options_.op_observer) {
+        options_.op_observer(plan.kind, absl::StatusCode::kOk, plan.in_bytes,
+                             absl::Now() - op.first_submit);
+      }
       OpOutcome outcome{status, sequence};
       outcome.started_ns = started_ns;
       outcome.traffic = traffic;

@@ -38,8 +38,18 @@
 
 namespace collectived {
 
+// Told about each op once, as the engine ends it: its kind, its status code,
+// the input bytes of one member (plan.in_bytes) and the time from the first
+// member's submission to the end. Called with the engine's lock held, on
+// whichever thread ends the op: it must be quick and must not call the engine.
+using OpObserver =
+    std::function<void(OpKind kind, absl::StatusCode code, uint64_t member_bytes,
+                       absl::Duration latency)>;
+
 struct EngineOptions {
   absl::Duration join_timeout = absl::Seconds(60);
+  // Metrics (daemon/server/metrics.h); empty: none.
+  OpObserver op_observer;
   absl::Duration op_timeout = absl::Seconds(60);
   // A session that does not attach its side socket in time is closed.
   absl::Duration attach_timeout = absl::Seconds(10);

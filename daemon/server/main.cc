@@ -33,6 +33,7 @@
 #include "daemon/exec/cpu_executor.h"
 #include "daemon/server/backends.h"
 #include "daemon/server/health.h"
+#include "daemon/server/metrics.h"
 #include "daemon/server/service.h"
 #include "daemon/server/fast_path.h"
 #include "daemon/server/grpc_listener.h"
@@ -57,6 +58,9 @@ ABSL_FLAG(std::string, socket_mode, "0660", "Permissions (octal) of the Unix soc
 ABSL_FLAG(std::string, socket_group, "",
           "Group (name or number) that owns the Unix sockets, so that its members may "
           "connect with --socket-mode=0660 (default: the daemon's group).");
+ABSL_FLAG(std::string, metrics, "",
+          "HOST:PORT to serve Prometheus metrics on (/metrics over HTTP, e.g. "
+          "127.0.0.1:9464); empty: no metrics.");
 ABSL_FLAG(std::string, log_level, "info", "Lowest log level printed: debug, info, warn, error.");
 ABSL_FLAG(int, threads, 0, "Executor threads (0: one per CPU).");
 ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
@@ -256,7 +260,16 @@ int Main(int argc, char** argv) {
   Backends candidates;
   AddCpuBackends(candidates, exec_options);
   AddCudaBackends(candidates);
+  std::unique_ptr<Metrics> metrics;
+  const std::string metrics_address = absl::GetFlag(FLAGS_metrics);
+  if (!metrics_address.empty()) {
+    metrics = std::make_unique<Metrics>();
+    options.op_observer = metrics->Observer();
+  }
   auto engine = std::make_unique<Engine>(options, SelectViable(std::move(candidates)));
+  if (metrics != nullptr) {
+    if (absl::Status st = metrics->Serve(metrics_address, engine.get()); !st.ok()) return Fail(st);
+  }
 
   FastPathOptions fast_options;
   fast_options.spin = absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_fast_path_spin_us)));
@@ -308,6 +321,9 @@ int Main(int argc, char** argv) {
            {{"socket", socket}, {"side_socket", side_socket},
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
             {"tcp_security", tcp_security},
+            {"metrics", metrics == nullptr ? "off"
+                                           : absl::StrCat(metrics_address, " (port ",
+                                                          metrics->port(), ")")},
             {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
             {"open_files_limit", absl::StrCat(fd_limits.soft)},
             {"open_files_limit_at_start", absl::StrCat(fd_limits.soft_before)},
@@ -324,6 +340,7 @@ int Main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   side.Stop();
   fast_path.Stop();
+  metrics.reset();  // scrapes read the engine
   engine.reset();
   LogEvent(LogLevel::kInfo, "stopped");
   return 0;

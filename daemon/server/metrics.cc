@@ -1,0 +1,174 @@
+#include "daemon/server/metrics.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+
+#include <exception>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/sync.h"
+#include "daemon/plan/op_plan.h"
+
+namespace collectived {
+
+const char* SizeClass(uint64_t bytes) {
+  if (bytes <= (uint64_t{4} << 10)) return "le4KiB";
+  if (bytes <= (uint64_t{1} << 20)) return "le1MiB";
+  if (bytes <= (uint64_t{64} << 20)) return "le64MiB";
+  return "gt64MiB";
+}
+
+struct Metrics::Families {
+  prometheus::Family<prometheus::Counter>* ops;
+  prometheus::Family<prometheus::Histogram>* latency;
+};
+
+// Scrape-time metrics from the engine's snapshots.
+class Metrics::Collector final : public prometheus::Collectable {
+ public:
+  void SetEngine(Engine* engine) { engine_.store(engine); }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    Engine* engine = engine_.load();
+    if (engine == nullptr) return {};
+    const v1::GetStatsResponse stats = engine->GetStats();
+    std::vector<prometheus::MetricFamily> out;
+    auto gauge = [&](const char* name, const char* help, double v) {
+      prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
+      prometheus::ClientMetric m;
+      m.gauge.value = v;
+      f.metric.push_back(m);
+      out.push_back(std::move(f));
+    };
+    gauge("collectived_uptime_seconds", "Seconds since the daemon started.",
+          static_cast<double>(stats.uptime_ms()) / 1000.0);
+    gauge("collectived_sessions", "Client sessions.", stats.sessions());
+    gauge("collectived_meshes", "Meshes (every generation the daemon still holds).",
+          stats.meshes());
+    {
+      // Always the three states, so that a dashboard sees zeros.
+      std::map<std::string, int> by_state = {{"waiting", 0}, {"queued", 0}, {"running", 0}};
+      auto ops = engine->ListPendingOps("");
+      if (ops.ok()) {
+        for (const auto& p : ops->ops()) ++by_state[p.state()];
+      }
+      prometheus::MetricFamily f{
+          "collectived_pending_ops",
+          "Ops not completed, by state: waiting (some members have not submitted), queued "
+          "(all have; an earlier op of the mesh runs), running.",
+          prometheus::MetricType::Gauge, {}};
+      for (const auto& [state, v] : by_state) {
+        prometheus::ClientMetric m;
+        m.label = {{"state", state}};
+        m.gauge.value = v;
+        f.metric.push_back(m);
+      }
+      out.push_back(std::move(f));
+    }
+    prometheus::MetricFamily buffers{"collectived_buffers", "Shared buffers, by device and kind.",
+                                     prometheus::MetricType::Gauge, {}};
+    prometheus::MetricFamily bytes{"collectived_buffer_bytes",
+                                   "Bytes of shared buffers, by device and kind.",
+                                   prometheus::MetricType::Gauge, {}};
+    for (const auto& d : stats.buffers_by_device()) {
+      prometheus::ClientMetric m;
+      m.label = {{"device", d.device()}, {"kind", d.kind()}};
+      m.gauge.value = d.buffers();
+      buffers.metric.push_back(m);
+      m.gauge.value = static_cast<double>(d.buffer_bytes());
+      bytes.metric.push_back(m);
+    }
+    out.push_back(std::move(buffers));
+    out.push_back(std::move(bytes));
+    prometheus::MetricFamily moved{"collectived_bytes_moved_total",
+                                   "Bytes the executors read and wrote, by op kind.",
+                                   prometheus::MetricType::Counter, {}};
+    prometheus::MetricFamily input{"collectived_op_input_bytes_total",
+                                   "Input bytes of completed ops over all members, by op kind.",
+                                   prometheus::MetricType::Counter, {}};
+    for (const auto& k : stats.by_kind()) {
+      for (auto [dir, v] : {std::pair<const char*, int64_t>{"read", k.bytes_read()},
+                            std::pair<const char*, int64_t>{"written", k.bytes_written()}}) {
+        prometheus::ClientMetric m;
+        m.label = {{"kind", k.kind()}, {"direction", dir}};
+        m.counter.value = static_cast<double>(v);
+        moved.metric.push_back(m);
+      }
+      prometheus::ClientMetric m;
+      m.label = {{"kind", k.kind()}};
+      m.counter.value = static_cast<double>(k.bytes());
+      input.metric.push_back(m);
+    }
+    out.push_back(std::move(moved));
+    out.push_back(std::move(input));
+    return out;
+  }
+
+ private:
+  std::atomic<Engine*> engine_{nullptr};
+};
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      families_(std::make_unique<Families>()),
+      collector_(std::make_shared<Collector>()) {
+  families_->ops = &prometheus::BuildCounter()
+                        .Name("collectived_ops_total")
+                        .Help("Ops ended, by op kind and status code (OK, ABORTED for a member "
+                              "that died or left, FAILED_PRECONDITION for a mismatch, "
+                              "DEADLINE_EXCEEDED for a timeout, ...).")
+                        .Register(*registry_);
+  families_->latency = &prometheus::BuildHistogram()
+                            .Name("collectived_op_latency_seconds")
+                            .Help("From the first member's submission to the op's end, by op "
+                                  "kind and size class (bytes per member).")
+                            .Register(*registry_);
+}
+
+Metrics::~Metrics() {
+  exposer_.reset();  // no scrape runs after this
+  collector_->SetEngine(nullptr);
+}
+
+OpObserver Metrics::Observer() {
+  Families* f = families_.get();
+  return [f](OpKind kind, absl::StatusCode code, uint64_t member_bytes, absl::Duration latency) {
+    const std::string k(OpKindName(kind));
+    f->ops->Add({{"kind", k}, {"code", absl::StatusCodeToString(code)}}).Increment();
+    if (code != absl::StatusCode::kOk) return;
+    static const prometheus::Histogram::BucketBoundaries kBuckets = {
+        1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2,
+        2e-2, 5e-2, 0.1,  0.2,  0.5,  1,    2,    5,    10,   60};
+    f->latency->Add({{"kind", k}, {"size", SizeClass(member_bytes)}}, kBuckets)
+        .Observe(absl::ToDoubleSeconds(latency));
+  };
+}
+
+absl::Status Metrics::Serve(const std::string& address, Engine* engine) {
+  if (address.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics=", address, ": want HOST:PORT, e.g. 127.0.0.1:9464"));
+  }
+  collector_->SetEngine(engine);
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics=", address, ": cannot serve /metrics there: ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(collector_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  port_ = ports.empty() ? 0 : ports[0];
+  return absl::OkStatus();
+}
+
+}  // namespace collectived

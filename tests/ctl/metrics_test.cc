@@ -1,0 +1,173 @@
+// The daemon's Prometheus endpoint (--metrics): a real daemon process, real
+// sessions from the SDK, scraped over HTTP; the values move as ops run.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "collectived/client.h"
+#include "tests/harness/harness.h"
+
+namespace collectived {
+namespace {
+
+using testing::Daemon;
+
+// A TCP port nobody listens on now.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// GET /metrics; the body, or "" when the request failed.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string resp;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    resp.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  if (!absl::StartsWith(resp, "HTTP/1.") || body == std::string::npos) return "";
+  return resp.substr(body + 4);
+}
+
+// The value of the sample `series` (name and labels exactly as exposed, e.g.
+// collectived_sessions or collectived_ops_total{code="OK",kind="psum"}), or
+// -1 when it is absent.
+double Value(const std::string& text, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, series) && absl::ConsumePrefix(&line, " ")) {
+      double v = 0;
+      if (absl::SimpleAtod(line, &v)) return v;
+    }
+  }
+  return -1;
+}
+
+TEST(MetricsTest, ValuesMoveAsOpsRun) {
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  auto daemon = Daemon::Start({absl::StrCat("--metrics=127.0.0.1:", port)});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::string before = Scrape(port);
+  ASSERT_FALSE(before.empty()) << "no answer on /metrics";
+  EXPECT_EQ(Value(before, "collectived_sessions"), 0) << before;
+  EXPECT_EQ(Value(before, "collectived_pending_ops{state=\"waiting\"}"), 0) << before;
+  EXPECT_EQ(Value(before, "collectived_meshes"), 0) << before;
+
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Mesh>> meshes;
+  std::vector<Buffer> buffers;
+  for (int i = 0; i < 2; ++i) {
+    auto c = Client::Connect({.socket_path = (*daemon)->socket()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(2);
+  {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        joined[i] = clients[i]->JoinMesh({.name = "metrics", .axes = {{"x", 2}}, .coordinate = {i}});
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(joined[i].ok()) << joined[i].status();
+    meshes.push_back(*std::move(joined[i]));
+    auto b = clients[i]->Allocate(4096);
+    ASSERT_TRUE(b.ok()) << b.status();
+    buffers.push_back(*std::move(b));
+  }
+  // A waiting op shows as pending.
+  OpFuture waiting = meshes[0]->psum_async(Array::Of<float>(buffers[0], {64}), "x");
+  const std::string mid = Scrape(port);
+  EXPECT_EQ(Value(mid, "collectived_sessions"), 2) << mid;
+  EXPECT_EQ(Value(mid, "collectived_pending_ops{state=\"waiting\"}"), 1) << mid;
+  EXPECT_EQ(Value(mid, "collectived_buffers{device=\"cpu\",kind=\"memfd\"}"), 2) << mid;
+  EXPECT_GE(Value(mid, "collectived_buffer_bytes{device=\"cpu\",kind=\"memfd\"}"), 8192) << mid;
+
+  // Three psums complete; then a mismatch fails one op on both members.
+  ASSERT_TRUE(meshes[1]->psum(Array::Of<float>(buffers[1], {64}), "x").ok());
+  ASSERT_TRUE(waiting.Wait().ok());
+  for (int k = 0; k < 2; ++k) {
+    std::vector<OpFuture> f;
+    for (int i = 0; i < 2; ++i) f.push_back(meshes[i]->psum_async(Array::Of<float>(buffers[i], {64}), "x"));
+    for (auto& x : f) ASSERT_TRUE(x.Wait().ok());
+  }
+  OpFuture a = meshes[0]->psum_async(Array::Of<float>(buffers[0], {64}), "x");
+  OpFuture b = meshes[1]->pmax_async(Array::Of<float>(buffers[1], {64}), "x");
+  EXPECT_EQ(a.Wait().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.Wait().code(), absl::StatusCode::kFailedPrecondition);
+
+  const std::string after = Scrape(port);
+  EXPECT_TRUE(absl::StrContains(after, "# TYPE collectived_ops_total counter")) << after;
+  EXPECT_TRUE(absl::StrContains(after, "# TYPE collectived_op_latency_seconds histogram")) << after;
+  EXPECT_EQ(Value(after, "collectived_ops_total{code=\"OK\",kind=\"psum\"}"), 3) << after;
+  // The mismatched op is counted once, under one of the kinds submitted.
+  double mismatched = 0;
+  for (const char* kind : {"psum", "pmax"}) {
+    mismatched += std::max(0.0, Value(after, absl::StrCat("collectived_ops_total{code=\"FAILED_"
+                                                          "PRECONDITION\",kind=\"",
+                                                          kind, "\"}")));
+  }
+  EXPECT_EQ(mismatched, 1) << after;
+  EXPECT_EQ(Value(after, "collectived_op_latency_seconds_count{kind=\"psum\",size=\"le4KiB\"}"), 3)
+      << after;
+  EXPECT_EQ(Value(after, "collectived_op_input_bytes_total{kind=\"psum\"}"), 3 * 2 * 64 * 4) << after;
+  EXPECT_GT(Value(after, "collectived_bytes_moved_total{kind=\"psum\",direction=\"written\"}"), 0)
+      << after;
+  EXPECT_EQ(Value(after, "collectived_pending_ops{state=\"waiting\"}"), 0) << after;
+}
+
+TEST(MetricsTest, AnAddressWithoutAPortIsRefusedAtStart) {
+  auto daemon = Daemon::Start({"--metrics=localhost"});
+  ASSERT_FALSE(daemon.ok());
+  EXPECT_TRUE(absl::StrContains(daemon.status().message(), "--metrics=localhost")) << daemon.status();
+}
+
+}  // namespace
+}  // namespace collectived
