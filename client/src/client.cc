@@ -23,6 +23,7 @@
 #include "common/fast_queue.h"
 #include "common/sync.h"
 #include "collectived/v1/collective.grpc.pb.h"
+#include "common/side_protocol.h"
 #include "common/socket_path.h"
 #include "common/status_util.h"
 #include "common/unix_socket.h"
@@ -38,7 +39,6 @@ namespace collectived {
 
 namespace {
 
-constexpr char kSessionMetadataKey[] = "collectived-session";
 // Added to every deadline the daemon enforces, so that the daemon's precise
 // error arrives before the SDK's own fallback deadline.
 constexpr absl::Duration kGrace = absl::Seconds(10);
@@ -487,7 +487,7 @@ class ClientImpl {
         MutexLock lock(&side_mu_);
         side_fd_ = *side;
       }
-      auto reply = SideRequest(absl::StrCat("ATTACH ", session_id_, " ", token));
+      auto reply = SideRequest(absl::StrCat(side::kAttach, " ", session_id_, " ", token));
       if (reply.ok()) return absl::OkStatus();
       const bool refused =
           absl::IsResourceExhausted(reply.status()) || absl::IsUnavailable(reply.status());
@@ -505,7 +505,7 @@ class ClientImpl {
   // Maps the session's fast-path queue. A daemon without one (or with
   // another queue version) leaves the client on the gRPC path.
   absl::Status OpenQueue() {
-    auto reply = SideRequest("QUEUE");
+    auto reply = SideRequest(std::string(side::kQueue));
     if (!reply.ok()) return absl::IsUnimplemented(reply.status()) ? absl::OkStatus() : reply.status();
     if (!reply->fd.valid()) return absl::InternalError("daemon sent no descriptor for the queue");
     std::vector<std::string> words = absl::StrSplit(reply->data, ' ');
@@ -603,14 +603,8 @@ class ClientImpl {
       side_fd_ = -1;
       return reply.status();
     }
-    if (reply->data.rfind("OK", 0) == 0) return reply;
-    // "ERR <code> <message>"
-    std::vector<std::string> parts = absl::StrSplit(reply->data, absl::MaxSplits(' ', 2));
-    int code = 13;
-    if (parts.size() == 3 && parts[0] == "ERR" && absl::SimpleAtoi(parts[1], &code)) {
-      return absl::Status(static_cast<absl::StatusCode>(code), parts[2]);
-    }
-    return absl::InternalError(absl::StrCat("unexpected side-socket reply: ", reply->data));
+    if (absl::Status st = side::ReplyStatus(reply->data); !st.ok()) return st;
+    return reply;
   }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes, std::string_view device) {
@@ -662,7 +656,7 @@ class ClientImpl {
     const std::string& id = info.buffer_id();
     absl::StatusOr<std::unique_ptr<ImportedCudaBuffer>> imported =
         absl::InternalError("daemon sent no descriptor for the buffer");
-    auto reply = SideRequest(absl::StrCat("FD ", id));
+    auto reply = SideRequest(absl::StrCat(side::kFd, " ", id));
     if (!reply.ok()) {
       imported = reply.status();
     } else if (reply->fd.valid()) {
@@ -688,7 +682,7 @@ class ClientImpl {
 
   // Fetches buffer `id`'s descriptor on the side socket and maps it.
   absl::StatusOr<void*> MapBuffer(const std::string& id, size_t size) {
-    auto reply = SideRequest(absl::StrCat("FD ", id));
+    auto reply = SideRequest(absl::StrCat(side::kFd, " ", id));
     if (!reply.ok()) return reply.status();
     if (!reply->fd.valid()) return absl::InternalError("daemon sent no descriptor for the buffer");
     void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);

@@ -7,12 +7,12 @@
 #define COLLECTIVED_DAEMON_SERVER_SERVICE_H_
 
 #include "collectived/v1/collective.grpc.pb.h"
+#include "common/side_protocol.h"
 #include "daemon/core/engine.h"
 
 namespace collectived {
 
 // Metadata key carrying the session id on the Execute stream.
-inline constexpr char kSessionMetadataKey[] = "collectived-session";
 
 class CollectiveService final : public v1::Collective::CallbackService {
  public:

@@ -17,17 +17,13 @@
 #include "common/fast_queue.h"
 #include "common/fd_limit.h"
 #include "common/unix_socket.h"
+#include "common/side_protocol.h"
 #include "common/status_util.h"
 #include "daemon/util/log.h"
 
 namespace collectived {
-namespace {
 
-std::string ErrorReply(const absl::Status& status) {
-  return absl::StrCat("ERR ", static_cast<int>(status.code()), " ", status.message());
-}
-
-}  // namespace
+using side::ErrorReply;
 
 absl::Status SideChannel::Start(const std::string& path) {
   auto fd = ListenUnix(path, SOCK_SEQPACKET, options_.mode, options_.gid);
@@ -225,17 +221,17 @@ bool SideChannel::Reply(int fd, const std::string& data, int pass_fd) {
 
 void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) {
   std::vector<std::string> words = absl::StrSplit(request, ' ', absl::SkipEmpty());
-  if (words.size() == 3 && words[0] == "ATTACH") {
+  if (words.size() == 3 && words[0] == side::kAttach) {
     if (!conn.session_id.empty()) {
       Reply(fd, ErrorReply(absl::FailedPreconditionError("this connection is already attached")));
       return;
     }
     absl::Status st = engine_->AttachSession(words[1], words[2], conn.pid, conn.uid);
     if (st.ok()) conn.session_id = words[1];
-    Reply(fd, st.ok() ? "OK" : ErrorReply(st));
+    Reply(fd, st.ok() ? std::string(side::kOk) : ErrorReply(st));
     return;
   }
-  if (words.size() == 2 && words[0] == "FD") {
+  if (words.size() == 2 && words[0] == side::kFd) {
     if (conn.session_id.empty()) {
       Reply(fd, ErrorReply(absl::FailedPreconditionError(
                     "attach the session before asking for descriptors")));
@@ -246,10 +242,10 @@ void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) 
       Reply(fd, ErrorReply(buffer.status()));
       return;
     }
-    Reply(fd, absl::StrCat("OK ", (*buffer)->size()), (*buffer)->fd());
+    Reply(fd, absl::StrCat(side::kOk, " ", (*buffer)->size()), (*buffer)->fd());
     return;
   }
-  if (words.size() == 1 && words[0] == "QUEUE") {
+  if (words.size() == 1 && words[0] == side::kQueue) {
     if (conn.session_id.empty()) {
       Reply(fd, ErrorReply(absl::FailedPreconditionError(
                     "attach the session before opening its queue")));
@@ -264,7 +260,7 @@ void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) 
       Reply(fd, ErrorReply(queue_fd.status()));
       return;
     }
-    Reply(fd, absl::StrCat("OK ", fastq::kQueueBytes, " ", fastq::kVersion), *queue_fd);
+    Reply(fd, absl::StrCat(side::kOk, " ", fastq::kQueueBytes, " ", fastq::kVersion), *queue_fd);
     return;
   }
   Reply(fd, ErrorReply(absl::InvalidArgumentError(absl::StrCat(

@@ -1,0 +1,46 @@
+// The words the daemon and the SDK exchange outside the protobuf messages,
+// spelled once for both: the side socket's requests and replies
+// (daemon/server/side_channel.h) and the gRPC metadata key of the Execute
+// stream.
+//
+// Side socket: one request per packet, words separated by spaces; one reply
+// per request, "OK ..." (with a descriptor where said) or
+// "ERR <absl status code number> <message>".
+//
+// Thread-safety: constants and pure functions.
+#ifndef COLLECTIVED_COMMON_SIDE_PROTOCOL_H_
+#define COLLECTIVED_COMMON_SIDE_PROTOCOL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace collectived::side {
+
+// "ATTACH <session id> <attach token>" -> "OK": binds the connection to the
+// session (its peer credentials become the session's pid and uid).
+inline constexpr absl::string_view kAttach = "ATTACH";
+// "FD <buffer id>" -> "OK <size>" with the buffer's descriptor.
+inline constexpr absl::string_view kFd = "FD";
+// "QUEUE" -> "OK <bytes> <version>" with the fast-path queue's descriptor.
+inline constexpr absl::string_view kQueue = "QUEUE";
+inline constexpr absl::string_view kOk = "OK";
+inline constexpr absl::string_view kErr = "ERR";
+
+// "ERR <code> <message>" for `status` (not OK).
+std::string ErrorReply(const absl::Status& status);
+// OK for a reply starting with "OK"; the status an "ERR" reply carries;
+// INTERNAL naming the reply for anything else.
+absl::Status ReplyStatus(absl::string_view reply);
+
+}  // namespace collectived::side
+
+namespace collectived {
+
+// gRPC metadata key carrying the session id on the Execute stream.
+inline constexpr char kSessionMetadataKey[] = "collectived-session";
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_COMMON_SIDE_PROTOCOL_H_
