@@ -442,7 +442,7 @@ OpTraffic OpFuture::traffic() const { return state_ ? state_->traffic() : OpTraf
 // ClientImpl
 // ---------------------------------------------------------------------------
 
-class ClientImpl {
+class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
  public:
   explicit ClientImpl(ClientOptions options) : options_(std::move(options)) {}
   ~ClientImpl() { Close(); }
@@ -722,7 +722,7 @@ class ClientImpl {
     v1::JoinMeshResponse resp;
     if (auto st = Answered(stub_->JoinMesh(&ctx, req, &resp)); !st.ok()) return st;
     std::unique_ptr<Mesh> mesh(new Mesh());
-    mesh->client_ = this;
+    mesh->client_ = shared_from_this();
     mesh->id_ = resp.mesh().mesh_id();
     mesh->name_ = resp.mesh().name();
     mesh->generation_ = resp.mesh().generation();
@@ -740,6 +740,8 @@ class ClientImpl {
   // Waits at most options_.close_timeout (see TeardownContext). A leave
   // given up on is safe: the mesh breaks when the session ends.
   absl::Status LeaveMesh(const std::string& mesh_id) {
+    // Closing the session left every mesh already.
+    if (closed_.load()) return absl::OkStatus();
     v1::LeaveMeshRequest req;
     req.set_session_id(session_id_);
     req.set_mesh_id(mesh_id);
@@ -1296,11 +1298,13 @@ absl::Status Mesh::barrier(const AxisNames& axes) { return barrier_async(axes).W
 // Client
 // ---------------------------------------------------------------------------
 
-Client::Client(std::unique_ptr<ClientImpl> impl) : impl_(std::move(impl)) {}
-Client::~Client() = default;
+Client::Client(std::shared_ptr<ClientImpl> impl) : impl_(std::move(impl)) {}
+// Meshes may still hold the implementation: the session ends now all the
+// same.
+Client::~Client() { impl_->Close(); }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
-  auto impl = std::make_unique<ClientImpl>(std::move(options));
+  auto impl = std::make_shared<ClientImpl>(std::move(options));
   if (absl::Status st = impl->Connect(); !st.ok()) return st;
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

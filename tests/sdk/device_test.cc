@@ -109,6 +109,27 @@ TEST_F(SdkDeviceTest, GpuBufferIsFreedInTheDaemonAndRefusedAsUnimplemented) {
   EXPECT_EQ(engine_->ListSessions().sessions(0).buffers(), 1);
 }
 
+// Python (and any garbage-collected binding) frees objects in no fixed order:
+// a Mesh and a Buffer that outlive their Client fail cleanly, and free
+// nothing twice (ASan checks the latter).
+TEST_F(SdkDeviceTest, AMeshThatOutlivesItsClientFailsItsOpsCleanly) {
+  auto client = Client::Connect({.socket_path = socket_, .client_name = "sdk"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto mesh = (*client)->JoinMesh({.name = "outlives", .axes = {{"i", 1}}});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto buf = (*client)->Allocate(64);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const Array x = Array::Of<float>(*buf, {4});
+  ASSERT_TRUE((*mesh)->psum(x, "i").ok());
+  client->reset();  // the Client goes first
+  EXPECT_EQ(engine_->ListSessions().sessions_size(), 0) << "the session outlived its Client";
+  const absl::Status st = (*mesh)->psum(x, "i");
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_TRUE((*mesh)->Leave().ok());
+  mesh->reset();
+  *buf = Buffer();  // unmapped once
+}
+
 // Stream-ordered submission needs the SDK built with CUDA and a usable GPU;
 // without either, set_stream says which and leaves the mesh as it was (on the
 // simple contract, its buffer for the words given back).

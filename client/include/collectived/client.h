@@ -265,8 +265,10 @@ struct MeshOptions {
 
 // One member's place in a joined mesh, and the collectives over its axes.
 // Every member must call the same collectives in the same order (as under
-// jax.pmap/shard_map). Obtained from Client::JoinMesh; must not outlive its
-// Client.
+// jax.pmap/shard_map). Obtained from Client::JoinMesh. It may outlive its
+// Client (it shares the connection): once the Client is destroyed its
+// session is closed, the mesh is broken for the other members, and this
+// Mesh's ops fail with FAILED_PRECONDITION ("client is closed").
 class Mesh {
  public:
   ~Mesh();
@@ -376,7 +378,7 @@ class Mesh {
   OpFuture Submit(const OpRequest& request);
   OpFuture SubmitOnStream(const OpRequest& request);
 
-  ClientImpl* client_ = nullptr;
+  std::shared_ptr<ClientImpl> client_;
   std::string id_;
   std::string name_;
   int64_t generation_ = 0;
@@ -426,8 +428,9 @@ class Client {
   bool fast_path() const;
 
  private:
-  explicit Client(std::unique_ptr<ClientImpl> impl);
-  std::unique_ptr<ClientImpl> impl_;
+  explicit Client(std::shared_ptr<ClientImpl> impl);
+  // Shared with the Meshes it joined.
+  std::shared_ptr<ClientImpl> impl_;
 };
 
 }  // namespace collectived
