@@ -209,11 +209,13 @@ TEST(InMemoryCoordinatorTest, BadInputIsRefusedAndChangesNothing) {
   const auto invalid = absl::StatusCode::kInvalidArgument;
   EXPECT_EQ(c.Join("", "x:1").status().code(), invalid);
   EXPECT_EQ(c.Join(std::string(65, 'h'), "x:1").status().code(), invalid);
-  auto bad_char = c.Join("host one", "x:1");
+  auto bad_char = c.Join("host/one", "x:1");
   EXPECT_EQ(bad_char.status().code(), invalid);
   EXPECT_EQ(bad_char.status().message(),
-            "host_id has ' ' at 4; only [A-Za-z0-9._-] are allowed")
+            "host_id has '/' at 4; only [A-Za-z0-9._-] are allowed")
       << bad_char.status();
+  EXPECT_EQ(c.Join("host one", "x:1").status().message(),
+            "host_id has byte 0x20 at 4; only [A-Za-z0-9._-] are allowed");
   EXPECT_EQ(c.Join("b", "").status().code(), invalid);
   EXPECT_EQ(c.Join("b", "with space:1").status().code(), invalid);
   EXPECT_EQ(c.Join("b", std::string(257, 'x')).status().code(), invalid);
