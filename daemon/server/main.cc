@@ -301,6 +301,53 @@ int Main(int argc, char** argv) {
 
   char host[HOST_NAME_MAX + 1] = {};
   gethostname(host, sizeof(host) - 1);
+  // The cluster: flags checked before anything listens.
+  const std::string tcp = absl::GetFlag(FLAGS_tcp);
+  const bool serve_coordinator = absl::GetFlag(FLAGS_coordinator);
+  const std::vector<std::string> cluster_addrs =
+      absl::StrSplit(absl::GetFlag(FLAGS_cluster), ',', absl::SkipWhitespace());
+  std::string host_id = absl::GetFlag(FLAGS_host_id);
+  if (host_id.empty()) host_id = host;
+  std::string cluster_token;
+  std::shared_ptr<grpc::ChannelCredentials> cluster_creds;
+  std::unique_ptr<InMemoryCoordinator> coordinator;
+  std::unique_ptr<CoordinatorService> coordinator_service;
+  if (serve_coordinator || !cluster_addrs.empty()) {
+    if (tcp.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--coordinator and --cluster need --tcp: the cluster talks to the daemon over TCP"));
+    }
+    if (absl::Status st = ValidateHostId(host_id); !st.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--host-id (default: the host name): ", st.message())));
+    }
+    if (const std::string f = absl::GetFlag(FLAGS_cluster_token_file); !f.empty()) {
+      auto t = ReadFile(f);
+      if (!t.ok()) return Fail(t.status());
+      cluster_token = std::string(absl::StripAsciiWhitespace(*t));
+      if (cluster_token.empty()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-token-file ", f, " is empty")));
+      }
+    }
+    if (!cluster_addrs.empty()) {
+      auto creds = ClusterCredentials(cluster_addrs);
+      if (!creds.ok()) return Fail(creds.status());
+      cluster_creds = *creds;
+    }
+  }
+  if (serve_coordinator) {
+    const int64_t lease_ms = absl::GetFlag(FLAGS_cluster_lease_ms);
+    if (lease_ms < 100) return Fail(absl::InvalidArgumentError("--cluster-lease-ms must be >= 100"));
+    if (cluster_token.empty() && !IsLoopback(tcp)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--coordinator on --tcp=", tcp, " (not loopback) needs --cluster-token-file")));
+    }
+    InMemoryCoordinatorOptions co;
+    co.lease_ttl = absl::Milliseconds(lease_ms);
+    coordinator = std::make_unique<InMemoryCoordinator>(co);
+    coordinator_service = std::make_unique<CoordinatorService>(coordinator.get(), cluster_token);
+  }
+
   EngineOptions options;
   options.host = host;
   options.daemon_id = absl::StrCat(host, "/", getpid());
@@ -346,47 +393,6 @@ int Main(int argc, char** argv) {
   GrpcUnixListener unix_listener;
   if (absl::Status st = unix_listener.Bind(socket, static_cast<int>(mode), gid); !st.ok()) {
     return Fail(st);
-  }
-
-  // The cluster: flags checked before anything listens.
-  const std::string tcp = absl::GetFlag(FLAGS_tcp);
-  const bool serve_coordinator = absl::GetFlag(FLAGS_coordinator);
-  const std::vector<std::string> cluster_addrs =
-      absl::StrSplit(absl::GetFlag(FLAGS_cluster), ',', absl::SkipWhitespace());
-  std::string host_id = absl::GetFlag(FLAGS_host_id);
-  if (host_id.empty()) host_id = host;
-  std::string cluster_token;
-  std::unique_ptr<InMemoryCoordinator> coordinator;
-  std::unique_ptr<CoordinatorService> coordinator_service;
-  if (serve_coordinator || !cluster_addrs.empty()) {
-    if (tcp.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          "--coordinator and --cluster need --tcp: the cluster talks to the daemon over TCP"));
-    }
-    if (absl::Status st = ValidateHostId(host_id); !st.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--host-id (default: the host name): ", st.message())));
-    }
-    if (const std::string f = absl::GetFlag(FLAGS_cluster_token_file); !f.empty()) {
-      auto t = ReadFile(f);
-      if (!t.ok()) return Fail(t.status());
-      cluster_token = std::string(absl::StripAsciiWhitespace(*t));
-      if (cluster_token.empty()) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-token-file ", f, " is empty")));
-      }
-    }
-  }
-  if (serve_coordinator) {
-    const int64_t lease_ms = absl::GetFlag(FLAGS_cluster_lease_ms);
-    if (lease_ms < 100) return Fail(absl::InvalidArgumentError("--cluster-lease-ms must be >= 100"));
-    if (cluster_token.empty() && !IsLoopback(tcp)) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--coordinator on --tcp=", tcp, " (not loopback) needs --cluster-token-file")));
-    }
-    InMemoryCoordinatorOptions co;
-    co.lease_ttl = absl::Milliseconds(lease_ms);
-    coordinator = std::make_unique<InMemoryCoordinator>(co);
-    coordinator_service = std::make_unique<CoordinatorService>(coordinator.get(), cluster_token);
   }
 
   CollectiveService service(engine.get());
@@ -436,13 +442,13 @@ int Main(int argc, char** argv) {
     if (cc.coordinators.empty()) {
       // The coordinator joins itself: over loopback in plaintext, or by its
       // advertised name with TLS (the name its certificate carries).
-      cc.coordinators.push_back(absl::GetFlag(FLAGS_tls_cert).empty()
-                                    ? absl::StrCat("127.0.0.1:", tcp_port)
-                                    : advertised);
+      const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+      cc.coordinators.push_back(tls ? advertised : absl::StrCat("127.0.0.1:", tcp_port));
+      auto creds = ClusterCredentials(cc.coordinators);
+      if (!creds.ok()) return Fail(creds.status());
+      cluster_creds = *creds;
     }
-    auto creds = ClusterCredentials(cc.coordinators);
-    if (!creds.ok()) return Fail(creds.status());
-    cc.credentials = *creds;
+    cc.credentials = cluster_creds;
     cc.host_id = host_id;
     cc.address = advertised;
     cc.token = cluster_token;
@@ -457,7 +463,7 @@ int Main(int argc, char** argv) {
               {"lease_ms", serve_coordinator ? absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))
                                              : "coordinator's"},
               {"token", cluster_token.empty() ? "none" : "set"},
-              {"security", (*creds) ? "tls" : "plaintext"}});
+              {"security", cluster_creds ? "tls" : "plaintext"}});
     cluster_client->Start();
   }
 
