@@ -413,7 +413,10 @@ int Main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(&service);
   builder.RegisterService(&health);
-  if (coordinator_service) builder.RegisterService(coordinator_service.get());
+  if (coordinator_service) {
+    builder.RegisterService(coordinator_service.get());
+    health.AddService("collectived.v1.Cluster");
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     return Fail(absl::UnavailableError(

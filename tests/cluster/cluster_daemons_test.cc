@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "collectived/client.h"
 #include "collectived/v1/cluster.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::testing {
@@ -76,6 +77,21 @@ class ClusterView {
  private:
   std::unique_ptr<v1::Cluster::Stub> stub_;
 };
+
+// grpc.health.v1 Check of `service` on the daemon's Unix socket: the
+// status name, or the error code's number.
+std::string HealthOf(const Daemon& d, const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = stub->Check(&ctx, req, &resp);
+  if (!st.ok()) return absl::StrCat("error ", st.error_code());
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+}
 
 std::string Join(const std::vector<std::string>& v) {
   std::string s;
@@ -153,6 +169,11 @@ TEST(ClusterDaemonsTest, MembershipFollowsTheDaemonsAndSurvivesTheCoordinator) {
     EXPECT_GE(h.last_heartbeat_unix_ms(), h.joined_at_unix_ms());
   }
   EXPECT_EQ(hosts[0].address(), absl::StrCat("127.0.0.1:", port));
+  // The coordinator's health names the Cluster service; a member's does not.
+  EXPECT_EQ(HealthOf(**coord, "collectived.v1.Cluster"), "SERVING");
+  EXPECT_EQ(HealthOf(**m1, "collectived.v1.Cluster"),
+            absl::StrCat("error ", grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(HealthOf(**m1, "collectived.v1.Collective"), "SERVING");
   // The token is required over the wire, and never logged.
   EXPECT_EQ(view.List(&hosts, "").error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(view.List(&hosts, "wrong").error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -224,6 +245,113 @@ TEST(ClusterDaemonsTest, AMemberStartsBeforeItsCoordinatorAndJoinsLater) {
   ASSERT_TRUE(coord.ok()) << coord.status();
   ClusterView view(port);
   ASSERT_TRUE(view.WaitForIds({"early", "late-coord"})) << Join(view.Ids());
+}
+
+// Runs `script` with /bin/sh in `dir`; its output, or why it failed.
+absl::StatusOr<std::string> Shell(const std::string& dir, const std::string& script) {
+  auto c = Child::Start({"/bin/sh", "-c", "cd '" + dir + "' && " + script});
+  if (!c.ok()) return c.status();
+  ChildResult r = (*c)->Wait(absl::Seconds(60));
+  if (r.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("`", script, "` exited ", r.exit_code, ": ", r.output));
+  }
+  return r.output;
+}
+
+// A cluster CA and a certificate it signs for 127.0.0.1 (no extended key
+// usage: the daemons use it as servers and as clients), and the same from
+// another CA. False (with the reason in `why`) when openssl is missing.
+bool MakePki(const std::string& dir, std::string* why) {
+  if (!Shell(dir, "command -v openssl").ok()) {
+    *why = "openssl is not installed";
+    return false;
+  }
+  const std::string script = R"(
+set -e
+printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > san.ext
+for ca in ca rogue; do
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=$ca -keyout $ca.key -out $ca.pem 2>/dev/null
+  openssl req -newkey rsa:2048 -nodes -subj /CN=daemon -keyout $ca-daemon.key -out $ca-daemon.csr 2>/dev/null
+  openssl x509 -req -in $ca-daemon.csr -CA $ca.pem -CAkey $ca.key -CAcreateserial -days 1 \
+    -extfile san.ext -out $ca-daemon.pem 2>/dev/null
+done
+)";
+  auto out = Shell(dir, script);
+  if (!out.ok()) {
+    *why = out.status().ToString();
+    return false;
+  }
+  return true;
+}
+
+// Daemon to daemon over mTLS: the coordinator requires a client certificate
+// of the cluster's CA; a member with one joins, a member with another CA's
+// certificate or none (plaintext) cannot, and reports the cluster
+// unavailable.
+TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
+  const std::string dir = MakeTempDir();
+  std::string why;
+  if (!MakePki(dir, &why)) GTEST_SKIP() << why;
+  auto tls_flags = [&](const std::string& ca) {
+    return std::vector<std::string>{"--tls-cert=" + dir + "/" + ca + "-daemon.pem",
+                                    "--tls-key=" + dir + "/" + ca + "-daemon.key",
+                                    "--tls-client-ca=" + dir + "/" + ca + ".pem"};
+  };
+  std::vector<std::string> flags = {"--tcp=127.0.0.1:0", "--coordinator", "--host-id=coord",
+                                    "--cluster-lease-ms=1000"};
+  for (auto& f : tls_flags("ca")) flags.push_back(f);
+  auto coord = Daemon::Start(flags);
+  ASSERT_TRUE(coord.ok()) << coord.status();
+  const int port = ListeningPort(**coord);
+  ASSERT_GT(port, 0) << (*coord)->output();
+  EXPECT_NE((*coord)->output().find("tcp_security=mtls"), std::string::npos);
+  const std::string cluster_flag = absl::StrCat("--cluster=127.0.0.1:", port);
+
+  auto member = [&](const std::string& id, const std::string& ca) {
+    std::vector<std::string> f = {"--tcp=127.0.0.1:0", cluster_flag, "--host-id=" + id};
+    if (!ca.empty()) {
+      for (auto& x : tls_flags(ca)) f.push_back(x);
+    }
+    return Daemon::Start(f);
+  };
+  auto good = member("good", "ca");
+  ASSERT_TRUE(good.ok()) << good.status();
+  auto rogue = member("rogue", "rogue");
+  ASSERT_TRUE(rogue.ok()) << rogue.status();
+  auto plain = member("plain", "");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+
+  ASSERT_TRUE((*good)->WaitForOutput("event=cluster_state state=joined host_id=good", kPatience))
+      << (*good)->output();
+  EXPECT_NE((*good)->output().find("security=tls"), std::string::npos);
+  ASSERT_TRUE((*rogue)->WaitForOutput("event=cluster_state state=unavailable host_id=rogue",
+                                      kPatience))
+      << (*rogue)->output();
+  ASSERT_TRUE((*plain)->WaitForOutput("event=cluster_state state=unavailable host_id=plain",
+                                      kPatience))
+      << (*plain)->output();
+
+  // The coordinator's view, over mTLS with the cluster's certificate.
+  auto read = [&](const std::string& name) {
+    std::ifstream in(dir + "/" + name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = read("ca.pem");
+  ssl.pem_cert_chain = read("ca-daemon.pem");
+  ssl.pem_private_key = read("ca-daemon.key");
+  auto stub = v1::Cluster::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                       grpc::SslCredentials(ssl)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListHostsRequest req;
+  v1::ListHostsResponse resp;
+  grpc::Status st = stub->ListHosts(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<std::string> ids;
+  for (const auto& h : resp.hosts()) ids.push_back(h.host_id());
+  // The coordinator joined itself over TLS too.
+  EXPECT_EQ(ids, (std::vector<std::string>{"coord", "good"}));
 }
 
 // Flags that cannot work are refused at start, with a message.
