@@ -69,8 +69,9 @@ class ClusterClient {
 
   // Starts the membership thread. Call once.
   void Start();
-  // Stops the thread; with `leave`, ends the lease (LeaveCluster, within
-  // rpc_timeout) if one is held. Idempotent.
+  // Stops the thread (waiting for an RPC in flight, at most rpc_timeout);
+  // with `leave`, ends the lease (LeaveCluster, within rpc_timeout) if one is
+  // held. Idempotent; not to be called from two threads at once.
   void Stop(bool leave);
 
   ClusterState state();

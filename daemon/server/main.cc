@@ -329,6 +329,11 @@ int Main(int argc, char** argv) {
         return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-token-file ", f, " is empty")));
       }
     }
+    if (const std::string a = absl::GetFlag(FLAGS_cluster_advertise); !a.empty()) {
+      if (absl::Status st = ValidateAddress(a); !st.ok()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-advertise: ", st.message())));
+      }
+    }
     if (!cluster_addrs.empty()) {
       auto creds = ClusterCredentials(cluster_addrs);
       if (!creds.ok()) return Fail(creds.status());

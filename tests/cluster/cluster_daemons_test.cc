@@ -180,12 +180,12 @@ TEST(ClusterDaemonsTest, MembershipFollowsTheDaemonsAndSurvivesTheCoordinator) {
   EXPECT_EQ((*coord)->output().find(kToken), std::string::npos);
   EXPECT_EQ((*m1)->output().find(kToken), std::string::npos);
 
-  // A SIGKILLed member leaves when its lease ends (not before: it last
-  // renewed at most a third of the ttl before dying); the other stays.
+  // A SIGKILLed member leaves when its lease ends, not at once (it renewed
+  // the lease every third of the ttl until it died); the other stays.
   const absl::Time killed = absl::Now();
   (*m2)->Kill();
   ASSERT_TRUE(view.WaitForIds({"coord", "member-1"})) << Join(view.Ids());
-  EXPECT_GE(absl::Now() - killed, absl::Milliseconds(kLeaseMs * 2 / 3 - 50));
+  EXPECT_GE(absl::Now() - killed, absl::Milliseconds(kLeaseMs / 3));
   EXPECT_TRUE((*coord)->WaitForOutput("event=cluster_lease_expired host_id=member-2", kPatience));
 
   // The coordinator dies: member-1 reports the cluster unavailable and keeps
@@ -368,6 +368,8 @@ TEST(ClusterDaemonsTest, BadClusterFlagsAreRefusedAtStart) {
       {{"--cluster=127.0.0.1:1"}, "need --tcp"},
       {{"--tcp=127.0.0.1:0", "--cluster=127.0.0.1:1", "--host-id=bad/id"}, "--host-id"},
       {{"--tcp=127.0.0.1:0", "--cluster=10.1.2.3:7000"}, "--cluster-plaintext"},
+      {{"--tcp=127.0.0.1:0", "--cluster=127.0.0.1:1", "--cluster-advertise=a b:1"},
+       "--cluster-advertise"},
       {{"--tcp=0.0.0.0:0", "--tcp-insecure", "--coordinator"}, "--cluster-token-file"},
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-lease-ms=10"}, "--cluster-lease-ms"},
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-token-file=" + empty_token}, "is empty"},

@@ -179,7 +179,7 @@ TEST(ClusterServiceTest, RefusesBadRequestsWithInvalidArgument) {
 }
 
 TEST(ClusterClientTest, JoinsHeartbeatsAndUsesTheStore) {
-  auto coord = TestCoordinator::Start(0, kToken, absl::Milliseconds(300));
+  auto coord = TestCoordinator::Start(0, kToken, absl::Milliseconds(900));
   ASSERT_NE(coord, nullptr);
   auto a = MakeClient(coord->address(), "host-a");
   auto b = MakeClient(coord->address(), "host-b");
@@ -188,8 +188,8 @@ TEST(ClusterClientTest, JoinsHeartbeatsAndUsesTheStore) {
   ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience)) << a->last_error();
   ASSERT_TRUE(b->WaitForState(ClusterState::kJoined, kPatience)) << b->last_error();
   const std::string lease = a->lease_id();
-  // Several ttls: the heartbeats (ttl/3) keep both leases.
-  absl::SleepFor(absl::Milliseconds(1200));
+  // Three ttls: the heartbeats (every ttl/3) keep both leases.
+  absl::SleepFor(absl::Milliseconds(2700));
   EXPECT_EQ(a->lease_id(), lease);
   EXPECT_EQ(Hosts(*coord->coordinator), (std::vector<std::string>{"host-a", "host-b"}));
   auto hosts = a->ListHosts();
