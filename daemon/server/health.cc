@@ -1,6 +1,7 @@
 #include "daemon/server/health.h"
 
 #include <string>
+#include <utility>
 
 namespace collectived {
 
@@ -95,16 +96,21 @@ void HealthService::Remove(Watcher* w) {
   watchers_.erase(w);
 }
 
+void HealthService::AddService(std::string service) {
+  MutexLock lock(&mu_);
+  added_.insert(std::move(service));
+}
+
 grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx,
                                                const HealthCheckRequest* req,
                                                HealthCheckResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  if (!KnownService(req->service())) {
+  MutexLock lock(&mu_);
+  if (!KnownService(req->service()) && added_.count(req->service()) == 0) {
     reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
                                  "unknown service '" + req->service() + "'"));
     return reactor;
   }
-  MutexLock lock(&mu_);
   resp->set_status(serving_ ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -113,7 +119,8 @@ grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* ctx,
 grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
     grpc::CallbackServerContext* ctx, const HealthCheckRequest* req) {
   MutexLock lock(&mu_);
-  auto* w = new Watcher(this, KnownService(req->service()), serving_);
+  auto* w = new Watcher(this, KnownService(req->service()) || added_.count(req->service()) > 0,
+                        serving_);
   if (shutdown_) {
     w->End();
   } else {

@@ -25,10 +25,16 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/fd_limit.h"
 #include "common/socket_path.h"
 #include "common/status_util.h"
 #include "common/unix_socket.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
+#include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/coordinator_service.h"
+#include "daemon/cluster/in_memory_coordinator.h"
 #include "daemon/core/engine.h"
 #include "daemon/exec/cpu_executor.h"
 #include "daemon/server/backends.h"
@@ -100,6 +106,27 @@ ABSL_FLAG(int64_t, max_gpu_buffer_bytes_per_session, int64_t{64} << 30,
           "Most GPU-memory buffer bytes one session may hold (all GPUs together; counted "
           "apart from host memory).");
 ABSL_FLAG(int64_t, max_buffer_bytes, int64_t{16} << 30, "Largest single buffer.");
+ABSL_FLAG(bool, coordinator, false,
+          "Serve the cluster coordinator (collectived.v1.Cluster: membership and the "
+          "rendezvous key-value store) on the --tcp listener; this daemon joins it too.");
+ABSL_FLAG(std::string, cluster, "",
+          "Join the cluster of the coordinator at ADDR[,ADDR] (tried in order). Needs --tcp, "
+          "whose address is advertised to the other hosts (see --cluster-advertise).");
+ABSL_FLAG(std::string, host_id, "",
+          "This daemon's host id in the cluster, [A-Za-z0-9._-]{1,64} (default: the host name).");
+ABSL_FLAG(std::string, cluster_advertise, "",
+          "Address advertised to the cluster (default: the --tcp address with its bound port; "
+          "the host name for a wildcard address).");
+ABSL_FLAG(std::string, cluster_token_file, "",
+          "File holding the cluster join token (surrounding whitespace stripped): the "
+          "coordinator requires it of every call, members send it. Required by --coordinator "
+          "on a non-loopback address. Never logged.");
+ABSL_FLAG(bool, cluster_plaintext, false,
+          "Allow plaintext to a non-loopback coordinator (without --tls-cert). Loopback "
+          "coordinators are reached in plaintext anyway when TLS is not configured.");
+ABSL_FLAG(int64_t, cluster_lease_ms, 10000,
+          "With --coordinator: a host that does not heartbeat for this long leaves the "
+          "cluster (members heartbeat every third of it).");
 
 namespace collectived {
 namespace {
@@ -147,6 +174,51 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> TcpCredentials(const st
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(ssl);
+}
+
+bool AllLoopback(const std::vector<std::string>& addrs) {
+  return std::all_of(addrs.begin(), addrs.end(), IsLoopback);
+}
+
+// Credentials for calls to the coordinator: TLS with the daemon's own
+// certificate (mTLS) and --tls-client-ca as the cluster's CA when
+// --tls-cert is given; plaintext otherwise, on loopback or with
+// --cluster-plaintext only. Null means plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClusterCredentials(
+    const std::vector<std::string>& coordinators) {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
+                    ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (cert.empty()) {
+    if (!AllLoopback(coordinators) && !absl::GetFlag(FLAGS_cluster_plaintext)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster=", absl::StrJoin(coordinators, ","),
+          " is not loopback: give --tls-cert and --tls-key (and --tls-client-ca, the "
+          "cluster's CA), or --cluster-plaintext to accept plaintext"));
+    }
+    return std::shared_ptr<grpc::ChannelCredentials>();
+  }
+  grpc::SslCredentialsOptions ssl;
+  auto cert_pem = ReadFile(cert);
+  if (!cert_pem.ok()) return cert_pem.status();
+  auto key_pem = ReadFile(key);
+  if (!key_pem.ok()) return key_pem.status();
+  ssl.pem_cert_chain = *cert_pem;
+  ssl.pem_private_key = *key_pem;
+  if (!ca.empty()) {
+    auto ca_pem = ReadFile(ca);
+    if (!ca_pem.ok()) return ca_pem.status();
+    ssl.pem_root_certs = *ca_pem;
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+// The address this daemon advertises to the cluster: --cluster-advertise, or
+// the --tcp address with its bound port (the host name for a wildcard).
+std::string AdvertisedAddress(const std::string& tcp, int port, const std::string& host) {
+  if (std::string a = absl::GetFlag(FLAGS_cluster_advertise); !a.empty()) return a;
+  std::string h = tcp.substr(0, tcp.rfind(':'));
+  if (h.empty() || h == "0.0.0.0" || h == "[::]") h = host;
+  return absl::StrCat(h, ":", port);
 }
 
 // Largest request accepted (RESOURCE_EXHAUSTED beyond).
@@ -233,6 +305,58 @@ int Main(int argc, char** argv) {
 
   char host[HOST_NAME_MAX + 1] = {};
   gethostname(host, sizeof(host) - 1);
+  // The cluster: flags checked before anything listens.
+  const std::string tcp = absl::GetFlag(FLAGS_tcp);
+  const bool serve_coordinator = absl::GetFlag(FLAGS_coordinator);
+  const std::vector<std::string> cluster_addrs =
+      absl::StrSplit(absl::GetFlag(FLAGS_cluster), ',', absl::SkipWhitespace());
+  std::string host_id = absl::GetFlag(FLAGS_host_id);
+  if (host_id.empty()) host_id = host;
+  std::string cluster_token;
+  std::shared_ptr<grpc::ChannelCredentials> cluster_creds;
+  std::unique_ptr<InMemoryCoordinator> coordinator;
+  std::unique_ptr<CoordinatorService> coordinator_service;
+  if (serve_coordinator || !cluster_addrs.empty()) {
+    if (tcp.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "--coordinator and --cluster need --tcp: the cluster talks to the daemon over TCP"));
+    }
+    if (absl::Status st = ValidateHostId(host_id); !st.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--host-id (default: the host name): ", st.message())));
+    }
+    if (const std::string f = absl::GetFlag(FLAGS_cluster_token_file); !f.empty()) {
+      auto t = ReadFile(f);
+      if (!t.ok()) return Fail(t.status());
+      cluster_token = std::string(absl::StripAsciiWhitespace(*t));
+      if (cluster_token.empty()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-token-file ", f, " is empty")));
+      }
+    }
+    if (const std::string a = absl::GetFlag(FLAGS_cluster_advertise); !a.empty()) {
+      if (absl::Status st = ValidateAddress(a); !st.ok()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-advertise: ", st.message())));
+      }
+    }
+    if (!cluster_addrs.empty()) {
+      auto creds = ClusterCredentials(cluster_addrs);
+      if (!creds.ok()) return Fail(creds.status());
+      cluster_creds = *creds;
+    }
+  }
+  if (serve_coordinator) {
+    const int64_t lease_ms = absl::GetFlag(FLAGS_cluster_lease_ms);
+    if (lease_ms < 100) return Fail(absl::InvalidArgumentError("--cluster-lease-ms must be >= 100"));
+    if (cluster_token.empty() && !IsLoopback(tcp)) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--coordinator on --tcp=", tcp, " (not loopback) needs --cluster-token-file")));
+    }
+    InMemoryCoordinatorOptions co;
+    co.lease_ttl = absl::Milliseconds(lease_ms);
+    coordinator = std::make_unique<InMemoryCoordinator>(co);
+    coordinator_service = std::make_unique<CoordinatorService>(coordinator.get(), cluster_token);
+  }
+
   EngineOptions options;
   options.host = host;
   options.daemon_id = absl::StrCat(host, "/", getpid());
@@ -294,7 +418,6 @@ int Main(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int tcp_port = 0;
-  const std::string tcp = absl::GetFlag(FLAGS_tcp);
   std::string tcp_security = "off";
   if (!tcp.empty()) {
     auto creds = TcpCredentials(tcp);
@@ -308,6 +431,10 @@ int Main(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.RegisterService(&service);
   builder.RegisterService(&health);
+  if (coordinator_service) {
+    builder.RegisterService(coordinator_service.get());
+    health.AddService("collectived.v1.Cluster");
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     return Fail(absl::UnavailableError(
@@ -329,11 +456,50 @@ int Main(int argc, char** argv) {
             {"open_files_limit_at_start", absl::StrCat(fd_limits.soft_before)},
             {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
 
+  // Cluster membership: joins in the background (a coordinator that is down
+  // is retried, never fatal).
+  std::unique_ptr<ClusterClient> cluster_client;
+  if (serve_coordinator || !cluster_addrs.empty()) {
+    const std::string advertised = AdvertisedAddress(tcp, tcp_port, host);
+    ClusterClientOptions cc;
+    cc.coordinators = cluster_addrs;
+    if (cc.coordinators.empty()) {
+      // The coordinator joins itself: over loopback in plaintext, or by its
+      // advertised name with TLS (the name its certificate carries).
+      const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
+      cc.coordinators.push_back(tls ? advertised : absl::StrCat("127.0.0.1:", tcp_port));
+      auto creds = ClusterCredentials(cc.coordinators);
+      if (!creds.ok()) return Fail(creds.status());
+      cluster_creds = *creds;
+    }
+    cc.credentials = cluster_creds;
+    cc.host_id = host_id;
+    cc.address = advertised;
+    cc.token = cluster_token;
+    auto client = ClusterClient::Create(std::move(cc));
+    if (!client.ok()) return Fail(client.status());
+    cluster_client = *std::move(client);
+    LogEvent(LogLevel::kInfo, "cluster_starting",
+             {{"host_id", host_id}, {"address", advertised},
+              {"coordinator", serve_coordinator ? "this daemon" : "remote"},
+              {"coordinators", absl::StrJoin(cluster_addrs.empty() ? std::vector<std::string>{"self"}
+                                                                   : cluster_addrs, ",")},
+              {"lease_ms", serve_coordinator ? absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))
+                                             : "coordinator's"},
+              {"token", cluster_token.empty() ? "none" : "set"},
+              {"security", cluster_creds ? "tls" : "plaintext"}});
+    cluster_client->Start();
+  }
+
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
   LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
   health.Shutdown();
+  // Leave the cluster (a bounded RPC), then release the coordinator's
+  // waiting calls so that the server can finish them.
+  if (cluster_client) cluster_client->Stop(/*leave=*/true);
+  if (coordinator) coordinator->Shutdown();
   // Fail what is pending first, so every open RPC can finish, then stop.
   engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
   unix_listener.Stop();

@@ -76,18 +76,18 @@ void Child::Drain(absl::Duration max_wait) {
   while ((n = read(fd_, buf, sizeof(buf))) > 0) output_.append(buf, static_cast<size_t>(n));
 }
 
-bool Child::WaitForOutput(const std::string& needle, absl::Duration timeout) {
+bool Child::WaitForOutput(const std::string& needle, absl::Duration timeout, size_t from) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
-    if (output_.find(needle) != std::string::npos) return true;
+    if (output_.find(needle, from) != std::string::npos) return true;
     if (reaped_ || absl::Now() > deadline) return false;
     Drain(absl::Milliseconds(20));
     siginfo_t info{};
-    if (output_.find(needle) == std::string::npos &&
+    if (output_.find(needle, from) == std::string::npos &&
         waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
         info.si_pid == pid_) {
       Drain(absl::ZeroDuration());
-      return output_.find(needle) != std::string::npos;
+      return output_.find(needle, from) != std::string::npos;
     }
   }
 }

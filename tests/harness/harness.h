@@ -42,9 +42,9 @@ class Child {
   void Signal(int sig);
   // Waits for exit (collecting output); kills with SIGKILL at the deadline.
   ChildResult Wait(absl::Duration timeout);
-  // Reads output until it contains `needle` (true) or `timeout` passes or
-  // the child exits without printing it (false).
-  bool WaitForOutput(const std::string& needle, absl::Duration timeout);
+  // Reads output until it contains `needle` at or after offset `from` (true)
+  // or `timeout` passes or the child exits without printing it (false).
+  bool WaitForOutput(const std::string& needle, absl::Duration timeout, size_t from = 0);
   // Output read so far.
   const std::string& output() const { return output_; }
 
@@ -84,6 +84,13 @@ class Daemon {
   ChildResult Stop(absl::Duration timeout = absl::Seconds(20));
   // SIGKILL and wait.
   ChildResult Kill();
+  // Reads the daemon's log until it contains `needle` at or after offset
+  // `from` (true), or `timeout` passes or the daemon exits (false).
+  bool WaitForOutput(const std::string& needle, absl::Duration timeout, size_t from = 0) {
+    return child_->WaitForOutput(needle, timeout, from);
+  }
+  // The log read so far (its size is an offset for WaitForOutput).
+  const std::string& output() const { return child_->output(); }
 
  private:
   Daemon() = default;

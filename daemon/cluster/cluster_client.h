@@ -1,0 +1,125 @@
+// ClusterClient: a daemon's membership of a cluster and its access to the
+// coordinator's key-value store.
+//
+// Start() runs one background thread that joins the coordinator (trying each
+// address in turn), heartbeats every ttl/3, joins again when the lease is
+// lost (NOT_FOUND: it expired, or the coordinator restarted) and keeps
+// retrying, every retry_interval, while no coordinator answers. It never
+// makes the daemon fail: state() says where it stands, and every change of
+// state is logged (event=cluster_state).
+//
+// Every RPC has a deadline (rpc_timeout; a Get's wait plus rpc_timeout).
+// Thread-safety: every method may be called from any thread; Set/Get/Delete
+// block the calling thread for at most their deadline (they are for
+// rendezvous, not for gRPC reactions).
+#ifndef COLLECTIVED_DAEMON_CLUSTER_CLUSTER_CLIENT_H_
+#define COLLECTIVED_DAEMON_CLUSTER_CLUSTER_CLIENT_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectived/v1/cluster.grpc.pb.h"
+#include "common/sync.h"
+#include "daemon/cluster/coordinator.h"
+
+namespace collectived {
+
+struct ClusterClientOptions {
+  // Coordinator addresses (host:port), tried in order until one answers.
+  std::vector<std::string> coordinators;
+  // This daemon's host id and advertised address (validated by Create).
+  std::string host_id;
+  std::string address;
+  // The cluster join token ("" sends none).
+  std::string token;
+  // Channel credentials; null means plaintext (main() allows that on loopback
+  // or with --cluster-plaintext only).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Deadline of every RPC (a Get adds its wait).
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // Pause between attempts while no coordinator answers.
+  absl::Duration retry_interval = absl::Seconds(1);
+};
+
+enum class ClusterState {
+  kStarting,     // not joined yet, no attempt failed yet
+  kJoined,       // holds a lease
+  kUnavailable,  // the last attempt reached no coordinator (or was refused)
+  kStopped,
+};
+const char* ClusterStateName(ClusterState state);
+
+class ClusterClient {
+ public:
+  // Validates the options (INVALID_ARGUMENT) and builds the channels; starts
+  // nothing.
+  static absl::StatusOr<std::unique_ptr<ClusterClient>> Create(ClusterClientOptions options);
+  // Stop(/*leave=*/false) if still running.
+  ~ClusterClient();
+  ClusterClient(const ClusterClient&) = delete;
+  ClusterClient& operator=(const ClusterClient&) = delete;
+
+  // Starts the membership thread. Call once.
+  void Start();
+  // Stops the thread (waiting for an RPC in flight, at most rpc_timeout);
+  // with `leave`, ends the lease (LeaveCluster, within rpc_timeout) if one is
+  // held. Idempotent; not to be called from two threads at once.
+  void Stop(bool leave);
+
+  ClusterState state();
+  // The held lease ("" when not joined).
+  std::string lease_id();
+  // The last error of the membership thread (OK while joined).
+  absl::Status last_error();
+  // Waits until state() == `want`; false after `timeout`.
+  bool WaitForState(ClusterState want, absl::Duration timeout);
+
+  // Store operations on the coordinator that answered last (see
+  // Coordinator for their meaning). With `owned`, the key belongs to this
+  // daemon's lease (FAILED_PRECONDITION when not joined).
+  absl::Status Set(const std::string& key, const std::string& value, bool overwrite,
+                   bool owned = false);
+  // Waits at most `timeout` (capped at kMaxKeyWait) for every key; the
+  // values in the order of `keys`.
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               absl::Duration timeout);
+  absl::StatusOr<int64_t> Delete(const std::vector<std::string>& keys,
+                                 const std::string& prefix);
+  absl::StatusOr<std::vector<HostRecord>> ListHosts();
+
+ private:
+  explicit ClusterClient(ClusterClientOptions options);
+  void Loop();
+  // One join attempt over every coordinator; sets lease_ and current_.
+  absl::Status JoinOnce();
+  absl::Status HeartbeatOnce();
+  void SetState(ClusterState state, const absl::Status& error);
+  void PrepareContext(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  // Sleeps `d` unless stopping; false when stopping.
+  bool SleepUnlessStopping(absl::Duration d);
+
+  const ClusterClientOptions options_;
+  std::vector<std::unique_ptr<v1::Cluster::Stub>> stubs_;
+  Mutex mu_;
+  CondVar wake_;  // signalled by Stop
+  ClusterState state_ ABSL_GUARDED_BY(mu_) = ClusterState::kStarting;
+  absl::Status last_error_ ABSL_GUARDED_BY(mu_);
+  std::string lease_ ABSL_GUARDED_BY(mu_);
+  absl::Duration ttl_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
+  size_t current_ ABSL_GUARDED_BY(mu_) = 0;  // index of the coordinator in use
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_CLUSTER_CLUSTER_CLIENT_H_

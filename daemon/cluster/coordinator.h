@@ -1,0 +1,119 @@
+// Coordinator: cluster membership (leases renewed by heartbeats) and a
+// key-value store with blocking waits, the rendezvous of the daemons of a
+// cluster. CoordinatorService (coordinator_service.h) serves it over gRPC;
+// InMemoryCoordinator is the implementation a daemon runs with --coordinator.
+// An external store (etcd) could implement the same interface later.
+//
+// Validation (ValidateHostId, ValidateKey, ...) is part of the contract: every
+// implementation refuses bad input with INVALID_ARGUMENT before anything
+// changes.
+#ifndef COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_H_
+#define COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace collectived {
+
+// Limits of the cluster API (cluster.proto states them too).
+inline constexpr size_t kMaxHostIdLength = 64;
+inline constexpr size_t kMaxAddressLength = 256;
+inline constexpr size_t kMaxKeyLength = 256;
+// Below the daemon's 1 MiB request limit, with room for the rest of a KeySet.
+inline constexpr size_t kMaxValueBytes = 512 * 1024;
+inline constexpr size_t kMaxKeysPerRequest = 128;
+// The longest a KeyGet waits; longer timeouts are capped to it.
+inline constexpr absl::Duration kMaxKeyWait = absl::Minutes(5);
+
+// One host of the cluster, as ListHosts reports it.
+struct HostRecord {
+  std::string host_id;
+  std::string address;
+  absl::Time joined_at;
+  absl::Time last_heartbeat;
+};
+
+// What Join returns: the new lease and every host that holds one (this host
+// included), ordered by host id.
+struct LeaseGrant {
+  std::string lease_id;
+  absl::Duration ttl;
+  std::vector<HostRecord> hosts;
+};
+
+struct KeyValue {
+  std::string key;
+  std::string value;
+};
+
+struct SetOptions {
+  // Replace an existing key (otherwise ALREADY_EXISTS).
+  bool overwrite = false;
+  // When not empty, the key belongs to this lease and is deleted when the
+  // lease ends (NOT_FOUND if there is no such lease).
+  std::string lease_id;
+};
+
+// 1-64 characters of [A-Za-z0-9._-].
+absl::Status ValidateHostId(absl::string_view host_id);
+// 1-256 printable ASCII characters without spaces.
+absl::Status ValidateAddress(absl::string_view address);
+// 1-256 characters of [A-Za-z0-9._/:-]; `what` names the field in the error.
+absl::Status ValidateKey(absl::string_view key, absl::string_view what = "key");
+// At most kMaxValueBytes.
+absl::Status ValidateValue(absl::string_view value);
+
+// The coordinator's operations. Thread-safe: every method may be called from
+// any thread at the same time. No method blocks on another host: a Get that
+// must wait returns at once and answers through its callback.
+class Coordinator {
+ public:
+  using GetCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<KeyValue>>)>;
+
+  virtual ~Coordinator() = default;
+
+  // Grants `host_id` (advertising `address`) a new lease. A host id that
+  // holds a lease already loses it (its owned keys go too): a daemon that
+  // restarted replaces its former self. RESOURCE_EXHAUSTED past the host cap.
+  virtual absl::StatusOr<LeaseGrant> Join(absl::string_view host_id,
+                                          absl::string_view address) = 0;
+  // Renews `lease_id` for a full ttl; NOT_FOUND if it has ended.
+  virtual absl::Status Heartbeat(absl::string_view lease_id) = 0;
+  // Ends `lease_id` at once; NOT_FOUND if it has ended already.
+  virtual absl::Status Leave(absl::string_view lease_id) = 0;
+  // Every host that holds a lease, ordered by host id.
+  virtual std::vector<HostRecord> ListHosts() = 0;
+
+  // Sets `key` to `value` and completes the Gets waiting for it.
+  // ALREADY_EXISTS if the key exists and !options.overwrite.
+  virtual absl::Status Set(absl::string_view key, absl::string_view value,
+                           const SetOptions& options) = 0;
+  // Calls `done` with the values of `keys` (in their order) once all exist,
+  // or with DEADLINE_EXCEEDED naming the missing keys when `timeout` (capped
+  // at kMaxKeyWait; zero: no wait) passes, or UNAVAILABLE at Shutdown. `done`
+  // runs exactly once, on the calling thread (when the answer is known at
+  // once) or on a coordinator thread, never under a coordinator lock.
+  virtual void Get(std::vector<std::string> keys, absl::Duration timeout,
+                   GetCallback done) = 0;
+  // Deletes `keys` and every key starting with `prefix` ("" deletes no
+  // prefix); returns how many keys were deleted. Missing keys are not an
+  // error.
+  virtual absl::StatusOr<int64_t> Delete(const std::vector<std::string>& keys,
+                                         absl::string_view prefix) = 0;
+
+  // Completes every waiting Get with UNAVAILABLE and refuses later calls
+  // (UNAVAILABLE). Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_H_

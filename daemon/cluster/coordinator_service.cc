@@ -1,0 +1,140 @@
+#include "daemon/cluster/coordinator_service.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace collectived {
+namespace {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+void ToProto(const HostRecord& h, v1::HostInfo* out) {
+  out->set_host_id(h.host_id);
+  out->set_address(h.address);
+  out->set_joined_at_unix_ms(UnixMs(h.joined_at));
+  out->set_last_heartbeat_unix_ms(UnixMs(h.last_heartbeat));
+}
+
+}  // namespace
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  volatile unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(a[i]) ^
+                                              static_cast<unsigned char>(b[i])));
+  }
+  return diff == 0;
+}
+
+absl::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx) const {
+  if (token_.empty()) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(kClusterTokenMetadataKey);
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the cluster token is missing (request metadata '", kClusterTokenMetadataKey, "')"));
+  }
+  if (!ConstantTimeEquals(absl::string_view(it->second.data(), it->second.size()), token_)) {
+    return absl::UnauthenticatedError("wrong cluster token");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::JoinCluster(grpc::CallbackServerContext* ctx,
+                                                          const v1::JoinClusterRequest* req,
+                                                          v1::JoinClusterResponse* resp) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  auto grant = coordinator_->Join(req->host_id(), req->address());
+  if (grant.ok()) {
+    resp->set_lease_id(grant->lease_id);
+    resp->set_lease_ttl_ms(absl::ToInt64Milliseconds(grant->ttl));
+    for (const HostRecord& h : grant->hosts) ToProto(h, resp->add_hosts());
+  }
+  return Finish(ctx, grant.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                        const v1::HeartbeatRequest* req,
+                                                        v1::HeartbeatResponse*) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  return Finish(ctx, coordinator_->Heartbeat(req->lease_id()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::LeaveCluster(grpc::CallbackServerContext* ctx,
+                                                           const v1::LeaveClusterRequest* req,
+                                                           v1::LeaveClusterResponse*) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  return Finish(ctx, coordinator_->Leave(req->lease_id()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListHosts(grpc::CallbackServerContext* ctx,
+                                                        const v1::ListHostsRequest*,
+                                                        v1::ListHostsResponse* resp) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  for (const HostRecord& h : coordinator_->ListHosts()) ToProto(h, resp->add_hosts());
+  return Finish(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KeySet(grpc::CallbackServerContext* ctx,
+                                                     const v1::KeySetRequest* req,
+                                                     v1::KeySetResponse*) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  SetOptions options;
+  options.overwrite = req->overwrite();
+  options.lease_id = req->lease_id();
+  return Finish(ctx, coordinator_->Set(req->key(), req->value(), options));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KeyGet(grpc::CallbackServerContext* ctx,
+                                                     const v1::KeyGetRequest* req,
+                                                     v1::KeyGetResponse* resp) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  if (req->timeout_ms() < 0) {
+    return Finish(ctx, absl::InvalidArgumentError("timeout_ms must be >= 0"));
+  }
+  auto* reactor = ctx->DefaultReactor();
+  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  // The timeout is capped by the coordinator (kMaxKeyWait), so the reactor
+  // is always finished; the call may have been cancelled by then, which is
+  // fine for Finish.
+  const int64_t timeout_ms =
+      std::min<int64_t>(req->timeout_ms(), absl::ToInt64Milliseconds(kMaxKeyWait));
+  coordinator_->Get(std::move(keys), absl::Milliseconds(timeout_ms),
+                    [reactor, resp](absl::StatusOr<std::vector<KeyValue>> r) {
+                      if (r.ok()) {
+                        for (KeyValue& kv : *r) {
+                          v1::KeyValue* e = resp->add_entries();
+                          e->set_key(std::move(kv.key));
+                          e->set_value(std::move(kv.value));
+                        }
+                      }
+                      reactor->Finish(ToGrpcStatus(r.status()));
+                    });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KeyDelete(grpc::CallbackServerContext* ctx,
+                                                        const v1::KeyDeleteRequest* req,
+                                                        v1::KeyDeleteResponse* resp) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+  auto deleted = coordinator_->Delete(keys, req->prefix());
+  if (deleted.ok()) resp->set_deleted(*deleted);
+  return Finish(ctx, deleted.status());
+}
+
+}  // namespace collectived

@@ -1,0 +1,361 @@
+// The Cluster service and the cluster client over real gRPC on loopback: the
+// token, membership (join, heartbeats, re-join after a lost lease or a
+// coordinator restart), the store, and Gloo contexts that rendezvous through
+// the store and run a real gloo::allreduce.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "collectived/v1/cluster.grpc.pb.h"
+#include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/coordinator_service.h"
+#include "daemon/cluster/in_memory_coordinator.h"
+
+#ifdef COLLECTIVED_TEST_HAVE_GLOO
+#include "daemon/cluster/gloo_store.h"
+#include "gloo/allreduce.h"
+#include "gloo/common/error.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/prefix_store.h"
+#include "gloo/transport/tcp/device.h"
+#endif
+
+namespace collectived {
+namespace {
+
+constexpr absl::Duration kPatience = absl::Seconds(20);
+constexpr char kToken[] = "cluster-secret-1";
+
+// A coordinator served over gRPC on 127.0.0.1, as a daemon with
+// --coordinator serves it.
+class TestCoordinator {
+ public:
+  // port 0: any free port.
+  static std::unique_ptr<TestCoordinator> Start(int port, const std::string& token,
+                                                absl::Duration ttl) {
+    auto t = std::unique_ptr<TestCoordinator>(new TestCoordinator());
+    t->coordinator = std::make_unique<InMemoryCoordinator>(
+        InMemoryCoordinatorOptions{.lease_ttl = ttl});
+    t->service = std::make_unique<CoordinatorService>(t->coordinator.get(), token);
+    grpc::ServerBuilder b;
+    b.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                       &t->port);
+    b.SetMaxReceiveMessageSize(1 << 20);
+    b.RegisterService(t->service.get());
+    t->server = b.BuildAndStart();
+    if (!t->server || t->port == 0) return nullptr;
+    return t;
+  }
+  ~TestCoordinator() { Stop(); }
+  void Stop() {
+    if (!server) return;
+    coordinator->Shutdown();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server.reset();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+
+  std::unique_ptr<InMemoryCoordinator> coordinator;
+  std::unique_ptr<CoordinatorService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+ private:
+  TestCoordinator() = default;
+};
+
+std::unique_ptr<ClusterClient> MakeClient(const std::string& coordinator, const std::string& host,
+                                          const std::string& token = kToken) {
+  ClusterClientOptions o;
+  o.coordinators = {coordinator};
+  o.host_id = host;
+  o.address = absl::StrCat(host, ":7000");
+  o.token = token;
+  o.rpc_timeout = absl::Seconds(2);
+  o.retry_interval = absl::Milliseconds(50);
+  auto c = ClusterClient::Create(std::move(o));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+template <typename Cond>
+bool Eventually(Cond cond) {
+  const absl::Time deadline = absl::Now() + kPatience;
+  while (!cond()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+std::vector<std::string> Hosts(InMemoryCoordinator& c) {
+  std::vector<std::string> ids;
+  for (const HostRecord& h : c.ListHosts()) ids.push_back(h.host_id);
+  return ids;
+}
+
+TEST(ClusterServiceTest, RefusesAMissingOrWrongTokenAndChangesNothing) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(coord->address(), grpc::InsecureChannelCredentials()));
+  for (const char* token : {"", "cluster-secret-2", "cluster-secret-1x", "c"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (*token != '\0') ctx.AddMetadata(kClusterTokenMetadataKey, token);
+    v1::KeySetRequest req;
+    req.set_key("k");
+    req.set_value("v");
+    v1::KeySetResponse resp;
+    grpc::Status st = stub->KeySet(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << token;
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::JoinClusterRequest req;
+    req.set_host_id("intruder");
+    req.set_address("10.0.0.9:1");
+    v1::JoinClusterResponse resp;
+    grpc::Status st = stub->JoinCluster(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_NE(st.error_message().find(kClusterTokenMetadataKey), std::string::npos)
+        << st.error_message();
+  }
+  // The cluster client with a wrong token reports itself unavailable, with why.
+  auto client = MakeClient(coord->address(), "h1", "wrong-token");
+  client->Start();
+  ASSERT_TRUE(client->WaitForState(ClusterState::kUnavailable, kPatience));
+  EXPECT_EQ(client->last_error().code(), absl::StatusCode::kUnauthenticated)
+      << client->last_error();
+  client->Stop(/*leave=*/true);
+  EXPECT_EQ(coord->coordinator->key_count(), 0);
+  EXPECT_TRUE(coord->coordinator->ListHosts().empty());
+}
+
+TEST(ClusterServiceTest, RefusesBadRequestsWithInvalidArgument) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  auto client = MakeClient(coord->address(), "h1");
+  // Not started: store calls work without membership.
+  EXPECT_EQ(client->Set("bad key", "v", false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Set("k", std::string(kMaxValueBytes + 1, 'x'), false).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Get({}, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Get({"k"}, absl::Milliseconds(-5)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Delete({}, "").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Set("k", "v", false, /*owned=*/true).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Negative timeout on the wire too.
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(coord->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata(kClusterTokenMetadataKey, kToken);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::KeyGetRequest req;
+  req.add_keys("k");
+  req.set_timeout_ms(-1);
+  v1::KeyGetResponse resp;
+  EXPECT_EQ(stub->KeyGet(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(coord->coordinator->key_count(), 0);
+  // Bad options never reach the wire.
+  ClusterClientOptions bad;
+  bad.coordinators = {coord->address()};
+  bad.host_id = "has space";
+  bad.address = "h:1";
+  EXPECT_EQ(ClusterClient::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.host_id = "ok";
+  bad.coordinators = {};
+  EXPECT_EQ(ClusterClient::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ClusterClientTest, JoinsHeartbeatsAndUsesTheStore) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Milliseconds(900));
+  ASSERT_NE(coord, nullptr);
+  auto a = MakeClient(coord->address(), "host-a");
+  auto b = MakeClient(coord->address(), "host-b");
+  a->Start();
+  b->Start();
+  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience)) << a->last_error();
+  ASSERT_TRUE(b->WaitForState(ClusterState::kJoined, kPatience)) << b->last_error();
+  const std::string lease = a->lease_id();
+  // Three ttls: the heartbeats (every ttl/3) keep both leases.
+  absl::SleepFor(absl::Milliseconds(2700));
+  EXPECT_EQ(a->lease_id(), lease);
+  EXPECT_EQ(Hosts(*coord->coordinator), (std::vector<std::string>{"host-a", "host-b"}));
+  auto hosts = a->ListHosts();
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  ASSERT_EQ(hosts->size(), 2u);
+  EXPECT_EQ((*hosts)[1].address, "host-b:7000");
+
+  // A blocking get on one host is woken by a set on the other.
+  absl::StatusOr<std::vector<std::string>> got = absl::UnknownError("not run");
+  std::thread waiter([&] { got = a->Get({"rank/0", "rank/1"}, absl::Seconds(10)); });
+  ASSERT_TRUE(b->Set("rank/1", "one", false).ok());
+  ASSERT_TRUE(b->Set("rank/0", std::string("z\0ro", 4), false).ok());
+  waiter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{std::string("z\0ro", 4), "one"}));
+  EXPECT_EQ(b->Set("rank/1", "again", false).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(b->Set("rank/1", "again", true).ok());
+
+  // A get that times out names the missing key, within its deadline.
+  const absl::Time start = absl::Now();
+  auto missing = a->Get({"rank/0", "rank/7"}, absl::Milliseconds(200));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(missing.status().message().find("rank/7"), std::string::npos) << missing.status();
+  EXPECT_EQ(missing.status().message().find("rank/0"), std::string::npos) << missing.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+
+  // Owned keys go when their host leaves.
+  ASSERT_TRUE(b->Set("b/addr", "x", false, /*owned=*/true).ok());
+  auto deleted = a->Delete({}, "rank/");
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_EQ(*deleted, 2);
+  b->Stop(/*leave=*/true);
+  EXPECT_EQ(Hosts(*coord->coordinator), std::vector<std::string>{"host-a"});
+  EXPECT_EQ(coord->coordinator->key_count(), 0);
+  EXPECT_EQ(b->state(), ClusterState::kStopped);
+}
+
+TEST(ClusterClientTest, JoinsAgainWhenItsLeaseEnds) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Milliseconds(300));
+  ASSERT_NE(coord, nullptr);
+  auto a = MakeClient(coord->address(), "host-a");
+  a->Start();
+  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience));
+  const std::string first = a->lease_id();
+  // The coordinator ends the lease (as when it expired): the next heartbeat
+  // gets NOT_FOUND and the client joins again with a new lease.
+  ASSERT_TRUE(coord->coordinator->Leave(first).ok());
+  ASSERT_TRUE(Eventually([&] { return !a->lease_id().empty() && a->lease_id() != first; }));
+  EXPECT_EQ(Hosts(*coord->coordinator), std::vector<std::string>{"host-a"});
+  EXPECT_EQ(a->state(), ClusterState::kJoined);
+}
+
+TEST(ClusterClientTest, ReportsUnavailableWhileTheCoordinatorIsDownAndRejoinsItsSuccessor) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Milliseconds(600));
+  ASSERT_NE(coord, nullptr);
+  const int port = coord->port;
+  auto a = MakeClient(coord->address(), "host-a");
+  a->Start();
+  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience));
+  coord->Stop();
+  ASSERT_TRUE(a->WaitForState(ClusterState::kUnavailable, kPatience));
+  EXPECT_EQ(a->last_error().code(), absl::StatusCode::kUnavailable) << a->last_error();
+  // Store calls fail promptly, within their deadline.
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(a->Set("k", "v", false).code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // A new coordinator on the same port knows no lease: the client joins it.
+  auto successor = TestCoordinator::Start(port, kToken, absl::Milliseconds(600));
+  ASSERT_NE(successor, nullptr);
+  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience)) << a->last_error();
+  EXPECT_EQ(Hosts(*successor->coordinator), std::vector<std::string>{"host-a"});
+  EXPECT_TRUE(a->Set("k", "v", false).ok());
+}
+
+TEST(ClusterClientTest, StartsUnavailableWhenNoCoordinatorAnswers) {
+  // A port that was free a moment ago: nobody listens there.
+  int port;
+  {
+    auto t = TestCoordinator::Start(0, kToken, absl::Seconds(1));
+    ASSERT_NE(t, nullptr);
+    port = t->port;
+  }
+  auto a = MakeClient(absl::StrCat("127.0.0.1:", port), "host-a");
+  a->Start();
+  ASSERT_TRUE(a->WaitForState(ClusterState::kUnavailable, kPatience));
+  EXPECT_TRUE(a->lease_id().empty());
+  const absl::Time start = absl::Now();
+  a->Stop(/*leave=*/true);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+#ifdef COLLECTIVED_TEST_HAVE_GLOO
+
+// Three Gloo contexts (one thread and one cluster client each, as three
+// daemons would have) rendezvous through the coordinator and run a real
+// gloo::allreduce over TCP on loopback.
+TEST(ClusterGlooStoreTest, GlooContextsRendezvousAndAllreduce) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  constexpr int kRanks = 3;
+  constexpr size_t kElems = 4096;
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::vector<float>> data(kRanks, std::vector<float>(kElems));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto client = MakeClient(coord->address(), absl::StrCat("gloo-", r));
+        ClusterGlooStore base(client.get(), std::chrono::seconds(20));
+        gloo::rendezvous::PrefixStore store("job/allreduce/gen-1", base);
+        gloo::transport::tcp::attr attr;
+        attr.hostname = "127.0.0.1";
+        attr.ai_family = AF_INET;
+        auto dev = gloo::transport::tcp::CreateDevice(attr);
+        auto ctx = std::make_shared<gloo::rendezvous::Context>(r, kRanks);
+        ctx->setTimeout(std::chrono::seconds(20));
+        ctx->connectFullMesh(store, dev);
+        for (size_t i = 0; i < kElems; ++i) data[r][i] = static_cast<float>(r + 1) * i;
+        gloo::AllreduceOptions opts(ctx);
+        opts.setOutput(data[r].data(), kElems);
+        void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+        opts.setReduceFunction(sum);
+        opts.setTimeout(std::chrono::seconds(20));
+        gloo::allreduce(opts);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    for (size_t i = 0; i < kElems; ++i) {
+      // (1 + 2 + 3) * i, exact in float for these magnitudes.
+      ASSERT_EQ(data[r][i], 6.0f * i) << "rank " << r << " element " << i;
+    }
+  }
+  // Every rank's address went through the store.
+  EXPECT_GE(coord->coordinator->key_count(), kRanks);
+}
+
+TEST(ClusterGlooStoreTest, WaitTimesOutNamingTheKeyAndSetRefusesADuplicate) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  auto client = MakeClient(coord->address(), "gloo-0");
+  ClusterGlooStore store(client.get(), std::chrono::milliseconds(200));
+  try {
+    store.wait({"rank_5"}, std::chrono::milliseconds(100));
+    FAIL() << "wait returned";
+  } catch (const gloo::IoException& e) {
+    EXPECT_NE(std::string(e.what()).find("rank_5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("DEADLINE_EXCEEDED"), std::string::npos) << e.what();
+  }
+  try {
+    store.get("rank_6");
+    FAIL() << "get returned";
+  } catch (const gloo::IoException& e) {
+    EXPECT_NE(std::string(e.what()).find("rank_6"), std::string::npos) << e.what();
+  }
+  store.set("rank_0", {'a', 'b'});
+  EXPECT_EQ(store.get("rank_0"), (std::vector<char>{'a', 'b'}));
+  EXPECT_THROW(store.set("rank_0", {'c'}), gloo::IoException);
+  EXPECT_EQ(store.get("rank_0"), (std::vector<char>{'a', 'b'}));
+}
+
+#endif  // COLLECTIVED_TEST_HAVE_GLOO
+
+}  // namespace
+}  // namespace collectived
