@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "collectived/client.h"
+#include "tests/ctl/sdk_members.h"
 #include "tests/harness/harness.h"
 
 namespace collectived {
@@ -48,40 +49,18 @@ class CollectivectlTest : public ::testing::Test {
 
 TEST_F(CollectivectlTest, ShowsSessionsMeshesPendingOpsAndStats) {
   const std::string socket = daemon_->socket();
-  std::vector<std::unique_ptr<Client>> clients;
-  std::vector<std::unique_ptr<Mesh>> meshes;
-  std::vector<Buffer> buffers;
-  for (int i = 0; i < 2; ++i) {
-    auto c = Client::Connect({.socket_path = socket, .client_name = absl::StrCat("ctl-", i)});
-    ASSERT_TRUE(c.ok()) << c.status();
-    clients.push_back(*std::move(c));
-  }
-  // Join concurrently: each waits for the other.
-  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(2);
-  {
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] {
-        joined[i] = clients[i]->JoinMesh({.name = "ctl-mesh", .axes = {{"x", 2}}, .coordinate = {i}});
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(joined[i].ok()) << joined[i].status();
-    meshes.push_back(*std::move(joined[i]));
-    auto b = clients[i]->Allocate(1024);
-    ASSERT_TRUE(b.ok()) << b.status();
-    buffers.push_back(*std::move(b));
-  }
+  testing::SdkMembers m;
+  ASSERT_TRUE(testing::MakeSdkMembers(socket, "ctl-mesh", 2, 1024, &m).ok());
+  auto& meshes = m.meshes;
+  auto& buffers = m.buffers;
   // Member 0 submits; member 1 has not yet: the op is pending.
   const Array x0 = Array::Of<float>(buffers[0], {16});
   OpFuture first = meshes[0]->psum_async(x0, "x");
 
   ChildResult sessions = Ctl(socket, {"sessions"});
   EXPECT_EQ(sessions.exit_code, 0) << sessions.output;
-  EXPECT_TRUE(absl::StrContains(sessions.output, "ctl-0")) << sessions.output;
-  EXPECT_TRUE(absl::StrContains(sessions.output, "ctl-1")) << sessions.output;
+  EXPECT_TRUE(absl::StrContains(sessions.output, "ctl-mesh-0")) << sessions.output;
+  EXPECT_TRUE(absl::StrContains(sessions.output, "ctl-mesh-1")) << sessions.output;
 
   ChildResult mesh_list = Ctl(socket, {"meshes"});
   EXPECT_EQ(mesh_list.exit_code, 0) << mesh_list.output;

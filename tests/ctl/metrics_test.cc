@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "collectived/client.h"
+#include "tests/ctl/sdk_members.h"
 #include "tests/harness/harness.h"
 
 namespace collectived {
@@ -97,31 +98,10 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
   EXPECT_EQ(Value(before, "collectived_pending_ops{state=\"waiting\"}"), 0) << before;
   EXPECT_EQ(Value(before, "collectived_meshes"), 0) << before;
 
-  std::vector<std::unique_ptr<Client>> clients;
-  std::vector<std::unique_ptr<Mesh>> meshes;
-  std::vector<Buffer> buffers;
-  for (int i = 0; i < 2; ++i) {
-    auto c = Client::Connect({.socket_path = (*daemon)->socket()});
-    ASSERT_TRUE(c.ok()) << c.status();
-    clients.push_back(*std::move(c));
-  }
-  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(2);
-  {
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) {
-      threads.emplace_back([&, i] {
-        joined[i] = clients[i]->JoinMesh({.name = "metrics", .axes = {{"x", 2}}, .coordinate = {i}});
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(joined[i].ok()) << joined[i].status();
-    meshes.push_back(*std::move(joined[i]));
-    auto b = clients[i]->Allocate(4096);
-    ASSERT_TRUE(b.ok()) << b.status();
-    buffers.push_back(*std::move(b));
-  }
+  testing::SdkMembers m;
+  ASSERT_TRUE(testing::MakeSdkMembers((*daemon)->socket(), "metrics", 2, 4096, &m).ok());
+  auto& meshes = m.meshes;
+  auto& buffers = m.buffers;
   // A waiting op shows as pending.
   OpFuture waiting = meshes[0]->psum_async(Array::Of<float>(buffers[0], {64}), "x");
   const std::string mid = Scrape(port);
