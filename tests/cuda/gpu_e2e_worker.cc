@@ -66,9 +66,9 @@ using collectived::Buffer;
 using collectived::Mesh;
 using collectived::OpFuture;
 
-struct Flags {
-  std::string socket, mesh, mode = "ops", device = "cuda:0";
-  int members = 2, member = 0;
+struct Flags : ::collectived::testing::MemberFlags {
+  Flags() { mode = "ops"; }
+  std::string device = "cuda:0";
   int64_t bytes = int64_t{64} << 20, op_timeout_ms = 0;
 };
 
@@ -79,12 +79,7 @@ bool Parse(int argc, char** argv, Flags& f) {
       return ::collectived::testing::FlagValue(arg, name, out);
     };
     std::string v;
-    if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||
-        value("device", &f.device)) {
-    } else if (value("members", &v)) {
-      f.members = std::atoi(v.c_str());
-    } else if (value("member", &v)) {
-      f.member = std::atoi(v.c_str());
+    if (::collectived::testing::ParseMemberFlag(arg, &f) || value("device", &f.device)) {
     } else if (value("bytes", &v)) {
       f.bytes = std::atoll(v.c_str());
     } else if (value("op-timeout-ms", &v)) {

@@ -53,9 +53,10 @@ namespace {
 
 using collectived::Array;
 
-struct Flags {
-  std::string socket, mesh, mode = "loop", kind = "psum", scope, token, wait_file;
-  int members = 2, member = 0, members_after = 0;
+struct Flags : ::collectived::testing::MemberFlags {
+  Flags() { mode = "loop"; }
+  std::string kind = "psum", scope, token, wait_file;
+  int members_after = 0;
   bool reform = false;
   int64_t reconnect_ms = 0, op_timeout_ms = 0, ops = 100, seed = 1;
 };
@@ -67,13 +68,9 @@ bool Parse(int argc, char** argv, Flags& f) {
       return ::collectived::testing::FlagValue(arg, name, out);
     };
     std::string v;
-    if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||
-        value("kind", &f.kind) || value("scope", &f.scope) || value("token", &f.token) ||
+    if (::collectived::testing::ParseMemberFlag(arg, &f) || value("kind", &f.kind) ||
+        value("scope", &f.scope) || value("token", &f.token) ||
         value("wait-file", &f.wait_file)) {
-    } else if (value("members", &v)) {
-      f.members = std::atoi(v.c_str());
-    } else if (value("member", &v)) {
-      f.member = std::atoi(v.c_str());
     } else if (value("members-after", &v)) {
       f.members_after = std::atoi(v.c_str());
     } else if (value("reconnect-ms", &v)) {

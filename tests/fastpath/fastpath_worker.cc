@@ -74,10 +74,11 @@ namespace {
 using collectived::Array;
 using collectived::OpFuture;
 
-struct Flags {
-  std::string socket, mesh, mode = "ops", env_fast_path, role;
+struct Flags : ::collectived::testing::MemberFlags {
+  Flags() { mode = "ops"; }
+  std::string env_fast_path, role;
   bool set_env = false;
-  int members = 2, member = 0, sessions = 1;
+  int sessions = 1;
   bool fast = true;
   int64_t idle_ms = 1000;
 };
@@ -89,14 +90,9 @@ bool Parse(int argc, char** argv, Flags& f) {
       return ::collectived::testing::FlagValue(arg, name, out);
     };
     std::string v;
-    if (value("socket", &f.socket) || value("mesh", &f.mesh) || value("mode", &f.mode) ||
-        value("role", &f.role)) {
+    if (::collectived::testing::ParseMemberFlag(arg, &f) || value("role", &f.role)) {
     } else if (value("env-fast-path", &f.env_fast_path)) {
       f.set_env = true;
-    } else if (value("members", &v)) {
-      f.members = std::atoi(v.c_str());
-    } else if (value("member", &v)) {
-      f.member = std::atoi(v.c_str());
     } else if (value("sessions", &v)) {
       f.sessions = std::atoi(v.c_str());
     } else if (value("fast", &v)) {
