@@ -94,16 +94,14 @@ gpu_count="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
 if [[ "${gpu_count:-0}" -ge 2 ]]; then
   row across 60 "$bin/collectived_perf" --json --device=cuda:spread --op=psum,all_gather \
     --members="$gpu_count" --min-bytes=1K --max-bytes=256M --step-factor=4 --iters=10 --warmup=3
-  python3 - "$out/nccl.jsonl" "$out/across.jsonl" > "$out/across.txt" 2>&1 <<'PY' || status=1
-import json, sys
+  python3 - "$here/bench/peers" "$out/nccl.jsonl" "$out/across.jsonl" > "$out/across.txt" 2>&1 <<'PY' || status=1
+import sys
+sys.path.insert(0, sys.argv[1])
+from compare import json_rows
 def rows(path):
-    out = {}
-    for line in open(path):
-        if line.startswith("{"):
-            r = json.loads(line)
-            out[(r["op"], r["bytes"])] = r
-    return out
-nccl, ours = rows(sys.argv[1]), rows(sys.argv[2])
+    with open(path) as f:
+        return {(r["op"], r["bytes"]): r for r in json_rows(f)}
+nccl, ours = rows(sys.argv[2]), rows(sys.argv[3])
 print(f"{'op':<11} {'bytes':>11} {'nccl busbw':>11} {'collectived':>12} {'ratio':>6}")
 for key in sorted(ours):
     if key in nccl and nccl[key]["busbw_gbps"] > 0:

@@ -190,16 +190,21 @@ def run(cmd, timeout):
         raise
 
 
-def parse_rows(stdout, system):
-    rows = []
-    for line in stdout.splitlines():
+def json_rows(lines):
+    """The JSON objects among `lines` (one per line; other lines skipped)."""
+    for line in lines:
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
-            row = json.loads(line)
+            yield json.loads(line)
         except json.JSONDecodeError:
             continue
+
+
+def parse_rows(stdout, system):
+    rows = []
+    for row in json_rows(stdout.splitlines()):
         row["system"] = system
         rows.append(row)
     return rows
@@ -375,14 +380,7 @@ def read_gpu_rows(paths):
     rows = []
     for path in paths:
         with open(path) as f:
-            for line in f:
-                line = line.strip()
-                if not line.startswith("{"):
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+            for row in json_rows(f):
                 row.setdefault("system", "collectived")
                 rows.append(row)
     return rows
