@@ -274,6 +274,20 @@ absl::Status ClusterClient::Set(const std::string& key, const std::string& value
   return FromGrpc(stubs_[current]->KeySet(&ctx, req, &resp), options_.coordinators[current]);
 }
 
+template <typename Request, typename Response>
+absl::Status ClusterClient::CallCurrent(
+    grpc::Status (v1::Cluster::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+    const Request& req, Response* resp, absl::Duration timeout) {
+  size_t current;
+  {
+    MutexLock lock(&mu_);
+    current = current_;
+  }
+  grpc::ClientContext ctx;
+  PrepareContext(&ctx, timeout);
+  return FromGrpc((stubs_[current].get()->*rpc)(&ctx, req, resp), options_.coordinators[current]);
+}
+
 absl::StatusOr<std::vector<std::string>> ClusterClient::Get(const std::vector<std::string>& keys,
                                                             absl::Duration timeout) {
   if (timeout < absl::ZeroDuration()) {
@@ -283,16 +297,9 @@ absl::StatusOr<std::vector<std::string>> ClusterClient::Get(const std::vector<st
   v1::KeyGetRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  size_t current;
-  {
-    MutexLock lock(&mu_);
-    current = current_;
-  }
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, timeout + options_.rpc_timeout);
   v1::KeyGetResponse resp;
   absl::Status st =
-      FromGrpc(stubs_[current]->KeyGet(&ctx, req, &resp), options_.coordinators[current]);
+      CallCurrent(&v1::Cluster::Stub::KeyGet, req, &resp, timeout + options_.rpc_timeout);
   if (!st.ok()) return st;
   if (resp.entries_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat("coordinator answered ", resp.entries_size(),
@@ -309,32 +316,16 @@ absl::StatusOr<int64_t> ClusterClient::Delete(const std::vector<std::string>& ke
   v1::KeyDeleteRequest req;
   for (const std::string& k : keys) req.add_keys(k);
   req.set_prefix(prefix);
-  size_t current;
-  {
-    MutexLock lock(&mu_);
-    current = current_;
-  }
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, options_.rpc_timeout);
   v1::KeyDeleteResponse resp;
-  absl::Status st =
-      FromGrpc(stubs_[current]->KeyDelete(&ctx, req, &resp), options_.coordinators[current]);
+  absl::Status st = CallCurrent(&v1::Cluster::Stub::KeyDelete, req, &resp, options_.rpc_timeout);
   if (!st.ok()) return st;
   return resp.deleted();
 }
 
 absl::StatusOr<std::vector<HostRecord>> ClusterClient::ListHosts() {
-  size_t current;
-  {
-    MutexLock lock(&mu_);
-    current = current_;
-  }
-  grpc::ClientContext ctx;
-  PrepareContext(&ctx, options_.rpc_timeout);
-  v1::ListHostsRequest req;
   v1::ListHostsResponse resp;
-  absl::Status st =
-      FromGrpc(stubs_[current]->ListHosts(&ctx, req, &resp), options_.coordinators[current]);
+  absl::Status st = CallCurrent(&v1::Cluster::Stub::ListHosts, v1::ListHostsRequest(), &resp,
+                                options_.rpc_timeout);
   if (!st.ok()) return st;
   std::vector<HostRecord> out;
   for (const v1::HostInfo& h : resp.hosts()) {

@@ -103,6 +103,12 @@ class ClusterClient {
   absl::Status HeartbeatOnce();
   void SetState(ClusterState state, const absl::Status& error);
   void PrepareContext(grpc::ClientContext* ctx, absl::Duration timeout) const;
+  // `rpc` of the coordinator in use, with deadline `timeout`; the answer as
+  // a status naming that coordinator.
+  template <typename Request, typename Response>
+  absl::Status CallCurrent(grpc::Status (v1::Cluster::Stub::*rpc)(grpc::ClientContext*,
+                                                                 const Request&, Response*),
+                           const Request& req, Response* resp, absl::Duration timeout);
   // Sleeps `d` unless stopping; false when stopping.
   bool SleepUnlessStopping(absl::Duration d);
 
