@@ -9,22 +9,14 @@
 #include <vector>
 
 #include "common/sync.h"
+#include "tests/harness/eventually.h"
 
 namespace collectived {
 namespace {
 
 constexpr absl::Duration kPatience = absl::Seconds(10);
 
-// Polls `cond` until it holds or kPatience passes.
-template <typename Cond>
-bool Eventually(Cond cond) {
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using testing::Eventually;  // within 10 s, looking every 5 ms
 
 std::vector<std::string> HostIds(InMemoryCoordinator& c) {
   std::vector<std::string> ids;

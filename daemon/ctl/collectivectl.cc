@@ -232,17 +232,29 @@ class Ctl {
     std::printf("%s\n", out.c_str());
   }
 
-  grpc::Status GetStats(v1::GetStatsResponse* r) {
+  // One diagnostics call with the deadline.
+  template <typename Request, typename Response>
+  grpc::Status Ask(grpc::Status (v1::Collective::Stub::*rpc)(grpc::ClientContext*,
+                                                            const Request&, Response*),
+                   const Request& req, Response* resp) {
     grpc::ClientContext ctx;
     Prepare(&ctx);
-    return stub_->GetStats(&ctx, v1::GetStatsRequest(), r);
+    return (stub_.get()->*rpc)(&ctx, req, resp);
+  }
+  grpc::Status GetStats(v1::GetStatsResponse* r) {
+    return Ask(&v1::Collective::Stub::GetStats, v1::GetStatsRequest(), r);
+  }
+
+  // grpc.health.v1.Health/Check of the whole daemon, with the deadline.
+  grpc::Status CheckHealth(grpc::health::v1::HealthCheckResponse* r) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx);
+    return health_->Check(&ctx, grpc::health::v1::HealthCheckRequest(), r);
   }
 
   int Health() {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
     grpc::health::v1::HealthCheckResponse r;
-    const grpc::Status st = health_->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &r);
+    const grpc::Status st = CheckHealth(&r);
     if (!st.ok()) return Failed("Health/Check", st);
     if (o_.json) {
       PrintJson(r);
@@ -255,14 +267,12 @@ class Ctl {
   int Status() {
     v1::GetStatsResponse s;
     if (grpc::Status st = GetStats(&s); !st.ok()) return Failed("GetStats", st);
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
-    grpc::health::v1::HealthCheckResponse h;
-    const grpc::Status hs = health_->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &h);
     if (o_.json) {
       PrintJson(s);
       return 0;
     }
+    grpc::health::v1::HealthCheckResponse h;
+    const grpc::Status hs = CheckHealth(&h);
     Table t({"field", "value"});
     t.Add({"socket", socket_});
     t.Add({"daemon", s.daemon_id()});
@@ -281,10 +291,9 @@ class Ctl {
   }
 
   int Sessions() {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
     v1::ListSessionsResponse r;
-    if (grpc::Status st = stub_->ListSessions(&ctx, v1::ListSessionsRequest(), &r); !st.ok()) {
+    if (grpc::Status st = Ask(&v1::Collective::Stub::ListSessions, v1::ListSessionsRequest(), &r);
+        !st.ok()) {
       return Failed("ListSessions", st);
     }
     if (o_.json) {
@@ -303,10 +312,9 @@ class Ctl {
   }
 
   int Meshes() {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
     v1::ListMeshesResponse r;
-    if (grpc::Status st = stub_->ListMeshes(&ctx, v1::ListMeshesRequest(), &r); !st.ok()) {
+    if (grpc::Status st = Ask(&v1::Collective::Stub::ListMeshes, v1::ListMeshesRequest(), &r);
+        !st.ok()) {
       return Failed("ListMeshes", st);
     }
     if (o_.json) {
@@ -331,12 +339,10 @@ class Ctl {
   }
 
   int Pending(const std::string& mesh_id) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx);
     v1::ListPendingOpsRequest req;
     req.set_mesh_id(mesh_id);
     v1::ListPendingOpsResponse r;
-    if (grpc::Status st = stub_->ListPendingOps(&ctx, req, &r); !st.ok()) {
+    if (grpc::Status st = Ask(&v1::Collective::Stub::ListPendingOps, req, &r); !st.ok()) {
       return Failed("ListPendingOps", st);
     }
     if (o_.json) {
@@ -385,10 +391,9 @@ class Ctl {
       v1::GetStatsResponse s;
       if (grpc::Status st = GetStats(&s); !st.ok()) return Failed("GetStats", st);
       const absl::Time now = absl::Now();
-      grpc::ClientContext ctx;
-      Prepare(&ctx);
       v1::ListPendingOpsResponse pending;
-      if (grpc::Status st = stub_->ListPendingOps(&ctx, v1::ListPendingOpsRequest(), &pending);
+      if (grpc::Status st =
+              Ask(&v1::Collective::Stub::ListPendingOps, v1::ListPendingOpsRequest(), &pending);
           !st.ok()) {
         return Failed("ListPendingOps", st);
       }

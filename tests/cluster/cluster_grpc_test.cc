@@ -16,6 +16,7 @@
 #include "daemon/cluster/cluster_client.h"
 #include "daemon/cluster/coordinator_service.h"
 #include "daemon/cluster/in_memory_coordinator.h"
+#include "tests/harness/eventually.h"
 
 #ifdef COLLECTIVED_TEST_HAVE_GLOO
 #include "daemon/cluster/gloo_store.h"
@@ -87,12 +88,7 @@ std::unique_ptr<ClusterClient> MakeClient(const std::string& coordinator, const 
 
 template <typename Cond>
 bool Eventually(Cond cond) {
-  const absl::Time deadline = absl::Now() + kPatience;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
+  return testing::Eventually(cond, kPatience, absl::Milliseconds(10));
 }
 
 std::vector<std::string> Hosts(InMemoryCoordinator& c) {
