@@ -23,6 +23,7 @@
 #include "common/fast_queue.h"
 #include "common/sync.h"
 #include "collectived/v1/collective.grpc.pb.h"
+#include "common/raise_word.h"
 #include "common/side_protocol.h"
 #include "common/socket_path.h"
 #include "common/status_util.h"
@@ -1028,16 +1029,13 @@ struct Mesh::StreamOrder {
   // Every stream that may wait on the words (~Mesh synchronizes them).
   std::vector<void*> used_streams ABSL_GUARDED_BY(mu);
 
-  std::atomic_ref<uint64_t> Done(uint64_t slot) const {
-    return std::atomic_ref<uint64_t>(static_cast<uint64_t*>(words.data())[kSlots + slot]);
+  uint64_t* DoneWord(uint64_t slot) const {
+    return &static_cast<uint64_t*>(words.data())[kSlots + slot];
   }
   // Raises the done word of op `value` (what the daemon does; the SDK does it
   // when the daemon cannot).
   void Release(uint64_t value) const {
-    std::atomic_ref<uint64_t> done = Done(value % kSlots);
-    uint64_t cur = done.load(std::memory_order_relaxed);
-    while (cur < value && !done.compare_exchange_weak(cur, value)) {
-    }
+    RaiseWord(DoneWord(value % kSlots), value);
   }
   // Waits until the streams have passed their waits on the words.
   void SyncStreams() {
@@ -1127,7 +1125,8 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   if (v > StreamOrder::kSlots) {
     const uint64_t previous = v - StreamOrder::kSlots;
     const absl::Time deadline = absl::Now() + op_deadline_ + absl::Seconds(5);
-    while (so.Done(slot).load(std::memory_order_acquire) < previous) {
+    while (std::atomic_ref<uint64_t>(*so.DoneWord(slot)).load(std::memory_order_acquire) <
+           previous) {
       if (absl::Now() > deadline) {
         return failed(absl::DeadlineExceededError(absl::StrCat(
             "stream-ordered op ", previous, " of this mesh is still outstanding; at most ",

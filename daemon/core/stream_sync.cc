@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/raise_word.h"
 
 namespace collectived {
 namespace {
@@ -74,12 +75,7 @@ void SyncWords::ReleaseDoneIfValid(
   }
   auto done = Word(sync.done(), "stream_sync done", find);
   if (!done.ok()) return;
-  std::atomic_ref<uint64_t> word(*done->second);
-  uint64_t cur = word.load(std::memory_order_relaxed);
-  while (cur < sync.value() &&
-         !word.compare_exchange_weak(cur, sync.value(), std::memory_order_release,
-                                     std::memory_order_relaxed)) {
-  }
+  RaiseWord(done->second, sync.value());
 }
 
 uint64_t SyncWords::ReadyValue() const {
@@ -88,14 +84,7 @@ uint64_t SyncWords::ReadyValue() const {
 
 bool SyncWords::Ready() const { return ReadyValue() >= value_; }
 
-void SyncWords::Release() const {
-  std::atomic_ref<uint64_t> done(*done_);
-  uint64_t cur = done.load(std::memory_order_relaxed);
-  while (cur < value_ &&
-         !done.compare_exchange_weak(cur, value_, std::memory_order_release,
-                                     std::memory_order_relaxed)) {
-  }
-}
+void SyncWords::Release() const { RaiseWord(done_, value_); }
 
 void OpCancel::Cancel(absl::Status why) {
   MutexLock lock(&mu_);
