@@ -99,6 +99,24 @@ class ScopedDevice {
   bool restore_ = false;
 };
 
+// Device scratch of `bytes` on the current device: ordered on `stream`
+// where the device has memory pools (*stream_ordered true: free it with
+// cudaFreeAsync on `stream`), else from cudaMalloc (*stream_ordered false:
+// free it after synchronizing `stream`).
+absl::StatusOr<uint8_t*> AllocScratch(uint64_t bytes, cudaStream_t stream, bool* stream_ordered) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocAsync(&p, bytes, stream);
+  if (e == cudaSuccess) {
+    *stream_ordered = true;
+    return static_cast<uint8_t*>(p);
+  }
+  if (e != cudaErrorNotSupported) return CudaError("cudaMallocAsync", e);
+  cudaGetLastError();  // no memory pools on this device: clear it, use cudaMalloc
+  COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMalloc", cudaMalloc(&p, bytes));
+  *stream_ordered = false;
+  return static_cast<uint8_t*>(p);
+}
+
 // One op on one device's stream: its scratch memory, its pointer tables and
 // the bytes its staging moved.
 class OpRun {
@@ -155,17 +173,11 @@ class OpRun {
   // Scratch memory, stream-ordered where the device has memory pools, else
   // from cudaMalloc (freed after the stream is synchronized).
   absl::StatusOr<uint8_t*> Alloc(uint64_t bytes) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, bytes, stream_);
-    if (e == cudaSuccess) {
-      scratch_.push_back(p);
-      return static_cast<uint8_t*>(p);
-    }
-    if (e != cudaErrorNotSupported) return CudaError("cudaMallocAsync", e);
-    cudaGetLastError();  // clear it
-    COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMalloc", cudaMalloc(&p, bytes));
-    sync_scratch_.push_back(p);
-    return static_cast<uint8_t*>(p);
+    bool stream_ordered = false;
+    auto p = AllocScratch(bytes, stream_, &stream_ordered);
+    if (!p.ok()) return p.status();
+    (stream_ordered ? scratch_ : sync_scratch_).push_back(*p);
+    return *p;
   }
 
   // Copies within the device; a null `dst` (a member whose result another
@@ -518,18 +530,11 @@ class NcclFabric final : public Fabric {
   absl::StatusOr<uint8_t*> Scratch(int part, uint64_t bytes) override {
     ScopedDevice scoped;
     COLLECTIVED_RETURN_IF_ERROR(scoped.Set(part));
-    void* p = nullptr;
-    const uint64_t size = std::max<uint64_t>(bytes, 1);
-    const cudaError_t e = cudaMallocAsync(&p, size, streams_[part]);
-    if (e == cudaSuccess) {
-      scratch_.push_back(Scratched{part, p, true});
-      return static_cast<uint8_t*>(p);
-    }
-    if (e != cudaErrorNotSupported) return CudaError("cudaMallocAsync", e);
-    cudaGetLastError();  // no memory pools on this device: plain cudaMalloc
-    COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaMalloc", cudaMalloc(&p, size));
-    scratch_.push_back(Scratched{part, p, false});
-    return static_cast<uint8_t*>(p);
+    bool stream_ordered = false;
+    auto p = AllocScratch(std::max<uint64_t>(bytes, 1), streams_[part], &stream_ordered);
+    if (!p.ok()) return p.status();
+    scratch_.push_back(Scratched{part, *p, stream_ordered});
+    return *p;
   }
 
   absl::Status Exchange(const std::vector<Transfer>& transfers) override {
