@@ -1098,22 +1098,19 @@ void* Mesh::stream() const {
   return stream_order_->stream;
 }
 
+OpFuture Mesh::FailedOp(absl::Status status) const {
+  auto state = std::make_shared<OpState>(op_deadline_);
+  state->Complete(std::move(status), -1, {}, DType::kInvalid);
+  return OpFuture(state);
+}
+
 OpFuture Mesh::Submit(const OpRequest& request) {
-  if (!request.error.ok()) {
-    auto state = std::make_shared<OpState>(op_deadline_);
-    state->Complete(request.error, -1, {}, DType::kInvalid);
-    return OpFuture(state);
-  }
+  if (!request.error.ok()) return FailedOp(request.error);
   if (stream() != nullptr) return SubmitOnStream(request);
   return client_->Submit(request.spec, op_deadline_);
 }
 
 OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
-  auto failed = [this](absl::Status st) {
-    auto state = std::make_shared<OpState>(op_deadline_);
-    state->Complete(std::move(st), -1, {}, DType::kInvalid);
-    return OpFuture(state);
-  };
 #ifdef COLLECTIVED_HAVE_CUDA
   StreamOrder& so = *stream_order_;
   MutexLock lock(&so.mu);
@@ -1128,7 +1125,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
     while (std::atomic_ref<uint64_t>(*so.DoneWord(slot)).load(std::memory_order_acquire) <
            previous) {
       if (absl::Now() > deadline) {
-        return failed(absl::DeadlineExceededError(absl::StrCat(
+        return FailedOp(absl::DeadlineExceededError(absl::StrCat(
             "stream-ordered op ", previous, " of this mesh is still outstanding; at most ",
             StreamOrder::kSlots, " may be")));
       }
@@ -1139,7 +1136,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   const size_t done_offset = (StreamOrder::kSlots + slot) * sizeof(uint64_t);
   if (absl::Status st = so.registered->WriteOnStream(so.stream, ready_offset, v); !st.ok()) {
     so.Release(v);  // nothing waits on it, but keep the slot's words in step
-    return failed(st);
+    return FailedOp(st);
   }
   v1::OpSpec spec = request.spec;
   v1::StreamSync* sync = spec.mutable_stream_sync();
@@ -1162,7 +1159,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   return f;
 #else
   (void)request;
-  return failed(absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA"));
+  return FailedOp(absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA"));
 #endif
 }
 

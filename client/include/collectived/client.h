@@ -377,6 +377,8 @@ class Mesh {
   struct StreamOrder;  // set_stream's words and stream
   OpFuture Submit(const OpRequest& request);
   OpFuture SubmitOnStream(const OpRequest& request);
+  // A future already failed with `status` (an op refused in this process).
+  OpFuture FailedOp(absl::Status status) const;
 
   std::shared_ptr<ClientImpl> client_;
   std::string id_;
