@@ -120,3 +120,19 @@ set_target_properties(collectived_nccl PROPERTIES
   IMPORTED_LOCATION "${NCCL_LIBRARY}"
   INTERFACE_INCLUDE_DIRECTORIES "${NCCL_INCLUDE_DIR}")
 target_link_libraries(collectived_nccl INTERFACE CUDA::cudart_static)
+
+# collectived_cuda_target(TARGET): a target with .cu sources gets C++20 for
+# nvcc, and the directory-wide compile options (the sanitizers'
+# -fsanitize=...) only for the host compiler, never on nvcc's command line.
+function(collectived_cuda_target target)
+  set_target_properties(${target} PROPERTIES CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON
+    CUDA_EXTENSIONS OFF)
+  get_target_property(_opts ${target} COMPILE_OPTIONS)
+  if(_opts)
+    set(_wrapped)
+    foreach(_opt IN LISTS _opts)
+      list(APPEND _wrapped "$<$<COMPILE_LANGUAGE:CXX>:${_opt}>")
+    endforeach()
+    set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS ${_wrapped})
+  endif()
+endfunction()
