@@ -95,6 +95,21 @@ class ClusterClient {
                                  const std::string& prefix);
   absl::StatusOr<std::vector<HostRecord>> ListHosts();
 
+  // The mesh registry (Coordinator::MeshRegister and the rest) on the
+  // coordinator in use. MeshRegister fills in this daemon's host id and
+  // lease (FAILED_PRECONDITION when not joined); MeshWait blocks for at most
+  // `timeout` (capped at kMaxKeyWait) plus rpc_timeout; MeshLeave speaks
+  // for this daemon's host id.
+  absl::StatusOr<int64_t> MeshRegister(MeshRegistration registration);
+  absl::StatusOr<MeshMembership> MeshWait(const std::string& key, int64_t generation,
+                                          absl::Duration timeout);
+  absl::Status MeshLeave(const std::string& key, int64_t generation,
+                         const std::vector<int32_t>& indices, bool broken,
+                         const std::string& reason);
+
+  const std::string& host_id() const { return options_.host_id; }
+  const std::string& address() const { return options_.address; }
+
  private:
   explicit ClusterClient(ClusterClientOptions options);
   void Loop();

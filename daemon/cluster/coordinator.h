@@ -54,6 +54,36 @@ struct KeyValue {
   std::string value;
 };
 
+// The cross-host mesh registry (MeshRegister / MeshWait / MeshLeave).
+//
+// Per mesh key (scope and name) the registry holds at most one live
+// generation: forming (hosts register their members' indices until every
+// index of the mesh is taken) or ready (full). A generation that breaks (a
+// host reports it, or a host of it loses its lease) ends; the next
+// registration of the key starts generation + 1. Generation numbers of a key
+// never repeat while the coordinator runs.
+struct MeshRegistration {
+  std::string key;      // ValidateKey
+  std::string host_id;  // the registering host (must hold `lease_id`)
+  std::string lease_id;
+  std::string axes;     // canonical axes ("data=2,model=4"); must match
+  int64_t members = 0;  // 1..kMaxMeshMembers
+  std::string token;    // join token; must match the generation's
+  int64_t op_timeout_ms = 0;  // 0: none asked; else must match one asked before
+  std::vector<int32_t> indices;  // member indices this host adds, 1..kMaxKeysPerRequest
+};
+
+struct MeshMembership {
+  int64_t generation = 0;
+  // By member index: the host id that registered it.
+  std::vector<std::string> member_host;
+  // The generation's hosts, ascending host id, with their addresses.
+  std::vector<HostRecord> hosts;
+  int64_t op_timeout_ms = 0;
+};
+
+inline constexpr int64_t kMaxMeshMembers = 65536;
+
 struct SetOptions {
   // Replace an existing key (otherwise ALREADY_EXISTS).
   bool overwrite = false;
@@ -108,6 +138,32 @@ class Coordinator {
   // error.
   virtual absl::StatusOr<int64_t> Delete(const std::vector<std::string>& keys,
                                          absl::string_view prefix) = 0;
+
+  // Adds registration.indices to the live generation of registration.key
+  // (starting a new one if there is none) and returns its number. Refused,
+  // changing nothing: NOT_FOUND (no such lease, or it is not host_id's),
+  // FAILED_PRECONDITION (the live generation is full, or has other axes,
+  // member count or op timeout), PERMISSION_DENIED (another token),
+  // ALREADY_EXISTS (an index is taken; the error names the host holding it),
+  // INVALID_ARGUMENT (an index out of range, repeated, or a bad field).
+  virtual absl::StatusOr<int64_t> MeshRegister(const MeshRegistration& registration) = 0;
+  using MeshWaitCallback = absl::AnyInvocable<void(absl::StatusOr<MeshMembership>)>;
+  // Calls `done` once generation `generation` of `key` is full (its
+  // membership), or ABORTED with the reason when it broke or lost members'
+  // hosts before filling, DEADLINE_EXCEEDED naming the missing indices after
+  // `timeout` (capped at kMaxKeyWait), NOT_FOUND for a generation the
+  // registry never had, UNAVAILABLE at Shutdown. Runs like Get's callback.
+  virtual void MeshWait(std::string key, int64_t generation, absl::Duration timeout,
+                        MeshWaitCallback done) = 0;
+  // Host `host_id`'s members `indices` left generation `generation` of
+  // `key` while it formed (their indices are free again; a generation left
+  // by every member ends), or, with `broken`, the generation broke on that
+  // host for `reason`: it ends, and its MeshWait callers get ABORTED naming
+  // the host and the reason. A generation that already ended: OK, nothing
+  // changes. NOT_FOUND for a generation the registry never had.
+  virtual absl::Status MeshLeave(absl::string_view key, int64_t generation,
+                                 absl::string_view host_id, const std::vector<int32_t>& indices,
+                                 bool broken, absl::string_view reason) = 0;
 
   // Completes every waiting Get with UNAVAILABLE and refuses later calls
   // (UNAVAILABLE). Idempotent.

@@ -1,0 +1,138 @@
+// The engine's seam to other hosts: meshes whose members live on several
+// daemons of a cluster.
+//
+// The engine stays the matcher: it validates joins and submissions of its
+// own members exactly as for a mesh on one host. What it cannot know alone
+// (which members the other hosts hold, when the mesh is full, how to move
+// bytes to them) it asks a MeshRendezvous:
+//
+//   1. Register: each local member's join is registered with the cluster's
+//      mesh registry, which checks it against the other hosts' members (same
+//      axes and token, coordinate not taken elsewhere) and answers with the
+//      generation the mesh will have.
+//   2. Form: once per mesh, waits until every member of that generation has
+//      joined on some host, then connects the mesh's hosts and answers with
+//      the global topology and a CrossHostMesh, the per-mesh executor handle
+//      that owns the connections.
+//   3. CrossHostMesh::Start runs each op once the local members have all
+//      submitted: it checks that every host submitted the same op, moves the
+//      bytes and calls back when this host's outputs are written.
+//   4. Leave: local members that left a forming mesh, or a mesh that broke
+//      here, are reported so the other hosts learn it.
+//
+// Every callback is called exactly once, on a thread of the rendezvous, never
+// with an engine lock held by the caller. Implementations: ClusterRendezvous
+// (daemon/cluster/cluster_rendezvous.h: the coordinator's registry, Gloo).
+#ifndef COLLECTIVED_DAEMON_CORE_RENDEZVOUS_H_
+#define COLLECTIVED_DAEMON_CORE_RENDEZVOUS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/exec/executor.h"
+#include "daemon/plan/op_plan.h"
+
+namespace collectived {
+
+// What every host's members of a mesh must agree on.
+struct MeshJoinInfo {
+  // The mesh's scope and name (Engine's MeshKey): the registry's key.
+  std::string key;
+  // The axes, canonical ("data=2,model=4"), and the member count.
+  std::string axes;
+  int64_t members = 0;
+  // The join token the members present ("" for none).
+  std::string token;
+  // The op timeout members asked for (0: none asked).
+  int64_t op_timeout_ms = 0;
+};
+
+// A formed mesh as every host sees it.
+struct MeshTopology {
+  int64_t generation = 0;
+  // The host id of each member, by member index.
+  std::vector<std::string> member_host;
+  // The mesh's hosts, ascending host id (a host's rank is its index here),
+  // and their advertised addresses.
+  std::vector<std::string> hosts;
+  std::vector<std::string> addresses;
+  // This host's rank.
+  int self = -1;
+  // The op timeout some member asked for (0: none).
+  int64_t op_timeout_ms = 0;
+};
+
+// One mesh's connections to its other hosts. Ops are started one at a time
+// (the engine starts the next once the previous one called back).
+class CrossHostMesh {
+ public:
+  // `status`: the op's result on this host. `broken`: the connections can
+  // no longer be trusted (a peer is gone, timed out or was aborted): the
+  // engine breaks the mesh. An op all hosts refused alike (their ops
+  // differ) is not broken.
+  using Done = absl::AnyInvocable<void(absl::Status status, bool broken, Traffic traffic)>;
+
+  // Aborts (see Abort) and waits for the op in flight to call back.
+  virtual ~CrossHostMesh() = default;
+
+  // Runs `plan` (op number `sequence` of the mesh) over `io`: one entry per
+  // member of the mesh, this host's members with their regions, the others'
+  // null. `executor` runs this host's share (on the members' memory).
+  // `verdict` is not OK when this host's members disagree: the op then
+  // fails on every host with FAILED_PRECONDITION naming this host. Fails
+  // with DEADLINE_EXCEEDED, naming the hosts that did not take part, at
+  // `deadline`. Returns at once; `done` runs on the mesh's thread.
+  virtual void Start(std::shared_ptr<const OpPlan> plan, int64_t sequence,
+                     std::vector<MemberIo> io, Executor* executor, absl::Status verdict,
+                     absl::Time deadline, Done done) = 0;
+  // Closes the connections: the op in flight (if any) fails with ABORTED
+  // naming `reason` here, and the other hosts' ops fail as they find the
+  // connections closed. Later Starts fail at once. Idempotent.
+  virtual void Abort(const std::string& reason) = 0;
+};
+
+struct FormedMesh {
+  MeshTopology topology;
+  std::unique_ptr<CrossHostMesh> mesh;
+};
+
+class MeshRendezvous {
+ public:
+  virtual ~MeshRendezvous() = default;
+
+  // This daemon's host id in the cluster.
+  virtual std::string host_id() const = 0;
+
+  // Registers member `index` of mesh `info`, joined on this host. `done`
+  // gets the generation the mesh will have, or why the join is refused
+  // (the registry's FAILED_PRECONDITION, ALREADY_EXISTS, PERMISSION_DENIED,
+  // or UNAVAILABLE while no coordinator answers). Registrations are sent in
+  // the order of the calls.
+  virtual void Register(const MeshJoinInfo& info, int index,
+                        absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) = 0;
+
+  // Waits until generation `generation` of mesh `key` is full (or `deadline`
+  // passes), then connects its hosts. `done` gets the topology and the
+  // connections, or the error every local joiner gets: DEADLINE_EXCEEDED
+  // naming the missing coordinates, ABORTED when another host's members
+  // left or the mesh broke, UNAVAILABLE when no coordinator answers.
+  virtual void Form(const std::string& key, int64_t generation, absl::Time deadline,
+                    absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)> done) = 0;
+
+  // Members `indices` of generation `generation` of mesh `key` left it while
+  // it was forming (`broken` false), or the mesh broke here for `reason`
+  // (`broken` true). Sent in call order after earlier Registers; failures
+  // are logged, not returned.
+  virtual void Leave(const std::string& key, int64_t generation, std::vector<int> indices,
+                     bool broken, const std::string& reason) = 0;
+};
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_CORE_RENDEZVOUS_H_
