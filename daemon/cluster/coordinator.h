@@ -83,6 +83,10 @@ struct MeshMembership {
 };
 
 inline constexpr int64_t kMaxMeshMembers = 65536;
+inline constexpr size_t kMaxMeshAxesLength = 1024;
+inline constexpr size_t kMaxMeshTokenBytes = 256;
+// MeshLeave's reason.
+inline constexpr size_t kMaxMeshReasonBytes = 1024;
 
 struct SetOptions {
   // Replace an existing key (otherwise ALREADY_EXISTS).

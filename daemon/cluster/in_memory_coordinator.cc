@@ -1,6 +1,7 @@
 #include "daemon/cluster/in_memory_coordinator.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -29,6 +30,77 @@ std::string FirstBadChar(absl::string_view text, Ok ok) {
     }
   }
   return "";
+}
+
+
+// Whether `a` equals `b`, in time that depends on their lengths only.
+bool SameToken(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(a[i]) ^
+                                              static_cast<unsigned char>(b[i])));
+  }
+  return diff == 0;
+}
+
+std::string MeshName(absl::string_view key, int64_t generation) {
+  return absl::StrCat("mesh '", key, "' generation ", generation);
+}
+
+absl::Status ValidateMeshGeneration(int64_t generation) {
+  if (generation < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generation is ", generation, "; generations start at 1"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMeshRegistration(const MeshRegistration& r) {
+  if (absl::Status st = ValidateKey(r.key); !st.ok()) return st;
+  if (absl::Status st = ValidateHostId(r.host_id); !st.ok()) return st;
+  if (r.lease_id.empty()) return absl::InvalidArgumentError("lease_id is empty");
+  if (r.axes.empty()) return absl::InvalidArgumentError("axes is empty");
+  if (r.axes.size() > kMaxMeshAxesLength) {
+    return absl::InvalidArgumentError(absl::StrCat("axes is ", r.axes.size(),
+                                                   " characters long; at most ",
+                                                   kMaxMeshAxesLength, " are allowed"));
+  }
+  if (std::string bad = FirstBadChar(r.axes, [](char c) { return c >= 0x20 && c < 0x7f; });
+      !bad.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("axes has ", bad, "; only printable characters are allowed"));
+  }
+  if (r.members < 1 || r.members > kMaxMeshMembers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("members is ", r.members, "; it must be 1..", kMaxMeshMembers));
+  }
+  if (r.token.size() > kMaxMeshTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token is ", r.token.size(), " bytes; at most ", kMaxMeshTokenBytes, " are allowed"));
+  }
+  if (r.op_timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("op_timeout_ms is ", r.op_timeout_ms, "; it must be >= 0"));
+  }
+  if (r.indices.empty()) return absl::InvalidArgumentError("indices is empty");
+  if (r.indices.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("indices has ", r.indices.size(),
+                                                   " entries; at most ", kMaxKeysPerRequest,
+                                                   " are allowed"));
+  }
+  std::set<int32_t> seen;
+  for (int32_t i : r.indices) {
+    if (i < 0 || i >= r.members) {
+      return absl::InvalidArgumentError(absl::StrCat("index ", i, " is out of range: the mesh has ",
+                                                     r.members, " members (0..", r.members - 1,
+                                                     ")"));
+    }
+    if (!seen.insert(i).second) {
+      return absl::InvalidArgumentError(absl::StrCat("index ", i, " is repeated"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -103,11 +175,12 @@ absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
   const std::string lease_id = RandomId("l-");
   const absl::Time now = absl::Now();
   LeaseGrant grant;
+  std::vector<MeshAnswer> answers;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
     if (hosts_.count(id) > 0) {
-      EndLeaseLocked(id, "replaced by a new join of the host");
+      EndLeaseLocked(id, "replaced by a new join of the host", &answers);
     } else if (static_cast<int>(hosts_.size()) >= options_.max_hosts) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the cluster has ", hosts_.size(), " hosts, the most allowed"));
@@ -123,6 +196,7 @@ absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
     grant.ttl = options_.lease_ttl;
     grant.hosts = HostsLocked();
   }
+  Deliver(answers);
   timer_.Schedule(now + options_.lease_ttl, [this, lease_id] { OnLeaseTimer(lease_id); });
   LogEvent(LogLevel::kInfo, "cluster_host_joined",
            {{"host_id", id}, {"address", std::string(address)},
@@ -150,14 +224,16 @@ absl::Status InMemoryCoordinator::Heartbeat(absl::string_view lease_id) {
 absl::Status InMemoryCoordinator::Leave(absl::string_view lease_id) {
   if (lease_id.empty()) return absl::InvalidArgumentError("lease_id is empty");
   std::string host_id;
+  std::vector<MeshAnswer> answers;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
     auto it = leases_.find(lease_id);
     if (it == leases_.end()) return absl::NotFoundError("lease not found");
     host_id = it->second;
-    EndLeaseLocked(host_id, "left");
+    EndLeaseLocked(host_id, "left", &answers);
   }
+  Deliver(answers);
   LogEvent(LogLevel::kInfo, "cluster_host_left", {{"host_id", host_id}});
   return absl::OkStatus();
 }
@@ -176,7 +252,8 @@ std::vector<HostRecord> InMemoryCoordinator::HostsLocked() {
   return out;
 }
 
-void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::string_view why) {
+void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::string_view why,
+                                         std::vector<MeshAnswer>* answers) {
   auto h = hosts_.find(host_id);
   if (h == hosts_.end()) return;
   const std::string lease_id = h->second.lease_id;
@@ -190,6 +267,12 @@ void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::strin
       }
     }
     owned_.erase(owned);
+  }
+  for (auto& [key, record] : meshes_) {
+    if (record.live != nullptr && record.live->host_members.count(host_id) > 0) {
+      EndGenerationLocked(key, record,
+                          absl::StrCat("host ", host_id, "'s lease ended (", why, ")"), answers);
+    }
   }
   LogEvent(LogLevel::kDebug, "cluster_lease_ended", {{"host_id", host_id}, {"why", std::string(why)}});
 }
@@ -206,6 +289,7 @@ void InMemoryCoordinator::EraseKeyLocked(std::map<std::string, Entry, std::less<
 
 void InMemoryCoordinator::OnLeaseTimer(const std::string& lease_id) {
   std::string host_id;
+  std::vector<MeshAnswer> answers;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return;
@@ -219,8 +303,9 @@ void InMemoryCoordinator::OnLeaseTimer(const std::string& lease_id) {
       return;
     }
     host_id = it->second;
-    EndLeaseLocked(host_id, "expired");
+    EndLeaseLocked(host_id, "expired", &answers);
   }
+  Deliver(answers);
   LogEvent(LogLevel::kWarn, "cluster_lease_expired",
            {{"host_id", host_id},
             {"lease_ttl_ms", absl::StrCat(absl::ToInt64Milliseconds(options_.lease_ttl))}});
@@ -331,9 +416,9 @@ void InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration time
       } else if (timeout == absl::ZeroDuration()) {
         now_result = absl::NotFoundError(
             absl::StrCat("keys not set: ", absl::StrJoin(missing, ", ")));
-      } else if (static_cast<int>(waiters_.size()) >= options_.max_waiters) {
-        now_result = absl::ResourceExhaustedError(
-            absl::StrCat(waiters_.size(), " gets are waiting already, the most allowed"));
+      } else if (WaiterCountLocked() >= options_.max_waiters) {
+        now_result = absl::ResourceExhaustedError(absl::StrCat(
+            WaiterCountLocked(), " gets and mesh waits are waiting already, the most allowed"));
       } else {
         const uint64_t id = next_waiter_++;
         Waiter& w = waiters_[id];
@@ -404,6 +489,7 @@ absl::StatusOr<int64_t> InMemoryCoordinator::Delete(const std::vector<std::strin
 
 void InMemoryCoordinator::Shutdown() {
   std::vector<GetCallback> waiting;
+  std::vector<MeshWaitCallback> mesh_waiting;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return;
@@ -413,10 +499,374 @@ void InMemoryCoordinator::Shutdown() {
       waiting.push_back(std::move(w.done));
     }
     waiters_.clear();
+    for (auto& [id, w] : mesh_waiters_) {
+      timer_.Cancel(w.timer);
+      mesh_waiting.push_back(std::move(w.done));
+    }
+    mesh_waiters_.clear();
+    for (auto& [key, record] : meshes_) {
+      if (record.live != nullptr) record.live->waiters.clear();
+    }
   }
   for (GetCallback& done : waiting) {
     done(absl::UnavailableError("the coordinator is shutting down"));
   }
+  for (MeshWaitCallback& done : mesh_waiting) {
+    done(absl::UnavailableError("the coordinator is shutting down"));
+  }
+}
+
+// ---- The mesh registry ----
+
+void InMemoryCoordinator::Deliver(std::vector<MeshAnswer>& answers) {
+  for (MeshAnswer& a : answers) a.done(std::move(a.result));
+  answers.clear();
+}
+
+int64_t InMemoryCoordinator::WaiterCountLocked() {
+  return static_cast<int64_t>(waiters_.size() + mesh_waiters_.size());
+}
+
+MeshMembership InMemoryCoordinator::MembershipLocked(const MeshGeneration& gen) {
+  MeshMembership m;
+  m.generation = gen.number;
+  m.op_timeout_ms = gen.op_timeout_ms;
+  m.member_host.reserve(gen.member_host.size());
+  for (const auto& [index, host] : gen.member_host) m.member_host.push_back(host);
+  for (const auto& [id, count] : gen.host_members) {
+    HostRecord r;
+    r.host_id = id;
+    // Every host of a live generation holds a lease (a lease's end ends it).
+    if (auto h = hosts_.find(id); h != hosts_.end()) {
+      r.address = h->second.address;
+      r.joined_at = h->second.joined_at;
+      r.last_heartbeat = h->second.last_heartbeat;
+    }
+    m.hosts.push_back(std::move(r));
+  }
+  return m;
+}
+
+absl::Status InMemoryCoordinator::NotFullLocked(const std::string& key,
+                                                const MeshGeneration& gen) {
+  constexpr int64_t kNamed = 16;
+  std::vector<std::string> missing;
+  int64_t more = 0;
+  for (int64_t i = 0; i < gen.members; ++i) {
+    if (gen.member_host.count(static_cast<int32_t>(i)) > 0) continue;
+    if (static_cast<int64_t>(missing.size()) < kNamed) {
+      missing.push_back(absl::StrCat(i));
+    } else {
+      ++more;
+    }
+  }
+  std::string text = absl::StrCat(
+      MeshName(key, gen.number), " did not fill before the deadline: ", gen.member_host.size(),
+      " of ", gen.members, " members registered; missing ", absl::StrJoin(missing, ", "));
+  if (more > 0) absl::StrAppend(&text, " and ", more, " more");
+  std::vector<std::string> by_host;
+  for (const auto& [id, count] : gen.host_members) {
+    by_host.push_back(absl::StrCat(id, " (", count, ")"));
+  }
+  absl::StrAppend(&text, "; registered by ",
+                  by_host.empty() ? std::string("no host") : absl::StrJoin(by_host, ", "));
+  return absl::DeadlineExceededError(text);
+}
+
+absl::Status InMemoryCoordinator::NotLiveLocked(const std::string& key, int64_t generation) {
+  auto it = meshes_.find(key);
+  if (it == meshes_.end() || generation > it->second.last_generation) {
+    return absl::NotFoundError(absl::StrCat(
+        "mesh '", key, "' has no generation ", generation,
+        " (never registered, or ended more than ", absl::FormatDuration(kMeshMemory),
+        " ago)"));
+  }
+  for (const MeshEnding& e : it->second.endings) {
+    if (e.generation == generation) {
+      return absl::AbortedError(absl::StrCat(MeshName(key, generation), " ended: ", e.reason));
+    }
+  }
+  return absl::AbortedError(absl::StrCat(MeshName(key, generation),
+                                         " ended (the mesh is at generation ",
+                                         it->second.last_generation, " now)"));
+}
+
+void InMemoryCoordinator::EndGenerationLocked(const std::string& key, MeshRecord& record,
+                                              std::string reason, std::vector<MeshAnswer>* out) {
+  MeshGeneration& gen = *record.live;
+  const absl::Status aborted =
+      absl::AbortedError(absl::StrCat(MeshName(key, gen.number), " ended: ", reason));
+  for (uint64_t id : gen.waiters) {
+    auto w = mesh_waiters_.find(id);
+    if (w == mesh_waiters_.end()) continue;
+    timer_.Cancel(w->second.timer);
+    out->push_back({std::move(w->second.done), aborted});
+    mesh_waiters_.erase(w);
+  }
+  LogEvent(LogLevel::kInfo, "cluster_mesh_ended",
+           {{"key", key}, {"generation", absl::StrCat(gen.number)}, {"reason", reason}});
+  record.endings.push_back({gen.number, std::move(reason)});
+  while (record.endings.size() > kKeptMeshEndings) record.endings.pop_front();
+  record.idle_since = absl::Now();
+  record.live.reset();
+}
+
+bool InMemoryCoordinator::SweepMeshesLocked(bool need_room) {
+  const absl::Time now = absl::Now();
+  if (!need_room && now - last_mesh_sweep_ < absl::Minutes(1)) return true;
+  last_mesh_sweep_ = now;
+  auto oldest = meshes_.end();
+  for (auto it = meshes_.begin(); it != meshes_.end();) {
+    const MeshRecord& r = it->second;
+    if (r.live != nullptr) {
+      ++it;
+      continue;
+    }
+    if (now - r.idle_since >= kMeshMemory) {
+      forgotten_generations_ = std::max(forgotten_generations_, r.last_generation);
+      it = meshes_.erase(it);
+      continue;
+    }
+    if (oldest == meshes_.end() || r.idle_since < oldest->second.idle_since) oldest = it;
+    ++it;
+  }
+  if (!need_room || static_cast<int64_t>(meshes_.size()) < options_.max_meshes) return true;
+  if (oldest == meshes_.end()) return false;
+  forgotten_generations_ = std::max(forgotten_generations_, oldest->second.last_generation);
+  meshes_.erase(oldest);
+  return true;
+}
+
+absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration& reg) {
+  if (absl::Status st = ValidateMeshRegistration(reg); !st.ok()) return st;
+  std::vector<MeshAnswer> answers;
+  int64_t number = 0;
+  bool became_ready = false;
+  {
+    MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+    auto lease = leases_.find(reg.lease_id);
+    if (lease == leases_.end() || lease->second != reg.host_id) {
+      return absl::NotFoundError(absl::StrCat(
+          "lease_id: host ", reg.host_id,
+          " holds no such lease (it expired, was left or replaced); join again"));
+    }
+    SweepMeshesLocked(/*need_room=*/false);
+    auto it = meshes_.find(reg.key);
+    if (it == meshes_.end()) {
+      if (static_cast<int64_t>(meshes_.size()) >= options_.max_meshes &&
+          !SweepMeshesLocked(/*need_room=*/true)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the registry holds ", meshes_.size(), " meshes, the most allowed"));
+      }
+      it = meshes_.emplace(reg.key, MeshRecord()).first;
+      it->second.last_generation = forgotten_generations_;
+    }
+    MeshRecord& record = it->second;
+    if (record.live != nullptr) {
+      const MeshGeneration& gen = *record.live;
+      const std::string name = MeshName(reg.key, gen.number);
+      if (!SameToken(reg.token, gen.token)) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("mesh '", reg.key, "' needs the join token its first member set (host ",
+                         gen.first_host, ")"));
+      }
+      if (reg.axes != gen.axes || reg.members != gen.members) {
+        std::vector<std::string> asks;
+        if (reg.axes != gen.axes) asks.push_back(absl::StrCat("(", reg.axes, ")"));
+        if (reg.members != gen.members) asks.push_back(absl::StrCat(reg.members, " members"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            name, " is ", gen.ready ? "ready" : "forming", " with axes (", gen.axes, ") and ",
+            gen.members, " members (first registered by host ", gen.first_host, "); host ",
+            reg.host_id, " asks for ", absl::StrJoin(asks, " and ")));
+      }
+      if (reg.op_timeout_ms != 0 && gen.op_timeout_ms != 0 &&
+          reg.op_timeout_ms != gen.op_timeout_ms) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            name, " has op timeout ", gen.op_timeout_ms, " ms (asked by host ",
+            gen.op_timeout_host, "); host ", reg.host_id, " asks for ", reg.op_timeout_ms,
+            " ms"));
+      }
+      if (gen.ready) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(name, " is already full (", gen.members, " members)"));
+      }
+      for (int32_t i : reg.indices) {
+        if (auto taken = gen.member_host.find(i); taken != gen.member_host.end()) {
+          return absl::AlreadyExistsError(absl::StrCat("member ", i, " of ", name,
+                                                       " is already registered by host ",
+                                                       taken->second));
+        }
+      }
+    } else {
+      auto gen = std::make_unique<MeshGeneration>();
+      gen->number = ++record.last_generation;
+      gen->axes = reg.axes;
+      gen->members = reg.members;
+      gen->token = reg.token;
+      gen->first_host = reg.host_id;
+      record.live = std::move(gen);
+    }
+    MeshGeneration& gen = *record.live;
+    number = gen.number;
+    if (gen.op_timeout_ms == 0 && reg.op_timeout_ms != 0) {
+      gen.op_timeout_ms = reg.op_timeout_ms;
+      gen.op_timeout_host = reg.host_id;
+    }
+    for (int32_t i : reg.indices) gen.member_host[i] = reg.host_id;
+    gen.host_members[reg.host_id] += static_cast<int64_t>(reg.indices.size());
+    if (static_cast<int64_t>(gen.member_host.size()) == gen.members) {
+      gen.ready = true;
+      became_ready = true;
+      const MeshMembership membership = MembershipLocked(gen);
+      for (uint64_t id : gen.waiters) {
+        auto w = mesh_waiters_.find(id);
+        if (w == mesh_waiters_.end()) continue;
+        timer_.Cancel(w->second.timer);
+        answers.push_back({std::move(w->second.done), membership});
+        mesh_waiters_.erase(w);
+      }
+      gen.waiters.clear();
+    }
+  }
+  Deliver(answers);
+  if (became_ready) {
+    LogEvent(LogLevel::kInfo, "cluster_mesh_ready",
+             {{"key", reg.key}, {"generation", absl::StrCat(number)},
+              {"members", absl::StrCat(reg.members)}});
+  }
+  return number;
+}
+
+void InMemoryCoordinator::MeshWait(std::string key, int64_t generation, absl::Duration timeout,
+                                   MeshWaitCallback done) {
+  if (absl::Status st = ValidateKey(key); !st.ok()) {
+    done(st);
+    return;
+  }
+  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) {
+    done(st);
+    return;
+  }
+  if (timeout < absl::ZeroDuration()) {
+    done(absl::InvalidArgumentError("timeout must be >= 0"));
+    return;
+  }
+  timeout = std::min(timeout, kMaxKeyWait);
+  absl::StatusOr<MeshMembership> now_result;
+  {
+    MutexLock lock(&mu_);
+    auto it = meshes_.find(key);
+    MeshGeneration* gen = it != meshes_.end() && it->second.live != nullptr &&
+                                  it->second.live->number == generation
+                              ? it->second.live.get()
+                              : nullptr;
+    if (shutdown_) {
+      now_result = absl::UnavailableError("the coordinator is shutting down");
+    } else if (gen == nullptr) {
+      now_result = NotLiveLocked(key, generation);
+    } else if (gen->ready) {
+      now_result = MembershipLocked(*gen);
+    } else if (timeout == absl::ZeroDuration()) {
+      now_result = NotFullLocked(key, *gen);
+    } else if (WaiterCountLocked() >= options_.max_waiters) {
+      now_result = absl::ResourceExhaustedError(absl::StrCat(
+          WaiterCountLocked(), " gets and mesh waits are waiting already, the most allowed"));
+    } else {
+      const uint64_t id = next_waiter_++;
+      MeshWaiter& w = mesh_waiters_[id];
+      w.key = std::move(key);
+      w.done = std::move(done);
+      gen->waiters.insert(id);
+      // Scheduled under mu_, as Get's timeout.
+      w.timer = timer_.Schedule(absl::Now() + timeout, [this, id] { OnMeshWaitTimeout(id); });
+      return;
+    }
+  }
+  done(std::move(now_result));
+}
+
+void InMemoryCoordinator::OnMeshWaitTimeout(uint64_t waiter_id) {
+  MeshWaitCallback done;
+  absl::Status status;
+  {
+    MutexLock lock(&mu_);
+    auto w = mesh_waiters_.find(waiter_id);
+    if (w == mesh_waiters_.end()) return;  // answered meanwhile
+    done = std::move(w->second.done);
+    // A waiter is answered when its generation fills or ends, so the key's
+    // live generation is still the one it waits for.
+    auto it = meshes_.find(w->second.key);
+    if (it != meshes_.end() && it->second.live != nullptr) {
+      it->second.live->waiters.erase(waiter_id);
+      status = NotFullLocked(w->second.key, *it->second.live);
+    } else {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("mesh '", w->second.key, "' did not fill before the deadline"));
+    }
+    mesh_waiters_.erase(w);
+  }
+  done(status);
+}
+
+absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t generation,
+                                            absl::string_view host_id,
+                                            const std::vector<int32_t>& indices, bool broken,
+                                            absl::string_view reason) {
+  if (absl::Status st = ValidateKey(key); !st.ok()) return st;
+  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) return st;
+  if (absl::Status st = ValidateHostId(host_id); !st.ok()) return st;
+  if (indices.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("indices has ", indices.size(),
+                                                   " entries; at most ", kMaxKeysPerRequest,
+                                                   " are allowed"));
+  }
+  if (reason.size() > kMaxMeshReasonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reason is ", reason.size(), " bytes; at most ", kMaxMeshReasonBytes, " are allowed"));
+  }
+  std::vector<MeshAnswer> answers;
+  {
+    MutexLock lock(&mu_);
+    if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+    auto it = meshes_.find(key);
+    if (it == meshes_.end() || it->second.live == nullptr ||
+        it->second.live->number != generation) {
+      absl::Status st = NotLiveLocked(std::string(key), generation);
+      // A generation that ended already: nothing changes.
+      return st.code() == absl::StatusCode::kAborted ? absl::OkStatus() : st;
+    }
+    MeshRecord& record = it->second;
+    MeshGeneration& gen = *record.live;
+    const std::string host(host_id);
+    if (broken || gen.ready) {
+      // Members leaving a formed mesh break it.
+      EndGenerationLocked(
+          it->first, record,
+          absl::StrCat("host ", host, ": ",
+                       reason.empty() ? (broken ? "broke" : "left the formed mesh") : reason),
+          &answers);
+    } else {
+      for (int32_t i : indices) {
+        auto m = gen.member_host.find(i);
+        if (m == gen.member_host.end() || m->second != host) continue;
+        gen.member_host.erase(m);
+        if (auto h = gen.host_members.find(host); h != gen.host_members.end() && --h->second == 0) {
+          gen.host_members.erase(h);
+        }
+      }
+      if (gen.member_host.empty()) {
+        EndGenerationLocked(it->first, record, "every member left", &answers);
+      }
+    }
+  }
+  Deliver(answers);
+  return absl::OkStatus();
+}
+
+int64_t InMemoryCoordinator::mesh_key_count() {
+  MutexLock lock(&mu_);
+  return static_cast<int64_t>(meshes_.size());
 }
 
 int64_t InMemoryCoordinator::key_count() {

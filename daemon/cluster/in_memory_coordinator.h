@@ -9,6 +9,17 @@
 // its host leaves ListHosts and the keys it owns (Set with a lease_id) are
 // deleted. Keys set without a lease stay until deleted.
 //
+// The mesh registry keeps, per mesh key, the last generation number, the live
+// generation (if any) and the reasons of the last kKeptMeshEndings ended
+// generations (late MeshWait callers get the real reason). A key whose record
+// has no live generation is forgotten once its last generation ended more
+// than kMeshMemory ago, or earlier when max_meshes records exist and a new key
+// needs one (the record idle the longest goes). Generation numbers never
+// repeat: a forgotten key starts again above every number a forgotten key
+// had. MeshWait / MeshLeave on a forgotten key answer NOT_FOUND. A host's
+// lease ending (expiry, Leave, a new Join of the host) ends every live
+// generation in which the host holds members.
+//
 // Thread model: every method takes mu_; Get callbacks and the timer's expiry
 // run with no lock held (gathered under the lock, run after unlocking). The
 // timer thread expires leases and times out waits.
@@ -16,7 +27,9 @@
 #define COLLECTIVED_DAEMON_CLUSTER_IN_MEMORY_COORDINATOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,8 +50,11 @@ struct InMemoryCoordinatorOptions {
   // Most keys, and most key + value bytes, stored at once.
   int64_t max_keys = 65536;
   int64_t max_store_bytes = int64_t{256} << 20;
-  // Most Gets waiting at once.
+  // Most Gets and MeshWaits waiting at once (together).
   int max_waiters = 4096;
+  // Most mesh keys remembered at once (RESOURCE_EXHAUSTED for a new key
+  // when every one of them has a live generation).
+  int max_meshes = 4096;
 };
 
 class InMemoryCoordinator final : public Coordinator {
@@ -58,10 +74,23 @@ class InMemoryCoordinator final : public Coordinator {
   void Get(std::vector<std::string> keys, absl::Duration timeout, GetCallback done) override;
   absl::StatusOr<int64_t> Delete(const std::vector<std::string>& keys,
                                  absl::string_view prefix) override;
+  absl::StatusOr<int64_t> MeshRegister(const MeshRegistration& registration) override;
+  void MeshWait(std::string key, int64_t generation, absl::Duration timeout,
+                MeshWaitCallback done) override;
+  absl::Status MeshLeave(absl::string_view key, int64_t generation, absl::string_view host_id,
+                         const std::vector<int32_t>& indices, bool broken,
+                         absl::string_view reason) override;
   void Shutdown() override;
 
   // How many keys are stored (for tests and stats).
   int64_t key_count();
+  // How many mesh keys the registry remembers (for tests and stats).
+  int64_t mesh_key_count();
+
+  // Ended generations whose reasons a key keeps.
+  static constexpr size_t kKeptMeshEndings = 8;
+  // How long a key without a live generation is remembered.
+  static constexpr absl::Duration kMeshMemory = absl::Minutes(10);
 
  private:
   struct Host {
@@ -86,10 +115,45 @@ class InMemoryCoordinator final : public Coordinator {
     absl::StatusOr<std::vector<KeyValue>> result;
   };
 
+  struct MeshGeneration {
+    int64_t number = 0;
+    std::string axes;
+    int64_t members = 0;
+    std::string token;
+    std::string first_host;  // the host of the first registration
+    int64_t op_timeout_ms = 0;
+    std::string op_timeout_host;  // the host that set op_timeout_ms
+    std::map<int32_t, std::string> member_host;  // index -> host id
+    std::map<std::string, int64_t> host_members;  // host id -> indices held
+    bool ready = false;
+    std::set<uint64_t> waiters;  // ids in mesh_waiters_
+  };
+  struct MeshEnding {
+    int64_t generation = 0;
+    std::string reason;
+  };
+  struct MeshRecord {
+    int64_t last_generation = 0;
+    std::unique_ptr<MeshGeneration> live;  // null when none
+    std::deque<MeshEnding> endings;  // the last kKeptMeshEndings, oldest first
+    absl::Time idle_since;  // when the last generation ended
+  };
+  struct MeshWaiter {
+    std::string key;
+    MeshWaitCallback done;
+    DeadlineTimer::TimerId timer = 0;
+  };
+  // A MeshWait answer to deliver after unlocking.
+  struct MeshAnswer {
+    MeshWaitCallback done;
+    absl::StatusOr<MeshMembership> result;
+  };
+
   // Ends the lease of `host_id` (expiry, leave or replacement): removes the
-  // host and deletes the keys its lease owns.
-  void EndLeaseLocked(const std::string& host_id, absl::string_view why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // host, deletes the keys its lease owns and ends the live mesh generations
+  // it holds members of (their waiters' answers go to `answers`).
+  void EndLeaseLocked(const std::string& host_id, absl::string_view why,
+                      std::vector<MeshAnswer>* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseKeyLocked(std::map<std::string, Entry, std::less<>>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The timer callback of a lease: ends it if it was not renewed, or
@@ -102,6 +166,27 @@ class InMemoryCoordinator final : public Coordinator {
   std::vector<KeyValue> ValuesLocked(const std::vector<std::string>& keys)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<HostRecord> HostsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t WaiterCountLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Ends the live generation of `record` for `reason`: its waiters get
+  // ABORTED (into `out`), the reason is kept.
+  void EndGenerationLocked(const std::string& key, MeshRecord& record, std::string reason,
+                           std::vector<MeshAnswer>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MeshMembership MembershipLocked(const MeshGeneration& gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DEADLINE_EXCEEDED for a generation still forming: the missing indices
+  // and who registered how many.
+  absl::Status NotFullLocked(const std::string& key, const MeshGeneration& gen)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ABORTED (ended, with the kept reason) or NOT_FOUND (never issued, or
+  // forgotten) for a generation of `key` that is not live.
+  absl::Status NotLiveLocked(const std::string& key, int64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the records idle for kMeshMemory (checked at most once a minute,
+  // or always with `need_room` when max_meshes are held, then forgetting the
+  // record idle the longest). False when no room could be made.
+  bool SweepMeshesLocked(bool need_room) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnMeshWaitTimeout(uint64_t waiter_id);
+  static void Deliver(std::vector<MeshAnswer>& answers);
 
   const InMemoryCoordinatorOptions options_;
   Mutex mu_;
@@ -117,6 +202,12 @@ class InMemoryCoordinator final : public Coordinator {
   absl::flat_hash_map<std::string, std::set<std::string>> owned_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
+  // The mesh registry, by key.
+  std::map<std::string, MeshRecord, std::less<>> meshes_ ABSL_GUARDED_BY(mu_);
+  // Every generation number a forgotten key had is at most this.
+  int64_t forgotten_generations_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_mesh_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<uint64_t, MeshWaiter> mesh_waiters_ ABSL_GUARDED_BY(mu_);
   // Last member: stopped first in the destructor, before the state above.
   DeadlineTimer timer_;
 };
