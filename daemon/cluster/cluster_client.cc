@@ -335,4 +335,65 @@ absl::StatusOr<std::vector<HostRecord>> ClusterClient::ListHosts() {
   return out;
 }
 
+absl::StatusOr<int64_t> ClusterClient::MeshRegister(MeshRegistration registration) {
+  v1::MeshRegisterRequest req;
+  {
+    MutexLock lock(&mu_);
+    if (lease_.empty()) return absl::FailedPreconditionError("not joined to the cluster");
+    req.set_lease_id(lease_);
+  }
+  req.set_key(std::move(registration.key));
+  req.set_host_id(options_.host_id);
+  req.set_axes(std::move(registration.axes));
+  req.set_members(registration.members);
+  req.set_token(std::move(registration.token));
+  req.set_op_timeout_ms(registration.op_timeout_ms);
+  for (int32_t i : registration.indices) req.add_indices(i);
+  v1::MeshRegisterResponse resp;
+  absl::Status st =
+      CallCurrent(&v1::Cluster::Stub::MeshRegister, req, &resp, options_.rpc_timeout);
+  if (!st.ok()) return st;
+  return resp.generation();
+}
+
+absl::StatusOr<MeshMembership> ClusterClient::MeshWait(const std::string& key,
+                                                       int64_t generation,
+                                                       absl::Duration timeout) {
+  if (timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeout must be >= 0");
+  }
+  timeout = std::min(timeout, kMaxKeyWait);
+  v1::MeshWaitRequest req;
+  req.set_key(key);
+  req.set_generation(generation);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  v1::MeshWaitResponse resp;
+  absl::Status st =
+      CallCurrent(&v1::Cluster::Stub::MeshWait, req, &resp, timeout + options_.rpc_timeout);
+  if (!st.ok()) return st;
+  MeshMembership m;
+  m.generation = resp.generation();
+  m.op_timeout_ms = resp.op_timeout_ms();
+  for (std::string& h : *resp.mutable_member_host()) m.member_host.push_back(std::move(h));
+  for (const v1::HostInfo& h : resp.hosts()) {
+    m.hosts.push_back({h.host_id(), h.address(), absl::FromUnixMillis(h.joined_at_unix_ms()),
+                       absl::FromUnixMillis(h.last_heartbeat_unix_ms())});
+  }
+  return m;
+}
+
+absl::Status ClusterClient::MeshLeave(const std::string& key, int64_t generation,
+                                      const std::vector<int32_t>& indices, bool broken,
+                                      const std::string& reason) {
+  v1::MeshLeaveRequest req;
+  req.set_key(key);
+  req.set_generation(generation);
+  req.set_host_id(options_.host_id);
+  for (int32_t i : indices) req.add_indices(i);
+  req.set_broken(broken);
+  req.set_reason(reason);
+  v1::MeshLeaveResponse resp;
+  return CallCurrent(&v1::Cluster::Stub::MeshLeave, req, &resp, options_.rpc_timeout);
+}
+
 }  // namespace collectived

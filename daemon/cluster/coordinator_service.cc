@@ -1,5 +1,6 @@
 #include "daemon/cluster/coordinator_service.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -135,6 +136,60 @@ grpc::ServerUnaryReactor* CoordinatorService::KeyDelete(grpc::CallbackServerCont
   auto deleted = coordinator_->Delete(keys, req->prefix());
   if (deleted.ok()) resp->set_deleted(*deleted);
   return Finish(ctx, deleted.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::MeshRegister(grpc::CallbackServerContext* ctx,
+                                                           const v1::MeshRegisterRequest* req,
+                                                           v1::MeshRegisterResponse* resp) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  MeshRegistration reg;
+  reg.key = req->key();
+  reg.host_id = req->host_id();
+  reg.lease_id = req->lease_id();
+  reg.axes = req->axes();
+  reg.members = req->members();
+  reg.token = req->token();
+  reg.op_timeout_ms = req->op_timeout_ms();
+  reg.indices.assign(req->indices().begin(), req->indices().end());
+  auto generation = coordinator_->MeshRegister(reg);
+  if (generation.ok()) resp->set_generation(*generation);
+  return Finish(ctx, generation.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::MeshWait(grpc::CallbackServerContext* ctx,
+                                                       const v1::MeshWaitRequest* req,
+                                                       v1::MeshWaitResponse* resp) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  if (req->timeout_ms() < 0) {
+    return Finish(ctx, absl::InvalidArgumentError("timeout_ms must be >= 0"));
+  }
+  auto* reactor = ctx->DefaultReactor();
+  // Capped by the coordinator too (kMaxKeyWait), so the reactor is always
+  // finished, as KeyGet's.
+  const int64_t timeout_ms =
+      std::min<int64_t>(req->timeout_ms(), absl::ToInt64Milliseconds(kMaxKeyWait));
+  coordinator_->MeshWait(req->key(), req->generation(), absl::Milliseconds(timeout_ms),
+                         [reactor, resp](absl::StatusOr<MeshMembership> r) {
+                           if (r.ok()) {
+                             resp->set_generation(r->generation);
+                             resp->set_op_timeout_ms(r->op_timeout_ms);
+                             for (std::string& h : r->member_host) {
+                               resp->add_member_host(std::move(h));
+                             }
+                             for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
+                           }
+                           reactor->Finish(ToGrpcStatus(r.status()));
+                         });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::MeshLeave(grpc::CallbackServerContext* ctx,
+                                                        const v1::MeshLeaveRequest* req,
+                                                        v1::MeshLeaveResponse*) {
+  if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
+  std::vector<int32_t> indices(req->indices().begin(), req->indices().end());
+  return Finish(ctx, coordinator_->MeshLeave(req->key(), req->generation(), req->host_id(),
+                                             indices, req->broken(), req->reason()));
 }
 
 }  // namespace collectived

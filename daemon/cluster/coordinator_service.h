@@ -2,7 +2,7 @@
 //
 // A thin callback service: each method checks the cluster token, translates
 // its request, calls the coordinator and finishes. No method blocks a gRPC
-// thread: KeyGet finishes from the coordinator's callback.
+// thread: KeyGet and MeshWait finish from the coordinator's callback.
 #ifndef COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_SERVICE_H_
 #define COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_SERVICE_H_
 
@@ -48,6 +48,15 @@ class CoordinatorService final : public v1::Cluster::CallbackService {
   grpc::ServerUnaryReactor* KeyDelete(grpc::CallbackServerContext* ctx,
                                       const v1::KeyDeleteRequest* req,
                                       v1::KeyDeleteResponse* resp) override;
+  grpc::ServerUnaryReactor* MeshRegister(grpc::CallbackServerContext* ctx,
+                                         const v1::MeshRegisterRequest* req,
+                                         v1::MeshRegisterResponse* resp) override;
+  grpc::ServerUnaryReactor* MeshWait(grpc::CallbackServerContext* ctx,
+                                     const v1::MeshWaitRequest* req,
+                                     v1::MeshWaitResponse* resp) override;
+  grpc::ServerUnaryReactor* MeshLeave(grpc::CallbackServerContext* ctx,
+                                      const v1::MeshLeaveRequest* req,
+                                      v1::MeshLeaveResponse* resp) override;
 
  private:
   // OK when the call carries the token (or none is required).
