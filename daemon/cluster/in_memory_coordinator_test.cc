@@ -1,5 +1,5 @@
 // InMemoryCoordinator: leases, the key-value store and its blocking waits,
-// and the refusal of bad input. Real timers with short ttls; every wait
+// the mesh registry, and the refusal of bad input. Real timers with short ttls; every wait
 // polls against a deadline.
 #include "daemon/cluster/in_memory_coordinator.h"
 
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "tests/harness/eventually.h"
 
@@ -258,6 +259,397 @@ TEST(InMemoryCoordinatorTest, AnHourLongWaitIsAcceptedAndWokenBySet) {
   ASSERT_TRUE(c.Set("k", "v", {}).ok());
   ASSERT_TRUE(g.done.WaitForNotificationWithTimeout(kPatience));
   EXPECT_TRUE(g.result.ok());
+}
+
+// ---- The mesh registry ----
+
+// The result of one MeshWait, filled by its callback.
+struct MeshWaitResult {
+  Notification done;
+  absl::StatusOr<MeshMembership> result = absl::UnknownError("not called");
+  Coordinator::MeshWaitCallback Callback() {
+    return [this](absl::StatusOr<MeshMembership> r) {
+      result = std::move(r);
+      done.Notify();
+    };
+  }
+};
+
+MeshRegistration Reg(const std::string& key, const std::string& host, const std::string& lease,
+                     std::vector<int32_t> indices, int64_t members = 2,
+                     const std::string& axes = "data=2", const std::string& token = "tok",
+                     int64_t op_timeout_ms = 0) {
+  MeshRegistration r;
+  r.key = key;
+  r.host_id = host;
+  r.lease_id = lease;
+  r.axes = axes;
+  r.members = members;
+  r.token = token;
+  r.op_timeout_ms = op_timeout_ms;
+  r.indices = std::move(indices);
+  return r;
+}
+
+// Answered at once (zero timeout) for generation `generation` of `key`.
+absl::StatusOr<MeshMembership> WaitNow(InMemoryCoordinator& c, const std::string& key,
+                                       int64_t generation) {
+  MeshWaitResult w;
+  c.MeshWait(key, generation, absl::ZeroDuration(), w.Callback());
+  EXPECT_TRUE(w.done.HasBeenNotified());
+  return w.result;
+}
+
+TEST(InMemoryCoordinatorMeshTest, TwoHostsFormAGenerationAndEveryWaiterGetsItsMembership) {
+  InMemoryCoordinator c;
+  auto a = c.Join("host-a", "10.0.0.1:7000");
+  auto b = c.Join("host-b", "10.0.0.2:7000");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ga = c.MeshRegister(Reg("job/mesh", "host-b", b->lease_id, {1}, 2, "data=2", "tok", 3000));
+  ASSERT_TRUE(ga.ok()) << ga.status();
+  EXPECT_EQ(*ga, 1);
+  MeshWaitResult wb;
+  c.MeshWait("job/mesh", 1, absl::Seconds(30), wb.Callback());
+  EXPECT_FALSE(wb.done.HasBeenNotified());
+  auto gb = c.MeshRegister(Reg("job/mesh", "host-a", a->lease_id, {0}));
+  ASSERT_TRUE(gb.ok()) << gb.status();
+  EXPECT_EQ(*gb, 1);
+  ASSERT_TRUE(wb.done.WaitForNotificationWithTimeout(kPatience));
+  ASSERT_TRUE(wb.result.ok()) << wb.result.status();
+  // Asked after it filled: answered at once, the same membership.
+  auto wa = WaitNow(c, "job/mesh", 1);
+  ASSERT_TRUE(wa.ok()) << wa.status();
+  for (const MeshMembership* m : {&*wb.result, &*wa}) {
+    EXPECT_EQ(m->generation, 1);
+    EXPECT_EQ(m->member_host, (std::vector<std::string>{"host-a", "host-b"}));
+    EXPECT_EQ(m->op_timeout_ms, 3000);
+    ASSERT_EQ(m->hosts.size(), 2u);
+    EXPECT_EQ(m->hosts[0].host_id, "host-a");
+    EXPECT_EQ(m->hosts[0].address, "10.0.0.1:7000");
+    EXPECT_EQ(m->hosts[1].host_id, "host-b");
+    EXPECT_EQ(m->hosts[1].address, "10.0.0.2:7000");
+    EXPECT_EQ(m->hosts[1].joined_at, c.ListHosts().at(1).joined_at);
+  }
+  // A third registration on the full generation is refused.
+  auto cc = c.Join("host-c", "10.0.0.3:7000");
+  ASSERT_TRUE(cc.ok());
+  auto third = c.MeshRegister(Reg("job/mesh", "host-c", cc->lease_id, {0}));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(third.status().message(),
+            "mesh 'job/mesh' generation 1 is already full (2 members)");
+}
+
+TEST(InMemoryCoordinatorMeshTest, MismatchesAreRefusedNamingWhatDiffersAndChangeNothing) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0}, 4, "data=4", "tok", 5000)), 1);
+  auto axes = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=2", "tok"));
+  EXPECT_EQ(axes.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(axes.status().message(),
+            "mesh 'K' generation 1 is forming with axes (data=4) and 4 members (first "
+            "registered by host a); host b asks for (data=2)");
+  auto members = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 8, "data=4", "tok"));
+  EXPECT_EQ(members.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(members.status().message(),
+            "mesh 'K' generation 1 is forming with axes (data=4) and 4 members (first "
+            "registered by host a); host b asks for 8 members");
+  auto token = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=4", "other"));
+  EXPECT_EQ(token.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(token.status().message(),
+            "mesh 'K' needs the join token its first member set (host a)");
+  auto op_timeout = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=4", "tok", 7000));
+  EXPECT_EQ(op_timeout.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(op_timeout.status().message(),
+            "mesh 'K' generation 1 has op timeout 5000 ms (asked by host a); host b asks for "
+            "7000 ms");
+  // Index 0 is a's; index 1 in the same request is not taken by the refusal.
+  auto taken = c.MeshRegister(Reg("K", "b", b->lease_id, {1, 0}, 4, "data=4", "tok"));
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(taken.status().message(),
+            "member 0 of mesh 'K' generation 1 is already registered by host a");
+  MeshWaitResult early;
+  c.MeshWait("K", 1, absl::ZeroDuration(), early.Callback());
+  EXPECT_EQ(early.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(early.result.status().message().find("1 of 4 members registered; missing 1, 2, 3;"),
+            std::string::npos)
+      << early.result.status();
+  // Every refusal above left the generation as it was: b's valid
+  // registration (op timeout 0 matches any) fills it.
+  auto ok = c.MeshRegister(Reg("K", "b", b->lease_id, {1, 2, 3}, 4, "data=4", "tok", 0));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, 1);
+  auto m = WaitNow(c, "K", 1);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->member_host, (std::vector<std::string>{"a", "b", "b", "b"}));
+  EXPECT_EQ(m->op_timeout_ms, 5000);
+  // A ready generation refuses other axes the same way.
+  auto late = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=2", "tok"));
+  EXPECT_NE(late.status().message().find("is ready with axes (data=4)"), std::string::npos)
+      << late.status();
+}
+
+TEST(InMemoryCoordinatorMeshTest, RegistrationNeedsTheHostsOwnLease) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(c.Join("b", "127.0.0.1:2").ok());
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(c.MeshRegister(Reg("K", "b", a->lease_id, {0})).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshRegister(Reg("K", "a", "l-unknown", {0})).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.mesh_key_count(), 0);
+  auto g = c.MeshRegister(Reg("K", "a", a->lease_id, {0}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g, 1);
+}
+
+TEST(InMemoryCoordinatorMeshTest, WaitDeadlineNamesTheMissingIndicesAndWhoRegistered) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "a", a->lease_id, {0, 1}, 40, "data=40")).ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "b", b->lease_id, {5}, 40, "data=40")).ok());
+  MeshWaitResult w;
+  const absl::Time start = absl::Now();
+  c.MeshWait("K", 1, absl::Milliseconds(100), w.Callback());
+  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(95));
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(w.result.status().message(),
+            "mesh 'K' generation 1 did not fill before the deadline: 3 of 40 members "
+            "registered; missing 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18 and "
+            "21 more; registered by a (2), b (1)");
+  // The generation is still forming: the timeout changed nothing.
+  auto more = c.MeshRegister(Reg("K", "b", b->lease_id, {2}, 40, "data=40"));
+  ASSERT_TRUE(more.ok()) << more.status();
+  EXPECT_EQ(*more, 1);
+}
+
+TEST(InMemoryCoordinatorMeshTest, LeavingWhileFormingFreesOnlyTheLeaversIndices) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0, 1}, 3, "data=3")), 1);
+  // b cannot free a's index; a frees 1 (2 it never held is ignored).
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", {0}, false, "").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {1, 2}, false, "").ok());
+  auto taken = c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3"));
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
+  auto g = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 3, "data=3"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g, 1);
+  MeshWaitResult w;
+  c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
+  // Every member leaves: the generation ends, the waiter learns why.
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {0}, false, "").ok());
+  EXPECT_FALSE(w.done.HasBeenNotified());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", {1}, false, "").ok());
+  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(w.result.status().message(), "mesh 'K' generation 1 ended: every member left");
+  auto next = c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, 2);
+}
+
+TEST(InMemoryCoordinatorMeshTest, ABrokenGenerationAbortsItsWaitersAndTheNextOneFollows) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1);
+  MeshWaitResult w;
+  c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", {}, true, "link to a is down").ok());
+  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(w.result.status().message(),
+            "mesh 'K' generation 1 ended: host b: link to a is down");
+  // A late waiter gets the same reason; leaving again changes nothing.
+  EXPECT_EQ(WaitNow(c, "K", 1).status().message(), w.result.status().message());
+  EXPECT_TRUE(c.MeshLeave("K", 1, "a", {0}, true, "again").ok());
+  EXPECT_EQ(WaitNow(c, "K", 1).status().message(), w.result.status().message());
+  // The next registration starts generation 2, which forms afresh.
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 2);
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "b", b->lease_id, {1})), 2);
+  ASSERT_TRUE(WaitNow(c, "K", 2).ok());
+  // A member leaving the formed mesh breaks it too.
+  ASSERT_TRUE(c.MeshLeave("K", 2, "a", {0}, false, "").ok());
+  auto ended = WaitNow(c, "K", 2);
+  EXPECT_EQ(ended.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(ended.status().message(), "mesh 'K' generation 2 ended: host a: left the formed mesh");
+  // Never issued.
+  EXPECT_EQ(WaitNow(c, "K", 3).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(WaitNow(c, "other", 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshLeave("K", 3, "a", {0}, true, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshLeave("other", 1, "a", {0}, false, "").code(), absl::StatusCode::kNotFound);
+}
+
+TEST(InMemoryCoordinatorMeshTest, LateWaitersGetTheReasonsOfTheLastEightEndings) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  for (int i = 1; i <= 10; ++i) {
+    ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), i);
+    ASSERT_TRUE(c.MeshLeave("K", i, "a", {0}, true, absl::StrCat("failure ", i)).ok());
+  }
+  // Generations 3..10 keep their reasons; 2 is too old.
+  EXPECT_EQ(WaitNow(c, "K", 3).status().message(),
+            "mesh 'K' generation 3 ended: host a: failure 3");
+  EXPECT_EQ(WaitNow(c, "K", 10).status().message(),
+            "mesh 'K' generation 10 ended: host a: failure 10");
+  EXPECT_EQ(WaitNow(c, "K", 2).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(WaitNow(c, "K", 2).status().message(),
+            "mesh 'K' generation 2 ended (the mesh is at generation 10 now)");
+}
+
+TEST(InMemoryCoordinatorMeshTest, AnEndingLeaseEndsTheGenerationsOfItsHost) {
+  InMemoryCoordinator c({.lease_ttl = absl::Milliseconds(200)});
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1);
+  MeshWaitResult w;
+  c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
+  // No heartbeat: the lease expires and the generation ends with it.
+  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(w.result.status().message(),
+            "mesh 'K' generation 1 ended: host a's lease ended (expired)");
+}
+
+TEST(InMemoryCoordinatorMeshTest, LeaveAndRejoinEndTheGenerationsOfTheHost) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  // a holds members of K (ready) and L (forming); b of M only.
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "a", a->lease_id, {0})).ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "b", b->lease_id, {1})).ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("L", "a", a->lease_id, {0})).ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("M", "b", b->lease_id, {0})).ok());
+  MeshWaitResult w;
+  c.MeshWait("L", 1, absl::Seconds(30), w.Callback());
+  auto again = c.Join("a", "127.0.0.1:3");
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(w.result.status().message(),
+            "mesh 'L' generation 1 ended: host a's lease ended (replaced by a new join of the "
+            "host)");
+  EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(WaitNow(c, "M", 1).status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(c.Leave(b->lease_id).ok());
+  EXPECT_EQ(WaitNow(c, "M", 1).status().message(),
+            "mesh 'M' generation 1 ended: host b's lease ended (left)");
+}
+
+TEST(InMemoryCoordinatorMeshTest, ShutdownReleasesMeshWaitersAndRefusesLaterCalls) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "a", a->lease_id, {0})).ok());
+  MeshWaitResult w;
+  c.MeshWait("K", 1, absl::Minutes(4), w.Callback());
+  c.Shutdown();
+  ASSERT_TRUE(w.done.HasBeenNotified());
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.MeshRegister(Reg("K", "a", a->lease_id, {1})).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", {0}, true, "x").code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(InMemoryCoordinatorMeshTest, MeshWaitsCountAgainstTheWaiterCap) {
+  InMemoryCoordinator c({.max_waiters = 1});
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "a", a->lease_id, {0})).ok());
+  GetResult g;
+  c.Get({"never"}, absl::Seconds(30), g.Callback());
+  MeshWaitResult w;
+  c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
+  ASSERT_TRUE(w.done.HasBeenNotified());
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(InMemoryCoordinatorMeshTest, AFullRegistryForgetsAnEndedMeshAndNeverRepeatsItsNumbers) {
+  InMemoryCoordinator c({.max_meshes = 1});
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1);
+  // K is live: no room for L.
+  EXPECT_EQ(c.MeshRegister(Reg("L", "a", a->lease_id, {0})).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {0}, true, "done").ok());
+  // K ended: it is forgotten to make room for L.
+  ASSERT_EQ(*c.MeshRegister(Reg("L", "a", a->lease_id, {0})), 2);
+  EXPECT_EQ(c.mesh_key_count(), 1);
+  EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(c.MeshLeave("L", 2, "a", {0}, true, "done").ok());
+  // K again: above every number a forgotten key had, never 1 again.
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 3);
+}
+
+TEST(InMemoryCoordinatorMeshTest, BadMeshInputIsRefusedAndChangesNothing) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  const std::string lease = a->lease_id;
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+  std::vector<MeshRegistration> bad = {
+      Reg("", "a", lease, {0}),
+      Reg("bad key", "a", lease, {0}),
+      Reg("K", "", lease, {0}),
+      Reg("K", "a/b", lease, {0}),
+      Reg("K", "a", "", {0}),
+      Reg("K", "a", lease, {0}, 0),
+      Reg("K", "a", lease, {0}, kMaxMeshMembers + 1),
+      Reg("K", "a", lease, {}),
+      Reg("K", "a", lease, {-1}),
+      Reg("K", "a", lease, {2}),
+      Reg("K", "a", lease, {1, 1}),
+      Reg("K", "a", lease, {0}, 2, ""),
+      Reg("K", "a", lease, {0}, 2, std::string(kMaxMeshAxesLength + 1, 'x')),
+      Reg("K", "a", lease, {0}, 2, "data=2", std::string(kMaxMeshTokenBytes + 1, 't')),
+      Reg("K", "a", lease, {0}, 2, "data=2", "tok", -1),
+  };
+  std::vector<int32_t> too_many(kMaxKeysPerRequest + 1);
+  for (size_t i = 0; i < too_many.size(); ++i) too_many[i] = static_cast<int32_t>(i);
+  bad.push_back(Reg("K", "a", lease, too_many, 1000));
+  for (const MeshRegistration& r : bad) {
+    auto g = c.MeshRegister(r);
+    EXPECT_EQ(g.status().code(), invalid)
+        << "key '" << r.key << "' host '" << r.host_id << "' members " << r.members << ": "
+        << g.status();
+  }
+  EXPECT_EQ(c.MeshRegister(Reg("K", "a", lease, {2})).status().message(),
+            "index 2 is out of range: the mesh has 2 members (0..1)");
+  EXPECT_EQ(c.MeshRegister(Reg("K", "a", lease, {1, 1})).status().message(),
+            "index 1 is repeated");
+  MeshWaitResult zero, negative, bad_key;
+  c.MeshWait("K", 0, absl::Seconds(1), zero.Callback());
+  c.MeshWait("K", 1, absl::Milliseconds(-1), negative.Callback());
+  c.MeshWait("bad key", 1, absl::Seconds(1), bad_key.Callback());
+  for (MeshWaitResult* w : {&zero, &negative, &bad_key}) {
+    ASSERT_TRUE(w->done.HasBeenNotified());
+    EXPECT_EQ(w->result.status().code(), invalid) << w->result.status();
+  }
+  EXPECT_EQ(c.MeshLeave("K", 0, "a", {0}, true, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("K", 1, "", {0}, true, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("bad key", 1, "a", {0}, true, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", {0}, true, std::string(kMaxMeshReasonBytes + 1, 'r')).code(),
+            invalid);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", too_many, false, "").code(), invalid);
+  // Nothing was registered: the first valid registration gets generation 1
+  // and both indices are free.
+  EXPECT_EQ(c.mesh_key_count(), 0);
+  auto g = c.MeshRegister(Reg("K", "a", lease, {1, 0}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g, 1);
+  EXPECT_EQ(WaitNow(c, "K", 1)->member_host, (std::vector<std::string>{"a", "a"}));
 }
 
 }  // namespace
