@@ -1,7 +1,7 @@
 // The Cluster service and the cluster client over real gRPC on loopback: the
 // token, membership (join, heartbeats, re-join after a lost lease or a
-// coordinator restart), the store, and Gloo contexts that rendezvous through
-// the store and run a real gloo::allreduce.
+// coordinator restart), the store, the mesh registry, and Gloo contexts that
+// rendezvous through the store and run a real gloo::allreduce.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -275,6 +275,154 @@ TEST(ClusterClientTest, StartsUnavailableWhenNoCoordinatorAnswers) {
   const absl::Time start = absl::Now();
   a->Stop(/*leave=*/true);
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+}
+
+TEST(ClusterMeshTest, TwoClientsFormAMeshAndWaitForTheSameMembership) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  auto a = MakeClient(coord->address(), "host-a");
+  auto b = MakeClient(coord->address(), "host-b");
+  a->Start();
+  b->Start();
+  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience)) << a->last_error();
+  ASSERT_TRUE(b->WaitForState(ClusterState::kJoined, kPatience)) << b->last_error();
+  std::vector<absl::StatusOr<MeshMembership>> got(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    ClusterClient* c = i == 0 ? a.get() : b.get();
+    threads.emplace_back([&got, c, i] {
+      MeshRegistration r;
+      r.key = "job/7/mesh";
+      r.axes = "data=4";
+      r.members = 4;
+      r.token = "mesh-token";
+      r.op_timeout_ms = i == 0 ? 30000 : 0;
+      r.indices = {2 * i, 2 * i + 1};
+      auto generation = c->MeshRegister(r);
+      if (!generation.ok()) {
+        got[i] = generation.status();
+        return;
+      }
+      got[i] = c->MeshWait(r.key, *generation, absl::Seconds(15));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(got[i].ok()) << i << ": " << got[i].status();
+    EXPECT_EQ(got[i]->generation, 1);
+    EXPECT_EQ(got[i]->member_host,
+              (std::vector<std::string>{"host-a", "host-a", "host-b", "host-b"}));
+    EXPECT_EQ(got[i]->op_timeout_ms, 30000);
+    ASSERT_EQ(got[i]->hosts.size(), 2u);
+    EXPECT_EQ(got[i]->hosts[0].host_id, "host-a");
+    EXPECT_EQ(got[i]->hosts[0].address, "host-a:7000");
+    EXPECT_EQ(got[i]->hosts[1].host_id, "host-b");
+    EXPECT_EQ(got[i]->hosts[1].address, "host-b:7000");
+    EXPECT_GT(got[i]->hosts[1].joined_at, absl::UnixEpoch());
+  }
+  EXPECT_EQ(got[0]->hosts[1].joined_at, got[1]->hosts[1].joined_at);
+
+  // b breaks the mesh: a's wait on it answers ABORTED with b's reason, and
+  // the next registration starts generation 2.
+  ASSERT_TRUE(b->MeshLeave("job/7/mesh", 1, {2, 3}, /*broken=*/true, "peer lost").ok());
+  auto ended = a->MeshWait("job/7/mesh", 1, absl::Seconds(5));
+  EXPECT_EQ(ended.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(ended.status().message().find("ended: host host-b: peer lost"), std::string::npos)
+      << ended.status();
+  MeshRegistration r;
+  r.key = "job/7/mesh";
+  r.axes = "data=4";
+  r.members = 4;
+  r.indices = {0};
+  auto next = a->MeshRegister(r);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(*next, 2);
+  // A wait that times out names the missing members.
+  auto late = a->MeshWait("job/7/mesh", 2, absl::Milliseconds(100));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(late.status().message().find("missing 1, 2, 3;"), std::string::npos)
+      << late.status();
+  EXPECT_EQ(a->MeshWait("job/7/mesh", 3, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kNotFound);
+  // a leaves the cluster: the generation it formed ends with its lease.
+  a->Stop(/*leave=*/true);
+  auto gone = b->MeshWait("job/7/mesh", 2, absl::Seconds(5));
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(gone.status().message().find("host host-a's lease ended (left)"), std::string::npos)
+      << gone.status();
+  b->Stop(/*leave=*/true);
+}
+
+TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  auto client = MakeClient(coord->address(), "h1");  // not started: no lease
+  MeshRegistration r;
+  r.key = "m";
+  r.axes = "data=1";
+  r.members = 1;
+  r.indices = {0};
+  auto st = client->MeshRegister(r);
+  EXPECT_EQ(st.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(st.status().message(), "not joined to the cluster");
+  // Bad requests on the wire: INVALID_ARGUMENT.
+  EXPECT_EQ(client->MeshWait("m", 0, absl::Seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->MeshWait("m", 1, absl::Milliseconds(-1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      client->MeshLeave("m", 1, {0}, true, std::string(kMaxMeshReasonBytes + 1, 'r')).code(),
+      absl::StatusCode::kInvalidArgument);
+
+  // A valid registration with a wrong or missing cluster token is refused
+  // before it reaches the registry.
+  auto lease = coord->coordinator->Join("h1", "h1:7000");
+  ASSERT_TRUE(lease.ok());
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(coord->address(), grpc::InsecureChannelCredentials()));
+  for (const char* token : {"", "cluster-secret-2"}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (*token != '\0') ctx.AddMetadata(kClusterTokenMetadataKey, token);
+    v1::MeshRegisterRequest req;
+    req.set_key("m");
+    req.set_lease_id(lease->lease_id);
+    req.set_host_id("h1");
+    req.set_axes("data=1");
+    req.set_members(1);
+    req.add_indices(0);
+    v1::MeshRegisterResponse resp;
+    EXPECT_EQ(stub->MeshRegister(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << token;
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata(kClusterTokenMetadataKey, "wrong");
+    v1::MeshWaitRequest req;
+    req.set_key("m");
+    req.set_generation(1);
+    v1::MeshWaitResponse resp;
+    EXPECT_EQ(stub->MeshWait(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  EXPECT_EQ(coord->coordinator->mesh_key_count(), 0);
+  // The same request with the token registers generation 1.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.AddMetadata(kClusterTokenMetadataKey, kToken);
+  v1::MeshRegisterRequest req;
+  req.set_key("m");
+  req.set_lease_id(lease->lease_id);
+  req.set_host_id("h1");
+  req.set_axes("data=1");
+  req.set_members(1);
+  req.add_indices(0);
+  v1::MeshRegisterResponse resp;
+  grpc::Status ok = stub->MeshRegister(&ctx, req, &resp);
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(resp.generation(), 1);
+  EXPECT_EQ(coord->coordinator->mesh_key_count(), 1);
 }
 
 #ifdef COLLECTIVED_TEST_HAVE_GLOO
