@@ -88,8 +88,15 @@ class Fnv {
   uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
-uint64_t PlanHash(const OpPlan& plan) {
+// The plan, and the mesh's layout of members on hosts: with both the same,
+// every host runs the same schedule, so every slot's sender and receiver
+// agree on its size (Gloo's device thread aborts the process otherwise).
+uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
   Fnv f;
+  f.Int(static_cast<int64_t>(topology.hosts.size()));
+  for (const std::string& h : topology.hosts) f.Str(h);
+  f.Int(static_cast<int64_t>(topology.member_host.size()));
+  for (const std::string& h : topology.member_host) f.Str(h);
   f.Ints(plan.in_shape);
   f.Ints(plan.out_shape);
   f.Ints(plan.axis_ids);
@@ -108,8 +115,8 @@ uint64_t PlanHash(const OpPlan& plan) {
   return f.value();
 }
 
-WireHeader MakeHeader(const OpPlan& plan, int64_t sequence, size_t members,
-                      const absl::Status& verdict) {
+WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t sequence,
+                      size_t members, const absl::Status& verdict) {
   WireHeader h;
   std::memset(&h, 0, sizeof(h));
   h.magic = kMagic;
@@ -125,7 +132,7 @@ WireHeader MakeHeader(const OpPlan& plan, int64_t sequence, size_t members,
   h.refused = verdict.ok() ? 0 : 1;
   h.in_bytes = plan.in_bytes;
   h.out_bytes = plan.out_bytes;
-  h.hash = PlanHash(plan);
+  h.hash = PlanHash(plan, topology);
   CopyText(h.signature, sizeof(h.signature),
            plan.signature.empty()
                ? absl::StrCat(OpKindName(plan.kind), " ", ShapeString(plan.dtype, plan.in_shape))
@@ -148,7 +155,7 @@ std::string Differences(const WireHeader& a, const WireHeader& b) {
   if (a.num_groups != b.num_groups) d.push_back("number of groups");
   if (a.members != b.members) d.push_back("members");
   if (a.root != b.root) d.push_back("root");
-  if (a.hash != b.hash) d.push_back("plan (groups, permutation, axes or shapes)");
+  if (a.hash != b.hash) d.push_back("plan (groups, permutation, axes or shapes) or mesh layout");
   return absl::StrJoin(d, ", ");
 }
 
@@ -496,7 +503,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   const int size = static_cast<int>(topology_.hosts.size());
   const int self = topology_.self;
   std::vector<WireHeader> headers(size);
-  headers[self] = MakeHeader(*op.plan, op.sequence, op.io.size(), verdict);
+  headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), verdict);
   const uint64_t slot = static_cast<uint64_t>(op.sequence) << kSlotShift;
   std::vector<Posted> posted;
   absl::Status status;

@@ -13,7 +13,11 @@
 //    host refused the op or the signatures differ, every host fails the op
 //    alike with FAILED_PRECONDITION naming the hosts, broken=false: nobody
 //    moved data and the connections stay usable. For a barrier the header
-//    exchange is the whole op.
+//    exchange is the whole op. The check is what keeps the data phase safe:
+//    a slot whose sender and receiver disagree on its size makes Gloo's
+//    device thread throw (gloo::EnforceNotMet), which ends the process; the
+//    hash covers the mesh's layout of members on hosts too, so matching
+//    headers mean the same schedule on every host.
 //  - Data: RunSpanning (daemon/exec/spanning.h) with one partition per host
 //    (a member's partition is its host's rank). Every host runs the same
 //    deterministic schedule over the global member table and a GlooFabric
