@@ -513,5 +513,27 @@ TEST(GlooMeshTest, DestructorCallsEveryQueuedDoneOnce) {
   }
 }
 
+TEST(GlooMeshTest, ConnectWithoutThePeersFailsWithinTheTimeout) {
+  gloo::rendezvous::HashStore hash;
+  gloo::rendezvous::PrefixStore store("lonely", hash);
+  MeshTopology t;
+  t.member_host = {"h0", "h1"};
+  t.hosts = {"h0", "h1"};
+  t.self = 0;
+  const absl::Time start = absl::Now();
+  auto mesh = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::milliseconds(300));
+  EXPECT_EQ(mesh.status().code(), absl::StatusCode::kDeadlineExceeded) << mesh.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(GlooMeshTest, ConnectRejectsABadRank) {
+  gloo::rendezvous::HashStore store;
+  MeshTopology t;
+  t.hosts = {"h0", "h1"};
+  t.self = 2;
+  EXPECT_EQ(ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace collectived::executor_suite
