@@ -280,30 +280,63 @@ class GlooCrossHostMesh final : public CrossHostMesh {
     for (bool sends : {false, true}) {
       for (Posted& x : posted) {
         if (!status.ok()) break;
-        if (x.send != sends) continue;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (aborted_) {
-            status = absl::AbortedError(abort_reason_);
-            break;
-          }
-        }
-        const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-        const auto timeout = std::chrono::milliseconds(
-            std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Microseconds(999))));
-        try {
-          const bool completed =
-              x.send ? x.buffer->waitSend(timeout) : x.buffer->waitRecv(timeout);
-          if (!completed) {
-            std::lock_guard<std::mutex> lock(mu_);
-            status = absl::AbortedError(aborted_ ? abort_reason_ : "transfer aborted");
-          }
-        } catch (const std::exception& e) {
-          status = TransferError(x.rank, e, deadline);
-        }
+        if (x.send == sends) status = WaitOne(x, deadline);
       }
     }
     return Forget(posted, status);
+  }
+
+  // The header exchange's wait: like WaitAll, but once a host's header is
+  // late, the other hosts' headers are only checked for (they had until the
+  // deadline too), so that every host that did not take part is named.
+  absl::Status WaitHeaders(std::vector<Posted>& posted, absl::Time deadline) {
+    std::vector<std::string> missing;
+    std::string what;
+    absl::Status status;
+    for (Posted& x : posted) {
+      if (x.send) continue;
+      const absl::Status st = WaitOne(x, missing.empty() ? deadline : absl::Now());
+      if (st.ok()) continue;
+      if (st.code() != absl::StatusCode::kDeadlineExceeded) {
+        status = st;
+        break;
+      }
+      missing.push_back(host(x.rank));
+      if (what.empty()) what = last_gloo_error_;
+    }
+    if (status.ok() && !missing.empty()) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "op ", sequence_, " of the mesh: ", missing.size() == 1 ? "host " : "hosts ",
+          absl::StrJoin(missing, ", "), " did not take part within the op timeout (", what, ")"));
+    }
+    if (status.ok()) {
+      for (Posted& x : posted) {
+        if (!status.ok()) break;
+        if (x.send) status = WaitOne(x, deadline);
+      }
+    }
+    return Forget(posted, status);
+  }
+
+  // Waits for one posted transfer until `deadline` (at least a millisecond).
+  absl::Status WaitOne(Posted& x, absl::Time deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return absl::AbortedError(abort_reason_);
+    }
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    const auto timeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Microseconds(999))));
+    try {
+      const bool completed = x.send ? x.buffer->waitSend(timeout) : x.buffer->waitRecv(timeout);
+      if (!completed) {
+        std::lock_guard<std::mutex> lock(mu_);
+        return absl::AbortedError(aborted_ ? abort_reason_ : "transfer aborted");
+      }
+    } catch (const std::exception& e) {
+      return TransferError(x.rank, e, deadline);
+    }
+    return absl::OkStatus();
   }
 
   // Forgets the posted transfers (without waiting for them); returns `status`.
@@ -338,6 +371,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   };
 
   absl::Status TransferError(int rank, const std::exception& e, absl::Time deadline) {
+    last_gloo_error_ = e.what();
     const bool timed_out =
         std::strstr(e.what(), "Timed out") != nullptr || absl::Now() >= deadline;
     if (timed_out) {
@@ -395,6 +429,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   // after an Abort.
   std::shared_ptr<gloo::rendezvous::Context> context_;
   int64_t sequence_ = 0;  // of the op in flight
+  std::string last_gloo_error_;  // the message of the last Gloo exception
   Placeholder placeholder_;
   uint8_t* placeholder_base_ = nullptr;
 
@@ -517,7 +552,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
     status = Post(posted, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&headers[self]),
                   sizeof(WireHeader), slot);
   }
-  status = status.ok() ? WaitAll(posted, op.deadline) : Forget(posted, status);
+  status = status.ok() ? WaitHeaders(posted, op.deadline) : Forget(posted, status);
   if (!status.ok()) {
     r.status = status;
     r.broken = true;

@@ -35,8 +35,9 @@
 //    names r's host id: a timeout is DEADLINE_EXCEEDED ("host <id> did not
 //    take part within the op timeout"), anything else ABORTED ("host <id>:
 //    connection lost"); both broken=true, and the mesh then fails later ops
-//    at once (the engine breaks it). Only the first host found missing is
-//    named: after a Gloo timeout the context fails every pending transfer.
+//    at once (the engine breaks it). In the header exchange every host whose
+//    header has not come at the deadline is named; in the data phase the
+//    first transfer that fails names its peer.
 //    Abort aborts the waits in flight (ABORTED with the reason), and the
 //    worker then destroys the Gloo context, closing the connections, so the
 //    other hosts' ops fail with "connection lost" instead of waiting for

@@ -395,34 +395,47 @@ TEST(GlooMeshTest, BarrierAndEmptyOpsExchangeHeaders) {
   EXPECT_EQ(dones->Get(0).status.code(), absl::StatusCode::kDeadlineExceeded) << dones->Get(0).status;
 }
 
-TEST(GlooMeshTest, AHostThatNeverStartsTheOpIsNamedAtTheDeadline) {
+TEST(GlooMeshTest, HostsThatNeverStartTheOpAreNamedAtTheDeadline) {
   const int hosts = 3, members = 3;
-  auto c = ConnectOrDie(hosts, members);
-  ASSERT_NE(c, nullptr);
-  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {64}, members));
-  Regions r(members, *plan);
-  const int64_t seq = c->NextSequence();
-  auto dones = Dones::Make(hosts);
-  for (int h : {0, 1}) {
-    c->Start(h, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Milliseconds(300),
-             dones->For(h));
+  struct Case {
+    std::vector<int> started;
+    std::string named;  // in every started host's message
+    std::string not_named;
+  };
+  for (const Case& k : {Case{{0, 1}, "host h2 did not take part", "h1"},
+                        Case{{0, 2}, "host h1 did not take part", "h2"},
+                        Case{{2}, "hosts h0, h1 did not take part", "h2"}}) {
+    SCOPED_TRACE(k.named);
+    auto c = ConnectOrDie(hosts, members);
+    ASSERT_NE(c, nullptr);
+    auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {64}, members));
+    Regions r(members, *plan);
+    const int64_t seq = c->NextSequence();
+    auto dones = Dones::Make(hosts);
+    for (int h : k.started) {
+      c->Start(h, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Milliseconds(300),
+               dones->For(h));
+    }
+    ASSERT_TRUE(dones->Wait(k.started, absl::Seconds(30)));
+    for (int h : k.started) {
+      const Outcome o = dones->Get(h);
+      EXPECT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded) << o.status;
+      EXPECT_TRUE(o.broken);
+      EXPECT_NE(o.status.message().find(k.named), std::string::npos) << o.status;
+      const std::string message(o.status.message());
+      EXPECT_EQ(message.substr(0, message.find(" did not")).find(k.not_named), std::string::npos)
+          << o.status;
+      EXPECT_LT(o.took, absl::Seconds(10));
+    }
+    // The broken mesh fails later ops at once.
+    auto later = Dones::Make(hosts);
+    const int h = k.started[0];
+    c->Start(h, plan, c->NextSequence(), r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30),
+             later->For(h));
+    ASSERT_TRUE(later->Wait({h}, absl::Seconds(10)));
+    EXPECT_EQ(later->Get(h).status.code(), absl::StatusCode::kAborted) << later->Get(h).status;
+    EXPECT_TRUE(later->Get(h).broken);
   }
-  ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(30)));
-  for (int h : {0, 1}) {
-    const Outcome o = dones->Get(h);
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded) << o.status;
-    EXPECT_TRUE(o.broken);
-    EXPECT_NE(o.status.message().find("host h2 did not take part"), std::string::npos)
-        << o.status;
-    EXPECT_LT(o.took, absl::Seconds(10));
-  }
-  // The broken mesh fails later ops at once.
-  auto later = Dones::Make(hosts);
-  c->Start(0, plan, c->NextSequence(), r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30),
-           later->For(0));
-  ASSERT_TRUE(later->Wait({0}, absl::Seconds(10)));
-  EXPECT_EQ(later->Get(0).status.code(), absl::StatusCode::kAborted) << later->Get(0).status;
-  EXPECT_TRUE(later->Get(0).broken);
 }
 
 TEST(GlooMeshTest, AbortFailsTheOpInFlightWithTheReasonAndThePeersFindTheConnectionClosed) {
