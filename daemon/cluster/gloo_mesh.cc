@@ -1,0 +1,687 @@
+#include "daemon/cluster/gloo_mesh.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
+#include "daemon/exec/spanning.h"
+
+namespace collectived {
+namespace {
+
+constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
+constexpr uint32_t kVersion = 1;
+constexpr int kSlotShift = 24;
+
+// The fixed-size signature of an op every host sends every other.
+struct WireHeader {
+  uint32_t magic;
+  uint32_t version;
+  int64_t sequence;
+  int32_t kind;
+  int32_t dtype;
+  int32_t out_dtype;
+  int32_t group_size;
+  int64_t num_groups;
+  int64_t members;
+  int32_t root;
+  int32_t refused;  // 1: this host's verdict is not OK (`text` says why)
+  uint64_t in_bytes;
+  uint64_t out_bytes;
+  uint64_t hash;
+  char signature[160];
+  char text[200];
+};
+static_assert(std::is_trivially_copyable_v<WireHeader>);
+
+void CopyText(char* dst, size_t size, absl::string_view text) {
+  const size_t n = std::min(size - 1, text.size());
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
+std::string Text(const char* s, size_t size) { return std::string(s, strnlen(s, size)); }
+
+// FNV-1a, 64 bits: the same on every host (absl::Hash is seeded per process).
+class Fnv {
+ public:
+  void Bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      h_ ^= b[i];
+      h_ *= 0x100000001b3ull;
+    }
+  }
+  void Int(int64_t v) { Bytes(&v, sizeof(v)); }
+  template <typename T>
+  void Ints(const std::vector<T>& v) {
+    Int(static_cast<int64_t>(v.size()));
+    for (const T& x : v) Int(static_cast<int64_t>(x));
+  }
+  void Str(absl::string_view s) {
+    Int(static_cast<int64_t>(s.size()));
+    Bytes(s.data(), s.size());
+  }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ull;
+};
+
+// The plan, and the mesh's layout of members on hosts: with both the same,
+// every host runs the same schedule, so every slot's sender and receiver
+// agree on its size (Gloo's device thread aborts the process otherwise).
+uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
+  Fnv f;
+  f.Int(static_cast<int64_t>(topology.hosts.size()));
+  for (const std::string& h : topology.hosts) f.Str(h);
+  f.Int(static_cast<int64_t>(topology.member_host.size()));
+  for (const std::string& h : topology.member_host) f.Str(h);
+  f.Ints(plan.in_shape);
+  f.Ints(plan.out_shape);
+  f.Ints(plan.axis_ids);
+  f.Int(static_cast<int64_t>(plan.groups.size()));
+  for (const auto& g : plan.groups) f.Ints(g);
+  f.Ints(plan.group_of);
+  f.Ints(plan.index_in_group);
+  f.Int(plan.axis);
+  f.Int(plan.tiled ? 1 : 0);
+  f.Int(plan.split_axis);
+  f.Int(plan.concat_axis);
+  f.Ints(plan.a2a_shape);
+  f.Ints(plan.perm_source);
+  f.Int(static_cast<int64_t>(plan.mesh_members));
+  f.Str(plan.signature);
+  return f.value();
+}
+
+WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t sequence,
+                      size_t members, const absl::Status& verdict) {
+  WireHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.sequence = sequence;
+  h.kind = static_cast<int32_t>(plan.kind);
+  h.dtype = static_cast<int32_t>(plan.dtype);
+  h.out_dtype = static_cast<int32_t>(plan.out_dtype);
+  h.group_size = plan.group_size;
+  h.num_groups = static_cast<int64_t>(plan.groups.size());
+  h.members = static_cast<int64_t>(members);
+  h.root = plan.root;
+  h.refused = verdict.ok() ? 0 : 1;
+  h.in_bytes = plan.in_bytes;
+  h.out_bytes = plan.out_bytes;
+  h.hash = PlanHash(plan, topology);
+  CopyText(h.signature, sizeof(h.signature),
+           plan.signature.empty()
+               ? absl::StrCat(OpKindName(plan.kind), " ", ShapeString(plan.dtype, plan.in_shape))
+               : plan.signature);
+  if (!verdict.ok()) CopyText(h.text, sizeof(h.text), verdict.message());
+  return h;
+}
+
+// What differs between two headers ("" when nothing does).
+std::string Differences(const WireHeader& a, const WireHeader& b) {
+  std::vector<std::string> d;
+  if (a.magic != b.magic || a.version != b.version) d.push_back("wire version");
+  if (a.sequence != b.sequence) d.push_back("sequence");
+  if (a.kind != b.kind) d.push_back("kind");
+  if (a.dtype != b.dtype) d.push_back("dtype");
+  if (a.out_dtype != b.out_dtype) d.push_back("result dtype");
+  if (a.in_bytes != b.in_bytes) d.push_back("input bytes");
+  if (a.out_bytes != b.out_bytes) d.push_back("result bytes");
+  if (a.group_size != b.group_size) d.push_back("group size");
+  if (a.num_groups != b.num_groups) d.push_back("number of groups");
+  if (a.members != b.members) d.push_back("members");
+  if (a.root != b.root) d.push_back("root");
+  if (a.hash != b.hash) d.push_back("plan (groups, permutation, axes or shapes) or mesh layout");
+  return absl::StrJoin(d, ", ");
+}
+
+// Host memory that faults on any access: addresses for other hosts' regions.
+class Placeholder {
+ public:
+  ~Placeholder() { Release(); }
+  // At least `bytes` bytes of addresses; null when mmap fails.
+  uint8_t* Get(uint64_t bytes) {
+    bytes = std::max<uint64_t>(bytes, 1);
+    if (bytes > size_) {
+      Release();
+      void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) return nullptr;
+      base_ = static_cast<uint8_t*>(p);
+      size_ = bytes;
+    }
+    return base_;
+  }
+
+ private:
+  void Release() {
+    if (base_ != nullptr) munmap(base_, size_);
+    base_ = nullptr;
+    size_ = 0;
+  }
+  uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+class GlooCrossHostMesh;
+
+// One posted send or receive of an op.
+struct Posted {
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  int rank = 0;
+  bool send = false;
+};
+
+class GlooCrossHostMesh final : public CrossHostMesh {
+ public:
+  GlooCrossHostMesh(MeshTopology topology, std::shared_ptr<gloo::rendezvous::Context> context)
+      : topology_(std::move(topology)), context_(std::move(context)) {
+    worker_ = std::thread([this] { Loop(); });
+  }
+
+  ~GlooCrossHostMesh() override {
+    Abort("mesh closed");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void Start(std::shared_ptr<const OpPlan> plan, int64_t sequence, std::vector<MemberIo> io,
+             Executor* executor, absl::Status verdict, absl::Time deadline, Done done) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(Op{std::move(plan), sequence, std::move(io), executor, std::move(verdict),
+                          deadline, std::move(done)});
+    }
+    cv_.notify_all();
+  }
+
+  void Abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return;
+      aborted_ = true;
+      abort_reason_ = reason;
+      for (gloo::transport::UnboundBuffer* b : outstanding_) {
+        b->abortWaitRecv();
+        b->abortWaitSend();
+      }
+    }
+    cv_.notify_all();
+  }
+
+  // --- Used by the op in flight (the worker thread) ---
+
+  int self() const { return topology_.self; }
+  const std::string& host(int rank) const { return topology_.hosts[rank]; }
+
+  // Posts a send of [p, p + bytes) to `rank` (or a receive into it from
+  // `rank`) on `slot`.
+  absl::Status Post(std::vector<Posted>& posted, bool send, int rank, uint8_t* p, uint64_t bytes,
+                    uint64_t slot) {
+    Posted x;
+    x.rank = rank;
+    x.send = send;
+    try {
+      x.buffer = context_->createUnboundBuffer(p, bytes);
+    } catch (const std::exception& e) {
+      return absl::AbortedError(absl::StrCat("host ", host(rank), ": connection lost (", e.what(),
+                                             ")"));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return absl::AbortedError(abort_reason_);
+      outstanding_.push_back(x.buffer.get());
+    }
+    gloo::transport::UnboundBuffer* b = x.buffer.get();
+    posted.push_back(std::move(x));
+    try {
+      if (send) {
+        b->send(rank, slot, 0, bytes);
+      } else {
+        b->recv(rank, slot, 0, bytes);
+      }
+    } catch (const std::exception& e) {
+      return TransferError(rank, e, absl::InfiniteFuture());
+    }
+    return absl::OkStatus();
+  }
+
+  // Waits for every posted transfer (receives first, in order, then sends)
+  // until `deadline`, and forgets them: the first error.
+  absl::Status WaitAll(std::vector<Posted>& posted, absl::Time deadline) {
+    absl::Status status;
+    for (bool sends : {false, true}) {
+      for (Posted& x : posted) {
+        if (!status.ok()) break;
+        if (x.send == sends) status = WaitOne(x, deadline);
+      }
+    }
+    return Forget(posted, status);
+  }
+
+  // The header exchange's wait: like WaitAll, but once a host's header is
+  // late, the other hosts' headers are only checked for (they had until the
+  // deadline too), so that every host that did not take part is named.
+  absl::Status WaitHeaders(std::vector<Posted>& posted, absl::Time deadline) {
+    std::vector<std::string> missing;
+    std::string what;
+    absl::Status status;
+    for (Posted& x : posted) {
+      if (x.send) continue;
+      const absl::Status st = WaitOne(x, missing.empty() ? deadline : absl::Now());
+      if (st.ok()) continue;
+      if (st.code() != absl::StatusCode::kDeadlineExceeded) {
+        status = st;
+        break;
+      }
+      missing.push_back(host(x.rank));
+      if (what.empty()) what = last_gloo_error_;
+    }
+    if (status.ok() && !missing.empty()) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "op ", sequence_, " of the mesh: ", missing.size() == 1 ? "host " : "hosts ",
+          absl::StrJoin(missing, ", "), " did not take part within the op timeout (", what, ")"));
+    }
+    if (status.ok()) {
+      for (Posted& x : posted) {
+        if (!status.ok()) break;
+        if (x.send) status = WaitOne(x, deadline);
+      }
+    }
+    return Forget(posted, status);
+  }
+
+  // Waits for one posted transfer until `deadline` (at least a millisecond).
+  absl::Status WaitOne(Posted& x, absl::Time deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (aborted_) return absl::AbortedError(abort_reason_);
+    }
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    const auto timeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Microseconds(999))));
+    try {
+      const bool completed = x.send ? x.buffer->waitSend(timeout) : x.buffer->waitRecv(timeout);
+      if (!completed) {
+        std::lock_guard<std::mutex> lock(mu_);
+        return absl::AbortedError(aborted_ ? abort_reason_ : "transfer aborted");
+      }
+    } catch (const std::exception& e) {
+      return TransferError(x.rank, e, deadline);
+    }
+    return absl::OkStatus();
+  }
+
+  // Forgets the posted transfers (without waiting for them); returns `status`.
+  absl::Status Forget(std::vector<Posted>& posted, absl::Status status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const Posted& x : posted) {
+        outstanding_.erase(std::remove(outstanding_.begin(), outstanding_.end(), x.buffer.get()),
+                           outstanding_.end());
+      }
+    }
+    posted.clear();
+    return status;
+  }
+
+  uint8_t* placeholder() const { return placeholder_base_; }
+
+ private:
+  struct Op {
+    std::shared_ptr<const OpPlan> plan;
+    int64_t sequence = 0;
+    std::vector<MemberIo> io;
+    Executor* executor = nullptr;
+    absl::Status verdict;
+    absl::Time deadline;
+    Done done;
+  };
+  struct Result {
+    absl::Status status;
+    bool broken = false;
+    Traffic traffic;
+  };
+
+  absl::Status TransferError(int rank, const std::exception& e, absl::Time deadline) {
+    last_gloo_error_ = e.what();
+    const bool timed_out =
+        std::strstr(e.what(), "Timed out") != nullptr || absl::Now() >= deadline;
+    if (timed_out) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("op ", sequence_, " of the mesh: host ", host(rank),
+                       " did not take part within the op timeout (", e.what(), ")"));
+    }
+    return absl::AbortedError(
+        absl::StrCat("host ", host(rank), ": connection lost (", e.what(), ")"));
+  }
+
+  void Loop() {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || (aborted_ && context_ != nullptr); });
+      if (aborted_ && context_ != nullptr) {
+        // Close the connections (outside the lock): the peers' ops fail.
+        std::shared_ptr<gloo::rendezvous::Context> context = std::move(context_);
+        lock.unlock();
+        context.reset();
+        continue;
+      }
+      if (queue_.empty()) {
+        if (stop_) return;
+        continue;
+      }
+      Op op = std::move(queue_.front());
+      queue_.pop_front();
+      const bool aborted = aborted_;
+      const std::string reason = aborted_ ? abort_reason_ : broken_reason_;
+      lock.unlock();
+      Result r;
+      if (aborted) {
+        r.status = absl::AbortedError(reason);
+        r.broken = true;
+      } else if (!reason.empty()) {
+        r.status = absl::AbortedError(absl::StrCat("the mesh broke in an earlier op: ", reason));
+        r.broken = true;
+      } else {
+        r = Run(op);
+        if (r.broken) {
+          std::lock_guard<std::mutex> relock(mu_);
+          broken_reason_ = std::string(r.status.message());
+        }
+      }
+      op.done(std::move(r.status), r.broken, r.traffic);
+    }
+  }
+
+  Result Run(Op& op);
+  Result ExchangeHeaders(const Op& op, absl::Status verdict);
+
+  const MeshTopology topology_;
+  // Only the worker uses it once the mesh is constructed; reset (under mu_)
+  // after an Abort.
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  int64_t sequence_ = 0;  // of the op in flight
+  std::string last_gloo_error_;  // the message of the last Gloo exception
+  Placeholder placeholder_;
+  uint8_t* placeholder_base_ = nullptr;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  bool aborted_ = false;
+  bool stop_ = false;
+  std::string abort_reason_;
+  // Why an earlier op broke the connections ("" while they are fine).
+  std::string broken_reason_;
+  // Buffers the op in flight waits on (Abort aborts their waits).
+  std::vector<gloo::transport::UnboundBuffer*> outstanding_;
+  std::thread worker_;
+};
+
+// This host's view of the global schedule: see the comment of gloo_mesh.h.
+class GlooFabric final : public Fabric {
+ public:
+  GlooFabric(GlooCrossHostMesh* mesh, Executor* executor, int64_t sequence, absl::Time deadline)
+      : mesh_(mesh), executor_(executor), sequence_(sequence), deadline_(deadline) {}
+  ~GlooFabric() override { FreeScratch(); }
+
+  absl::StatusOr<uint8_t*> Scratch(int part, uint64_t bytes) override {
+    if (part != mesh_->self()) return mesh_->placeholder();
+    void* p = std::aligned_alloc(64, std::max<uint64_t>(64, (bytes + 63) / 64 * 64));
+    if (p == nullptr) return absl::ResourceExhaustedError("gloo mesh: scratch allocation");
+    scratch_.push_back(p);
+    return static_cast<uint8_t*>(p);
+  }
+
+  absl::Status Exchange(const std::vector<Transfer>& transfers) override {
+    if (!first_error_.ok()) return first_error_;
+    const int self = mesh_->self();
+    std::vector<Posted> posted;
+    absl::Status status;
+    for (const Transfer& t : transfers) {
+      const uint64_t slot = (static_cast<uint64_t>(sequence_) << kSlotShift) | counter_++;
+      if (t.bytes == 0 || !status.ok()) continue;
+      if (t.src_part == self && t.dst_part == self) {
+        if (t.dst != t.src) std::memmove(t.dst, t.src, t.bytes);
+        traffic_.read += t.bytes;
+        traffic_.written += t.bytes;
+      } else if (t.src_part == self) {
+        status = mesh_->Post(posted, /*send=*/true, t.dst_part, const_cast<uint8_t*>(t.src),
+                             t.bytes, slot);
+        traffic_.read += t.bytes;
+      } else if (t.dst_part == self) {
+        status = mesh_->Post(posted, /*send=*/false, t.src_part, t.dst, t.bytes, slot);
+        traffic_.written += t.bytes;
+      }
+    }
+    status = status.ok() ? mesh_->WaitAll(posted, deadline_) : mesh_->Forget(posted, status);
+    if (!status.ok()) first_error_ = status;
+    return status;
+  }
+
+  absl::Status RunLocal(int part, const OpPlan& plan, const std::vector<MemberIo>& io) override {
+    if (!first_error_.ok()) return first_error_;
+    if (part != mesh_->self()) return absl::OkStatus();
+    std::vector<MemberIo> local = io;
+    for (MemberIo& m : local) m.device = -1;
+    Traffic t;
+    absl::Status st = executor_->Run(plan, local, &t);
+    traffic_.read += t.read;
+    traffic_.written += t.written;
+    traffic_.required += t.required;
+    if (!st.ok()) first_error_ = st;
+    return st;
+  }
+
+  absl::Status Copy(int part, uint8_t* dst, const uint8_t* src, uint64_t bytes) override {
+    if (!first_error_.ok()) return first_error_;
+    if (part != mesh_->self()) return absl::OkStatus();
+    if (dst != src && bytes > 0) std::memcpy(dst, src, bytes);
+    traffic_.read += bytes;
+    traffic_.written += bytes;
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() override {
+    FreeScratch();
+    return first_error_;
+  }
+
+  const Traffic& traffic() const { return traffic_; }
+
+ private:
+  void FreeScratch() {
+    for (void* p : scratch_) std::free(p);
+    scratch_.clear();
+  }
+
+  GlooCrossHostMesh* const mesh_;
+  Executor* const executor_;
+  const int64_t sequence_;
+  const absl::Time deadline_;
+  uint64_t counter_ = 1;  // 0: the header
+  std::vector<void*> scratch_;
+  absl::Status first_error_;
+  Traffic traffic_;
+};
+
+GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl::Status verdict) {
+  Result r;
+  const int size = static_cast<int>(topology_.hosts.size());
+  const int self = topology_.self;
+  std::vector<WireHeader> headers(size);
+  headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), verdict);
+  const uint64_t slot = static_cast<uint64_t>(op.sequence) << kSlotShift;
+  std::vector<Posted> posted;
+  absl::Status status;
+  for (int rank = 0; rank < size && status.ok(); ++rank) {
+    if (rank == self) continue;
+    status = Post(posted, /*send=*/false, rank, reinterpret_cast<uint8_t*>(&headers[rank]),
+                  sizeof(WireHeader), slot);
+  }
+  for (int rank = 0; rank < size && status.ok(); ++rank) {
+    if (rank == self) continue;
+    status = Post(posted, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&headers[self]),
+                  sizeof(WireHeader), slot);
+  }
+  status = status.ok() ? WaitHeaders(posted, op.deadline) : Forget(posted, status);
+  if (!status.ok()) {
+    r.status = status;
+    r.broken = true;
+    return r;
+  }
+  // Every host computes the same verdict from the same headers.
+  std::vector<std::string> refusals;
+  for (int rank = 0; rank < size; ++rank) {
+    if (headers[rank].refused != 0) {
+      refusals.push_back(absl::StrCat("host ", topology_.hosts[rank], " refused it: ",
+                                      Text(headers[rank].text, sizeof(headers[rank].text))));
+    }
+  }
+  if (!refusals.empty()) {
+    r.status = absl::FailedPreconditionError(
+        absl::StrCat("op ", op.sequence, " of the mesh: ", absl::StrJoin(refusals, "; ")));
+    return r;
+  }
+  std::vector<std::string> mismatches;
+  const WireHeader& ref = headers[0];
+  const std::string ref_sig = Text(ref.signature, sizeof(ref.signature));
+  for (int rank = 1; rank < size; ++rank) {
+    const std::string diff = Differences(headers[rank], ref);
+    if (diff.empty()) continue;
+    const std::string sig = Text(headers[rank].signature, sizeof(headers[rank].signature));
+    std::string what = absl::StrCat("host ", topology_.hosts[rank], " submitted ", sig,
+                                    " where host ", topology_.hosts[0], " submitted ", ref_sig);
+    if (headers[rank].sequence != ref.sequence) {
+      absl::StrAppend(&what, " (op ", headers[rank].sequence, " where op ", ref.sequence, ")");
+    }
+    absl::StrAppend(&what, " (", diff, " differ)");
+    mismatches.push_back(std::move(what));
+  }
+  if (!mismatches.empty()) {
+    r.status = absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " of the mesh: the hosts submitted different ops: ",
+        absl::StrJoin(mismatches, "; ")));
+  }
+  return r;
+}
+
+GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
+  sequence_ = op.sequence;
+  const OpPlan& plan = *op.plan;
+  // This host's own checks join its verdict: the other hosts learn them in
+  // the header exchange.
+  absl::Status verdict = op.verdict;
+  std::vector<int> rank_of(op.io.size(), -1);
+  if (verdict.ok() && op.io.size() != topology_.member_host.size()) {
+    verdict = absl::InvalidArgumentError(absl::StrCat(
+        op.io.size(), " member regions for a mesh of ", topology_.member_host.size(), " members"));
+  }
+  if (verdict.ok() && op.io.size() != plan.members()) {
+    verdict = absl::InvalidArgumentError(absl::StrCat(op.io.size(), " member regions for an op of ",
+                                                      plan.members(), " members"));
+  }
+  if (verdict.ok() && op.executor == nullptr) verdict = absl::InternalError("no executor");
+  for (size_t m = 0; verdict.ok() && m < op.io.size(); ++m) {
+    const auto it = std::find(topology_.hosts.begin(), topology_.hosts.end(),
+                              topology_.member_host[m]);
+    if (it == topology_.hosts.end()) {
+      verdict = absl::InternalError(absl::StrCat("member ", m, " is on host ",
+                                                 topology_.member_host[m], ", not of the mesh"));
+      break;
+    }
+    rank_of[m] = static_cast<int>(it - topology_.hosts.begin());
+  }
+  if (verdict.ok()) {
+    placeholder_base_ = placeholder_.Get(std::max(plan.in_bytes, plan.out_bytes));
+    if (placeholder_base_ == nullptr) {
+      verdict = absl::ResourceExhaustedError("placeholder mapping (mmap) failed");
+    }
+  }
+
+  Result r = ExchangeHeaders(op, verdict);
+  if (!r.status.ok() || plan.kind == OpKind::kBarrier || plan.in_bytes + plan.out_bytes == 0) {
+    return r;
+  }
+
+  std::vector<MemberIo> io(op.io.size());
+  for (size_t m = 0; m < io.size(); ++m) {
+    io[m].device = rank_of[m];
+    if (rank_of[m] == topology_.self) {
+      io[m].in = op.io[m].in;
+      io[m].out = op.io[m].out;
+    } else {
+      io[m].in = placeholder_base_;
+      io[m].out = placeholder_base_;
+    }
+  }
+  GlooFabric fabric(this, op.executor, op.sequence, op.deadline);
+  SpanningTraffic moved;
+  r.status = RunSpanning(plan, io, &fabric, &moved);
+  r.traffic = fabric.traffic();
+  // Any failure after the headers matched leaves the hosts at different
+  // points of the schedule: the connections cannot be trusted.
+  r.broken = !r.status.ok();
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous::Store& store,
+                                                               const MeshTopology& topology,
+                                                               const std::string& bind_host,
+                                                               std::chrono::milliseconds timeout) {
+  const int size = static_cast<int>(topology.hosts.size());
+  if (size < 1 || topology.self < 0 || topology.self >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo mesh: rank ", topology.self, " of ", size, " hosts"));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = bind_host;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(topology.self, size);
+    context->setTimeout(timeout);
+    context->connectFullMesh(store, device);
+    return std::unique_ptr<CrossHostMesh>(new GlooCrossHostMesh(topology, std::move(context)));
+  } catch (const std::exception& e) {
+    const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr ||
+                           std::chrono::steady_clock::now() - start >= timeout;
+    const std::string message =
+        absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
+                     bind_host, ": ", e.what());
+    if (timed_out) return absl::DeadlineExceededError(message);
+    return absl::UnavailableError(message);
+  }
+}
+
+}  // namespace collectived

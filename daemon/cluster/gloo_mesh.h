@@ -1,0 +1,81 @@
+// GlooCrossHostMesh: the CrossHostMesh (daemon/core/rendezvous.h) that runs a
+// mesh's ops across its hosts over one Gloo context (TCP, full mesh).
+//
+// Design:
+//  - One worker thread per mesh. Start queues the op and returns; the worker
+//    runs the ops in order and calls each op's done exactly once.
+//  - Header exchange: every op (barriers and ops of no bytes included) first
+//    sends a fixed-size signature of the op to every other host and receives
+//    theirs: sequence, kind, dtypes, byte sizes, group size and count, root,
+//    member count, a 64-bit FNV-1a hash of the rest of the plan (groups,
+//    permutation, axes, shapes, ...), the plan's signature text and, when
+//    this host's verdict is not OK, a flag and its text (truncated). When a
+//    host refused the op or the signatures differ, every host fails the op
+//    alike with FAILED_PRECONDITION naming the hosts, broken=false: nobody
+//    moved data and the connections stay usable. For a barrier the header
+//    exchange is the whole op. The check is what keeps the data phase safe:
+//    a slot whose sender and receiver disagree on its size makes Gloo's
+//    device thread throw (gloo::EnforceNotMet), which ends the process; the
+//    hash covers the mesh's layout of members on hosts too, so matching
+//    headers mean the same schedule on every host.
+//  - Data: RunSpanning (daemon/exec/spanning.h) with one partition per host
+//    (a member's partition is its host's rank). Every host runs the same
+//    deterministic schedule over the global member table and a GlooFabric
+//    does only this host's part of it: its local runs and copies, sends of
+//    its bytes and receives into its memory; the rest is skipped.
+//  - Slots: op `s` uses Gloo slots (s << 24) | n: n = 0 for the header, then
+//    1, 2, ... for every transfer of the schedule in order (counted on every
+//    host, local or not), so two ops' messages never match each other.
+//  - Placeholder regions: the members of other hosts (and their scratch)
+//    have no memory here; they get addresses inside a PROT_NONE,
+//    MAP_NORESERVE mapping of max(in_bytes, out_bytes, 1) bytes, so that the
+//    schedule's pointer arithmetic stays valid and an accidental access
+//    faults loudly instead of touching real memory.
+//  - Failures: a Gloo error while waiting on a transfer to or from rank r
+//    names r's host id: a timeout is DEADLINE_EXCEEDED ("host <id> did not
+//    take part within the op timeout"), anything else ABORTED ("host <id>:
+//    connection lost"); both broken=true, and the mesh then fails later ops
+//    at once (the engine breaks it). In the header exchange every host whose
+//    header has not come at the deadline is named; in the data phase the
+//    first transfer that fails names its peer.
+//    Abort aborts the waits in flight (ABORTED with the reason), and the
+//    worker then destroys the Gloo context, closing the connections, so the
+//    other hosts' ops fail with "connection lost" instead of waiting for
+//    their deadline. No Gloo exception escapes a thread.
+//  - Traffic: this host's share: the Traffic of its local executor runs,
+//    plus the bytes it sent through Gloo (read) and received (written), and
+//    its local copies (read and written).
+//
+// Wire format: the header is a trivially copyable struct sent as bytes;
+// every host of a mesh runs the same build on the same architecture.
+#ifndef COLLECTIVED_DAEMON_CLUSTER_GLOO_MESH_H_
+#define COLLECTIVED_DAEMON_CLUSTER_GLOO_MESH_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/core/rendezvous.h"
+
+namespace gloo::rendezvous {
+class Store;
+}  // namespace gloo::rendezvous
+
+namespace collectived {
+
+// Creates the mesh's Gloo context: rank topology.self of
+// topology.hosts.size(), the TCP device bound to `bind_host` (an IP or host
+// name of this host; the port is chosen by the kernel), rendezvous through
+// `store` (the caller gives it a prefix unique to the mesh and generation),
+// within `timeout` (also Gloo's default timeout for the context). Errors:
+// DEADLINE_EXCEEDED when the peers did not connect in time, UNAVAILABLE
+// otherwise, with Gloo's message; INVALID_ARGUMENT for a bad topology.
+absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous::Store& store,
+                                                               const MeshTopology& topology,
+                                                               const std::string& bind_host,
+                                                               std::chrono::milliseconds timeout);
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_CLUSTER_GLOO_MESH_H_

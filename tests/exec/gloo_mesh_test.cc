@@ -1,0 +1,552 @@
+// GlooCrossHostMesh (daemon/cluster/gloo_mesh.h) with 2 and 3 "hosts" as
+// threads of this process, connected over loopback through an in-process
+// Gloo store: the executor suite (executor_suite.h) with the members spread
+// over the hosts, so every op, dtype and group choice crosses hosts and must
+// give the one-host bits; and the failures: hosts that submit different ops,
+// a host's refusal, a host that never takes part, Abort.
+#include <gtest/gtest.h>
+
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/cluster/gloo_mesh.h"
+#include "daemon/exec/cpu_executor.h"
+#include "tests/exec/executor_suite.h"
+
+namespace collectived::executor_suite {
+namespace {
+
+std::string HostId(int h) { return absl::StrCat("h", h); }
+
+// What one host's done reported.
+struct Outcome {
+  absl::Status status;
+  bool broken = false;
+  Traffic traffic;
+  absl::Duration took;
+};
+
+// One op's dones on the hosts that started it. Shared with the callbacks,
+// so that a test that gives up waiting leaves nothing dangling.
+class Dones : public std::enable_shared_from_this<Dones> {
+ public:
+  static std::shared_ptr<Dones> Make(int hosts) { return std::make_shared<Dones>(hosts); }
+  explicit Dones(int hosts) : outcomes_(hosts), called_(hosts, 0) {}
+  CrossHostMesh::Done For(int host) {
+    const absl::Time start = absl::Now();
+    return [self = shared_from_this(), host, start](absl::Status status, bool broken,
+                                                    Traffic traffic) {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      self->outcomes_[host] = Outcome{std::move(status), broken, traffic, absl::Now() - start};
+      ++self->called_[host];
+      self->cv_.notify_all();
+    };
+  }
+  // Waits (at most `limit`) until every host of `hosts` called back; false on
+  // timeout.
+  bool Wait(const std::vector<int>& hosts, absl::Duration limit = absl::Seconds(60)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoMilliseconds(limit), [&] {
+      for (int h : hosts) {
+        if (called_[h] == 0) return false;
+      }
+      return true;
+    });
+  }
+  Outcome Get(int host) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return outcomes_[host];
+  }
+  int calls(int host) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return called_[host];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Outcome> outcomes_;
+  std::vector<int> called_;
+};
+
+// H hosts of one mesh: member m on host host_of[m], one GlooCrossHostMesh and
+// one CPU executor per host.
+class Cluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(int hosts, std::vector<int> host_of) {
+    static int generation = 0;
+    auto c = std::unique_ptr<Cluster>(new Cluster);
+    c->host_of_ = host_of;
+    const std::string prefix = absl::StrCat("mesh/", ++generation);
+    std::vector<absl::StatusOr<std::unique_ptr<CrossHostMesh>>> meshes;
+    for (int h = 0; h < hosts; ++h) meshes.emplace_back(absl::UnknownError("not connected"));
+    std::vector<std::thread> threads;
+    for (int h = 0; h < hosts; ++h) {
+      threads.emplace_back([&, h] {
+        MeshTopology t;
+        t.generation = generation;
+        for (int m : host_of) t.member_host.push_back(HostId(m));
+        for (int r = 0; r < hosts; ++r) {
+          t.hosts.push_back(HostId(r));
+          t.addresses.push_back("127.0.0.1");
+        }
+        t.self = h;
+        gloo::rendezvous::PrefixStore store(prefix, c->store_);
+        meshes[h] = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int h = 0; h < hosts; ++h) {
+      if (!meshes[h].ok()) return meshes[h].status();
+      c->meshes_.push_back(std::move(*meshes[h]));
+      c->cpus_.push_back(std::make_unique<CpuExecutor>(
+          CpuExecutorOptions{.threads = 2, .chunk_bytes = 64, .serial_bytes = 0}));
+    }
+    return c;
+  }
+
+  int hosts() const { return static_cast<int>(meshes_.size()); }
+  CrossHostMesh& mesh(int h) { return *meshes_[h]; }
+  int64_t NextSequence() { return ++sequence_; }
+  // Host h's view of `io`: its members' regions, the others' null.
+  std::vector<MemberIo> IoOf(int h, const std::vector<MemberIo>& io) const {
+    std::vector<MemberIo> local(io.size());
+    for (size_t m = 0; m < io.size(); ++m) {
+      if (host_of_[m] == h) local[m] = MemberIo{io[m].in, io[m].out, -1};
+    }
+    return local;
+  }
+  void Start(int h, std::shared_ptr<const OpPlan> plan, int64_t sequence,
+             const std::vector<MemberIo>& io, absl::Status verdict, absl::Time deadline,
+             CrossHostMesh::Done done) {
+    meshes_[h]->Start(std::move(plan), sequence, IoOf(h, io), cpus_[h].get(), std::move(verdict),
+                      deadline, std::move(done));
+  }
+  // Runs `plan` on every host and waits for every done.
+  std::vector<Outcome> RunAll(const OpPlan& plan, const std::vector<MemberIo>& io,
+                              absl::Duration timeout = absl::Seconds(60)) {
+    auto shared = std::make_shared<const OpPlan>(plan);
+    const int64_t seq = NextSequence();
+    auto dones = Dones::Make(hosts());
+    std::vector<int> all;
+    for (int h = 0; h < hosts(); ++h) {
+      all.push_back(h);
+      Start(h, shared, seq, io, absl::OkStatus(), absl::Now() + timeout, dones->For(h));
+    }
+    std::vector<Outcome> out(hosts());
+    if (!dones->Wait(all, timeout + absl::Seconds(30))) {
+      ADD_FAILURE() << "a done was not called";
+      for (auto& o : out) o.status = absl::InternalError("no done");
+      return out;
+    }
+    for (int h = 0; h < hosts(); ++h) out[h] = dones->Get(h);
+    return out;
+  }
+
+ private:
+  Cluster() = default;
+  gloo::rendezvous::HashStore store_;
+  std::vector<int> host_of_;
+  std::vector<std::unique_ptr<CpuExecutor>> cpus_;
+  int64_t sequence_ = 0;
+  // Last: closed first (their threads call into nothing else here).
+  std::vector<std::unique_ptr<CrossHostMesh>> meshes_;
+};
+
+std::vector<int> Layout(int members, int hosts, bool blocked) {
+  std::vector<int> host_of(members);
+  for (int m = 0; m < members; ++m) host_of[m] = blocked ? m / 2 % hosts : m % hosts;
+  return host_of;
+}
+
+// The executor suite's Executor: every op over H hosts, member m on host
+// m % H (or in blocks of two). One cluster per member count, connected on
+// first use and again after an op broke it.
+template <int kHosts, bool kBlocked>
+class GlooSuiteExecutor final : public Executor {
+ public:
+  absl::string_view name() const override { return "gloo-mesh"; }
+  absl::string_view buffer_kind() const override { return "memfd"; }
+  bool IsViable() const override { return true; }
+  int threads() const override { return 2; }
+  absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                   Traffic* traffic) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int members = static_cast<int>(io.size());
+    auto it = clusters_.find(members);
+    if (it == clusters_.end()) {
+      auto c = Cluster::Connect(kHosts, Layout(members, kHosts, kBlocked));
+      if (!c.ok()) return c.status();
+      it = clusters_.emplace(members, std::move(*c)).first;
+    }
+    std::vector<Outcome> out = it->second->RunAll(plan, io);
+    absl::Status first;
+    bool broken = false;
+    Traffic sum;
+    for (const Outcome& o : out) {
+      if (first.ok() && !o.status.ok()) first = o.status;
+      broken |= o.broken;
+      sum.read += o.traffic.read;
+      sum.written += o.traffic.written;
+      sum.required += o.traffic.required;
+    }
+    if (broken) clusters_.erase(it);
+    if (traffic != nullptr) *traffic = sum;
+    return first;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<Cluster>> clusters_;
+};
+
+template <int kHosts, bool kBlocked>
+struct GlooBackend {
+  static constexpr const char* kName = "gloo mesh";
+  static std::unique_ptr<Executor> MakeExecutor() {
+    return std::make_unique<GlooSuiteExecutor<kHosts, kBlocked>>();
+  }
+  static absl::StatusOr<void*> Allocate(size_t bytes, int) {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
+    return p;
+  }
+  static void Free(void* p) { std::free(p); }
+  static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
+    return HostCopy(dst, src, bytes);
+  }
+  static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
+    return HostCopy(dst, src, bytes);
+  }
+  static int Device(int) { return -1; }
+};
+
+using GlooTwoHostsRoundRobin = GlooBackend<2, false>;
+using GlooThreeHostsRoundRobin = GlooBackend<3, false>;
+using GlooTwoHostsBlocked = GlooBackend<2, true>;
+
+INSTANTIATE_TYPED_TEST_SUITE_P(GlooTwoHostsRoundRobin, ExecutorSuite, GlooTwoHostsRoundRobin);
+INSTANTIATE_TYPED_TEST_SUITE_P(GlooThreeHostsRoundRobin, ExecutorSuite, GlooThreeHostsRoundRobin);
+INSTANTIATE_TYPED_TEST_SUITE_P(GlooTwoHostsBlocked, ExecutorSuite, GlooTwoHostsBlocked);
+
+// --- Direct checks ---
+
+OpPlan Plan(v1::OpKind kind, v1::DType dt, std::vector<int64_t> shape, int members) {
+  v1::OpSpec spec = Typed(kind, dt, std::move(shape));
+  spec.add_axes("x");
+  auto plan = PlanOp(spec, MeshShape{{"x"}, {members}});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *plan : OpPlan{};
+}
+
+// Members' host memory for one op.
+struct Regions {
+  Regions(int members, const OpPlan& plan) {
+    for (int m = 0; m < members; ++m) {
+      in.emplace_back(plan.in_bytes);
+      out.emplace_back(plan.out_bytes, 0xA5);
+      for (uint64_t b = 0; b < plan.in_bytes; b += sizeof(float)) {
+        // Floats whose sum depends on the order.
+        const float v = (m % 2 == 0 ? 1.0f : 1e-7f) * static_cast<float>(b + 1) + 0.1f * m;
+        std::memcpy(in[m].data() + b, &v, std::min<uint64_t>(sizeof(v), plan.in_bytes - b));
+      }
+      io.push_back(MemberIo{in[m].data(), out[m].data(), -1});
+    }
+  }
+  std::vector<std::vector<uint8_t>> in, out;
+  std::vector<MemberIo> io;
+};
+
+// `plan` over `members` members on `hosts` hosts gives the one-host bits.
+void ExpectOneHostBits(int hosts, bool blocked, const OpPlan& plan, int members) {
+  SCOPED_TRACE(absl::StrCat(plan.signature, " on ", hosts, blocked ? " hosts, blocked" : " hosts"));
+  auto cluster = Cluster::Connect(hosts, Layout(members, hosts, blocked));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Regions expected(members, plan), got(members, plan);
+  CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
+  ASSERT_TRUE(cpu.Run(plan, expected.io).ok());
+  for (const Outcome& o : (*cluster)->RunAll(plan, got.io)) {
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_FALSE(o.broken);
+  }
+  for (int m = 0; m < members; ++m) EXPECT_EQ(got.out[m], expected.out[m]) << "member " << m;
+}
+
+TEST(GlooMeshTest, PsumLanesGiveTheOneHostBits) {
+  for (int hosts : {2, 3}) {
+    for (bool blocked : {false, true}) {
+      ExpectOneHostBits(hosts, blocked, Plan(v1::PSUM, v1::FLOAT32, {1001}, 6), 6);
+      ExpectOneHostBits(hosts, blocked, Plan(v1::PSUM, v1::BFLOAT16, {999}, 5), 5);
+      ExpectOneHostBits(hosts, blocked, Plan(v1::PMAX, v1::INT32, {7}, 4), 4);
+    }
+  }
+}
+
+// Hosts 0..H-1 connected, every member on host m % H.
+std::unique_ptr<Cluster> ConnectOrDie(int hosts, int members) {
+  auto c = Cluster::Connect(hosts, Layout(members, hosts, false));
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+TEST(GlooMeshTest, DifferentOpsFailOnEveryHostAndTheMeshStaysUsable) {
+  for (int hosts : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat(hosts, " hosts"));
+    const int members = 4;
+    auto c = ConnectOrDie(hosts, members);
+    ASSERT_NE(c, nullptr);
+    auto psum = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, members));
+    auto gather = std::make_shared<const OpPlan>(Plan(v1::ALL_GATHER, v1::FLOAT32, {4}, members));
+    auto wider = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {8}, members));
+    for (const auto& other : {gather, wider}) {
+      Regions r(members, *psum), r_other(members, *other);
+      const int64_t seq = c->NextSequence();
+      auto dones = Dones::Make(hosts);
+      std::vector<int> all;
+      for (int h = 0; h < hosts; ++h) {
+        all.push_back(h);
+        c->Start(h, h == 1 ? other : psum, seq, h == 1 ? r_other.io : r.io, absl::OkStatus(),
+                 absl::Now() + absl::Seconds(30), dones->For(h));
+      }
+      ASSERT_TRUE(dones->Wait(all));
+      for (int h = 0; h < hosts; ++h) {
+        const Outcome o = dones->Get(h);
+        EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+        EXPECT_FALSE(o.broken) << "host " << h;
+        EXPECT_NE(o.status.message().find(absl::StrCat("host h1 submitted ", other->signature,
+                                                       " where host h0 submitted ",
+                                                       psum->signature)),
+                  std::string::npos)
+            << o.status;
+      }
+      // The outputs were not written.
+      for (int m = 0; m < members; ++m) {
+        EXPECT_EQ(r.out[m], std::vector<uint8_t>(psum->out_bytes, 0xA5)) << "member " << m;
+      }
+    }
+    // The next op, the same everywhere, runs on the same meshes.
+    Regions expected(members, *psum), got(members, *psum);
+    CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
+    ASSERT_TRUE(cpu.Run(*psum, expected.io).ok());
+    for (const Outcome& o : c->RunAll(*psum, got.io)) EXPECT_TRUE(o.status.ok()) << o.status;
+    for (int m = 0; m < members; ++m) EXPECT_EQ(got.out[m], expected.out[m]) << "member " << m;
+  }
+}
+
+TEST(GlooMeshTest, AHostsRefusalFailsTheOpOnEveryHost) {
+  const int hosts = 3, members = 3;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::INT32, {16}, members));
+  Regions r(members, *plan);
+  const int64_t seq = c->NextSequence();
+  auto dones = Dones::Make(hosts);
+  for (int h = 0; h < hosts; ++h) {
+    c->Start(h, plan, seq, r.io,
+             h == 2 ? absl::FailedPreconditionError("member 2 submitted pmax") : absl::OkStatus(),
+             absl::Now() + absl::Seconds(30), dones->For(h));
+  }
+  ASSERT_TRUE(dones->Wait({0, 1, 2}));
+  for (int h = 0; h < hosts; ++h) {
+    const Outcome o = dones->Get(h);
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_FALSE(o.broken);
+    EXPECT_NE(o.status.message().find("host h2 refused it: member 2 submitted pmax"),
+              std::string::npos)
+        << o.status;
+    EXPECT_EQ(o.status.message().find("host h0"), std::string::npos) << o.status;
+  }
+  // Still usable.
+  for (const Outcome& o : c->RunAll(*plan, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
+}
+
+TEST(GlooMeshTest, BarrierAndEmptyOpsExchangeHeaders) {
+  const int hosts = 2, members = 4;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  v1::OpSpec barrier;
+  barrier.set_kind(v1::BARRIER);
+  barrier.add_axes("x");
+  auto plan = PlanOp(barrier, MeshShape{{"x"}, {members}});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<MemberIo> io(members);
+  for (const Outcome& o : c->RunAll(*plan, io)) EXPECT_TRUE(o.status.ok()) << o.status;
+  OpPlan empty = Plan(v1::PSUM, v1::FLOAT32, {0}, members);
+  Regions r(members, empty);
+  for (const Outcome& o : c->RunAll(empty, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
+  // A barrier a host does not join is not passed.
+  auto shared = std::make_shared<const OpPlan>(*plan);
+  const int64_t seq = c->NextSequence();
+  auto dones = Dones::Make(hosts);
+  c->Start(0, shared, seq, io, absl::OkStatus(), absl::Now() + absl::Milliseconds(300),
+           dones->For(0));
+  ASSERT_TRUE(dones->Wait({0}));
+  EXPECT_EQ(dones->Get(0).status.code(), absl::StatusCode::kDeadlineExceeded) << dones->Get(0).status;
+}
+
+TEST(GlooMeshTest, HostsThatNeverStartTheOpAreNamedAtTheDeadline) {
+  const int hosts = 3, members = 3;
+  struct Case {
+    std::vector<int> started;
+    std::string named;  // in every started host's message
+    std::string not_named;
+  };
+  for (const Case& k : {Case{{0, 1}, "host h2 did not take part", "h1"},
+                        Case{{0, 2}, "host h1 did not take part", "h2"},
+                        Case{{2}, "hosts h0, h1 did not take part", "h2"}}) {
+    SCOPED_TRACE(k.named);
+    auto c = ConnectOrDie(hosts, members);
+    ASSERT_NE(c, nullptr);
+    auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {64}, members));
+    Regions r(members, *plan);
+    const int64_t seq = c->NextSequence();
+    auto dones = Dones::Make(hosts);
+    for (int h : k.started) {
+      c->Start(h, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Milliseconds(300),
+               dones->For(h));
+    }
+    ASSERT_TRUE(dones->Wait(k.started, absl::Seconds(30)));
+    for (int h : k.started) {
+      const Outcome o = dones->Get(h);
+      EXPECT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded) << o.status;
+      EXPECT_TRUE(o.broken);
+      EXPECT_NE(o.status.message().find(k.named), std::string::npos) << o.status;
+      const std::string message(o.status.message());
+      EXPECT_EQ(message.substr(0, message.find(" did not")).find(k.not_named), std::string::npos)
+          << o.status;
+      EXPECT_LT(o.took, absl::Seconds(10));
+    }
+    // The broken mesh fails later ops at once.
+    auto later = Dones::Make(hosts);
+    const int h = k.started[0];
+    c->Start(h, plan, c->NextSequence(), r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30),
+             later->For(h));
+    ASSERT_TRUE(later->Wait({h}, absl::Seconds(10)));
+    EXPECT_EQ(later->Get(h).status.code(), absl::StatusCode::kAborted) << later->Get(h).status;
+    EXPECT_TRUE(later->Get(h).broken);
+  }
+}
+
+TEST(GlooMeshTest, AbortFailsTheOpInFlightWithTheReasonAndThePeersFindTheConnectionClosed) {
+  const int hosts = 2, members = 2;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {64}, members));
+  Regions r(members, *plan);
+  // Host 0 waits in the op (host 1 has not started it); host 0 is aborted.
+  auto dones = Dones::Make(hosts);
+  const int64_t seq = c->NextSequence();
+  c->Start(0, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30), dones->For(0));
+  absl::SleepFor(absl::Milliseconds(200));
+  c->mesh(0).Abort("operator stop");
+  ASSERT_TRUE(dones->Wait({0}, absl::Seconds(20)));
+  Outcome o = dones->Get(0);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+  EXPECT_EQ(o.status.message(), "operator stop");
+  EXPECT_TRUE(o.broken);
+  EXPECT_LT(o.took, absl::Seconds(10));
+  // Host 1 now starts the op: host 0's connections are closed, so it fails
+  // long before its deadline.
+  c->Start(1, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30), dones->For(1));
+  ASSERT_TRUE(dones->Wait({1}, absl::Seconds(20)));
+  o = dones->Get(1);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+  EXPECT_NE(o.status.message().find("host h0: connection lost"), std::string::npos) << o.status;
+  EXPECT_TRUE(o.broken);
+  EXPECT_LT(o.took, absl::Seconds(10));
+}
+
+TEST(GlooMeshTest, AbortOfAPeerFailsTheOpsWaitingOnIt) {
+  const int hosts = 3, members = 3;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {64}, members));
+  Regions r(members, *plan);
+  auto dones = Dones::Make(hosts);
+  const int64_t seq = c->NextSequence();
+  for (int h : {0, 1}) {
+    c->Start(h, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30), dones->For(h));
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  c->mesh(2).Abort("host 2 leaves");  // idle: its context is torn down
+  ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(20)));
+  for (int h : {0, 1}) {
+    const Outcome o = dones->Get(h);
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+    EXPECT_NE(o.status.message().find("host h2: connection lost"), std::string::npos) << o.status;
+    EXPECT_TRUE(o.broken);
+    EXPECT_LT(o.took, absl::Seconds(10));
+  }
+}
+
+TEST(GlooMeshTest, StartAfterAbortFailsAtOnce) {
+  auto c = ConnectOrDie(2, 2);
+  ASSERT_NE(c, nullptr);
+  c->mesh(1).Abort("gone");
+  c->mesh(1).Abort("twice");  // idempotent: the first reason stays
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, 2));
+  Regions r(2, *plan);
+  auto dones = Dones::Make(2);
+  c->Start(1, plan, c->NextSequence(), r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30),
+           dones->For(1));
+  ASSERT_TRUE(dones->Wait({1}, absl::Seconds(10)));
+  const Outcome o = dones->Get(1);
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+  EXPECT_EQ(o.status.message(), "gone");
+  EXPECT_TRUE(o.broken);
+  EXPECT_EQ(dones->calls(1), 1);
+}
+
+TEST(GlooMeshTest, DestructorCallsEveryQueuedDoneOnce) {
+  auto c = ConnectOrDie(2, 2);
+  ASSERT_NE(c, nullptr);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, 2));
+  Regions r(2, *plan);
+  auto dones = Dones::Make(3);
+  for (int k = 0; k < 3; ++k) {
+    c->Start(0, plan, c->NextSequence(), r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30),
+             dones->For(k));
+  }
+  c.reset();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(dones->calls(k), 1) << "op " << k;
+    EXPECT_FALSE(dones->Get(k).status.ok());
+    EXPECT_TRUE(dones->Get(k).broken);
+  }
+}
+
+TEST(GlooMeshTest, ConnectWithoutThePeersFailsWithinTheTimeout) {
+  gloo::rendezvous::HashStore hash;
+  gloo::rendezvous::PrefixStore store("lonely", hash);
+  MeshTopology t;
+  t.member_host = {"h0", "h1"};
+  t.hosts = {"h0", "h1"};
+  t.self = 0;
+  const absl::Time start = absl::Now();
+  auto mesh = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::milliseconds(300));
+  EXPECT_EQ(mesh.status().code(), absl::StatusCode::kDeadlineExceeded) << mesh.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(GlooMeshTest, ConnectRejectsABadRank) {
+  gloo::rendezvous::HashStore store;
+  MeshTopology t;
+  t.hosts = {"h0", "h1"};
+  t.self = 2;
+  EXPECT_EQ(ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace collectived::executor_suite
