@@ -1,6 +1,7 @@
 #include "daemon/core/engine.h"
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -88,6 +89,10 @@ absl::Status CheckDeclared(absl::string_view kind, absl::string_view what,
 namespace {
 // Set while this thread runs an op inline (see EngineOptions::inline_op_bytes).
 thread_local bool t_running_inline = false;
+
+// How much later than the registry's deadline a cluster mesh's joiner times
+// out on its own (see JoinWaiter::deadline).
+constexpr absl::Duration kClusterJoinGrace = absl::Seconds(2);
 }  // namespace
 
 std::string DisplayId(const std::string& id) {
@@ -147,6 +152,16 @@ std::string Engine::NoExecutorReason(absl::string_view kind) const {
 
 Engine::~Engine() {
   Shutdown("daemon stopped");
+  // Connections to other hosts call back into the engine from their
+  // threads: they go while the engine is whole.
+  std::vector<std::shared_ptr<CrossHostMesh>> crosses;
+  {
+    MutexLock lock(&mu_);
+    for (auto& [id, mesh] : meshes_) {
+      if (mesh->cross) crosses.push_back(std::move(mesh->cross));
+    }
+  }
+  crosses.clear();
   stream_waiter_.reset();  // fails the ops that still wait for streams
   runners_.reset();        // finishes running ops
   timer_->Stop();    // callbacks may still use timer_ while it stops
@@ -301,9 +316,12 @@ void Engine::CloseSessionLocked(const std::string& session_id, const std::string
 std::string Engine::MemberLabel(const Mesh& mesh, int index) {
   std::string label = absl::StrCat(index, " ", CoordString(mesh.shape.Coordinate(index)));
   const std::string& sid = mesh.member_session[index];
+  const std::string host = HostOf(mesh, index);
   if (Session* s = sid.empty() ? nullptr : FindSession(sid)) {
-    absl::StrAppend(&label, " pid ", s->pid, " host ", options_.host);
+    absl::StrAppend(&label, " pid ", s->pid, " host ", host.empty() ? options_.host : host);
     if (!s->client_name.empty()) absl::StrAppend(&label, " '", s->client_name, "'");
+  } else if (!host.empty()) {
+    absl::StrAppend(&label, " on host ", host);
   }
   return label;
 }
@@ -318,7 +336,8 @@ v1::Member Engine::MemberInfo(const Mesh& mesh, int index) {
     m.set_client_name(s->client_name);
     m.set_pid(s->pid);
   }
-  m.set_host(options_.host);
+  const std::string host = HostOf(mesh, index);
+  m.set_host(host.empty() ? options_.host : host);
   return m;
 }
 
@@ -337,7 +356,9 @@ v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
                  : mesh.state == MeshState::kReady ? "READY"
                                                    : "BROKEN");
   for (size_t i = 0; i < mesh.member_session.size(); ++i) {
-    if (!mesh.member_session[i].empty()) *info.add_members() = MemberInfo(mesh, static_cast<int>(i));
+    if (!mesh.member_session[i].empty() || !HostOf(mesh, static_cast<int>(i)).empty()) {
+      *info.add_members() = MemberInfo(mesh, static_cast<int>(i));
+    }
   }
   info.set_op_timeout_ms(Millis(mesh.op_timeout));
   info.set_completed_ops(mesh.completed);
@@ -385,6 +406,11 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       shape.sizes.push_back(axis.size());
     }
     const bool assign = req.coordinate().empty();
+    if (assign && options_.rendezvous != nullptr) {
+      return absl::InvalidArgumentError(
+          "this daemon is part of a cluster, where a mesh's members may join on any host: "
+          "give each member its coordinate (the daemons cannot assign them)");
+    }
     if (!assign) {
       if (req.coordinate_size() != req.axes_size()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -486,6 +512,15 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       m->member_session.assign(members, "");
       m->member_left.assign(members, false);
       m->next_sequence.assign(members, 0);
+      m->local_members = static_cast<int>(members);
+      if (options_.rendezvous != nullptr) {
+        m->cluster = true;
+        m->local_members = 0;  // known once formed
+        m->join_info.key = absl::StrCat("mesh", key);
+        m->join_info.axes = AxesString(shape);
+        m->join_info.members = members;
+        m->join_info.token = req.join_token();
+      }
       mesh = m.get();
       mesh_by_name_[m->key] = m->id;
       meshes_.emplace(m->id, std::move(m));
@@ -527,10 +562,33 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
     absl::Duration timeout =
         req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : options_.join_timeout;
     std::string mesh_id = mesh->id;
-    waiter.timer = timer_->Schedule(absl::Now() + timeout,
-                                    [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
+    waiter.deadline = absl::Now() + timeout;
+    waiter.timer = timer_->Schedule(
+        waiter.deadline + (mesh->cluster ? kClusterJoinGrace : absl::ZeroDuration()),
+        [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
     mesh->join_waiters[index] = std::move(waiter);
-    if (static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
+    if (mesh->cluster && static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
+      // Every member joined here: a mesh of this host alone, whatever the
+      // registry says (its indices there are given back).
+      std::vector<int> all(mesh->shape.num_members());
+      std::iota(all.begin(), all.end(), 0);
+      TellCluster(*mesh, all, false, "the mesh formed on one host", cbs);
+      mesh->local_only = true;
+      mesh->local_members = mesh->shape.num_members();
+      mesh->member_host.assign(mesh->shape.num_members(), options_.rendezvous->host_id());
+      CompleteJoin(*mesh, cbs);
+    } else if (mesh->cluster) {
+      // The registry decides whether the join stands and when the mesh is
+      // full; the joiner waits for it (OnRegistered, OnFormed).
+      MeshJoinInfo info = mesh->join_info;
+      if (req.op_timeout_ms() > 0) info.op_timeout_ms = req.op_timeout_ms();
+      cbs.push_back([this, info = std::move(info), mesh_id, index, sid = session->id] {
+        options_.rendezvous->Register(info, index,
+                                      [this, mesh_id, index, sid](absl::StatusOr<int64_t> g) {
+                                        OnRegistered(mesh_id, index, sid, std::move(g));
+                                      });
+      });
+    } else if (static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
       CompleteJoin(*mesh, cbs);
     }
     return absl::OkStatus();
@@ -570,6 +628,167 @@ void Engine::RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Cal
   const std::string sid = mesh.member_session[index];
   if (Session* s = FindSession(sid)) s->meshes.erase(mesh.id);
   mesh.member_session[index].clear();
+  // Its index is free again on the cluster (before the registry answered
+  // its registration, OnRegistered frees it).
+  TellCluster(mesh, {index}, false, std::string(status.message()), cbs);
+}
+
+std::string Engine::HostOf(const Mesh& mesh, int index) const {
+  if (!mesh.cluster) return "";
+  if (!mesh.member_host.empty()) return mesh.member_host[index];
+  return mesh.member_session[index].empty() ? "" : options_.rendezvous->host_id();
+}
+
+void Engine::TellCluster(const Mesh& mesh, std::vector<int> indices, bool broken,
+                         const std::string& reason, Callbacks& cbs) {
+  // A mesh of this host alone gave its indices back when it formed.
+  if (!mesh.cluster || mesh.cluster_generation == 0 || (broken && mesh.local_only)) return;
+  cbs.push_back([r = options_.rendezvous, key = mesh.join_info.key, g = mesh.cluster_generation,
+                 indices = std::move(indices), broken, reason] {
+    r->Leave(key, g, indices, broken, reason);
+  });
+}
+
+void Engine::RetireCross(Mesh& mesh) {
+  if (!mesh.cross) return;
+  runners_->Schedule([cross = std::move(mesh.cross)]() mutable {
+    cross->Abort("mesh closed");
+    cross.reset();
+  });
+  mesh.cross = nullptr;
+}
+
+void Engine::FailForming(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it,
+                         const absl::Status& status, Callbacks& cbs) {
+  Mesh& mesh = *it->second;
+  std::vector<int> joiners;
+  for (const auto& [index, waiter] : mesh.join_waiters) joiners.push_back(index);
+  for (int index : joiners) RemoveJoiner(mesh, index, status, cbs);
+  auto name = mesh_by_name_.find(mesh.key);
+  if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
+  EraseMesh(it);
+}
+
+void Engine::OnRegistered(const std::string& mesh_id, int index, const std::string& session_id,
+                          absl::StatusOr<int64_t> generation) {
+  Callbacks cbs;
+  {
+    MutexLock lock(&mu_);
+    auto it = meshes_.find(mesh_id);
+    Mesh* mesh = it == meshes_.end() ? nullptr : it->second.get();
+    if (mesh != nullptr && mesh->local_only && generation.ok()) {
+      // Formed on this host alone before this answer came.
+      cbs.push_back([r = options_.rendezvous, key = mesh->join_info.key, g = *generation,
+                     index] { r->Leave(key, g, {index}, false, "the mesh formed on one host"); });
+    } else if (mesh == nullptr || mesh->member_session[index] != session_id) {
+      // The joiner left before the registry answered: free its index there.
+      if (generation.ok() && mesh != nullptr) {
+        cbs.push_back([r = options_.rendezvous, key = mesh->join_info.key, g = *generation,
+                       index] { r->Leave(key, g, {index}, false, "left before the mesh formed"); });
+      }
+    } else if (mesh->state != MeshState::kForming) {
+      // Formed (the registry filled it before this answer came) or broken.
+    } else if (absl::IsUnavailable(generation.status())) {
+      // No coordinator: the mesh may still fill on this host alone.
+      mesh->registry_error = generation.status();
+    } else if (!generation.ok()) {
+      LogEvent(LogLevel::kWarn, "join_refused",
+               {{"mesh", mesh->name}, {"index", absl::StrCat(index)},
+                {"error", generation.status().ToString()}});
+      auto w = mesh->join_waiters.find(index);
+      if (w != mesh->join_waiters.end()) {
+        timer_->Cancel(w->second.timer);
+        cbs.push_back([done = std::move(w->second.done), st = generation.status()] { done(st); });
+        mesh->join_waiters.erase(w);
+      }
+      if (Session* s = FindSession(session_id)) s->meshes.erase(mesh->id);
+      mesh->member_session[index].clear();
+      MaybeEraseMesh(mesh_id);
+    } else if (mesh->cluster_generation == 0) {
+      mesh->cluster_generation = *generation;
+      mesh->generation = *generation;
+      mesh->forming = true;
+      const absl::Time deadline = mesh->join_waiters.at(index).deadline;
+      cbs.push_back([this, key = mesh->join_info.key, g = *generation, deadline, mesh_id] {
+        options_.rendezvous->Form(key, g, deadline,
+                                  [this, mesh_id](absl::StatusOr<FormedMesh> formed) {
+                                    OnFormed(mesh_id, std::move(formed));
+                                  });
+      });
+    } else if (*generation != mesh->cluster_generation) {
+      // The registry started another generation while this mesh formed
+      // (the one it had ended): this member is in that one, not ours.
+      cbs.push_back([r = options_.rendezvous, key = mesh->join_info.key, g = *generation,
+                     index] { r->Leave(key, g, {index}, false, "joined a stale generation"); });
+      absl::Status status = absl::AbortedError(absl::StrCat(
+          "mesh '", mesh->name, "' generation ", mesh->cluster_generation,
+          " ended on the cluster while this member joined; join again"));
+      auto w = mesh->join_waiters.find(index);
+      if (w != mesh->join_waiters.end()) {
+        timer_->Cancel(w->second.timer);
+        cbs.push_back([done = std::move(w->second.done), status] { done(status); });
+        mesh->join_waiters.erase(w);
+      }
+      if (Session* s = FindSession(session_id)) s->meshes.erase(mesh->id);
+      mesh->member_session[index].clear();
+      MaybeEraseMesh(mesh_id);
+    }
+  }
+  Run(cbs);
+}
+
+void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed) {
+  Callbacks cbs;
+  std::unique_ptr<CrossHostMesh> orphan;
+  {
+    MutexLock lock(&mu_);
+    auto it = meshes_.find(mesh_id);
+    if (it == meshes_.end() || it->second->state != MeshState::kForming) {
+      // Every local joiner left meanwhile (the registry was told).
+      if (formed.ok()) orphan = std::move(formed->mesh);
+    } else if (!formed.ok()) {
+      LogEvent(LogLevel::kWarn, "mesh_not_formed",
+               {{"mesh", it->second->name}, {"error", formed.status().ToString()}});
+      FailForming(it, formed.status(), cbs);
+    } else {
+      Mesh& mesh = *it->second;
+      const MeshTopology& t = formed->topology;
+      const std::string self = options_.rendezvous->host_id();
+      std::vector<int> gone;
+      int local = 0;
+      for (int i = 0; i < mesh.shape.num_members(); ++i) {
+        if (t.member_host[i] != self) continue;
+        ++local;
+        if (mesh.member_session[i].empty()) gone.push_back(i);
+      }
+      if (!gone.empty() || local == 0) {
+        const std::string reason = absl::StrCat(
+            "members ", absl::StrJoin(gone, ","), " on host ", self,
+            " left before the mesh formed");
+        orphan = std::move(formed->mesh);
+        TellCluster(mesh, {}, true, reason, cbs);
+        FailForming(it, absl::AbortedError(absl::StrCat("mesh '", mesh.name, "': ", reason)),
+                    cbs);
+      } else {
+        mesh.member_host = t.member_host;
+        mesh.local_members = local;
+        mesh.generation = t.generation;
+        if (t.op_timeout_ms > 0 && !mesh.op_timeout_set) {
+          mesh.op_timeout = absl::Milliseconds(t.op_timeout_ms);
+          mesh.op_timeout_set = true;
+        }
+        mesh.cross = std::shared_ptr<CrossHostMesh>(std::move(formed->mesh));
+        LogEvent(LogLevel::kInfo, "mesh_formed_across_hosts",
+                 {{"mesh", mesh.name}, {"generation", absl::StrCat(mesh.generation)},
+                  {"hosts", absl::StrJoin(t.hosts, ",")},
+                  {"local_members", absl::StrCat(local)}});
+        CompleteJoin(mesh, cbs);
+      }
+    }
+  }
+  if (orphan) orphan->Abort("the mesh did not form on this host");
+  orphan.reset();
+  Run(cbs);
 }
 
 void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
@@ -592,6 +811,12 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
         "mesh '", mesh.name, "' (", AxesString(mesh.shape), "): timed out waiting for ",
         missing.size(), " of ", mesh.shape.num_members(), " members to join; joined: ",
         absl::StrJoin(joined, "; "), "; missing coordinates: ", absl::StrJoin(missing, " ")));
+    if (!mesh.registry_error.ok()) {
+      // Members elsewhere could not be reached: say so, as UNAVAILABLE.
+      status = absl::UnavailableError(absl::StrCat(
+          status.message(), "; the cluster's mesh registry could not be reached: ",
+          mesh.registry_error.message()));
+    }
     LogEvent(LogLevel::kWarn, "join_timeout", {{"mesh", mesh.name}, {"error", status.ToString()}});
     RemoveJoiner(mesh, index, status, cbs);
     if (mesh.join_waiters.empty()) {
@@ -610,6 +835,12 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
   if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
   absl::Status status = absl::AbortedError(absl::StrCat(
       "mesh '", mesh.name, "' generation ", mesh.generation, " is broken: ", reason));
+  // Across hosts: the registry ends the generation, and closing the
+  // connections fails the other hosts' ops in flight.
+  TellCluster(mesh, {}, true, reason, cbs);
+  if (mesh.cross) {
+    cbs.push_back([cross = mesh.cross, status] { cross->Abort(std::string(status.message())); });
+  }
   for (auto it = mesh.pending.begin(); it != mesh.pending.end();) {
     if (it->second.running) {
       // Finishes on its own; its outcome stands. One still waiting for its
@@ -650,6 +881,7 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
 void Engine::EraseMesh(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it) {
   NameRecord& name = names_[it->second->key];
   if (--name.meshes == 0) name.idle_since = absl::Now();
+  RetireCross(*it->second);
   meshes_.erase(it);
 }
 
@@ -989,7 +1221,7 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     resp.set_sequence(seq);
     for (int64_t d : plan->out_shape) resp.add_out_shape(d);
     resp.set_out_dtype(ToProto(plan->out_dtype));
-    if (pending.submitted == mesh.shape.num_members()) OnOpFull(mesh, pending, cbs);
+    if (pending.submitted == mesh.local_members) OnOpFull(mesh, pending, cbs);
   }
   Run(cbs);
   return resp;
@@ -1080,8 +1312,9 @@ std::string ListGroups(const std::vector<std::pair<std::string, std::vector<int>
 void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
   timer_->Cancel(op.timer);
   // Every member's n-th op must be the same op.
-  auto variants = GroupMembers(static_cast<int>(op.subs.size()),
-                               [&](int i) { return &op.subs[i]->plan->signature; });
+  auto variants = GroupMembers(static_cast<int>(op.subs.size()), [&](int i) {
+    return op.subs[i] ? &op.subs[i]->plan->signature : nullptr;
+  });
   if (variants.size() > 1) {
     const std::string parts = ListGroups(variants, " submitted ", " submitted ");
     // Failed in order, when the op reaches the front of the mesh's queue.
@@ -1101,26 +1334,32 @@ absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
   // and the kinds seen.
   std::set<std::string> kinds;
   for (const auto& sub : op.subs) {
-    if (!sub->in_buf) continue;
+    if (!sub || !sub->in_buf) continue;
     kind = std::string(sub->in_buf->kind());
     kinds.insert(kind);
   }
   if (kinds.size() > 1) {
     std::vector<std::string> place(op.subs.size());
     for (size_t i = 0; i < op.subs.size(); ++i) {
+      if (!op.subs[i]) continue;
       const Submission& sub = *op.subs[i];
       if (sub.in_buf) {
         place[i] = absl::StrCat(sub.in_buf->kind(), " buffers on ", sub.in_buf->device());
       }
     }
     auto places = GroupMembers(static_cast<int>(op.subs.size()), [&](int i) {
-      return op.subs[i]->in_buf ? &place[i] : nullptr;
+      return op.subs[i] && op.subs[i]->in_buf ? &place[i] : nullptr;
     });
     return absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " on mesh '", mesh.name, "' mixes kinds of memory across members: ",
         ListGroups(places, " has ", " have "),
         "; every member's buffers of one op must be the same kind of memory (",
         absl::StrJoin(kinds, " or "), ")"));
+  }
+  if (mesh.cluster && kind != "memfd") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " on mesh '", mesh.name, "' runs on ", kind,
+        " buffers, but ops of meshes across hosts run on host memory only so far"));
   }
   if (ExecutorFor(kind) == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -1135,22 +1374,30 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   // The front op is the lowest sequence not yet completed; later ops wait.
   while (!mesh.pending.empty() && !shutting_down_) {
     PendingOp& op = mesh.pending.begin()->second;
-    if (op.running || op.submitted < mesh.shape.num_members()) return;
-    if (op.verdict.ok()) break;
+    if (op.running || op.submitted < mesh.local_members) return;
+    // A cluster mesh's other hosts must learn the verdict: it goes to them.
+    if (op.verdict.ok() || mesh.cross) break;
     FailOp(mesh, op, op.verdict, cbs);
     ++mesh.completed;
     mesh.pending.erase(mesh.pending.begin());
   }
   if (mesh.pending.empty() || shutting_down_) return;
   PendingOp& op = mesh.pending.begin()->second;
-  if (op.running || op.submitted < mesh.shape.num_members()) return;
+  if (op.running || op.submitted < mesh.local_members) return;
   op.running = true;
-  auto plan = op.subs[0]->plan;
+  std::shared_ptr<const OpPlan> plan;
+  for (const auto& sub : op.subs) {
+    if (sub) {
+      plan = sub->plan;
+      break;
+    }
+  }
   std::vector<MemberIo> io(op.subs.size());
   std::vector<std::shared_ptr<SharedBuffer>> keep;
   // Every member's buffers are of this kind (CheckMemory).
   absl::string_view kind = "memfd";
   for (size_t i = 0; i < op.subs.size(); ++i) {
+    if (!op.subs[i]) continue;  // a member on another host
     const Submission& sub = *op.subs[i];
     if (sub.in_buf) {
       io[i].in = static_cast<const uint8_t*>(sub.in_buf->data()) + sub.in_offset;
@@ -1164,18 +1411,37 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   Executor* executor = ExecutorFor(kind);
   std::string mesh_id = mesh.id;
   int64_t seq = op.sequence;
-  auto run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
-    const int64_t started_ns = fastq::MonotonicNs();
-    Traffic traffic;
-    absl::Status status = executor->Run(*plan, io, &traffic);
-    OnOpFinished(mesh_id, seq, status, started_ns, traffic);
-  };
+  std::function<void()> run;
+  if (mesh.cross) {
+    // Across hosts: the mesh's connections run it on their thread and call
+    // back; the buffers stay referenced until then.
+    run = [this, cross = mesh.cross, executor, plan, io = std::move(io), keep = std::move(keep),
+           mesh_id, seq, verdict = op.verdict, deadline = op.deadline] {
+      const int64_t started_ns = fastq::MonotonicNs();
+      // The callback runs on the mesh's thread and holds a reference to the
+      // mesh until it has returned, then drops it on a runner: the thread
+      // must never destroy (join) itself.
+      cross->Start(plan, seq, io, executor, verdict, deadline,
+                   [this, keep, mesh_id, seq, started_ns, cross](
+                       absl::Status status, bool broken, Traffic traffic) mutable {
+                     OnOpFinished(mesh_id, seq, std::move(status), started_ns, traffic, broken);
+                     runners_->Schedule([cross = std::move(cross)] {});
+                   });
+    };
+  } else {
+    run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+      const int64_t started_ns = fastq::MonotonicNs();
+      Traffic traffic;
+      absl::Status status = executor->Run(*plan, io, &traffic);
+      OnOpFinished(mesh_id, seq, status, started_ns, traffic);
+    };
+  }
   // Stream-ordered members: unless their streams are there already, the op
   // waits for them on the stream waiter's thread (holding no runner), and
   // then runs on a runner.
   std::vector<MemberSync> streams;
   for (size_t i = 0; i < op.subs.size(); ++i) {
-    if (op.subs[i]->sync) {
+    if (op.subs[i] && op.subs[i]->sync) {
       streams.push_back(MemberSync{*op.subs[i]->sync, MemberLabel(mesh, static_cast<int>(i))});
     }
   }
@@ -1195,7 +1461,7 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   }
   // Not inline while an inline op runs on this thread: OnOpFinished starts
   // the next op from inside it, and chains of queued ops must not recurse.
-  if (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline) {
+  if (mesh.cross || (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline)) {
     cbs.push_back([run = std::move(run)] {
       t_running_inline = true;
       run();
@@ -1207,7 +1473,7 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
 }
 
 void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
-                          int64_t started_ns, const Traffic& traffic) {
+                          int64_t started_ns, const Traffic& traffic, bool broken) {
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
@@ -1217,9 +1483,16 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
     auto op_it = mesh.pending.find(sequence);
     if (op_it == mesh.pending.end()) return;
     PendingOp& op = op_it->second;
-    const OpPlan& plan = *op.subs[0]->plan;
+    std::shared_ptr<const OpPlan> first;
+    for (const auto& sub : op.subs) {
+      if (sub) {
+        first = sub->plan;
+        break;
+      }
+    }
+    const OpPlan& plan = *first;
     if (status.ok()) {
-      CountOp(plan.kind, true, plan.in_bytes * op.subs.size(), traffic);
+      CountOp(plan.kind, true, plan.in_bytes * op.submitted, traffic);
       if (options_.op_observer) {
         options_.op_observer(plan.kind, absl::StatusCode::kOk, plan.in_bytes,
                              absl::Now() - op.first_submit);
@@ -1227,12 +1500,16 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
       OpOutcome outcome{status, sequence};
       outcome.started_ns = started_ns;
       outcome.traffic = traffic;
-      for (auto& sub : op.subs) DeliverOutcome(*sub, outcome, cbs);
+      for (auto& sub : op.subs) {
+        if (sub) DeliverOutcome(*sub, outcome, cbs);
+      }
     } else {
       FailOp(mesh, op, status, cbs);
     }
     ++mesh.completed;
     mesh.pending.erase(op_it);
+    // The connections to the other hosts failed: the mesh cannot go on.
+    if (broken) BreakMesh(mesh, std::string(status.message()), cbs);
     if (mesh.state == MeshState::kBroken) {
       MaybeEraseMesh(mesh_id);
     } else {
@@ -1252,14 +1529,14 @@ void Engine::OnOpDeadline(const std::string& mesh_id, int64_t sequence) {
     auto op_it = mesh.pending.find(sequence);
     if (op_it == mesh.pending.end()) return;
     PendingOp& op = op_it->second;
-    if (op.submitted == mesh.shape.num_members()) return;  // complete; queued or running
+    if (op.submitted == mesh.local_members) return;  // complete; queued or running
     std::vector<std::string> missing, waiting;
     std::string what;
     for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
       if (op.subs[i]) {
         waiting.push_back(absl::StrCat(i));
         if (what.empty()) what = op.subs[i]->plan->signature;
-      } else {
+      } else if (!mesh.cluster || mesh.member_host[i] == options_.rendezvous->host_id()) {
         missing.push_back(MemberLabel(mesh, i));
       }
     }
@@ -1400,7 +1677,7 @@ absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::str
         }
       }
       p->set_state(op.running ? "running"
-                   : op.submitted == mesh->shape.num_members() ? "queued"
+                   : op.submitted == mesh->local_members ? "queued"
                                                                : "waiting");
       p->set_age_ms(Millis(now - op.first_submit));
       p->set_deadline_ms(std::max<int64_t>(0, Millis(op.deadline - now)));
@@ -1460,6 +1737,11 @@ void Engine::Shutdown(const std::string& reason) {
         cbs.push_back([done = std::move(waiter.done), status] { done(status); });
       }
       mesh->join_waiters.clear();
+      if (mesh->cross) {
+        cbs.push_back([cross = mesh->cross, reason] {
+          cross->Abort(absl::StrCat("daemon shutting down: ", reason));
+        });
+      }
       for (auto it = mesh->pending.begin(); it != mesh->pending.end();) {
         if (it->second.running) {
           if (it->second.cancel) it->second.cancel->Cancel(status);

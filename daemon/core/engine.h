@@ -30,6 +30,7 @@
 #include "daemon/core/stream_sync.h"
 #include "daemon/core/backends.h"
 #include "daemon/core/op_plan.h"
+#include "daemon/core/rendezvous.h"
 #include "daemon/core/timer.h"
 #include "daemon/exec/executor.h"
 #include "daemon/exec/thread_pool.h"
@@ -77,6 +78,11 @@ struct EngineOptions {
   // 40-70 us on a VM: as long as an op of a few MiB takes); bigger ones and
   // ops queued behind another op go to the runners.
   uint64_t inline_op_bytes = 16 * 1024 * 1024;
+  // Meshes across hosts (daemon/core/rendezvous.h): with a rendezvous, every
+  // mesh is a cluster mesh: its members may join on any daemon of the
+  // cluster (with explicit coordinates), and it forms when the cluster's
+  // registry has all of them. Not owned; must outlive the engine.
+  MeshRendezvous* rendezvous = nullptr;
   // Shown in diagnostics: host name and pid of the daemon.
   std::string host = "localhost";
   std::string daemon_id;
@@ -229,6 +235,10 @@ class Engine {
 
   struct JoinWaiter {
     std::string session_id;
+    // When the join times out (a cluster mesh's local timer fires a grace
+    // period later, so that the registry's answer, which names the missing
+    // members of every host, comes first).
+    absl::Time deadline;
     DeadlineTimer::TimerId timer = 0;
     std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done;
   };
@@ -253,6 +263,26 @@ class Engine {
     std::vector<int64_t> next_sequence;      // per member
     std::map<int64_t, PendingOp> pending;    // by sequence
     int64_t completed = 0;
+    // Members this daemon holds: every member, except for a cluster mesh,
+    // which counts the members the cluster's registry placed here.
+    int local_members = 0;
+    // A cluster mesh (EngineOptions::rendezvous): the generation the
+    // registry gave it (0 until the first registration answers), whether
+    // Form was asked, the host of each member once formed, and the
+    // connections to the other hosts (destroyed off the engine's lock: see
+    // RetireCross).
+    bool cluster = false;
+    // Every member joined here before the registry formed it: it runs as a
+    // mesh of this host alone (and works while no coordinator answers).
+    bool local_only = false;
+    // The last UNAVAILABLE of a registration: the join waits on (the mesh
+    // may fill here), and times out with it.
+    absl::Status registry_error;
+    int64_t cluster_generation = 0;
+    bool forming = false;
+    MeshJoinInfo join_info;
+    std::vector<std::string> member_host;
+    std::shared_ptr<CrossHostMesh> cross;
   };
 
   // All of these require mu_ held. Callbacks to run after unlocking are
@@ -284,7 +314,26 @@ class Engine {
   void MaybeStartNext(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
   void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
-                    int64_t started_ns, const Traffic& traffic) ABSL_LOCKS_EXCLUDED(mu_);
+                    int64_t started_ns, const Traffic& traffic, bool broken = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Cluster meshes: the registry's answer to member `index`'s registration,
+  // and the answer to Form.
+  void OnRegistered(const std::string& mesh_id, int index, const std::string& session_id,
+                    absl::StatusOr<int64_t> generation) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Tells the cluster that members `indices` of a cluster mesh left it while
+  // forming, or (broken) that it broke here.
+  void TellCluster(const Mesh& mesh, std::vector<int> indices, bool broken,
+                   const std::string& reason, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys a mesh's connections on a runner thread: their destructor waits
+  // for their thread, which calls back into the engine.
+  void RetireCross(Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails every local joiner of a forming mesh with `status` and erases it.
+  void FailForming(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it,
+                   const absl::Status& status, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The host id shown for member `index` ("" outside a cluster mesh).
+  std::string HostOf(const Mesh& mesh, int index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,0 +1,86 @@
+// ClusterRendezvous: the engine's MeshRendezvous (daemon/core/rendezvous.h)
+// on a cluster: the coordinator's mesh registry (through the ClusterClient)
+// decides membership and generations, and Gloo connects the hosts of each
+// formed mesh (ConnectGlooMesh, rendezvous through the coordinator's
+// key-value store under "gloo<mesh key>/g<generation>/").
+//
+// Threads: registrations and leaves go, in call order, through one thread
+// (so a member's Leave never overtakes its Register); each Form runs on a
+// pool of form threads, waiting on the registry in slices of at most a
+// second so that Stop is never held up by a long join timeout.
+//
+// Lifetime: built before the engine (whose options point at it) and before
+// the cluster client exists (the daemon learns its advertised address once
+// its listener is bound): calls before Attach answer UNAVAILABLE. Stop()
+// after the engine has shut down and before it is destroyed: it drains the
+// threads (their callbacks reach the engine) and later calls answer
+// UNAVAILABLE.
+#ifndef COLLECTIVED_DAEMON_CLUSTER_CLUSTER_RENDEZVOUS_H_
+#define COLLECTIVED_DAEMON_CLUSTER_CLUSTER_RENDEZVOUS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "common/sync.h"
+#include "daemon/cluster/cluster_client.h"
+#include "daemon/core/rendezvous.h"
+#include "daemon/exec/thread_pool.h"
+
+namespace collectived {
+
+struct ClusterRendezvousOptions {
+  // This daemon's host id (the cluster client's).
+  std::string host_id;
+  // How long connecting a formed mesh's hosts may take.
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Meshes forming at once beyond which Forms queue.
+  int form_threads = 16;
+};
+
+class ClusterRendezvous final : public MeshRendezvous {
+ public:
+  explicit ClusterRendezvous(ClusterRendezvousOptions options);
+  ~ClusterRendezvous() override;
+  ClusterRendezvous(const ClusterRendezvous&) = delete;
+  ClusterRendezvous& operator=(const ClusterRendezvous&) = delete;
+
+  // The cluster client (must outlive Stop) and the host or address Gloo
+  // binds its connections to (this daemon's advertised host).
+  void Attach(ClusterClient* client, std::string bind_host);
+  // Drains and joins the threads; later calls answer UNAVAILABLE.
+  // Idempotent.
+  void Stop();
+
+  std::string host_id() const override { return options_.host_id; }
+  void Register(const MeshJoinInfo& info, int index,
+                absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) override;
+  void Form(const std::string& key, int64_t generation, absl::Time deadline,
+            absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)> done) override;
+  void Leave(const std::string& key, int64_t generation, std::vector<int> indices, bool broken,
+             const std::string& reason) override;
+
+ private:
+  // The client, or UNAVAILABLE before Attach / after Stop.
+  absl::StatusOr<ClusterClient*> Client();
+  absl::StatusOr<FormedMesh> FormNow(const std::string& key, int64_t generation,
+                                     absl::Time deadline);
+
+  const ClusterRendezvousOptions options_;
+  Mutex mu_;
+  ClusterClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string bind_host_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<ThreadPool> serial_;
+  std::unique_ptr<ThreadPool> forms_;
+};
+
+// The host part of "host:port" or "[v6]:port" (the whole string without a
+// port).
+std::string AddressHost(const std::string& address);
+
+}  // namespace collectived
+
+#endif  // COLLECTIVED_DAEMON_CLUSTER_CLUSTER_RENDEZVOUS_H_

@@ -1,0 +1,413 @@
+// Meshes across hosts: real daemons on loopback form a cluster (one serves
+// the coordinator and is a host too), and meshes whose members joined on
+// different daemons run collectives through Gloo between the daemons. Each
+// member is its own SDK client (its own session) of the daemon of its host.
+//
+// Checked: results across 2 and 3 daemons equal what one daemon computes
+// (exact values), Describe names each member's host, ops that differ across
+// hosts fail alike and the mesh goes on, a member closed on one host and a
+// daemon killed are seen by the members on the other hosts (ABORTED naming
+// the host, timed and printed), the coordinator's death leaves running
+// meshes working, and a mesh whose members are all on one daemon works
+// without a coordinator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "collectived/client.h"
+#include "collectived/v1/collective.grpc.pb.h"
+#include "tests/harness/harness.h"
+
+namespace collectived::testing {
+namespace {
+
+constexpr absl::Duration kPatience = absl::Seconds(30);
+
+int ListeningPort(Daemon& d) {
+  if (!d.WaitForOutput("event=listening", kPatience)) return 0;
+  const std::string& out = d.output();
+  const size_t at = out.find("(port ", out.find("event=listening"));
+  if (at == std::string::npos) return 0;
+  int port = 0;
+  const size_t begin = at + 6;
+  if (!absl::SimpleAtoi(out.substr(begin, out.find(')', begin) - begin), &port)) return 0;
+  return port;
+}
+
+// A cluster of `hosts` daemons on loopback: host 0 serves the coordinator.
+class Cluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(int hosts,
+                                                        std::vector<std::string> extra = {}) {
+    auto c = std::unique_ptr<Cluster>(new Cluster);
+    std::vector<std::string> flags = {"--tcp=127.0.0.1:0", "--coordinator", "--host-id=h0",
+                                      "--cluster-lease-ms=1000"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    auto coord = Daemon::Start(flags);
+    if (!coord.ok()) return coord.status();
+    c->port_ = ListeningPort(**coord);
+    if (c->port_ == 0) return absl::InternalError("no port: " + (*coord)->output());
+    c->daemons_.push_back(*std::move(coord));
+    for (int h = 1; h < hosts; ++h) {
+      std::vector<std::string> f = {"--tcp=127.0.0.1:0",
+                                    absl::StrCat("--cluster=127.0.0.1:", c->port_),
+                                    absl::StrCat("--host-id=h", h)};
+      f.insert(f.end(), extra.begin(), extra.end());
+      auto d = Daemon::Start(f);
+      if (!d.ok()) return d.status();
+      c->daemons_.push_back(*std::move(d));
+    }
+    for (int h = 0; h < hosts; ++h) {
+      if (!c->daemons_[h]->WaitForOutput(
+              absl::StrCat("event=cluster_state state=joined host_id=h", h), kPatience)) {
+        return absl::InternalError(absl::StrCat("h", h, " did not join: ",
+                                                c->daemons_[h]->output()));
+      }
+    }
+    return c;
+  }
+  Daemon& daemon(int h) { return *daemons_[h]; }
+  int hosts() const { return static_cast<int>(daemons_.size()); }
+
+ private:
+  Cluster() = default;
+  int port_ = 0;
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+// Members of one mesh, member i a client of daemon host_of[i].
+struct Members {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Mesh>> meshes;
+  std::vector<Buffer> in, out;
+};
+
+void RunEach(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back(fn, i);
+  for (auto& t : threads) t.join();
+}
+
+// Connects, joins (axes, coordinates from the linear index) and allocates
+// `bytes` in and out for every member; every error is a test failure.
+void JoinAll(Cluster& cluster, const std::vector<int>& host_of, const std::string& name,
+             const std::vector<std::pair<std::string, int>>& axes, size_t bytes, Members* m,
+             absl::Duration op_timeout = absl::ZeroDuration()) {
+  const int n = static_cast<int>(host_of.size());
+  m->clients.resize(n);
+  m->meshes.resize(n);
+  std::vector<std::string> errors(n);
+  RunEach(n, [&](int i) {
+    auto c = Client::Connect({.socket_path = cluster.daemon(host_of[i]).socket(),
+                              .client_name = absl::StrCat(name, "-", i)});
+    if (!c.ok()) {
+      errors[i] = c.status().ToString();
+      return;
+    }
+    std::vector<int> coord(axes.size());
+    int rest = i;
+    for (int a = static_cast<int>(axes.size()) - 1; a >= 0; --a) {
+      coord[a] = rest % axes[a].second;
+      rest /= axes[a].second;
+    }
+    auto mesh = (*c)->JoinMesh({.name = name, .axes = axes, .coordinate = coord,
+                                .join_timeout = absl::Seconds(20), .op_timeout = op_timeout});
+    if (!mesh.ok()) {
+      errors[i] = mesh.status().ToString();
+      return;
+    }
+    m->clients[i] = *std::move(c);
+    m->meshes[i] = *std::move(mesh);
+  });
+  for (int i = 0; i < n; ++i) ASSERT_EQ(errors[i], "") << "member " << i;
+  for (int i = 0; i < n; ++i) {
+    auto in = m->clients[i]->Allocate(bytes);
+    auto out = m->clients[i]->Allocate(bytes * n);
+    ASSERT_TRUE(in.ok() && out.ok());
+    m->in.push_back(*std::move(in));
+    m->out.push_back(*std::move(out));
+  }
+}
+
+v1::MeshInfo Describe(Daemon& d, const std::string& name) {
+  auto stub = v1::Collective::NewStub(
+      grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::DescribeMeshRequest req;
+  req.set_mesh_name(name);
+  v1::MeshInfo info;
+  grpc::Status st = stub->DescribeMesh(&ctx, req, &info);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return info;
+}
+
+TEST(ClusterMeshTest, CollectivesAcrossThreeDaemonsGiveTheOneHostResults) {
+  auto cluster = Cluster::Start(3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  // 6 members on a 2x3 mesh, spread unevenly: h1 holds three, h2 two, h0 one.
+  const std::vector<int> host_of = {1, 2, 1, 0, 2, 1};
+  const int n = 6;
+  constexpr int kCount = 1000;  // not a multiple of the lane count
+  Members m;
+  JoinAll(**cluster, host_of, "spread", {{"a", 2}, {"b", 3}}, kCount * sizeof(float), &m);
+  ASSERT_EQ(m.meshes.size(), 6u);
+
+  // Describe on any host names every member's host.
+  v1::MeshInfo info = Describe((*cluster)->daemon(2), "spread");
+  ASSERT_EQ(info.members_size(), n) << info.DebugString();
+  for (const auto& member : info.members()) {
+    EXPECT_EQ(member.host(), absl::StrCat("h", host_of[member.index()])) << member.DebugString();
+  }
+  EXPECT_EQ(info.state(), "READY");
+
+  // psum over every member (lanes across hosts), f32 with values whose sum
+  // depends on the order: the group order of one host is the reference.
+  auto value = [](int i, int k) { return 1.0f / static_cast<float>(3 + i * 7 + k % 13); };
+  std::vector<std::string> errors(n);
+  RunEach(n, [&](int i) {
+    float* x = m.in[i].as<float>();
+    for (int k = 0; k < kCount; ++k) x[k] = value(i, k);
+    absl::Status st = m.meshes[i]->psum(Array::Of<float>(m.in[i], {kCount}), AxisNames::All());
+    if (!st.ok()) errors[i] = st.ToString();
+  });
+  for (int i = 0; i < n; ++i) ASSERT_EQ(errors[i], "") << "member " << i;
+  for (int k = 0; k < kCount; ++k) {
+    float want = 0;
+    for (int i = 0; i < n; ++i) want += value(i, k);
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(m.in[i].as<float>()[k], want) << "member " << i << " element " << k;
+    }
+  }
+
+  // psum over axis "b" (groups of 3 across hosts) of int32.
+  RunEach(n, [&](int i) {
+    int32_t* x = m.in[i].as<int32_t>();
+    for (int k = 0; k < 8; ++k) x[k] = i * 100 + k;
+    absl::Status st = m.meshes[i]->psum(Array::Of<int32_t>(m.in[i], {8}), "b");
+    errors[i] = st.ok() ? "" : st.ToString();
+  });
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(errors[i], "") << "member " << i;
+    const int a = i / 3;
+    for (int k = 0; k < 8; ++k) {
+      int32_t want = 0;
+      for (int b = 0; b < 3; ++b) want += (a * 3 + b) * 100 + k;
+      EXPECT_EQ(m.in[i].as<int32_t>()[k], want) << "member " << i;
+    }
+  }
+
+  // all_gather over every member.
+  RunEach(n, [&](int i) {
+    int32_t* x = m.in[i].as<int32_t>();
+    for (int k = 0; k < 4; ++k) x[k] = i * 10 + k;
+    absl::Status st = m.meshes[i]->all_gather(Array::Of<int32_t>(m.in[i], {4}), AxisNames::All(),
+                                              Array::Of<int32_t>(m.out[i], {n, 4}));
+    errors[i] = st.ok() ? "" : st.ToString();
+  });
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(errors[i], "") << "member " << i;
+    for (int j = 0; j < n; ++j) {
+      for (int k = 0; k < 4; ++k) {
+        EXPECT_EQ(m.out[i].as<int32_t>()[j * 4 + k], j * 10 + k) << "member " << i;
+      }
+    }
+  }
+
+  // ppermute: a ring over axis "b".
+  RunEach(n, [&](int i) {
+    m.in[i].as<int32_t>()[0] = i;
+    absl::Status st = m.meshes[i]->ppermute(Array::Of<int32_t>(m.in[i], {1}), "b",
+                                            {{0, 1}, {1, 2}, {2, 0}},
+                                            Array::Of<int32_t>(m.out[i], {1}));
+    errors[i] = st.ok() ? "" : st.ToString();
+  });
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(errors[i], "") << "member " << i;
+    const int a = i / 3, b = i % 3;
+    EXPECT_EQ(m.out[i].as<int32_t>()[0], a * 3 + (b + 2) % 3) << "member " << i;
+  }
+
+  // pmax over axis "a" and a barrier.
+  RunEach(n, [&](int i) {
+    m.in[i].as<float>()[0] = static_cast<float>((i * 5) % 7);
+    absl::Status st = m.meshes[i]->pmax(Array::Of<float>(m.in[i], {1}), "a");
+    if (st.ok()) st = m.meshes[i]->barrier();
+    errors[i] = st.ok() ? "" : st.ToString();
+  });
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(errors[i], "") << "member " << i;
+    const int b = i % 3;
+    EXPECT_EQ(m.in[i].as<float>()[0],
+              std::max(static_cast<float>((b * 5) % 7), static_cast<float>(((3 + b) * 5) % 7)));
+  }
+}
+
+TEST(ClusterMeshTest, OpsThatDifferAcrossHostsFailAlikeAndTheMeshGoesOn) {
+  auto cluster = Cluster::Start(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Members m;
+  JoinAll(**cluster, {0, 1}, "differ", {{"x", 2}}, 64, &m);
+  std::vector<absl::Status> st(2);
+  RunEach(2, [&](int i) {
+    st[i] = i == 0 ? m.meshes[i]->psum(Array::Of<float>(m.in[i], {4}), "x")
+                   : m.meshes[i]->pmax(Array::Of<float>(m.in[i], {4}), "x");
+  });
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(st[i].code(), absl::StatusCode::kFailedPrecondition) << i << ": " << st[i];
+    EXPECT_NE(st[i].message().find("h1"), std::string::npos) << st[i];
+  }
+  RunEach(2, [&](int i) {
+    m.in[i].as<float>()[0] = static_cast<float>(i + 1);
+    st[i] = m.meshes[i]->psum(Array::Of<float>(m.in[i], {1}), "x");
+  });
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(st[i].ok()) << st[i];
+    EXPECT_EQ(m.in[i].as<float>()[0], 3.0f);
+  }
+}
+
+// Starts a psum on every member of `m` but `skip`, runs `then` while they
+// wait in it, and returns their statuses.
+std::vector<absl::Status> PsumAllBut(Members& m, int skip, const std::function<void()>& then) {
+  const int n = static_cast<int>(m.meshes.size());
+  std::vector<absl::Status> r(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    if (i == skip) continue;
+    threads.emplace_back([&, i] {
+      r[i] = m.meshes[i]->psum(Array::Of<float>(m.in[i], {4}), AxisNames::All());
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // the others are waiting in the op
+  then();
+  for (auto& t : threads) t.join();
+  return r;
+}
+
+TEST(ClusterMeshTest, AMemberClosedOnOneHostIsSeenOnTheOthers) {
+  auto cluster = Cluster::Start(3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Members m;
+  JoinAll(**cluster, {0, 1, 2, 1}, "closing", {{"x", 4}}, 64, &m, absl::Seconds(30));
+  absl::Time closed;
+  auto r = PsumAllBut(m, 2, [&] {
+    closed = absl::Now();
+    m.meshes[2].reset();
+    m.clients[2].reset();  // closes its session on h2
+  });
+  for (int i : {0, 1, 3}) {
+    EXPECT_EQ(r[i].code(), absl::StatusCode::kAborted) << i << ": " << r[i];
+    EXPECT_NE(r[i].message().find("h2"), std::string::npos) << r[i];
+  }
+  std::printf("member closed on h2: members on h0/h1 told after %s (op timeout 30 s)\n",
+              absl::FormatDuration(absl::Now() - closed).c_str());
+}
+
+TEST(ClusterMeshTest, AKilledDaemonIsSeenByTheMembersOfTheOtherHosts) {
+  auto cluster = Cluster::Start(3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Members m;
+  JoinAll(**cluster, {1, 2, 1, 0}, "killed", {{"x", 4}}, 64, &m, absl::Seconds(30));
+  absl::Time killed;
+  auto r = PsumAllBut(m, 1, [&] {
+    killed = absl::Now();
+    (*cluster)->daemon(2).Kill();
+  });
+  const absl::Duration told = absl::Now() - killed;
+  for (int i : {0, 2, 3}) {
+    EXPECT_EQ(r[i].code(), absl::StatusCode::kAborted) << i << ": " << r[i];
+    EXPECT_NE(r[i].message().find("h2"), std::string::npos) << r[i];
+  }
+  // Within the op timeout (30 s): the connections closed with the process.
+  EXPECT_LT(told, absl::Seconds(30));
+  std::printf("daemon h2 killed: members on h0/h1 told after %s (op timeout 30 s)\n",
+              absl::FormatDuration(told).c_str());
+}
+
+TEST(ClusterMeshTest, RunningMeshesOutliveTheCoordinatorAndLocalMeshesNeedNone) {
+  auto cluster = Cluster::Start(3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  Members m;
+  JoinAll(**cluster, {1, 2}, "outlive", {{"x", 2}}, 64, &m);
+  (*cluster)->daemon(0).Kill();  // the coordinator
+  ASSERT_TRUE((*cluster)->daemon(1).WaitForOutput(
+      "event=cluster_state state=unavailable host_id=h1", kPatience));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<absl::Status> st(2);
+    RunEach(2, [&](int i) {
+      m.in[i].as<float>()[0] = static_cast<float>(i + round);
+      st[i] = m.meshes[i]->psum(Array::Of<float>(m.in[i], {1}), "x");
+    });
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(st[i].ok()) << st[i];
+      EXPECT_EQ(m.in[i].as<float>()[0], static_cast<float>(1 + 2 * round));
+    }
+  }
+  // Every member on one daemon: forms there, without the registry.
+  Members local;
+  JoinAll(**cluster, {1, 1}, "all-on-h1", {{"x", 2}}, 64, &local);
+  std::vector<absl::Status> st(2);
+  RunEach(2, [&](int i) {
+    local.in[i].as<float>()[0] = 2.0f;
+    st[i] = local.meshes[i]->psum(Array::Of<float>(local.in[i], {1}), "x");
+  });
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(st[i].ok()) << st[i];
+    EXPECT_EQ(local.in[i].as<float>()[0], 4.0f);
+  }
+  // A mesh across hosts cannot form: the join says the registry is
+  // unreachable.
+  auto c = Client::Connect({.socket_path = (*cluster)->daemon(1).socket()});
+  ASSERT_TRUE(c.ok());
+  auto mesh = (*c)->JoinMesh({.name = "needs-h2", .axes = {{"x", 2}}, .coordinate = {0},
+                              .join_timeout = absl::Seconds(1)});
+  ASSERT_FALSE(mesh.ok());
+  EXPECT_EQ(mesh.status().code(), absl::StatusCode::kUnavailable) << mesh.status();
+}
+
+TEST(ClusterMeshTest, JoinsThatConflictAcrossHostsAreRefused) {
+  auto cluster = Cluster::Start(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = Client::Connect({.socket_path = (*cluster)->daemon(0).socket()});
+  auto b = Client::Connect({.socket_path = (*cluster)->daemon(1).socket()});
+  ASSERT_TRUE(a.ok() && b.ok());
+  absl::StatusOr<std::unique_ptr<Mesh>> first;
+  std::thread t([&] {
+    first = (*a)->JoinMesh({.name = "conflict", .axes = {{"x", 2}}, .coordinate = {0},
+                            .join_timeout = absl::Seconds(5)});
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  // The same coordinate on the other host.
+  auto taken = (*b)->JoinMesh({.name = "conflict", .axes = {{"x", 2}}, .coordinate = {0},
+                               .join_timeout = absl::Seconds(5)});
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists) << taken.status();
+  EXPECT_NE(taken.status().message().find("h0"), std::string::npos) << taken.status();
+  // Other axes.
+  auto shape = (*b)->JoinMesh({.name = "conflict", .axes = {{"x", 4}}, .coordinate = {1},
+                               .join_timeout = absl::Seconds(5)});
+  EXPECT_EQ(shape.status().code(), absl::StatusCode::kFailedPrecondition) << shape.status();
+  // The refusals changed nothing: the right member still completes it.
+  auto good = (*b)->JoinMesh({.name = "conflict", .axes = {{"x", 2}}, .coordinate = {1},
+                              .join_timeout = absl::Seconds(5)});
+  t.join();
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE(first.ok()) << first.status();
+  // The daemons cannot assign coordinates across hosts.
+  auto assign = (*b)->JoinMesh({.name = "assigned", .axes = {{"x", 2}}});
+  EXPECT_EQ(assign.status().code(), absl::StatusCode::kInvalidArgument) << assign.status();
+}
+
+}  // namespace
+}  // namespace collectived::testing
