@@ -33,6 +33,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "daemon/cluster/cluster_client.h"
+#if COLLECTIVED_HAVE_GLOO
+#include "daemon/cluster/cluster_rendezvous.h"
+#endif
 #include "daemon/cluster/coordinator_service.h"
 #include "daemon/cluster/in_memory_coordinator.h"
 #include "daemon/core/engine.h"
@@ -358,6 +361,22 @@ int Main(int argc, char** argv) {
   }
 
   EngineOptions options;
+  // Meshes across hosts: the engine asks the rendezvous, which reaches the
+  // cluster once the cluster client exists (below, after the listener).
+#if COLLECTIVED_HAVE_GLOO
+  std::unique_ptr<ClusterRendezvous> rendezvous;
+  if (serve_coordinator || !cluster_addrs.empty()) {
+    ClusterRendezvousOptions ro;
+    ro.host_id = host_id;
+    rendezvous = std::make_unique<ClusterRendezvous>(ro);
+    options.rendezvous = rendezvous.get();
+  }
+#else
+  if (serve_coordinator || !cluster_addrs.empty()) {
+    LogEvent(LogLevel::kWarn, "cluster_without_gloo",
+             {{"effect", "this daemon was built without Gloo: its meshes stay on this host"}});
+  }
+#endif
   options.host = host;
   options.daemon_id = absl::StrCat(host, "/", getpid());
   options.side_socket_path = side_socket;
@@ -489,6 +508,9 @@ int Main(int argc, char** argv) {
               {"token", cluster_token.empty() ? "none" : "set"},
               {"security", cluster_creds ? "tls" : "plaintext"}});
     cluster_client->Start();
+#if COLLECTIVED_HAVE_GLOO
+    rendezvous->Attach(cluster_client.get(), AddressHost(advertised));
+#endif
   }
 
   int sig = 0;
@@ -502,6 +524,10 @@ int Main(int argc, char** argv) {
   if (coordinator) coordinator->Shutdown();
   // Fail what is pending first, so every open RPC can finish, then stop.
   engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
+#if COLLECTIVED_HAVE_GLOO
+  // Its queued calls answer the engine (UNAVAILABLE) before the engine goes.
+  if (rendezvous) rendezvous->Stop();
+#endif
   unix_listener.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   side.Stop();
