@@ -177,7 +177,7 @@ TEST(ClusterMeshTest, CollectivesAcrossThreeDaemonsGiveTheOneHostResults) {
   auto value = [](int i, int k) { return 1.0f / static_cast<float>(3 + i * 7 + k % 13); };
   std::vector<std::string> errors(n);
   RunEach(n, [&](int i) {
-    float* x = m.in[i].as<float>();
+    auto x = m.in[i].as<float>();
     for (int k = 0; k < kCount; ++k) x[k] = value(i, k);
     absl::Status st = m.meshes[i]->psum(Array::Of<float>(m.in[i], {kCount}), AxisNames::All());
     if (!st.ok()) errors[i] = st.ToString();
@@ -193,7 +193,7 @@ TEST(ClusterMeshTest, CollectivesAcrossThreeDaemonsGiveTheOneHostResults) {
 
   // psum over axis "b" (groups of 3 across hosts) of int32.
   RunEach(n, [&](int i) {
-    int32_t* x = m.in[i].as<int32_t>();
+    auto x = m.in[i].as<int32_t>();
     for (int k = 0; k < 8; ++k) x[k] = i * 100 + k;
     absl::Status st = m.meshes[i]->psum(Array::Of<int32_t>(m.in[i], {8}), "b");
     errors[i] = st.ok() ? "" : st.ToString();
@@ -210,7 +210,7 @@ TEST(ClusterMeshTest, CollectivesAcrossThreeDaemonsGiveTheOneHostResults) {
 
   // all_gather over every member.
   RunEach(n, [&](int i) {
-    int32_t* x = m.in[i].as<int32_t>();
+    auto x = m.in[i].as<int32_t>();
     for (int k = 0; k < 4; ++k) x[k] = i * 10 + k;
     absl::Status st = m.meshes[i]->all_gather(Array::Of<int32_t>(m.in[i], {4}), AxisNames::All(),
                                               Array::Of<int32_t>(m.out[i], {n, 4}));
