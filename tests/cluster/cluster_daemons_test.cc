@@ -19,6 +19,7 @@
 #include "collectived/client.h"
 #include "collectived/v1/cluster.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/harness/cluster.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::testing {
@@ -28,18 +29,6 @@ constexpr absl::Duration kPatience = absl::Seconds(30);
 constexpr int64_t kLeaseMs = 1000;
 constexpr char kToken[] = "integration-cluster-token";
 constexpr char kTokenKey[] = "collectived-cluster-token";
-
-// The TCP port from the daemon's "listening" line ("(port N)"); 0 if absent.
-int ListeningPort(Daemon& d) {
-  if (!d.WaitForOutput("event=listening", kPatience)) return 0;
-  const std::string& out = d.output();
-  const size_t at = out.find("(port ", out.find("event=listening"));
-  if (at == std::string::npos) return 0;
-  int port = 0;
-  const size_t begin = at + 6;
-  if (!absl::SimpleAtoi(out.substr(begin, out.find(')', begin) - begin), &port)) return 0;
-  return port;
-}
 
 class ClusterView {
  public:

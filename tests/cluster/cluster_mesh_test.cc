@@ -22,11 +22,11 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collectived/client.h"
 #include "collectived/v1/collective.grpc.pb.h"
+#include "tests/harness/cluster.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::testing {
@@ -34,55 +34,20 @@ namespace {
 
 constexpr absl::Duration kPatience = absl::Seconds(30);
 
-int ListeningPort(Daemon& d) {
-  if (!d.WaitForOutput("event=listening", kPatience)) return 0;
-  const std::string& out = d.output();
-  const size_t at = out.find("(port ", out.find("event=listening"));
-  if (at == std::string::npos) return 0;
-  int port = 0;
-  const size_t begin = at + 6;
-  if (!absl::SimpleAtoi(out.substr(begin, out.find(')', begin) - begin), &port)) return 0;
-  return port;
-}
-
-// A cluster of `hosts` daemons on loopback: host 0 serves the coordinator.
+// A cluster of `hosts` daemons on loopback (tests/harness/cluster.h).
 class Cluster {
  public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(int hosts,
-                                                        std::vector<std::string> extra = {}) {
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(int hosts) {
+    auto daemons = StartLoopbackCluster(hosts, {}, kPatience);
+    if (!daemons.ok()) return daemons.status();
     auto c = std::unique_ptr<Cluster>(new Cluster);
-    std::vector<std::string> flags = {"--tcp=127.0.0.1:0", "--coordinator", "--host-id=h0",
-                                      "--cluster-lease-ms=1000"};
-    flags.insert(flags.end(), extra.begin(), extra.end());
-    auto coord = Daemon::Start(flags);
-    if (!coord.ok()) return coord.status();
-    c->port_ = ListeningPort(**coord);
-    if (c->port_ == 0) return absl::InternalError("no port: " + (*coord)->output());
-    c->daemons_.push_back(*std::move(coord));
-    for (int h = 1; h < hosts; ++h) {
-      std::vector<std::string> f = {"--tcp=127.0.0.1:0",
-                                    absl::StrCat("--cluster=127.0.0.1:", c->port_),
-                                    absl::StrCat("--host-id=h", h)};
-      f.insert(f.end(), extra.begin(), extra.end());
-      auto d = Daemon::Start(f);
-      if (!d.ok()) return d.status();
-      c->daemons_.push_back(*std::move(d));
-    }
-    for (int h = 0; h < hosts; ++h) {
-      if (!c->daemons_[h]->WaitForOutput(
-              absl::StrCat("event=cluster_state state=joined host_id=h", h), kPatience)) {
-        return absl::InternalError(absl::StrCat("h", h, " did not join: ",
-                                                c->daemons_[h]->output()));
-      }
-    }
+    c->daemons_ = *std::move(daemons);
     return c;
   }
   Daemon& daemon(int h) { return *daemons_[h]; }
-  int hosts() const { return static_cast<int>(daemons_.size()); }
 
  private:
   Cluster() = default;
-  int port_ = 0;
   std::vector<std::unique_ptr<Daemon>> daemons_;
 };
 

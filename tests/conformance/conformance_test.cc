@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "tests/conformance/vectors.h"
 #include "tests/harness/device_probe.h"
+#include "tests/harness/cluster.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::conformance {
@@ -87,8 +88,9 @@ using ::collectived::testing::SkipUnlessDeviceUsable;
 // (device of the workers' buffers, mesh layout)
 class ConformanceTest : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
-TEST_P(ConformanceTest, MatchesJax) {
-  const auto& [device, layout_text] = GetParam();
+// Every case of `layout_text` on `device`, with the members spread round
+// robin over `hosts` daemons (a cluster on loopback when more than one).
+void RunConformance(const std::string& device, const std::string& layout_text, int hosts) {
   const Vectors& v = LoadedVectors();
   auto layout = ParseLayout(layout_text);
   ASSERT_TRUE(layout.ok()) << layout.status();
@@ -99,14 +101,23 @@ TEST_P(ConformanceTest, MatchesJax) {
   ASSERT_GT(case_names.size(), 0u) << "no cases for layout " << layout_text;
   const int members = NumMembers(*layout);
 
-  auto daemon = Daemon::Start({"--log_level=warn"});
-  ASSERT_TRUE(daemon.ok()) << daemon.status();
-  SkipUnlessDeviceUsable((*daemon)->socket(), device);
-  if (IsSkipped() || HasFatalFailure()) return;
+  std::vector<std::unique_ptr<Daemon>> daemons;
+  if (hosts == 1) {
+    auto daemon = Daemon::Start({"--log_level=warn"});
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemons.push_back(*std::move(daemon));
+  } else {
+    auto cluster = collectived::testing::StartLoopbackCluster(hosts);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    daemons = *std::move(cluster);
+  }
+  SkipUnlessDeviceUsable(daemons[0]->socket(), device);
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
 
   std::vector<std::vector<std::string>> argvs;
   for (int m = 0; m < members; ++m) {
-    argvs.push_back({COLLECTIVED_CONFORMANCE_WORKER, "--socket=" + (*daemon)->socket(),
+    argvs.push_back({COLLECTIVED_CONFORMANCE_WORKER,
+                     "--socket=" + daemons[m % hosts]->socket(),
                      "--vectors=" + VectorsPath(), "--mesh=" + layout_text,
                      absl::StrCat("--member=", m), "--device=" + device});
   }
@@ -180,18 +191,53 @@ TEST_P(ConformanceTest, MatchesJax) {
                   << summary << lines;
   }
   if (broken) {
-    ChildResult log = (*daemon)->Stop();
-    ADD_FAILURE() << "a member did not finish normally; daemon log tail:\n"
-                  << Tail(log.output, 4000);
+    for (auto& daemon : daemons) {
+      ChildResult log = daemon->Stop();
+      ADD_FAILURE() << "a member did not finish normally; daemon log tail:\n"
+                    << Tail(log.output, 4000);
+    }
   }
-  std::printf("layout %s on %s: %zu cases x %d members in %s\n", layout_text.c_str(),
-              device.c_str(), case_names.size(), members, absl::FormatDuration(took).c_str());
+  std::printf("layout %s on %s over %d host(s): %zu cases x %d members in %s\n",
+              layout_text.c_str(), device.c_str(), hosts, case_names.size(), members,
+              absl::FormatDuration(took).c_str());
+}
+
+TEST_P(ConformanceTest, MatchesJax) {
+  const auto& [device, layout_text] = GetParam();
+  RunConformance(device, layout_text, 1);
+}
+
+// The same cases with the members spread over 2 and 3 daemons of a cluster
+// (Gloo between them): every result must still equal JAX's.
+class ConformanceAcrossHostsTest
+    : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(ConformanceAcrossHostsTest, MatchesJax) {
+  const auto& [hosts, layout_text] = GetParam();
+  RunConformance(kCpu, layout_text, hosts);
 }
 
 std::string LayoutTestName(const ::testing::TestParamInfo<ConformanceTest::ParamType>& info) {
   auto layout = ParseLayout(std::get<1>(info.param));
   return layout.ok() ? LayoutTag(*layout) : std::string("invalid");
 }
+
+#if COLLECTIVED_TESTS_HAVE_GLOO
+// Layouts with at least as many members as hosts.
+const std::vector<std::string> kSpreadLayouts = {"x:2", "x:3", "x:4", "x:2,y:2", "x:2,y:4"};
+
+std::string HostsTestName(
+    const ::testing::TestParamInfo<ConformanceAcrossHostsTest::ParamType>& info) {
+  auto layout = ParseLayout(std::get<1>(info.param));
+  return absl::StrCat(layout.ok() ? LayoutTag(*layout) : std::string("invalid"), "_on_",
+                      std::get<0>(info.param), "_hosts");
+}
+
+INSTANTIATE_TEST_SUITE_P(Hosts, ConformanceAcrossHostsTest,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::ValuesIn(kSpreadLayouts)),
+                         HostsTestName);
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ConformanceTest,
                          ::testing::Combine(::testing::Values(kCpu), ::testing::ValuesIn(kLayouts)),

@@ -32,6 +32,7 @@
 #include "collectived/client.h"
 #include "gtest/gtest.h"
 #include "tests/harness/device_probe.h"
+#include "tests/harness/cluster.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/member_memory.h"
 #include "tests/integration/sweep.h"
@@ -180,10 +181,12 @@ std::vector<MemberHashes> CheckMesh(const MeshRun& run, const std::vector<ChildR
   return hashes;
 }
 
-// Starts one worker per member of every mesh in `runs` (all at once) against
-// `daemon` and checks them; returns the hashes per mesh and member.
-std::vector<std::vector<MemberHashes>> RunMeshes(const Daemon& daemon,
-                                                 const std::vector<MeshRun>& runs) {
+// Starts one worker per member of every mesh in `runs` (all at once), member
+// m against daemons[m % daemons.size()] (members spread round robin over
+// the hosts of a cluster), and checks them; returns the hashes per mesh and
+// member.
+std::vector<std::vector<MemberHashes>> RunMeshesOn(const std::vector<const Daemon*>& daemons,
+                                                   const std::vector<MeshRun>& runs) {
   std::vector<std::vector<std::string>> argvs;
   std::vector<size_t> first;
   for (const MeshRun& run : runs) {
@@ -191,7 +194,8 @@ std::vector<std::vector<MemberHashes>> RunMeshes(const Daemon& daemon,
     EXPECT_TRUE(ParseMeshSpec(run.axes, &spec));
     first.push_back(argvs.size());
     for (int m = 0; m < spec.num_members(); ++m) {
-      argvs.push_back({COLLECTIVED_TEST_WORKER_BIN, "--socket=" + daemon.socket(),
+      argvs.push_back({COLLECTIVED_TEST_WORKER_BIN,
+                       "--socket=" + daemons[m % daemons.size()]->socket(),
                        "--mesh=" + run.mesh, "--axes=" + run.axes,
                        absl::StrCat("--member=", m), "--sweep=" + run.sweep,
                        absl::StrCat("--seed=", run.seed), "--device=" + run.device});
@@ -205,6 +209,11 @@ std::vector<std::vector<MemberHashes>> RunMeshes(const Daemon& daemon,
                                                               results.begin() + end)));
   }
   return out;
+}
+
+std::vector<std::vector<MemberHashes>> RunMeshes(const Daemon& daemon,
+                                                 const std::vector<MeshRun>& runs) {
+  return RunMeshesOn({&daemon}, runs);
 }
 
 std::unique_ptr<Daemon> StartDaemon(std::vector<std::string> flags = kSmallChunks) {
@@ -368,6 +377,43 @@ INSTANTIATE_TEST_SUITE_P(Meshes, MainSweepTest,
 INSTANTIATE_TEST_SUITE_P(CudaGpuMeshes, MainSweepTest,
                          ::testing::Combine(::testing::Values(kCuda), ::testing::ValuesIn(kMeshes)),
                          MeshTestName);
+#endif
+
+#if COLLECTIVED_TESTS_HAVE_GLOO
+// ---------------------------------------------------------------------------
+// The main sweep with each mesh's members spread round robin over the
+// daemons of a cluster on loopback (2 and 3 hosts): every op, dtype, shape
+// and axis choice across hosts must give the reference results.
+
+// (hosts, mesh)
+class AcrossHostsSweepTest : public ::testing::TestWithParam<std::tuple<int, MeshConfig>> {};
+
+TEST_P(AcrossHostsSweepTest, EveryOpDtypeShapeAndPlacement) {
+  const auto& [hosts, cfg] = GetParam();
+  // kSmallChunks but the log level: the cluster is watched in the logs.
+  auto cluster = collectived::testing::StartLoopbackCluster(
+      hosts, {"--chunk_bytes=4096", "--threads=3"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<const Daemon*> daemons;
+  for (const auto& d : *cluster) daemons.push_back(d.get());
+  RunMeshesOn(daemons, {{absl::StrCat("hosts-", cfg.test_name), cfg.axes, "main", cfg.seed, kCpu}});
+  for (auto& d : *cluster) StopDaemon(std::move(d));
+}
+
+const MeshConfig kSpreadMeshes[] = {
+    {"x2", "x:2", 102}, {"x3", "x:3", 103}, {"x4", "x:4", 104},
+    {"x2y4", "x:2,y:4", 124}, {"x2y1z3", "x:2,y:1,z:3", 213},
+};
+
+std::string HostsTestName(const ::testing::TestParamInfo<AcrossHostsSweepTest::ParamType>& info) {
+  return absl::StrCat(std::get<1>(info.param).test_name, "_on_", std::get<0>(info.param),
+                      "_hosts");
+}
+
+INSTANTIATE_TEST_SUITE_P(Hosts, AcrossHostsSweepTest,
+                         ::testing::Combine(::testing::Values(2, 3),
+                                            ::testing::ValuesIn(kSpreadMeshes)),
+                         HostsTestName);
 #endif
 
 #if COLLECTIVED_TESTS_HAVE_CUDA
