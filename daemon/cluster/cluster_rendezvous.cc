@@ -79,6 +79,14 @@ void ClusterRendezvous::Register(const MeshJoinInfo& info, int index,
     r.token = info.token;
     r.op_timeout_ms = info.op_timeout_ms;
     r.indices = {index};
+    if ((*client)->lease_id().empty()) {
+      // Not joined (yet, or any more): the registry cannot be asked.
+      const absl::Status why = (*client)->last_error();
+      (*cb)(absl::UnavailableError(absl::StrCat(
+          "this daemon is not joined to the cluster",
+          why.ok() ? std::string(" yet") : absl::StrCat(": ", why.message()))));
+      return;
+    }
     (*cb)((*client)->MeshRegister(std::move(r)));
   });
 }
