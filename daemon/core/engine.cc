@@ -93,6 +93,8 @@ thread_local bool t_running_inline = false;
 // How much later than the registry's deadline a cluster mesh's joiner times
 // out on its own (see JoinWaiter::deadline).
 constexpr absl::Duration kClusterJoinGrace = absl::Seconds(2);
+// How soon a registration that found no coordinator is tried again.
+constexpr absl::Duration kRegisterRetry = absl::Milliseconds(250);
 }  // namespace
 
 std::string DisplayId(const std::string& id) {
@@ -580,14 +582,7 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
     } else if (mesh->cluster) {
       // The registry decides whether the join stands and when the mesh is
       // full; the joiner waits for it (OnRegistered, OnFormed).
-      MeshJoinInfo info = mesh->join_info;
-      if (req.op_timeout_ms() > 0) info.op_timeout_ms = req.op_timeout_ms();
-      cbs.push_back([this, info = std::move(info), mesh_id, index, sid = session->id] {
-        options_.rendezvous->Register(info, index,
-                                      [this, mesh_id, index, sid](absl::StatusOr<int64_t> g) {
-                                        OnRegistered(mesh_id, index, sid, std::move(g));
-                                      });
-      });
+      Register(*mesh, index, session->id, cbs);
     } else if (static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
       CompleteJoin(*mesh, cbs);
     }
@@ -689,8 +684,24 @@ void Engine::OnRegistered(const std::string& mesh_id, int index, const std::stri
     } else if (mesh->state != MeshState::kForming) {
       // Formed (the registry filled it before this answer came) or broken.
     } else if (absl::IsUnavailable(generation.status())) {
-      // No coordinator: the mesh may still fill on this host alone.
+      // No coordinator (yet): the mesh may still fill on this host alone,
+      // and the registration is tried again while the joiner waits.
       mesh->registry_error = generation.status();
+      timer_->Schedule(absl::Now() + kRegisterRetry, [this, mesh_id, index, session_id] {
+        Callbacks retry;
+        {
+          MutexLock relock(&mu_);
+          auto again = meshes_.find(mesh_id);
+          if (again == meshes_.end()) return;
+          Mesh& m = *again->second;
+          if (m.state != MeshState::kForming || m.member_session[index] != session_id ||
+              !m.join_waiters.count(index)) {
+            return;
+          }
+          Register(m, index, session_id, retry);
+        }
+        Run(retry);
+      });
     } else if (!generation.ok()) {
       LogEvent(LogLevel::kWarn, "join_refused",
                {{"mesh", mesh->name}, {"index", absl::StrCat(index)},
@@ -705,6 +716,7 @@ void Engine::OnRegistered(const std::string& mesh_id, int index, const std::stri
       mesh->member_session[index].clear();
       MaybeEraseMesh(mesh_id);
     } else if (mesh->cluster_generation == 0) {
+      mesh->registry_error = absl::OkStatus();
       mesh->cluster_generation = *generation;
       mesh->generation = *generation;
       mesh->forming = true;
@@ -732,9 +744,23 @@ void Engine::OnRegistered(const std::string& mesh_id, int index, const std::stri
       if (Session* s = FindSession(session_id)) s->meshes.erase(mesh->id);
       mesh->member_session[index].clear();
       MaybeEraseMesh(mesh_id);
+    } else {
+      mesh->registry_error = absl::OkStatus();
     }
   }
   Run(cbs);
+}
+
+void Engine::Register(const Mesh& mesh, int index, const std::string& session_id,
+                      Callbacks& cbs) {
+  MeshJoinInfo info = mesh.join_info;
+  if (mesh.op_timeout_set) info.op_timeout_ms = Millis(mesh.op_timeout);
+  cbs.push_back([this, info = std::move(info), mesh_id = mesh.id, index, session_id] {
+    options_.rendezvous->Register(info, index,
+                                  [this, mesh_id, index, session_id](absl::StatusOr<int64_t> g) {
+                                    OnRegistered(mesh_id, index, session_id, std::move(g));
+                                  });
+  });
 }
 
 void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed) {

@@ -316,8 +316,11 @@ class Engine {
   void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
                     int64_t started_ns, const Traffic& traffic, bool broken = false)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Cluster meshes: the registry's answer to member `index`'s registration,
+  // Cluster meshes: registers member `index` (after unlocking, through
+  // `cbs`); the registry's answer to member `index`'s registration,
   // and the answer to Form.
+  void Register(const Mesh& mesh, int index, const std::string& session_id, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRegistered(const std::string& mesh_id, int index, const std::string& session_id,
                     absl::StatusOr<int64_t> generation) ABSL_LOCKS_EXCLUDED(mu_);
   void OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed)
