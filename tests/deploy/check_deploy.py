@@ -46,10 +46,18 @@ def check_compose(path):
     build = daemon.get("build") or {}
     if not str(build.get("dockerfile", "")).endswith("deploy/Dockerfile"):
         problem(where, "service collectived is not built from deploy/Dockerfile")
-    hc = daemon.get("healthcheck") or {}
-    if PROBE not in " ".join(map(str, hc.get("test") or [])):
-        problem(where, f"service collectived has no healthcheck running {PROBE}")
     volumes = doc.get("volumes") or {}
+
+    def argv_of(svc):
+        return [str(a) for a in (svc.get("entrypoint") or []) + (svc.get("command") or [])]
+
+    # Daemons: the services whose healthcheck runs the probe (clients
+    # disable the image's healthcheck). The others are clients.
+    daemons = {n: svc for n, svc in services.items()
+               if PROBE in " ".join(map(str, (svc.get("healthcheck") or {}).get("test") or []))}
+    if "collectived" not in daemons:
+        problem(where, f"service collectived has no healthcheck running {PROBE}")
+        daemons["collectived"] = daemon
 
     def socket_volume(name, svc):
         for v in svc.get("volumes") or []:
@@ -62,22 +70,65 @@ def check_compose(path):
         problem(where, f"service {name} does not mount the socket directory at {SOCKET_DIR}")
         return None
 
-    shared = socket_volume("collectived", daemon)
-    clients = [n for n in services if n != "collectived"]
+    # Each daemon has a socket volume of its own (one per "host").
+    daemon_of_volume = {}
+    for name, svc in daemons.items():
+        vol = socket_volume(name, svc)
+        if vol in daemon_of_volume:
+            problem(where, f"daemons {daemon_of_volume[vol]} and {name} share the socket volume {vol}")
+        daemon_of_volume[vol] = name
+        if name != "collectived" and svc.get("image") != daemon.get("image"):
+            problem(where, f"daemon {name} does not run the image service collectived builds")
+    # A cluster (daemons with --coordinator / --cluster): one coordinator per
+    # profile, every member daemon points at a coordinator service, and all
+    # have a host id and the token.
+    coordinators = {}
+    for name, svc in daemons.items():
+        argv = argv_of(svc)
+        if "--coordinator" in argv:
+            coordinators.setdefault(tuple(svc.get("profiles") or []), []).append(name)
+    for profile, names in coordinators.items():
+        if len(names) != 1:
+            problem(where, f"profile {list(profile)}: {len(names)} coordinators ({names})")
+    for name, svc in daemons.items():
+        argv = argv_of(svc)
+        clustered = "--coordinator" in argv or any(a.startswith("--cluster=") for a in argv)
+        if not clustered:
+            continue
+        for flag in ("--tcp=", "--host-id=", "--cluster-token-file="):
+            if not any(a.startswith(flag) for a in argv):
+                problem(where, f"cluster daemon {name} has no {flag}...")
+        for a in argv:
+            if a.startswith("--cluster="):
+                for target in a.split("=", 1)[1].split(","):
+                    host = target.rsplit(":", 1)[0]
+                    if host not in coordinators.get(tuple(svc.get("profiles") or []), []):
+                        problem(where, f"cluster daemon {name} points at {target}, not at its "
+                                       "profile's coordinator service")
+                dep = (svc.get("depends_on") or {}).get(host)
+                if not isinstance(dep, dict) or dep.get("condition") != "service_healthy":
+                    problem(where, f"cluster daemon {name}: depends_on {host} without "
+                                   "condition: service_healthy")
+
+    clients = [n for n in services if n not in daemons]
     if not clients:
         problem(where, "no client (demo) services")
-    members = []
+    # Members by mesh: the clients of one profile set run one demo mesh.
+    members = {}
     for name in clients:
         svc = services[name]
-        if socket_volume(name, svc) != shared:
-            problem(where, f"service {name} does not share the daemon's socket volume {shared}")
-        dep = (svc.get("depends_on") or {}).get("collectived")
+        vol = socket_volume(name, svc)
+        host = daemon_of_volume.get(vol)
+        if host is None:
+            problem(where, f"service {name} does not share a daemon's socket volume ({vol})")
+            continue
+        dep = (svc.get("depends_on") or {}).get(host)
         if not isinstance(dep, dict) or dep.get("condition") != "service_healthy":
-            problem(where, f"service {name}: depends_on collectived without condition: service_healthy")
+            problem(where, f"service {name}: depends_on {host} without condition: service_healthy")
         for key in ("ipc", "pid"):
-            if svc.get(key) == "host" or daemon.get(key) == "host":
+            if svc.get(key) == "host" or daemons[host].get(key) == "host":
                 problem(where, f"service {name}: {key}: host is not needed")
-        argv = [str(a) for a in (svc.get("entrypoint") or []) + (svc.get("command") or [])]
+        argv = argv_of(svc)
         if not argv or os.path.basename(argv[0]) != "collectived_demo":
             problem(where, f"service {name} does not run collectived_demo")
             continue
@@ -85,23 +136,31 @@ def check_compose(path):
             problem(where, f"service {name} does not pass --socket={SOCKET}")
         m = [a for a in argv if a.startswith("--member=")]
         if m:
-            members.append((name, int(m[0].split("=", 1)[1]),
-                            next((a for a in argv if a.startswith("--members=")), None)))
-    # The per-member form: indices 0..n-1 exactly once, all agreeing on n.
-    if members:
-        sizes = {m[2] for m in members}
+            members.setdefault(tuple(svc.get("profiles") or []), []).append(
+                (name, int(m[0].split("=", 1)[1]),
+                 next((a for a in argv if a.startswith("--members=")), None), host))
+    # The per-member form: indices 0..n-1 exactly once, all agreeing on n;
+    # members spread over several daemons only when those form a cluster.
+    for profile, group in members.items():
+        sizes = {m[2] for m in group}
         if len(sizes) != 1 or None in sizes:
-            problem(where, f"member services disagree on --members: {sorted(map(str, sizes))}")
+            problem(where, f"member services {[m[0] for m in group]} disagree on --members: "
+                           f"{sorted(map(str, sizes))}")
         else:
             n = int(next(iter(sizes)).split("=", 1)[1])
-            if sorted(i for _, i, _ in members) != list(range(n)):
-                problem(where, f"member services cover indices {sorted(i for _, i, _ in members)}, "
+            if sorted(i for _, i, _, _ in group) != list(range(n)):
+                problem(where, f"member services cover indices {sorted(i for _, i, _, _ in group)}, "
                                f"not 0..{n - 1}")
-        single = [n for n in clients if n not in {m[0] for m in members}]
-        for name in single:
-            if not services[name].get("profiles"):
-                problem(where, f"service {name} (all members in one container) runs by default next to "
-                               "the per-member services: both would join mesh 'demo'")
+        hosts = {m[3] for m in group}
+        if len(hosts) > 1 and profile not in coordinators:
+            problem(where, f"members of {list(profile)} use daemons {sorted(hosts)} that form no cluster")
+    per_member = {m[0] for group in members.values() for m in group}
+    for name in clients:
+        if name in per_member:
+            continue
+        if not services[name].get("profiles"):
+            problem(where, f"service {name} (all members in one container) runs by default next to "
+                           "the per-member services: both would join mesh 'demo'")
 
 
 # ---------------------------------------------------------------------------

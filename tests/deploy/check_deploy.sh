@@ -7,11 +7,16 @@
 #    (Debian's docker-compose; fails if it is missing), then the merged config
 #    (all profiles): the daemon is built from deploy/Dockerfile and health-
 #    checked, every client shares its socket volume at /run/collectived and
-#    waits for it with condition: service_healthy, members 0..n-1 complete.
+#    waits for it with condition: service_healthy, members 0..n-1 complete;
+#    the two-host profile "cluster": each daemon its own socket volume, one
+#    coordinator, every member daemon pointing at it, members spread over
+#    daemons only when they form a cluster.
 # 2. deploy/kubernetes: every YAML document parses (python3 + PyYAML) and has
 #    apiVersion/kind/metadata.name; pod specs: mounts name declared volumes,
 #    probes are well-formed exec probes of the socket, a native sidecar and a
-#    DaemonSet with a hostPath socket directory exist, no hostIPC/hostPID.
+#    DaemonSet with a hostPath socket directory exist, no hostIPC/hostPID;
+#    then every manifest against the real Kubernetes schemas, offline and
+#    strict (PyPI kubernetes-validate).
 # 3. deploy/Dockerfile: multi-stage on debian:bookworm, builds with
 #    -DCOLLECTIVED_BUILD_TESTS=OFF and installs to /usr/local; every binary it
 #    copies out of the build stage is an install(TARGETS ...)ed target
@@ -78,6 +83,15 @@ if python3 "$here/check_deploy.py" k8s deploy/kubernetes; then
   ok "$(find deploy/kubernetes -name '*.y*ml' | sort | tr '\n' ' ')"
 else
   fail "Kubernetes manifests (see above)"
+fi
+# Against the real Kubernetes schemas (bundled by PyPI kubernetes-validate,
+# offline), strict: unknown fields are errors.
+if ! command -v kubernetes-validate >/dev/null; then
+  fail "kubernetes-validate not found: pip install kubernetes-validate (scripts/install-deps.sh)"
+elif out="$(kubernetes-validate --strict --quiet deploy/kubernetes/*.yaml 2>&1)"; then
+  ok "kubernetes-validate --strict (schemas of Kubernetes $(kubernetes-validate --version 2>/dev/null | awk '{print $NF}'))"
+else
+  fail "kubernetes-validate --strict deploy/kubernetes/*.yaml: $out"
 fi
 
 # ---------------------------------------------------------------------------
