@@ -159,6 +159,42 @@ absl::Status ValidateValue(absl::string_view value) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A blocking call's timeout: refused when negative, else capped at the
+// longest wait the coordinator holds.
+absl::StatusOr<absl::Duration> CheckedWait(absl::Duration timeout) {
+  if (timeout < absl::ZeroDuration()) return absl::InvalidArgumentError("timeout must be >= 0");
+  return std::min(timeout, kMaxKeyWait);
+}
+
+absl::Status WaitersFullError(size_t waiters) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(waiters, " gets and mesh waits are waiting already, the most allowed"));
+}
+
+absl::StatusOr<absl::Duration> ValidateGet(const std::vector<std::string>& keys,
+                                           absl::Duration timeout) {
+  if (keys.empty()) return absl::InvalidArgumentError("keys is empty");
+  if (keys.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("keys has ", keys.size(), " keys; at most ",
+                                                   kMaxKeysPerRequest, " are allowed"));
+  }
+  for (const std::string& k : keys) {
+    if (absl::Status st = ValidateKey(k, "keys[]"); !st.ok()) return st;
+  }
+  return CheckedWait(timeout);
+}
+
+absl::StatusOr<absl::Duration> ValidateMeshWait(absl::string_view key, int64_t generation,
+                                                absl::Duration timeout) {
+  if (absl::Status st = ValidateKey(key); !st.ok()) return st;
+  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) return st;
+  return CheckedWait(timeout);
+}
+
+}  // namespace
+
 InMemoryCoordinator::InMemoryCoordinator(InMemoryCoordinatorOptions options)
     : options_(options) {}
 
@@ -381,26 +417,12 @@ std::vector<KeyValue> InMemoryCoordinator::ValuesLocked(const std::vector<std::s
 
 void InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration timeout,
                               GetCallback done) {
-  if (keys.empty()) {
-    done(absl::InvalidArgumentError("keys is empty"));
+  absl::StatusOr<absl::Duration> checked = ValidateGet(keys, timeout);
+  if (!checked.ok()) {
+    done(checked.status());
     return;
   }
-  if (keys.size() > kMaxKeysPerRequest) {
-    done(absl::InvalidArgumentError(absl::StrCat("keys has ", keys.size(), " keys; at most ",
-                                                 kMaxKeysPerRequest, " are allowed")));
-    return;
-  }
-  for (const std::string& k : keys) {
-    if (absl::Status st = ValidateKey(k, "keys[]"); !st.ok()) {
-      done(st);
-      return;
-    }
-  }
-  if (timeout < absl::ZeroDuration()) {
-    done(absl::InvalidArgumentError("timeout must be >= 0"));
-    return;
-  }
-  timeout = std::min(timeout, kMaxKeyWait);
+  timeout = *checked;
   absl::StatusOr<std::vector<KeyValue>> now_result;
   {
     MutexLock lock(&mu_);
@@ -417,8 +439,7 @@ void InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration time
         now_result = absl::NotFoundError(
             absl::StrCat("keys not set: ", absl::StrJoin(missing, ", ")));
       } else if (WaiterCountLocked() >= options_.max_waiters) {
-        now_result = absl::ResourceExhaustedError(absl::StrCat(
-            WaiterCountLocked(), " gets and mesh waits are waiting already, the most allowed"));
+        now_result = WaitersFullError(WaiterCountLocked());
       } else {
         const uint64_t id = next_waiter_++;
         Waiter& w = waiters_[id];
@@ -740,19 +761,12 @@ absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration
 
 void InMemoryCoordinator::MeshWait(std::string key, int64_t generation, absl::Duration timeout,
                                    MeshWaitCallback done) {
-  if (absl::Status st = ValidateKey(key); !st.ok()) {
-    done(st);
+  absl::StatusOr<absl::Duration> checked = ValidateMeshWait(key, generation, timeout);
+  if (!checked.ok()) {
+    done(checked.status());
     return;
   }
-  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) {
-    done(st);
-    return;
-  }
-  if (timeout < absl::ZeroDuration()) {
-    done(absl::InvalidArgumentError("timeout must be >= 0"));
-    return;
-  }
-  timeout = std::min(timeout, kMaxKeyWait);
+  timeout = *checked;
   absl::StatusOr<MeshMembership> now_result;
   {
     MutexLock lock(&mu_);
@@ -770,8 +784,7 @@ void InMemoryCoordinator::MeshWait(std::string key, int64_t generation, absl::Du
     } else if (timeout == absl::ZeroDuration()) {
       now_result = NotFullLocked(key, *gen);
     } else if (WaiterCountLocked() >= options_.max_waiters) {
-      now_result = absl::ResourceExhaustedError(absl::StrCat(
-          WaiterCountLocked(), " gets and mesh waits are waiting already, the most allowed"));
+      now_result = WaitersFullError(WaiterCountLocked());
     } else {
       const uint64_t id = next_waiter_++;
       MeshWaiter& w = mesh_waiters_[id];

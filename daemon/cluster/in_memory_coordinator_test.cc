@@ -300,20 +300,40 @@ absl::StatusOr<MeshMembership> WaitNow(InMemoryCoordinator& c, const std::string
   return w.result;
 }
 
+// `s` has `code` and `message`.
+::testing::AssertionResult HasStatus(const absl::Status& s, absl::StatusCode code,
+                                     absl::string_view message) {
+  if (s.code() == code && s.message() == message) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "got " << s << "; want " << absl::StatusCodeToString(code) << ": " << message;
+}
+
+// The registration succeeded, as generation `want`.
+::testing::AssertionResult IsGeneration(const absl::StatusOr<int64_t>& g, int64_t want) {
+  if (!g.ok()) return ::testing::AssertionFailure() << g.status();
+  if (*g != want) return ::testing::AssertionFailure() << "generation " << *g << ", want " << want;
+  return ::testing::AssertionSuccess();
+}
+
+// The answer `w` got, waiting kPatience at most for it.
+absl::Status AnswerOf(MeshWaitResult& w) {
+  if (!w.done.WaitForNotificationWithTimeout(kPatience)) {
+    return absl::InternalError("no answer within the test's patience");
+  }
+  return w.result.status();
+}
+
 TEST(InMemoryCoordinatorMeshTest, TwoHostsFormAGenerationAndEveryWaiterGetsItsMembership) {
   InMemoryCoordinator c;
   auto a = c.Join("host-a", "10.0.0.1:7000");
   auto b = c.Join("host-b", "10.0.0.2:7000");
   ASSERT_TRUE(a.ok() && b.ok());
-  auto ga = c.MeshRegister(Reg("job/mesh", "host-b", b->lease_id, {1}, 2, "data=2", "tok", 3000));
-  ASSERT_TRUE(ga.ok()) << ga.status();
-  EXPECT_EQ(*ga, 1);
+  ASSERT_TRUE(IsGeneration(
+      c.MeshRegister(Reg("job/mesh", "host-b", b->lease_id, {1}, 2, "data=2", "tok", 3000)), 1));
   MeshWaitResult wb;
   c.MeshWait("job/mesh", 1, absl::Seconds(30), wb.Callback());
   EXPECT_FALSE(wb.done.HasBeenNotified());
-  auto gb = c.MeshRegister(Reg("job/mesh", "host-a", a->lease_id, {0}));
-  ASSERT_TRUE(gb.ok()) << gb.status();
-  EXPECT_EQ(*gb, 1);
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("job/mesh", "host-a", a->lease_id, {0})), 1));
   ASSERT_TRUE(wb.done.WaitForNotificationWithTimeout(kPatience));
   ASSERT_TRUE(wb.result.ok()) << wb.result.status();
   // Asked after it filled: answered at once, the same membership.
@@ -333,10 +353,9 @@ TEST(InMemoryCoordinatorMeshTest, TwoHostsFormAGenerationAndEveryWaiterGetsItsMe
   // A third registration on the full generation is refused.
   auto cc = c.Join("host-c", "10.0.0.3:7000");
   ASSERT_TRUE(cc.ok());
-  auto third = c.MeshRegister(Reg("job/mesh", "host-c", cc->lease_id, {0}));
-  EXPECT_EQ(third.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(third.status().message(),
-            "mesh 'job/mesh' generation 1 is already full (2 members)");
+  EXPECT_TRUE(HasStatus(c.MeshRegister(Reg("job/mesh", "host-c", cc->lease_id, {0})).status(),
+                        absl::StatusCode::kFailedPrecondition,
+                        "mesh 'job/mesh' generation 1 is already full (2 members)"));
 }
 
 TEST(InMemoryCoordinatorMeshTest, MismatchesAreRefusedNamingWhatDiffersAndChangeNothing) {
@@ -345,30 +364,30 @@ TEST(InMemoryCoordinatorMeshTest, MismatchesAreRefusedNamingWhatDiffersAndChange
   auto b = c.Join("b", "127.0.0.1:2");
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0}, 4, "data=4", "tok", 5000)), 1);
-  auto axes = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=2", "tok"));
-  EXPECT_EQ(axes.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(axes.status().message(),
-            "mesh 'K' generation 1 is forming with axes (data=4) and 4 members (first "
-            "registered by host a); host b asks for (data=2)");
-  auto members = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 8, "data=4", "tok"));
-  EXPECT_EQ(members.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(members.status().message(),
-            "mesh 'K' generation 1 is forming with axes (data=4) and 4 members (first "
-            "registered by host a); host b asks for 8 members");
-  auto token = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=4", "other"));
-  EXPECT_EQ(token.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(token.status().message(),
-            "mesh 'K' needs the join token its first member set (host a)");
-  auto op_timeout = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=4", "tok", 7000));
-  EXPECT_EQ(op_timeout.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(op_timeout.status().message(),
-            "mesh 'K' generation 1 has op timeout 5000 ms (asked by host a); host b asks for "
-            "7000 ms");
+  EXPECT_TRUE(
+      HasStatus(c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=2", "tok")).status(),
+                absl::StatusCode::kFailedPrecondition,
+                "mesh 'K' generation 1 is forming with axes (data=4) and 4 members (first "
+                "registered by host a); host b asks for (data=2)"));
+  EXPECT_TRUE(
+      HasStatus(c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 8, "data=4", "tok")).status(),
+                absl::StatusCode::kFailedPrecondition,
+                "mesh 'K' generation 1 is forming with axes (data=4) and 4 members (first "
+                "registered by host a); host b asks for 8 members"));
+  EXPECT_TRUE(
+      HasStatus(c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=4", "other")).status(),
+                absl::StatusCode::kPermissionDenied,
+                "mesh 'K' needs the join token its first member set (host a)"));
+  EXPECT_TRUE(
+      HasStatus(c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 4, "data=4", "tok", 7000)).status(),
+                absl::StatusCode::kFailedPrecondition,
+                "mesh 'K' generation 1 has op timeout 5000 ms (asked by host a); host b asks for "
+                "7000 ms"));
   // Index 0 is a's; index 1 in the same request is not taken by the refusal.
-  auto taken = c.MeshRegister(Reg("K", "b", b->lease_id, {1, 0}, 4, "data=4", "tok"));
-  EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(taken.status().message(),
-            "member 0 of mesh 'K' generation 1 is already registered by host a");
+  EXPECT_TRUE(
+      HasStatus(c.MeshRegister(Reg("K", "b", b->lease_id, {1, 0}, 4, "data=4", "tok")).status(),
+                absl::StatusCode::kAlreadyExists,
+                "member 0 of mesh 'K' generation 1 is already registered by host a"));
   MeshWaitResult early;
   c.MeshWait("K", 1, absl::ZeroDuration(), early.Callback());
   EXPECT_EQ(early.result.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -377,9 +396,8 @@ TEST(InMemoryCoordinatorMeshTest, MismatchesAreRefusedNamingWhatDiffersAndChange
       << early.result.status();
   // Every refusal above left the generation as it was: b's valid
   // registration (op timeout 0 matches any) fills it.
-  auto ok = c.MeshRegister(Reg("K", "b", b->lease_id, {1, 2, 3}, 4, "data=4", "tok", 0));
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(*ok, 1);
+  ASSERT_TRUE(IsGeneration(
+      c.MeshRegister(Reg("K", "b", b->lease_id, {1, 2, 3}, 4, "data=4", "tok", 0)), 1));
   auto m = WaitNow(c, "K", 1);
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->member_host, (std::vector<std::string>{"a", "b", "b", "b"}));
@@ -400,9 +418,7 @@ TEST(InMemoryCoordinatorMeshTest, RegistrationNeedsTheHostsOwnLease) {
   EXPECT_EQ(c.MeshRegister(Reg("K", "a", "l-unknown", {0})).status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(c.mesh_key_count(), 0);
-  auto g = c.MeshRegister(Reg("K", "a", a->lease_id, {0}));
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(*g, 1);
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1));
 }
 
 TEST(InMemoryCoordinatorMeshTest, WaitDeadlineNamesTheMissingIndicesAndWhoRegistered) {
@@ -423,9 +439,7 @@ TEST(InMemoryCoordinatorMeshTest, WaitDeadlineNamesTheMissingIndicesAndWhoRegist
             "registered; missing 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18 and "
             "21 more; registered by a (2), b (1)");
   // The generation is still forming: the timeout changed nothing.
-  auto more = c.MeshRegister(Reg("K", "b", b->lease_id, {2}, 40, "data=40"));
-  ASSERT_TRUE(more.ok()) << more.status();
-  EXPECT_EQ(*more, 1);
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "b", b->lease_id, {2}, 40, "data=40")), 1));
 }
 
 TEST(InMemoryCoordinatorMeshTest, LeavingWhileFormingFreesOnlyTheLeaversIndices) {
@@ -439,21 +453,16 @@ TEST(InMemoryCoordinatorMeshTest, LeavingWhileFormingFreesOnlyTheLeaversIndices)
   ASSERT_TRUE(c.MeshLeave("K", 1, "a", {1, 2}, false, "").ok());
   auto taken = c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3"));
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
-  auto g = c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 3, "data=3"));
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(*g, 1);
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 3, "data=3")), 1));
   MeshWaitResult w;
   c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
   // Every member leaves: the generation ends, the waiter learns why.
   ASSERT_TRUE(c.MeshLeave("K", 1, "a", {0}, false, "").ok());
   EXPECT_FALSE(w.done.HasBeenNotified());
   ASSERT_TRUE(c.MeshLeave("K", 1, "b", {1}, false, "").ok());
-  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
-  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(w.result.status().message(), "mesh 'K' generation 1 ended: every member left");
-  auto next = c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3"));
-  ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_EQ(*next, 2);
+  EXPECT_TRUE(HasStatus(AnswerOf(w), absl::StatusCode::kAborted,
+                        "mesh 'K' generation 1 ended: every member left"));
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3")), 2));
 }
 
 TEST(InMemoryCoordinatorMeshTest, ABrokenGenerationAbortsItsWaitersAndTheNextOneFollows) {
@@ -465,10 +474,8 @@ TEST(InMemoryCoordinatorMeshTest, ABrokenGenerationAbortsItsWaitersAndTheNextOne
   MeshWaitResult w;
   c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
   ASSERT_TRUE(c.MeshLeave("K", 1, "b", {}, true, "link to a is down").ok());
-  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
-  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(w.result.status().message(),
-            "mesh 'K' generation 1 ended: host b: link to a is down");
+  EXPECT_TRUE(HasStatus(AnswerOf(w), absl::StatusCode::kAborted,
+                        "mesh 'K' generation 1 ended: host b: link to a is down"));
   // A late waiter gets the same reason; leaving again changes nothing.
   EXPECT_EQ(WaitNow(c, "K", 1).status().message(), w.result.status().message());
   EXPECT_TRUE(c.MeshLeave("K", 1, "a", {0}, true, "again").ok());
@@ -515,10 +522,8 @@ TEST(InMemoryCoordinatorMeshTest, AnEndingLeaseEndsTheGenerationsOfItsHost) {
   MeshWaitResult w;
   c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
   // No heartbeat: the lease expires and the generation ends with it.
-  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
-  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kAborted);
-  EXPECT_EQ(w.result.status().message(),
-            "mesh 'K' generation 1 ended: host a's lease ended (expired)");
+  EXPECT_TRUE(HasStatus(AnswerOf(w), absl::StatusCode::kAborted,
+                        "mesh 'K' generation 1 ended: host a's lease ended (expired)"));
 }
 
 TEST(InMemoryCoordinatorMeshTest, LeaveAndRejoinEndTheGenerationsOfTheHost) {
@@ -646,9 +651,7 @@ TEST(InMemoryCoordinatorMeshTest, BadMeshInputIsRefusedAndChangesNothing) {
   // Nothing was registered: the first valid registration gets generation 1
   // and both indices are free.
   EXPECT_EQ(c.mesh_key_count(), 0);
-  auto g = c.MeshRegister(Reg("K", "a", lease, {1, 0}));
-  ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(*g, 1);
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "a", lease, {1, 0})), 1));
   EXPECT_EQ(WaitNow(c, "K", 1)->member_host, (std::vector<std::string>{"a", "a"}));
 }
 

@@ -86,6 +86,41 @@ std::unique_ptr<ClusterClient> MakeClient(const std::string& coordinator, const 
   return c.ok() ? *std::move(c) : nullptr;
 }
 
+// Starts `c` and waits until it has joined.
+::testing::AssertionResult StartAndJoin(ClusterClient& c) {
+  c.Start();
+  if (c.WaitForState(ClusterState::kJoined, kPatience)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << c.last_error();
+}
+
+MeshRegistration MeshReg(const std::string& key, const std::string& axes, int64_t members,
+                         std::vector<int32_t> indices) {
+  MeshRegistration r;
+  r.key = key;
+  r.axes = axes;
+  r.members = members;
+  r.indices = std::move(indices);
+  return r;
+}
+
+// A 5 s deadline and, unless empty, `token` as the cluster token.
+void PrepareCall(grpc::ClientContext& ctx, const std::string& token) {
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (!token.empty()) ctx.AddMetadata(kClusterTokenMetadataKey, token);
+}
+
+// Host h1's registration of member 0 of the one-member mesh "m".
+v1::MeshRegisterRequest WireRegistration(const std::string& lease_id) {
+  v1::MeshRegisterRequest req;
+  req.set_key("m");
+  req.set_lease_id(lease_id);
+  req.set_host_id("h1");
+  req.set_axes("data=1");
+  req.set_members(1);
+  req.add_indices(0);
+  return req;
+}
+
 template <typename Cond>
 bool Eventually(Cond cond) {
   return testing::Eventually(cond, kPatience, absl::Milliseconds(10));
@@ -179,10 +214,8 @@ TEST(ClusterClientTest, JoinsHeartbeatsAndUsesTheStore) {
   ASSERT_NE(coord, nullptr);
   auto a = MakeClient(coord->address(), "host-a");
   auto b = MakeClient(coord->address(), "host-b");
-  a->Start();
-  b->Start();
-  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience)) << a->last_error();
-  ASSERT_TRUE(b->WaitForState(ClusterState::kJoined, kPatience)) << b->last_error();
+  ASSERT_TRUE(StartAndJoin(*a));
+  ASSERT_TRUE(StartAndJoin(*b));
   const std::string lease = a->lease_id();
   // Three ttls: the heartbeats (every ttl/3) keep both leases.
   absl::SleepFor(absl::Milliseconds(2700));
@@ -282,22 +315,16 @@ TEST(ClusterMeshTest, TwoClientsFormAMeshAndWaitForTheSameMembership) {
   ASSERT_NE(coord, nullptr);
   auto a = MakeClient(coord->address(), "host-a");
   auto b = MakeClient(coord->address(), "host-b");
-  a->Start();
-  b->Start();
-  ASSERT_TRUE(a->WaitForState(ClusterState::kJoined, kPatience)) << a->last_error();
-  ASSERT_TRUE(b->WaitForState(ClusterState::kJoined, kPatience)) << b->last_error();
+  ASSERT_TRUE(StartAndJoin(*a));
+  ASSERT_TRUE(StartAndJoin(*b));
   std::vector<absl::StatusOr<MeshMembership>> got(2, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i) {
     ClusterClient* c = i == 0 ? a.get() : b.get();
     threads.emplace_back([&got, c, i] {
-      MeshRegistration r;
-      r.key = "job/7/mesh";
-      r.axes = "data=4";
-      r.members = 4;
+      MeshRegistration r = MeshReg("job/7/mesh", "data=4", 4, {2 * i, 2 * i + 1});
       r.token = "mesh-token";
       r.op_timeout_ms = i == 0 ? 30000 : 0;
-      r.indices = {2 * i, 2 * i + 1};
       auto generation = c->MeshRegister(r);
       if (!generation.ok()) {
         got[i] = generation.status();
@@ -329,12 +356,7 @@ TEST(ClusterMeshTest, TwoClientsFormAMeshAndWaitForTheSameMembership) {
   EXPECT_EQ(ended.status().code(), absl::StatusCode::kAborted);
   EXPECT_NE(ended.status().message().find("ended: host host-b: peer lost"), std::string::npos)
       << ended.status();
-  MeshRegistration r;
-  r.key = "job/7/mesh";
-  r.axes = "data=4";
-  r.members = 4;
-  r.indices = {0};
-  auto next = a->MeshRegister(r);
+  auto next = a->MeshRegister(MeshReg("job/7/mesh", "data=4", 4, {0}));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(*next, 2);
   // A wait that times out names the missing members.
@@ -357,12 +379,7 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
   auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
   ASSERT_NE(coord, nullptr);
   auto client = MakeClient(coord->address(), "h1");  // not started: no lease
-  MeshRegistration r;
-  r.key = "m";
-  r.axes = "data=1";
-  r.members = 1;
-  r.indices = {0};
-  auto st = client->MeshRegister(r);
+  auto st = client->MeshRegister(MeshReg("m", "data=1", 1, {0}));
   EXPECT_EQ(st.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.status().message(), "not joined to the cluster");
   // Bad requests on the wire: INVALID_ARGUMENT.
@@ -382,15 +399,8 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
       grpc::CreateChannel(coord->address(), grpc::InsecureChannelCredentials()));
   for (const char* token : {"", "cluster-secret-2"}) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    if (*token != '\0') ctx.AddMetadata(kClusterTokenMetadataKey, token);
-    v1::MeshRegisterRequest req;
-    req.set_key("m");
-    req.set_lease_id(lease->lease_id);
-    req.set_host_id("h1");
-    req.set_axes("data=1");
-    req.set_members(1);
-    req.add_indices(0);
+    PrepareCall(ctx, token);
+    const v1::MeshRegisterRequest req = WireRegistration(lease->lease_id);
     v1::MeshRegisterResponse resp;
     EXPECT_EQ(stub->MeshRegister(&ctx, req, &resp).error_code(),
               grpc::StatusCode::UNAUTHENTICATED)
@@ -398,8 +408,7 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
   }
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    ctx.AddMetadata(kClusterTokenMetadataKey, "wrong");
+    PrepareCall(ctx, "wrong");
     v1::MeshWaitRequest req;
     req.set_key("m");
     req.set_generation(1);
@@ -409,15 +418,8 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
   EXPECT_EQ(coord->coordinator->mesh_key_count(), 0);
   // The same request with the token registers generation 1.
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  ctx.AddMetadata(kClusterTokenMetadataKey, kToken);
-  v1::MeshRegisterRequest req;
-  req.set_key("m");
-  req.set_lease_id(lease->lease_id);
-  req.set_host_id("h1");
-  req.set_axes("data=1");
-  req.set_members(1);
-  req.add_indices(0);
+  PrepareCall(ctx, kToken);
+  const v1::MeshRegisterRequest req = WireRegistration(lease->lease_id);
   v1::MeshRegisterResponse resp;
   grpc::Status ok = stub->MeshRegister(&ctx, req, &resp);
   ASSERT_TRUE(ok.ok()) << ok.error_message();

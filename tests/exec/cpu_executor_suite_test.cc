@@ -2,9 +2,6 @@
 // in three configurations: small work items on the pool (every op crosses
 // many chunks, no serial shortcut), the same writing every result with
 // streaming stores, and the daemon's defaults.
-#include <cstdlib>
-#include <cstring>
-
 #include "daemon/exec/cpu_executor.h"
 #include "tests/exec/executor_suite.h"
 
@@ -12,26 +9,12 @@ namespace collectived::executor_suite {
 namespace {
 
 template <size_t kChunk, size_t kSerial, size_t kStream>
-struct CpuBackend {
+struct CpuBackend : HostMemoryBackend {
   static constexpr const char* kName = "cpu";
   static std::unique_ptr<Executor> MakeExecutor() {
     return std::make_unique<CpuExecutor>(CpuExecutorOptions{
         .threads = 3, .chunk_bytes = kChunk, .serial_bytes = kSerial, .stream_bytes = kStream});
   }
-  static absl::StatusOr<void*> Allocate(size_t bytes, int) {
-    // 64-byte aligned, as the daemon's page-aligned buffers are at offset 0.
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
-    return p;
-  }
-  static void Free(void* p) { std::free(p); }
-  static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
-    return HostCopy(dst, src, bytes);
-  }
-  static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
-    return HostCopy(dst, src, bytes);
-  }
-  static int Device(int) { return -1; }
 };
 
 constexpr size_t kDefaultChunk = CpuExecutorOptions{}.chunk_bytes;

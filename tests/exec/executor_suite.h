@@ -51,6 +51,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -63,8 +64,8 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/core/op_plan.h"
 #include "daemon/exec/executor.h"
-#include "tests/integration/reference.h"
 #include "tests/harness/require_gpu.h"
+#include "tests/integration/reference.h"
 #include "tests/integration/sweep.h"
 
 namespace collectived::executor_suite {
@@ -78,6 +79,26 @@ inline absl::Status HostCopy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
   return absl::OkStatus();
 }
+
+// The memory half of a backend whose members' memory is plain host memory:
+// a backend derives from it and adds kName and MakeExecutor (and may hide
+// Allocate, Free or Device).
+struct HostMemoryBackend {
+  static absl::StatusOr<void*> Allocate(size_t bytes, int) {
+    // 64-byte aligned, as the daemon's page-aligned buffers are at offset 0.
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
+    return p;
+  }
+  static void Free(void* p) { std::free(p); }
+  static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
+    return HostCopy(dst, src, bytes);
+  }
+  static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
+    return HostCopy(dst, src, bytes);
+  }
+  static int Device(int) { return -1; }
+};
 
 template <typename U>
 std::vector<uint8_t> Bytes(const std::vector<U>& v) {

@@ -212,24 +212,11 @@ class GlooSuiteExecutor final : public Executor {
 };
 
 template <int kHosts, bool kBlocked>
-struct GlooBackend {
+struct GlooBackend : HostMemoryBackend {
   static constexpr const char* kName = "gloo mesh";
   static std::unique_ptr<Executor> MakeExecutor() {
     return std::make_unique<GlooSuiteExecutor<kHosts, kBlocked>>();
   }
-  static absl::StatusOr<void*> Allocate(size_t bytes, int) {
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-    if (p == nullptr) return absl::ResourceExhaustedError("aligned_alloc");
-    return p;
-  }
-  static void Free(void* p) { std::free(p); }
-  static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
-    return HostCopy(dst, src, bytes);
-  }
-  static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
-    return HostCopy(dst, src, bytes);
-  }
-  static int Device(int) { return -1; }
 };
 
 using GlooTwoHostsRoundRobin = GlooBackend<2, false>;

@@ -20,7 +20,7 @@ using host_fabric::Registry;
 using host_fabric::SpanningHostExecutor;
 
 template <int kParts, bool kBlocked>
-struct SpanningBackend {
+struct SpanningBackend : HostMemoryBackend {
   static constexpr const char* kName = "spanning host";
   static std::unique_ptr<Executor> MakeExecutor() {
     return std::make_unique<SpanningHostExecutor>();
@@ -31,12 +31,6 @@ struct SpanningBackend {
     return p;
   }
   static void Free(void* p) { Registry::Get().Free(p); }
-  static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
-    return HostCopy(dst, src, bytes);
-  }
-  static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
-    return HostCopy(dst, src, bytes);
-  }
   // Round robin (member m on partition m % kParts), or in blocks of two
   // (members 0,1 on 0, members 2,3 on 1, ...), as GPUs of a host would
   // hold ranks.
