@@ -4,7 +4,7 @@
 //   collectived_perf [--op=psum|...|all] [--members=2[,4,...]] [--dtype=float32]
 //                    [--min-bytes=8] [--max-bytes=64M] [--step-factor=2]
 //                    [--iters=20] [--warmup=5] [--check=true] [--json]
-//                    [--socket=PATH] [--device=cpu|cuda[:N]|GPU-<uuid>]
+//                    [--socket=PATH] [--device=cpu|cuda[:N]|GPU-<uuid>] [--hosts=N]
 //
 // The parent process starts a private daemon (unless --socket names a running
 // one), then for each member count N starts N member processes (this same
@@ -19,8 +19,15 @@
 // VMM allocations): inputs are written with cudaMemcpy before the timed ops
 // and results are copied back to the host to be checked.
 //
+// With --hosts=N (N > 1) the parent starts N private daemons as the hosts of
+// a cluster on loopback (daemon 0 serves the coordinator) and member m joins
+// through daemon m mod N: every mesh spans the hosts, and ops go between the
+// daemons over Gloo (host memory only).
+//
 // The parent never talks gRPC; members are fork+exec'd, never plain forked.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -192,6 +199,7 @@ struct Config {
   int64_t spin_us = -1;        // client polling before sleeping; -1: the SDK's default
   std::vector<std::string> daemon_args;  // extra flags for a private daemon
   std::string device = "cpu";  // where the members' buffers live (Client::Allocate)
+  int hosts = 1;               // private daemons forming a cluster (members round robin)
   std::string echo_socket;     // grpc_echo: the parent's echo server
   // Member mode (hidden flags).
   int member = -1;
@@ -277,7 +285,10 @@ constexpr char kUsage[] =
     "                     cuda:N (the daemon's ordinal), GPU-<uuid> or cuda:GPU-<uuid>\n"
     "                     (needs a build with CUDA and a GPU the daemon can use), or\n"
     "                     cuda:spread: member m on GPU m mod (visible GPUs), so ops\n"
-    "                     cross GPUs (NCCL) when there are several\n";
+    "                     cross GPUs (NCCL) when there are several\n"
+    "  --hosts=N          start N private daemons as the hosts of a cluster on loopback\n"
+    "                     and spread the members over them round robin (default 1;\n"
+    "                     host memory only; not with --socket)\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
@@ -358,7 +369,7 @@ Config ParseFlags(int argc, char** argv) {
                                           "max-bytes", "step-factor", "iters", "warmup",
                                           "socket", "member",  "report-fd", "mesh",
                                           "path",   "spin-us", "daemon-args", "echo-socket",
-                                          "device"};
+                                          "device", "hosts"};
     if (std::none_of(std::begin(kValued), std::end(kValued),
                      [&](const char* f) { return name == f; })) {
       UsageError(absl::StrCat("unknown flag --", name));
@@ -401,6 +412,8 @@ Config ParseFlags(int argc, char** argv) {
       cfg.daemon_args = absl::StrSplit(value, ' ', absl::SkipEmpty());
     } else if (name == "device") {
       cfg.device = value;
+    } else if (name == "hosts") {
+      cfg.hosts = ParseInt(name, value, 1, 64);
     } else if (name == "echo-socket") {  // hidden
       cfg.echo_socket = value;
     } else if (name == "member") {  // hidden: member mode
@@ -484,6 +497,12 @@ Config ParseFlags(int argc, char** argv) {
   }
   if (cfg.member >= 0 && (cfg.report_fd < 0 || cfg.mesh.empty() || cfg.members.size() != 1)) {
     UsageError("--member needs --report-fd, --mesh and a single --members");
+  }
+  if (cfg.hosts > 1 && cfg.member < 0) {
+    if (!cfg.socket.empty()) UsageError("--hosts starts its own daemons: not with --socket");
+    if (cfg.device != "cpu") {
+      UsageError("--hosts: meshes across hosts run on host memory only (--device=cpu)");
+    }
   }
   return cfg;
 }
@@ -1227,6 +1246,25 @@ class OwnDaemon {
   const std::string& binary() const { return binary_; }
   pid_t pid() const { return pid_; }
 
+  // Waits until the daemon's log contains `needle`; false (with the log's
+  // tail in *why) when it dies or `timeout` passes first.
+  bool WaitForLog(const std::string& needle, absl::Duration timeout, std::string* why) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (ReadFile(log_).find(needle) == std::string::npos) {
+      if (std::string died = Died(); !died.empty()) {
+        *why = died;
+        return false;
+      }
+      if (absl::Now() > deadline) {
+        *why = absl::StrCat("no \"", needle, "\" in its log within ",
+                            absl::FormatDuration(timeout), ": ", Tail(ReadFile(log_)));
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return true;
+  }
+
  private:
   OwnDaemon() = default;
   std::string binary_, dir_, socket_, log_;
@@ -1359,8 +1397,9 @@ void CloseFd(int* fd) {
 
 // Runs one member count; returns 0 (all fine), 1 (failure, reported) or 3
 // (checks failed).
-int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& printer,
-               OwnDaemon* daemon, int* check_failures) {
+int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets,
+               Printer& printer, const std::vector<std::unique_ptr<OwnDaemon>>& daemons,
+               int* check_failures) {
   const std::vector<Row> rows = PlanRows(cfg, n);
   const std::string mesh = absl::StrCat("collectived_perf-", getpid(), "-n", n);
   const std::string self = SelfExe();
@@ -1396,7 +1435,7 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
         absl::StrCat("--members=", n),
         "--report-fd=3",
         "--mesh=" + mesh,
-        "--socket=" + socket,
+        "--socket=" + sockets[static_cast<size_t>(i) % sockets.size()],
         "--op=" + absl::StrJoin(ops, ","),
         absl::StrCat("--dtype=", std::string(collectived::DTypeName(cfg.dtype))),
         absl::StrCat("--min-bytes=", cfg.min_bytes),
@@ -1638,7 +1677,12 @@ int RunMembers(const Config& cfg, int n, const std::string& socket, Printer& pri
   // without reporting an error (crashed, killed) is the likeliest root cause;
   // otherwise the first to report.
   kill_all();
-  std::string daemon_problem = daemon != nullptr ? daemon->Died() : "";
+  std::string daemon_problem;
+  for (const auto& d : daemons) {
+    if (std::string died = d->Died(); !died.empty()) {
+      absl::StrAppend(&daemon_problem, daemon_problem.empty() ? "" : "; ", died);
+    }
+  }
   std::vector<size_t> order;
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i].failed) order.push_back(i);
@@ -1739,6 +1783,55 @@ absl::StatusOr<std::unique_ptr<EchoServer>> StartEchoServer() {
   return e;
 }
 
+// A port on 127.0.0.1 that was free a moment ago (0 if none).
+int FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// --hosts: cfg.hosts daemons as hosts h0.. of a cluster on loopback, h0 also
+// the coordinator; returns once every one has joined.
+absl::StatusOr<std::vector<std::unique_ptr<OwnDaemon>>> StartCluster(const Config& cfg) {
+  const int port = FreeLoopbackPort();
+  if (port == 0) return absl::UnavailableError("no free port on 127.0.0.1");
+  std::vector<std::unique_ptr<OwnDaemon>> daemons;
+  for (int h = 0; h < cfg.hosts; ++h) {
+    std::vector<std::string> args = cfg.daemon_args;
+    // Info level: the cluster's state is read from the log.
+    args.push_back("--log_level=info");
+    args.push_back(absl::StrCat("--host-id=h", h));
+    if (h == 0) {
+      args.push_back(absl::StrCat("--tcp=127.0.0.1:", port));
+      args.push_back("--coordinator");
+    } else {
+      args.push_back("--tcp=127.0.0.1:0");
+      args.push_back(absl::StrCat("--cluster=127.0.0.1:", port));
+    }
+    auto d = OwnDaemon::Start(args);
+    if (!d.ok()) return d.status();
+    daemons.push_back(*std::move(d));
+  }
+  for (int h = 0; h < cfg.hosts; ++h) {
+    std::string why;
+    if (!daemons[h]->WaitForLog(absl::StrCat("event=cluster_state state=joined host_id=h", h),
+                                absl::Seconds(20), &why)) {
+      return absl::UnavailableError(absl::StrCat("daemon h", h, " did not join: ", why));
+    }
+  }
+  return daemons;
+}
+
 int RunParent(const Config& flags) {
   Config cfg = flags;
   std::unique_ptr<EchoServer> echo;
@@ -1759,37 +1852,51 @@ int RunParent(const Config& flags) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::unique_ptr<OwnDaemon> daemon;
+  std::vector<std::unique_ptr<OwnDaemon>> daemons;
+  std::vector<std::string> sockets;
   std::string socket = cfg.socket, daemon_desc;
-  if (socket.empty()) {
+  if (socket.empty() && cfg.hosts > 1) {
+    auto cluster = StartCluster(cfg);
+    if (!cluster.ok()) {
+      std::fprintf(stderr, "collectived_perf: cannot start a cluster of %d daemons: %s\n",
+                   cfg.hosts, cluster.status().ToString().c_str());
+      return 1;
+    }
+    daemons = *std::move(cluster);
+    for (const auto& d : daemons) sockets.push_back(d->socket());
+    daemon_desc = absl::StrCat(cfg.hosts, " daemons of a cluster on loopback (",
+                               daemons[0]->binary(), "), members round robin");
+  } else if (socket.empty()) {
     auto d = OwnDaemon::Start(cfg.daemon_args);
     if (!d.ok()) {
       std::fprintf(stderr, "collectived_perf: cannot start a daemon: %s\n",
                    d.status().ToString().c_str());
       return 1;
     }
-    daemon = *std::move(d);
-    socket = daemon->socket();
-    daemon_desc = absl::StrCat(daemon->binary(), " (started, pid ", daemon->pid(), ", socket ",
-                               socket, ")");
+    daemons.push_back(*std::move(d));
+    socket = daemons[0]->socket();
+    sockets = {socket};
+    daemon_desc = absl::StrCat(daemons[0]->binary(), " (started, pid ", daemons[0]->pid(),
+                               ", socket ", socket, ")");
   } else {
     if (!SocketLive(socket)) {
       std::fprintf(stderr, "collectived_perf: no daemon is listening on %s\n", socket.c_str());
       return 1;
     }
     daemon_desc = socket;
+    sockets = {socket};
   }
 
   Printer printer(cfg, daemon_desc);
   int check_failures = 0;
   int rc = 0;
   for (int n : cfg.members) {
-    rc = RunMembers(cfg, n, socket, printer, daemon.get(), &check_failures);
+    rc = RunMembers(cfg, n, sockets, printer, daemons, &check_failures);
     if (rc != 0) break;
   }
   printer.Footer();
-  if (daemon) {
-    std::string problem = daemon->Stop();
+  for (auto& d : daemons) {
+    std::string problem = d->Stop();
     if (!problem.empty()) {
       std::fprintf(stderr, "collectived_perf: the daemon %s\n", problem.c_str());
       if (rc == 0) rc = 1;

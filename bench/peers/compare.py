@@ -10,6 +10,13 @@ bench/README.md):
                --mca btl self,vader mpi_perf --json ...
   gloo         gloo_perf --members N --json ...             (TCP on 127.0.0.1)
 
+With --hosts H (H > 1) the comparison is across "hosts" on loopback:
+collectived_perf --hosts=H (H daemons forming a cluster, the members spread
+round robin over them, Gloo between the daemons), Open MPI with its TCP
+transport (--mca btl self,tcp instead of self,vader: what it uses between
+machines), and gloo_perf as always (TCP between the processes: Gloo's ring
+allreduce between the same number of processes).
+
 then merges their JSON rows by (op, members, bytes) and prints ONE table:
 op, N, bytes, each system's median time (us) and bus bandwidth (GB/s), and for
 each peer two ratios against collectived:
@@ -104,6 +111,9 @@ def parse_args(argv):
     p.add_argument("--gloo-args", default="", help="extra arguments for gloo_perf")
     p.add_argument("--timeout", type=float, default=1200,
                    help="seconds each benchmark run may take (default 1200)")
+    p.add_argument("--hosts", type=int, default=1,
+                   help="spread collectived's members over this many daemons of a loopback "
+                        "cluster, and run Open MPI over TCP (default 1: one daemon, shared memory)")
     p.add_argument("--json-out", metavar="FILE", help="also write the merged rows to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as a Markdown table")
     p.add_argument("--gpu-rows", nargs="+", metavar="FILE",
@@ -128,6 +138,8 @@ def parse_args(argv):
     for s in args.system_list:
         if s not in SYSTEMS:
             p.error("--systems: unknown system %r (%s)" % (s, ", ".join(SYSTEMS)))
+    if args.hosts < 1:
+        p.error("--hosts must be >= 1")
     if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
         p.error("--iters must be >= 1, --warmup >= 0, --timeout > 0")
     peers_dir = os.path.join(os.path.dirname(os.path.abspath(args.collectived_perf)), "peers")
@@ -237,11 +249,14 @@ def run_system(system, args, notes):
     for n in args.member_counts:
         if system == "collectived":
             cmd = [binary, "--members=%d" % n] + flags + shlex.split(args.collectived_args)
+            if args.hosts > 1:
+                cmd.append("--hosts=%d" % args.hosts)
         elif system == "openmpi":
             cmd = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none"]
             if os.geteuid() == 0:
                 cmd.append("--allow-run-as-root")
-            cmd += ["--mca", "btl", "self,vader"] + shlex.split(args.mpirun_args) + [binary] + flags
+            btl = "self,tcp" if args.hosts > 1 else "self,vader"
+            cmd += ["--mca", "btl", btl] + shlex.split(args.mpirun_args) + [binary] + flags
         else:
             cmd = [binary, "--members=%d" % n] + flags + shlex.split(args.gloo_args)
         rc, out, err, secs = run(cmd, args.timeout)
