@@ -483,13 +483,21 @@ int Main(int argc, char** argv) {
     ClusterClientOptions cc;
     cc.coordinators = cluster_addrs;
     if (cc.coordinators.empty()) {
-      // The coordinator joins itself: over loopback in plaintext, or by its
-      // advertised name with TLS (the name its certificate carries).
+      // The coordinator joins itself: by its advertised name with TLS (the
+      // name its certificate carries), else in plaintext at the address it
+      // listens on (loopback for a wildcard), which never leaves this host.
       const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
-      cc.coordinators.push_back(tls ? advertised : absl::StrCat("127.0.0.1:", tcp_port));
-      auto creds = ClusterCredentials(cc.coordinators);
-      if (!creds.ok()) return Fail(creds.status());
-      cluster_creds = *creds;
+      if (tls) {
+        cc.coordinators.push_back(advertised);
+        auto creds = ClusterCredentials(cc.coordinators);
+        if (!creds.ok()) return Fail(creds.status());
+        cluster_creds = *creds;
+      } else {
+        std::string own = tcp.substr(0, tcp.rfind(':'));
+        if (own.empty() || own == "0.0.0.0" || own == "[::]") own = "127.0.0.1";
+        cc.coordinators.push_back(absl::StrCat(own, ":", tcp_port));
+        cluster_creds = nullptr;
+      }
     }
     cc.credentials = cluster_creds;
     cc.host_id = host_id;
