@@ -43,15 +43,26 @@ void ClusterRendezvous::Attach(ClusterClient* client, std::string bind_host) {
 }
 
 void ClusterRendezvous::Stop() {
+  std::unique_ptr<ThreadPool> serial, forms;
   {
     MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
+    serial = std::move(serial_);
+    forms = std::move(forms_);
   }
   // Queued work still runs, answering UNAVAILABLE; Forms in flight notice
   // within a wait slice.
-  serial_.reset();
-  forms_.reset();
+  serial.reset();
+  forms.reset();
+}
+
+bool ClusterRendezvous::Schedule(std::unique_ptr<ThreadPool> ClusterRendezvous::*pool,
+                                 std::function<void()> fn) {
+  MutexLock lock(&mu_);
+  if (stopped_) return false;
+  (this->*pool)->Schedule(std::move(fn));
+  return true;
 }
 
 absl::StatusOr<ClusterClient*> ClusterRendezvous::Client() {
@@ -66,7 +77,7 @@ absl::StatusOr<ClusterClient*> ClusterRendezvous::Client() {
 void ClusterRendezvous::Register(const MeshJoinInfo& info, int index,
                                  absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) {
   auto cb = std::make_shared<absl::AnyInvocable<void(absl::StatusOr<int64_t>)>>(std::move(done));
-  serial_->Schedule([this, info, index, cb] {
+  const bool scheduled = Schedule(&ClusterRendezvous::serial_, [this, info, index, cb] {
     auto client = Client();
     if (!client.ok()) {
       (*cb)(client.status());
@@ -87,20 +98,34 @@ void ClusterRendezvous::Register(const MeshJoinInfo& info, int index,
           why.ok() ? std::string(" yet") : absl::StrCat(": ", why.message()))));
       return;
     }
-    (*cb)((*client)->MeshRegister(std::move(r)));
+    absl::StatusOr<int64_t> g = (*client)->MeshRegister(std::move(r));
+    // The registry was not reached, or this daemon's lease is gone: not a
+    // refusal of the join (the engine tries again).
+    if (!g.ok() && (absl::IsDeadlineExceeded(g.status()) || absl::IsNotFound(g.status()) ||
+                    (absl::IsFailedPrecondition(g.status()) && (*client)->lease_id().empty()))) {
+      g = absl::UnavailableError(absl::StrCat("the cluster's registry: ", g.status().message()));
+    }
+    (*cb)(std::move(g));
   });
+  if (!scheduled) (*cb)(absl::UnavailableError("the daemon is leaving the cluster"));
 }
 
 void ClusterRendezvous::Leave(const std::string& key, int64_t generation, std::vector<int> indices,
                               bool broken, const std::string& reason) {
-  serial_->Schedule([this, key, generation, indices = std::move(indices), broken, reason] {
+  Schedule(&ClusterRendezvous::serial_, [this, key, generation, indices = std::move(indices),
+                                         broken, reason] {
     auto client = Client();
     absl::Status st = client.status();
-    if (st.ok()) {
+    // At most kMaxKeysPerRequest indices a call (a broken mesh: one call).
+    size_t at = 0;
+    do {
+      if (!st.ok()) break;
+      const size_t end = std::min(indices.size(), at + kMaxKeysPerRequest);
       st = (*client)->MeshLeave(key, generation,
-                                std::vector<int32_t>(indices.begin(), indices.end()), broken,
-                                reason.substr(0, 1000));
-    }
+                                std::vector<int32_t>(indices.begin() + at, indices.begin() + end),
+                                broken, reason.substr(0, 1000));
+      at = end;
+    } while (at < indices.size());
     if (!st.ok()) {
       LogEvent(LogLevel::kWarn, "cluster_mesh_leave_failed",
                {{"mesh", key}, {"generation", absl::StrCat(generation)},
@@ -110,28 +135,47 @@ void ClusterRendezvous::Leave(const std::string& key, int64_t generation, std::v
 }
 
 void ClusterRendezvous::Form(const std::string& key, int64_t generation, absl::Time deadline,
+                             std::shared_ptr<const std::atomic<bool>> cancel,
                              absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)> done) {
   auto cb =
       std::make_shared<absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)>>(std::move(done));
-  forms_->Schedule(
-      [this, key, generation, deadline, cb] { (*cb)(FormNow(key, generation, deadline)); });
+  const bool scheduled =
+      Schedule(&ClusterRendezvous::forms_, [this, key, generation, deadline, cancel, cb] {
+        (*cb)(FormNow(key, generation, deadline, *cancel));
+      });
+  if (!scheduled) (*cb)(absl::UnavailableError("the daemon is leaving the cluster"));
 }
 
 absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, int64_t generation,
-                                                      absl::Time deadline) {
+                                                      absl::Time deadline,
+                                                      const std::atomic<bool>& cancel) {
+  const absl::Status cancelled = absl::CancelledError("the mesh went away on this host");
   absl::StatusOr<MeshMembership> membership;
   while (true) {
+    if (cancel.load()) return cancelled;
     auto client = Client();
     if (!client.ok()) return client.status();
     const absl::Duration left = deadline - absl::Now();
     membership = (*client)->MeshWait(key, generation,
                                      std::clamp(left, absl::ZeroDuration(), kWaitSlice));
-    if (membership.ok() || !absl::IsDeadlineExceeded(membership.status()) ||
-        absl::Now() >= deadline) {
-      break;
+    if (membership.ok() || absl::Now() >= deadline) break;
+    if (absl::IsUnavailable(membership.status())) {
+      // The coordinator is away for a moment: wait for it until the deadline.
+      absl::SleepFor(std::min(deadline - absl::Now(), absl::Milliseconds(250)));
+      continue;
     }
+    if (!absl::IsDeadlineExceeded(membership.status())) break;
   }
-  if (!membership.ok()) return membership.status();
+  if (!membership.ok()) {
+    if (absl::IsNotFound(membership.status())) {
+      // A coordinator that restarted has no record of the generation.
+      return absl::AbortedError(absl::StrCat("mesh '", key, "' generation ", generation,
+                                             " is unknown to the coordinator (restarted?): ",
+                                             membership.status().message()));
+    }
+    return membership.status();
+  }
+  if (cancel.load()) return cancelled;
   FormedMesh formed;
   MeshTopology& t = formed.topology;
   t.generation = membership->generation;
@@ -166,6 +210,10 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, in
                                      "): ", mesh.status().message()));
   }
   formed.mesh = *std::move(mesh);
+  if (cancel.load()) {
+    formed.mesh->Abort("the mesh went away on this host");
+    return cancelled;
+  }
   return formed;
 }
 

@@ -58,6 +58,7 @@ class ClusterRendezvous final : public MeshRendezvous {
   void Register(const MeshJoinInfo& info, int index,
                 absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) override;
   void Form(const std::string& key, int64_t generation, absl::Time deadline,
+            std::shared_ptr<const std::atomic<bool>> cancel,
             absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)> done) override;
   void Leave(const std::string& key, int64_t generation, std::vector<int> indices, bool broken,
              const std::string& reason) override;
@@ -66,15 +67,19 @@ class ClusterRendezvous final : public MeshRendezvous {
   // The client, or UNAVAILABLE before Attach / after Stop.
   absl::StatusOr<ClusterClient*> Client();
   absl::StatusOr<FormedMesh> FormNow(const std::string& key, int64_t generation,
-                                     absl::Time deadline);
+                                     absl::Time deadline, const std::atomic<bool>& cancel);
+  // Schedules `fn` on `pool` unless stopped (then false, nothing runs).
+  bool Schedule(std::unique_ptr<ThreadPool> ClusterRendezvous::*pool, std::function<void()> fn);
 
   const ClusterRendezvousOptions options_;
   Mutex mu_;
   ClusterClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string bind_host_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::unique_ptr<ThreadPool> serial_;
-  std::unique_ptr<ThreadPool> forms_;
+  // Scheduled on under mu_ while not stopped; Stop takes them out and joins
+  // them.
+  std::unique_ptr<ThreadPool> serial_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<ThreadPool> forms_ ABSL_GUARDED_BY(mu_);
 };
 
 // The host part of "host:port" or "[v6]:port" (the whole string without a

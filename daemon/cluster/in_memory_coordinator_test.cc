@@ -578,6 +578,10 @@ TEST(InMemoryCoordinatorMeshTest, MeshWaitsCountAgainstTheWaiterCap) {
   c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
   ASSERT_TRUE(w.done.HasBeenNotified());
   EXPECT_EQ(w.result.status().code(), absl::StatusCode::kResourceExhausted);
+  // The waiting get ends here, while `g` is still alive.
+  c.Shutdown();
+  ASSERT_TRUE(g.done.HasBeenNotified());
+  EXPECT_EQ(g.result.status().code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(InMemoryCoordinatorMeshTest, AFullRegistryForgetsAnEndedMeshAndNeverRepeatsItsNumbers) {

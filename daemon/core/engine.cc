@@ -153,12 +153,14 @@ std::string Engine::NoExecutorReason(absl::string_view kind) const {
 }
 
 Engine::~Engine() {
-  Shutdown("daemon stopped");
-  // Connections to other hosts call back into the engine from their
-  // threads: they go while the engine is whole.
+  Shutdown("daemon stopped");  // aborts the connections to other hosts
+  // Their threads call back into the engine: wait for every op started on
+  // them to have called back (aborted, they do within moments), then drop
+  // them while the engine is whole.
   std::vector<std::shared_ptr<CrossHostMesh>> crosses;
   {
     MutexLock lock(&mu_);
+    while (cross_ops_in_flight_ > 0) cross_idle_.Wait(&mu_);
     for (auto& [id, mesh] : meshes_) {
       if (mesh->cross) crosses.push_back(std::move(mesh->cross));
     }
@@ -522,6 +524,7 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
         m->join_info.axes = AxesString(shape);
         m->join_info.members = members;
         m->join_info.token = req.join_token();
+        m->registered.assign(members, false);
       }
       mesh = m.get();
       mesh_by_name_[m->key] = m->id;
@@ -623,9 +626,12 @@ void Engine::RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Cal
   const std::string sid = mesh.member_session[index];
   if (Session* s = FindSession(sid)) s->meshes.erase(mesh.id);
   mesh.member_session[index].clear();
-  // Its index is free again on the cluster (before the registry answered
-  // its registration, OnRegistered frees it).
-  TellCluster(mesh, {index}, false, std::string(status.message()), cbs);
+  // Its index is free again on the cluster (an index whose registration
+  // has not been answered yet is given back by OnRegistered).
+  if (mesh.cluster && mesh.registered[index]) {
+    mesh.registered[index] = false;
+    TellCluster(mesh, {index}, false, std::string(status.message()), cbs);
+  }
 }
 
 std::string Engine::HostOf(const Mesh& mesh, int index) const {
@@ -664,25 +670,32 @@ void Engine::FailForming(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>
   EraseMesh(it);
 }
 
-void Engine::OnRegistered(const std::string& mesh_id, int index, const std::string& session_id,
-                          absl::StatusOr<int64_t> generation) {
+void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, int index,
+                          const std::string& session_id, absl::StatusOr<int64_t> generation) {
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
     Mesh* mesh = it == meshes_.end() ? nullptr : it->second.get();
-    if (mesh != nullptr && mesh->local_only && generation.ok()) {
-      // Formed on this host alone before this answer came.
-      cbs.push_back([r = options_.rendezvous, key = mesh->join_info.key, g = *generation,
-                     index] { r->Leave(key, g, {index}, false, "the mesh formed on one host"); });
-    } else if (mesh == nullptr || mesh->member_session[index] != session_id) {
-      // The joiner left before the registry answered: free its index there.
-      if (generation.ok() && mesh != nullptr) {
-        cbs.push_back([r = options_.rendezvous, key = mesh->join_info.key, g = *generation,
-                       index] { r->Leave(key, g, {index}, false, "left before the mesh formed"); });
-      }
+    // Gives this registration back to the registry.
+    auto give_back = [&](const char* why) {
+      if (!generation.ok()) return;
+      cbs.push_back([r = options_.rendezvous, key, g = *generation, index, why] {
+        r->Leave(key, g, {index}, false, why);
+      });
+    };
+    if (mesh == nullptr || mesh->member_session[index] != session_id || shutting_down_) {
+      // The joiner left (or the daemon is stopping) before the answer came.
+      give_back("left before the mesh formed");
+    } else if (mesh->local_only) {
+      give_back("the mesh formed on one host");
     } else if (mesh->state != MeshState::kForming) {
-      // Formed (the registry filled it before this answer came) or broken.
+      // Formed (the registry filled before this answer came) or broken.
+      if (generation.ok() && *generation == mesh->cluster_generation) {
+        mesh->registered[index] = true;
+      } else {
+        give_back("joined another generation");
+      }
     } else if (absl::IsUnavailable(generation.status())) {
       // No coordinator (yet): the mesh may still fill on this host alone,
       // and the registration is tried again while the joiner waits.
@@ -692,7 +705,7 @@ void Engine::OnRegistered(const std::string& mesh_id, int index, const std::stri
         {
           MutexLock relock(&mu_);
           auto again = meshes_.find(mesh_id);
-          if (again == meshes_.end()) return;
+          if (again == meshes_.end() || shutting_down_) return;
           Mesh& m = *again->second;
           if (m.state != MeshState::kForming || m.member_session[index] != session_id ||
               !m.join_waiters.count(index)) {
@@ -706,23 +719,20 @@ void Engine::OnRegistered(const std::string& mesh_id, int index, const std::stri
       LogEvent(LogLevel::kWarn, "join_refused",
                {{"mesh", mesh->name}, {"index", absl::StrCat(index)},
                 {"error", generation.status().ToString()}});
-      auto w = mesh->join_waiters.find(index);
-      if (w != mesh->join_waiters.end()) {
-        timer_->Cancel(w->second.timer);
-        cbs.push_back([done = std::move(w->second.done), st = generation.status()] { done(st); });
-        mesh->join_waiters.erase(w);
-      }
-      if (Session* s = FindSession(session_id)) s->meshes.erase(mesh->id);
-      mesh->member_session[index].clear();
+      RemoveJoiner(*mesh, index, generation.status(), cbs);
       MaybeEraseMesh(mesh_id);
     } else if (mesh->cluster_generation == 0) {
       mesh->registry_error = absl::OkStatus();
       mesh->cluster_generation = *generation;
       mesh->generation = *generation;
-      mesh->forming = true;
-      const absl::Time deadline = mesh->join_waiters.at(index).deadline;
-      cbs.push_back([this, key = mesh->join_info.key, g = *generation, deadline, mesh_id] {
-        options_.rendezvous->Form(key, g, deadline,
+      mesh->registered[index] = true;
+      auto waiter = mesh->join_waiters.find(index);
+      const absl::Time deadline =
+          waiter != mesh->join_waiters.end() ? waiter->second.deadline : absl::Now();
+      mesh->form_cancel = std::make_shared<std::atomic<bool>>(false);
+      cbs.push_back([this, key, g = *generation, deadline, mesh_id,
+                     cancel = std::shared_ptr<const std::atomic<bool>>(mesh->form_cancel)] {
+        options_.rendezvous->Form(key, g, deadline, cancel,
                                   [this, mesh_id](absl::StatusOr<FormedMesh> formed) {
                                     OnFormed(mesh_id, std::move(formed));
                                   });
@@ -730,22 +740,16 @@ void Engine::OnRegistered(const std::string& mesh_id, int index, const std::stri
     } else if (*generation != mesh->cluster_generation) {
       // The registry started another generation while this mesh formed
       // (the one it had ended): this member is in that one, not ours.
-      cbs.push_back([r = options_.rendezvous, key = mesh->join_info.key, g = *generation,
-                     index] { r->Leave(key, g, {index}, false, "joined a stale generation"); });
-      absl::Status status = absl::AbortedError(absl::StrCat(
-          "mesh '", mesh->name, "' generation ", mesh->cluster_generation,
-          " ended on the cluster while this member joined; join again"));
-      auto w = mesh->join_waiters.find(index);
-      if (w != mesh->join_waiters.end()) {
-        timer_->Cancel(w->second.timer);
-        cbs.push_back([done = std::move(w->second.done), status] { done(status); });
-        mesh->join_waiters.erase(w);
-      }
-      if (Session* s = FindSession(session_id)) s->meshes.erase(mesh->id);
-      mesh->member_session[index].clear();
+      give_back("joined a stale generation");
+      RemoveJoiner(*mesh, index,
+                   absl::AbortedError(absl::StrCat(
+                       "mesh '", mesh->name, "' generation ", mesh->cluster_generation,
+                       " ended on the cluster while this member joined; join again")),
+                   cbs);
       MaybeEraseMesh(mesh_id);
     } else {
       mesh->registry_error = absl::OkStatus();
+      mesh->registered[index] = true;
     }
   }
   Run(cbs);
@@ -756,10 +760,10 @@ void Engine::Register(const Mesh& mesh, int index, const std::string& session_id
   MeshJoinInfo info = mesh.join_info;
   if (mesh.op_timeout_set) info.op_timeout_ms = Millis(mesh.op_timeout);
   cbs.push_back([this, info = std::move(info), mesh_id = mesh.id, index, session_id] {
-    options_.rendezvous->Register(info, index,
-                                  [this, mesh_id, index, session_id](absl::StatusOr<int64_t> g) {
-                                    OnRegistered(mesh_id, index, session_id, std::move(g));
-                                  });
+    options_.rendezvous->Register(
+        info, index, [this, mesh_id, key = info.key, index, session_id](absl::StatusOr<int64_t> g) {
+          OnRegistered(mesh_id, key, index, session_id, std::move(g));
+        });
   });
 }
 
@@ -769,8 +773,9 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
   {
     MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
-    if (it == meshes_.end() || it->second->state != MeshState::kForming) {
-      // Every local joiner left meanwhile (the registry was told).
+    if (it == meshes_.end() || it->second->state != MeshState::kForming || shutting_down_) {
+      // Every local joiner left meanwhile (the registry was told), or the
+      // daemon is stopping.
       if (formed.ok()) orphan = std::move(formed->mesh);
     } else if (!formed.ok()) {
       LogEvent(LogLevel::kWarn, "mesh_not_formed",
@@ -788,16 +793,36 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
         if (mesh.member_session[i].empty()) gone.push_back(i);
       }
       if (!gone.empty() || local == 0) {
-        const std::string reason = absl::StrCat(
-            "members ", absl::StrJoin(gone, ","), " on host ", self,
-            " left before the mesh formed");
+        const std::string reason =
+            local == 0 ? absl::StrCat("the registry placed no member on host ", self)
+                       : absl::StrCat("members ", absl::StrJoin(gone, ","), " on host ", self,
+                                      " left before the mesh formed");
         orphan = std::move(formed->mesh);
         TellCluster(mesh, {}, true, reason, cbs);
         FailForming(it, absl::AbortedError(absl::StrCat("mesh '", mesh.name, "': ", reason)),
                     cbs);
       } else {
+        // A joiner here whose coordinate the registry gave to another host
+        // (its own registration is refused, or still on its way).
+        std::vector<int> elsewhere;
+        for (const auto& [index, waiter] : mesh.join_waiters) {
+          if (t.member_host[index] != self) elsewhere.push_back(index);
+        }
+        for (int index : elsewhere) {
+          RemoveJoiner(mesh, index,
+                       absl::AlreadyExistsError(absl::StrCat(
+                           "coordinate ", CoordString(mesh.shape.Coordinate(index)), " of mesh '",
+                           mesh.name, "' is taken by a member on host ", t.member_host[index])),
+                       cbs);
+        }
         mesh.member_host = t.member_host;
         mesh.local_members = local;
+        // Members of other hosts never leave here: for this host, they are
+        // gone once the mesh breaks (MaybeEraseMesh waits for local ones).
+        for (int i = 0; i < mesh.shape.num_members(); ++i) {
+          if (t.member_host[i] != self) mesh.member_left[i] = true;
+        }
+        mesh.form_cancel.reset();
         mesh.generation = t.generation;
         if (t.op_timeout_ms > 0 && !mesh.op_timeout_set) {
           mesh.op_timeout = absl::Milliseconds(t.op_timeout_ms);
@@ -908,6 +933,7 @@ void Engine::EraseMesh(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::
   NameRecord& name = names_[it->second->key];
   if (--name.meshes == 0) name.idle_since = absl::Now();
   RetireCross(*it->second);
+  if (it->second->form_cancel) it->second->form_cancel->store(true);
   meshes_.erase(it);
 }
 
@@ -1382,7 +1408,7 @@ absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
         "; every member's buffers of one op must be the same kind of memory (",
         absl::StrJoin(kinds, " or "), ")"));
   }
-  if (mesh.cluster && kind != "memfd") {
+  if (mesh.cross && kind != "memfd") {
     return absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " on mesh '", mesh.name, "' runs on ", kind,
         " buffers, but ops of meshes across hosts run on host memory only so far"));
@@ -1438,22 +1464,31 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   std::string mesh_id = mesh.id;
   int64_t seq = op.sequence;
   std::function<void()> run;
+  // Across hosts: starts the op on the mesh's connections with `verdict`
+  // (every host then fails an op one host refused).
+  std::function<void(absl::Status)> start_cross;
   if (mesh.cross) {
-    // Across hosts: the mesh's connections run it on their thread and call
-    // back; the buffers stay referenced until then.
-    run = [this, cross = mesh.cross, executor, plan, io = std::move(io), keep = std::move(keep),
-           mesh_id, seq, verdict = op.verdict, deadline = op.deadline] {
+    ++cross_ops_in_flight_;
+    // The connections run it on their thread and call back; the buffers
+    // stay referenced until then.
+    start_cross = [this, cross = mesh.cross, executor, plan, io = std::move(io),
+                   keep = std::move(keep), mesh_id, seq,
+                   deadline = op.deadline](absl::Status verdict) {
       const int64_t started_ns = fastq::MonotonicNs();
       // The callback runs on the mesh's thread and holds a reference to the
       // mesh until it has returned, then drops it on a runner: the thread
-      // must never destroy (join) itself.
-      cross->Start(plan, seq, io, executor, verdict, deadline,
+      // must never destroy (join) itself. Last, it counts itself out, so
+      // that the engine's destructor waits for it.
+      cross->Start(plan, seq, io, executor, std::move(verdict), deadline,
                    [this, keep, mesh_id, seq, started_ns, cross](
                        absl::Status status, bool broken, Traffic traffic) mutable {
                      OnOpFinished(mesh_id, seq, std::move(status), started_ns, traffic, broken);
                      runners_->Schedule([cross = std::move(cross)] {});
+                     MutexLock lock(&mu_);
+                     if (--cross_ops_in_flight_ == 0) cross_idle_.SignalAll();
                    });
     };
+    run = [start_cross, verdict = op.verdict] { start_cross(verdict); };
   } else {
     run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
       const int64_t started_ns = fastq::MonotonicNs();
@@ -1476,9 +1511,13 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
     stream_waiter_->Add(
         std::move(streams), op.deadline, op.cancel,
         absl::StrCat("mesh '", mesh.name, "': op ", seq, " (", plan->signature, ")"),
-        [this, run = std::move(run), mesh_id, seq](absl::Status status) {
+        [this, run = std::move(run), start_cross, mesh_id, seq](absl::Status status) {
           if (status.ok()) {
             runners_->Schedule(run);
+          } else if (start_cross) {
+            // The other hosts wait for this host's part of the op: they
+            // fail it too.
+            start_cross(std::move(status));
           } else {
             OnOpFinished(mesh_id, seq, std::move(status), fastq::MonotonicNs(), Traffic{});
           }

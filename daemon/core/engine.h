@@ -12,6 +12,7 @@
 #ifndef COLLECTIVED_DAEMON_CORE_ENGINE_H_
 #define COLLECTIVED_DAEMON_CORE_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -279,7 +280,12 @@ class Engine {
     // may fill here), and times out with it.
     absl::Status registry_error;
     int64_t cluster_generation = 0;
-    bool forming = false;
+    // By member index: the registry accepted this host's registration of
+    // it (for cluster_generation): exactly such an index is given back when
+    // its joiner goes.
+    std::vector<bool> registered;
+    // Set to stop the mesh's Form when the mesh goes away.
+    std::shared_ptr<std::atomic<bool>> form_cancel;
     MeshJoinInfo join_info;
     std::vector<std::string> member_host;
     std::shared_ptr<CrossHostMesh> cross;
@@ -321,8 +327,9 @@ class Engine {
   // and the answer to Form.
   void Register(const Mesh& mesh, int index, const std::string& session_id, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnRegistered(const std::string& mesh_id, int index, const std::string& session_id,
-                    absl::StatusOr<int64_t> generation) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnRegistered(const std::string& mesh_id, const std::string& key, int index,
+                    const std::string& session_id, absl::StatusOr<int64_t> generation)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Tells the cluster that members `indices` of a cluster mesh left it while
@@ -405,6 +412,11 @@ class Engine {
     uint64_t bytes_read = 0, bytes_written = 0, bytes_required = 0;
   };
   std::map<int, KindStats> stats_ ABSL_GUARDED_BY(mu_);
+  // Ops started on meshes' CrossHostMesh whose callback has not returned
+  // yet: the destructor waits for none to be left (the callbacks use the
+  // engine).
+  int cross_ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar cross_idle_;
 
   // Declared last: destroyed first, so no timer or runner callback outlives
   // the state above.

@@ -18,6 +18,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -410,6 +411,13 @@ int Main(int argc, char** argv) {
     options.op_observer = metrics->Observer();
   }
   auto engine = std::make_unique<Engine>(options, SelectViable(std::move(candidates)));
+#if COLLECTIVED_HAVE_GLOO
+  // On every way out (an early failure included) the rendezvous stops
+  // before the engine goes: its queued calls answer into the engine.
+  absl::Cleanup stop_rendezvous = [&rendezvous] {
+    if (rendezvous) rendezvous->Stop();
+  };
+#endif
   if (metrics != nullptr) {
     if (absl::Status st = metrics->Serve(metrics_address, engine.get()); !st.ok()) return Fail(st);
   }

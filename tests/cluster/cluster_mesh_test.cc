@@ -280,6 +280,53 @@ TEST(ClusterMeshTest, AMemberClosedOnOneHostIsSeenOnTheOthers) {
               absl::FormatDuration(absl::Now() - closed).c_str());
 }
 
+int MeshCount(Daemon& d) {
+  auto stub = v1::Collective::NewStub(
+      grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ListMeshesResponse resp;
+  grpc::Status st = stub->ListMeshes(&ctx, v1::ListMeshesRequest(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return resp.meshes_size();
+}
+
+TEST(ClusterMeshTest, ABrokenMeshReformsAsTheNextGenerationAndLeavesNothingBehind) {
+  auto cluster = Cluster::Start(3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<int> host_of = {0, 1, 2, 1};
+  Members m;
+  JoinAll(**cluster, host_of, "reform", {{"x", 4}}, 64, &m, absl::Seconds(30));
+  const int64_t first = m.meshes[0]->generation();
+  auto r = PsumAllBut(m, 2, [&] {
+    m.meshes[2].reset();
+    m.clients[2].reset();
+  });
+  for (int i : {0, 1, 3}) ASSERT_EQ(r[i].code(), absl::StatusCode::kAborted) << r[i];
+  // Every member drops the broken mesh: no daemon keeps it.
+  for (auto& mesh : m.meshes) mesh.reset();
+  for (int h = 0; h < 3; ++h) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (MeshCount((*cluster)->daemon(h)) != 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(MeshCount((*cluster)->daemon(h)), 0) << "host h" << h;
+  }
+  // The same name forms again, as the next generation, and works.
+  Members again;
+  JoinAll(**cluster, host_of, "reform", {{"x", 4}}, 64, &again, absl::Seconds(30));
+  EXPECT_GT(again.meshes[0]->generation(), first);
+  std::vector<absl::Status> st(4);
+  RunEach(4, [&](int i) {
+    again.in[i].as<float>()[0] = static_cast<float>(i);
+    st[i] = again.meshes[i]->psum(Array::Of<float>(again.in[i], {1}), "x");
+  });
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(st[i].ok()) << st[i];
+    EXPECT_EQ(again.in[i].as<float>()[0], 6.0f);
+  }
+}
+
 TEST(ClusterMeshTest, AKilledDaemonIsSeenByTheMembersOfTheOtherHosts) {
   auto cluster = Cluster::Start(3);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
