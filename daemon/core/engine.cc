@@ -93,6 +93,8 @@ thread_local bool t_running_inline = false;
 // How much later than the registry's deadline a cluster mesh's joiner times
 // out on its own (see JoinWaiter::deadline).
 constexpr absl::Duration kClusterJoinGrace = absl::Seconds(2);
+// The longest MeshKey of a cluster mesh (see JoinMesh).
+constexpr size_t kMaxClusterMeshKey = 180;
 // How soon a registration that found no coordinator is tried again.
 constexpr absl::Duration kRegisterRetry = absl::Milliseconds(250);
 }  // namespace
@@ -440,6 +442,14 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       return absl::InvalidArgumentError("join_token is longer than 256 bytes");
     }
     const std::string key = MeshKey(req.scope(), req.mesh_name());
+    // In a cluster the key names the mesh in the registry and its Gloo
+    // rendezvous keys (at most kMaxClusterMeshKey characters leave room for
+    // theirs).
+    if (options_.rendezvous != nullptr && key.size() > kMaxClusterMeshKey) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "in a cluster, a mesh's scope and name together must be at most ",
+          kMaxClusterMeshKey - 1, " characters; got ", key.size() - 1));
+    }
     // An older, broken generation of the same name is left automatically,
     // once every check below has passed (a rejected join changes nothing).
     std::vector<std::pair<std::string, int>> stale;
