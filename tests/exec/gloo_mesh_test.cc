@@ -425,6 +425,15 @@ TEST(GlooMeshTest, HostsThatNeverStartTheOpAreNamedAtTheDeadline) {
   }
 }
 
+// An op that failed with ABORTED containing `text`, broke the mesh, and was
+// told well before its 30 s deadline.
+void ExpectAbortedWith(const Outcome& o, const std::string& text) {
+  EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+  EXPECT_NE(o.status.message().find(text), std::string::npos) << o.status;
+  EXPECT_TRUE(o.broken);
+  EXPECT_LT(o.took, absl::Seconds(10));
+}
+
 TEST(GlooMeshTest, AbortFailsTheOpInFlightWithTheReasonAndThePeersFindTheConnectionClosed) {
   const int hosts = 2, members = 2;
   auto c = ConnectOrDie(hosts, members);
@@ -438,20 +447,13 @@ TEST(GlooMeshTest, AbortFailsTheOpInFlightWithTheReasonAndThePeersFindTheConnect
   absl::SleepFor(absl::Milliseconds(200));
   c->mesh(0).Abort("operator stop");
   ASSERT_TRUE(dones->Wait({0}, absl::Seconds(20)));
-  Outcome o = dones->Get(0);
-  EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
-  EXPECT_EQ(o.status.message(), "operator stop");
-  EXPECT_TRUE(o.broken);
-  EXPECT_LT(o.took, absl::Seconds(10));
+  EXPECT_EQ(dones->Get(0).status.message(), "operator stop");
+  ExpectAbortedWith(dones->Get(0), "operator stop");
   // Host 1 now starts the op: host 0's connections are closed, so it fails
   // long before its deadline.
   c->Start(1, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30), dones->For(1));
   ASSERT_TRUE(dones->Wait({1}, absl::Seconds(20)));
-  o = dones->Get(1);
-  EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
-  EXPECT_NE(o.status.message().find("host h0: connection lost"), std::string::npos) << o.status;
-  EXPECT_TRUE(o.broken);
-  EXPECT_LT(o.took, absl::Seconds(10));
+  ExpectAbortedWith(dones->Get(1), "host h0: connection lost");
 }
 
 TEST(GlooMeshTest, AbortOfAPeerFailsTheOpsWaitingOnIt) {
@@ -468,13 +470,7 @@ TEST(GlooMeshTest, AbortOfAPeerFailsTheOpsWaitingOnIt) {
   absl::SleepFor(absl::Milliseconds(200));
   c->mesh(2).Abort("host 2 leaves");  // idle: its context is torn down
   ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(20)));
-  for (int h : {0, 1}) {
-    const Outcome o = dones->Get(h);
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
-    EXPECT_NE(o.status.message().find("host h2: connection lost"), std::string::npos) << o.status;
-    EXPECT_TRUE(o.broken);
-    EXPECT_LT(o.took, absl::Seconds(10));
-  }
+  for (int h : {0, 1}) ExpectAbortedWith(dones->Get(h), "host h2: connection lost");
 }
 
 TEST(GlooMeshTest, StartAfterAbortFailsAtOnce) {
