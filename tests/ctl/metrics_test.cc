@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "collectived/client.h"
 #include "tests/ctl/sdk_members.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/harness.h"
 
 namespace collectived {
@@ -102,9 +103,14 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
   ASSERT_TRUE(testing::MakeSdkMembers((*daemon)->socket(), "metrics", 2, 4096, &m).ok());
   auto& meshes = m.meshes;
   auto& buffers = m.buffers;
-  // A waiting op shows as pending.
+  // A waiting op shows as pending (once the daemon has taken the
+  // asynchronous submission).
   OpFuture waiting = meshes[0]->psum_async(Array::Of<float>(buffers[0], {64}), "x");
-  const std::string mid = Scrape(port);
+  std::string mid;
+  testing::Eventually([&] {
+    mid = Scrape(port);
+    return Value(mid, "collectived_pending_ops{state=\"waiting\"}") == 1;
+  });
   EXPECT_EQ(Value(mid, "collectived_sessions"), 2) << mid;
   EXPECT_EQ(Value(mid, "collectived_pending_ops{state=\"waiting\"}"), 1) << mid;
   EXPECT_EQ(Value(mid, "collectived_buffers{device=\"cpu\",kind=\"memfd\"}"), 2) << mid;
