@@ -199,7 +199,7 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, in
   }
   ClusterGlooStore store(client, std::chrono::milliseconds(
                                      absl::ToInt64Milliseconds(options_.connect_timeout)));
-  gloo::rendezvous::PrefixStore prefixed(absl::StrCat("gloo", key, "/g", generation), store);
+  gloo::rendezvous::PrefixStore prefixed(MeshStorePrefix(key, generation), store);
   auto mesh = ConnectGlooMesh(
       prefixed, t, bind_host,
       std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.connect_timeout)));

@@ -18,6 +18,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -83,6 +84,13 @@ struct MeshMembership {
 };
 
 inline constexpr int64_t kMaxMeshMembers = 65536;
+
+// Where the hosts of generation `generation` of mesh `key` keep the store
+// keys they connect through (Gloo's rendezvous: "<prefix>/<its key>"). The
+// registry deletes every key under "<prefix>/" when the generation ends.
+inline std::string MeshStorePrefix(absl::string_view key, int64_t generation) {
+  return absl::StrCat("gloo", key, "/g", generation);
+}
 inline constexpr size_t kMaxMeshAxesLength = 1024;
 inline constexpr size_t kMaxMeshTokenBytes = 256;
 // MeshLeave's reason.

@@ -496,14 +496,18 @@ absl::StatusOr<int64_t> InMemoryCoordinator::Delete(const std::vector<std::strin
       ++deleted;
     }
   }
-  if (!prefix.empty()) {
-    for (auto it = store_.lower_bound(std::string(prefix));
-         it != store_.end() && absl::StartsWith(it->first, prefix);) {
-      auto next = std::next(it);
-      EraseKeyLocked(it);
-      ++deleted;
-      it = next;
-    }
+  if (!prefix.empty()) deleted += DeletePrefixLocked(prefix);
+  return deleted;
+}
+
+int64_t InMemoryCoordinator::DeletePrefixLocked(absl::string_view prefix) {
+  int64_t deleted = 0;
+  for (auto it = store_.lower_bound(prefix);
+       it != store_.end() && absl::StartsWith(it->first, prefix);) {
+    auto next = std::next(it);
+    EraseKeyLocked(it);
+    ++deleted;
+    it = next;
   }
   return deleted;
 }
@@ -624,8 +628,11 @@ void InMemoryCoordinator::EndGenerationLocked(const std::string& key, MeshRecord
     out->push_back({std::move(w->second.done), aborted});
     mesh_waiters_.erase(w);
   }
+  // The keys its hosts connected through are of no use any more.
+  const int64_t deleted = DeletePrefixLocked(MeshStorePrefix(key, gen.number) + "/");
   LogEvent(LogLevel::kInfo, "cluster_mesh_ended",
-           {{"key", key}, {"generation", absl::StrCat(gen.number)}, {"reason", reason}});
+           {{"key", key}, {"generation", absl::StrCat(gen.number)}, {"reason", reason},
+            {"store_keys_deleted", absl::StrCat(deleted)}});
   record.endings.push_back({gen.number, std::move(reason)});
   while (record.endings.size() > kKeptMeshEndings) record.endings.pop_front();
   record.idle_since = absl::Now();

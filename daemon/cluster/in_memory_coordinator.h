@@ -154,6 +154,8 @@ class InMemoryCoordinator final : public Coordinator {
   // it holds members of (their waiters' answers go to `answers`).
   void EndLeaseLocked(const std::string& host_id, absl::string_view why,
                       std::vector<MeshAnswer>* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes every key starting with `prefix`; how many.
+  int64_t DeletePrefixLocked(absl::string_view prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseKeyLocked(std::map<std::string, Entry, std::less<>>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The timer callback of a lease: ends it if it was not renewed, or

@@ -496,6 +496,30 @@ TEST(InMemoryCoordinatorMeshTest, ABrokenGenerationAbortsItsWaitersAndTheNextOne
   EXPECT_EQ(c.MeshLeave("other", 1, "a", {0}, false, "").code(), absl::StatusCode::kNotFound);
 }
 
+TEST(InMemoryCoordinatorMeshTest, AnEndedGenerationsStoreKeysAreDeleted) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1);
+  // What the hosts of generation 1 connect through, and keys that are not
+  // theirs: generation 2's, another mesh's (whose key K extends) and one
+  // without a mesh.
+  const std::string mine = MeshStorePrefix("K", 1) + "/0";
+  for (const std::string& k : {mine, MeshStorePrefix("K", 1) + "/1", MeshStorePrefix("K", 2) + "/0",
+                               MeshStorePrefix("KK", 1) + "/0", std::string("other")}) {
+    ASSERT_TRUE(c.Set(k, "v", {}).ok()) << k;
+  }
+  ASSERT_EQ(c.key_count(), 5);
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {}, true, "done").ok());
+  EXPECT_EQ(c.key_count(), 3);
+  GetResult gone, kept;
+  c.Get({mine}, absl::ZeroDuration(), gone.Callback());
+  EXPECT_EQ(gone.result.status().code(), absl::StatusCode::kNotFound) << gone.result.status();
+  c.Get({MeshStorePrefix("K", 2) + "/0", MeshStorePrefix("KK", 1) + "/0", "other"},
+        absl::ZeroDuration(), kept.Callback());
+  EXPECT_TRUE(kept.result.ok()) << kept.result.status();
+}
+
 TEST(InMemoryCoordinatorMeshTest, LateWaitersGetTheReasonsOfTheLastEightEndings) {
   InMemoryCoordinator c;
   auto a = c.Join("a", "127.0.0.1:1");
