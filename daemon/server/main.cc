@@ -218,11 +218,16 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClusterCredentials(
 
 // The address this daemon advertises to the cluster: --cluster-advertise, or
 // the --tcp address with its bound port (the host name for a wildcard).
+// The host part of the --tcp address, or `for_wildcard` when it listens on
+// every address.
+std::string TcpHost(const std::string& tcp, const std::string& for_wildcard) {
+  std::string h = tcp.substr(0, tcp.rfind(':'));
+  return h.empty() || h == "0.0.0.0" || h == "[::]" ? for_wildcard : h;
+}
+
 std::string AdvertisedAddress(const std::string& tcp, int port, const std::string& host) {
   if (std::string a = absl::GetFlag(FLAGS_cluster_advertise); !a.empty()) return a;
-  std::string h = tcp.substr(0, tcp.rfind(':'));
-  if (h.empty() || h == "0.0.0.0" || h == "[::]") h = host;
-  return absl::StrCat(h, ":", port);
+  return absl::StrCat(TcpHost(tcp, host), ":", port);
 }
 
 // Largest request accepted (RESOURCE_EXHAUSTED beyond).
@@ -501,9 +506,7 @@ int Main(int argc, char** argv) {
         if (!creds.ok()) return Fail(creds.status());
         cluster_creds = *creds;
       } else {
-        std::string own = tcp.substr(0, tcp.rfind(':'));
-        if (own.empty() || own == "0.0.0.0" || own == "[::]") own = "127.0.0.1";
-        cc.coordinators.push_back(absl::StrCat(own, ":", tcp_port));
+        cc.coordinators.push_back(absl::StrCat(TcpHost(tcp, "127.0.0.1"), ":", tcp_port));
         cluster_creds = nullptr;
       }
     }

@@ -238,13 +238,7 @@ TEST(ClusterDaemonsTest, AMemberStartsBeforeItsCoordinatorAndJoinsLater) {
 
 // Runs `script` with /bin/sh in `dir`; its output, or why it failed.
 absl::StatusOr<std::string> Shell(const std::string& dir, const std::string& script) {
-  auto c = Child::Start({"/bin/sh", "-c", "cd '" + dir + "' && " + script});
-  if (!c.ok()) return c.status();
-  ChildResult r = (*c)->Wait(absl::Seconds(60));
-  if (r.exit_code != 0) {
-    return absl::InternalError(absl::StrCat("`", script, "` exited ", r.exit_code, ": ", r.output));
-  }
-  return r.output;
+  return RunShell("cd '" + dir + "' && " + script);
 }
 
 // A cluster CA and a certificate it signs for 127.0.0.1 (no extended key

@@ -23,15 +23,9 @@
 namespace collectived::testing {
 namespace {
 
-// Runs `script` with /bin/sh; its output, or the failure with the output.
+// Runs `script` with /bin/sh (its errors in its output).
 absl::StatusOr<std::string> Sh(const std::string& script) {
-  auto c = Child::Start({"/bin/sh", "-c", script + " 2>&1"});
-  if (!c.ok()) return c.status();
-  ChildResult r = (*c)->Wait(absl::Seconds(30));
-  if (r.exit_code != 0) {
-    return absl::InternalError(absl::StrCat("`", script, "` exited ", r.exit_code, ": ", r.output));
-  }
-  return r.output;
+  return RunShell(script + " 2>&1", absl::Seconds(30));
 }
 
 class NetnsClusterTest : public ::testing::Test {

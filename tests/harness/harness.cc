@@ -115,6 +115,16 @@ ChildResult Child::Wait(absl::Duration timeout) {
   return r;
 }
 
+absl::StatusOr<std::string> RunShell(const std::string& script, absl::Duration timeout) {
+  auto c = Child::Start({"/bin/sh", "-c", script});
+  if (!c.ok()) return c.status();
+  ChildResult r = (*c)->Wait(timeout);
+  if (r.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("`", script, "` exited ", r.exit_code, ": ", r.output));
+  }
+  return r.output;
+}
+
 std::vector<ChildResult> RunAll(const std::vector<std::vector<std::string>>& argvs,
                                 absl::Duration timeout) {
   std::vector<std::unique_ptr<Child>> children;

@@ -58,6 +58,11 @@ class Child {
   int status_ = 0;
 };
 
+// Runs `script` with /bin/sh -c, waiting at most `timeout`: its output, or
+// INTERNAL naming the script, its exit status and its output.
+absl::StatusOr<std::string> RunShell(const std::string& script,
+                                     absl::Duration timeout = absl::Seconds(60));
+
 // Runs all `argvs` concurrently; returns their results in order. Children
 // still running at `timeout` are killed and marked timed_out.
 std::vector<ChildResult> RunAll(const std::vector<std::vector<std::string>>& argvs,
