@@ -21,8 +21,10 @@
 //
 // With --hosts=N (N > 1) the parent starts N private daemons as the hosts of
 // a cluster on loopback (daemon 0 serves the coordinator) and member m joins
-// through daemon m mod N: every mesh spans the hosts, and ops go between the
-// daemons over Gloo (host memory only).
+// through daemon m mod N (--placement=round_robin, the default) or daemon
+// m * N / members (--placement=runs: each host a contiguous run of members,
+// as processes of a multi-host JAX job are numbered): every mesh spans the
+// hosts, and ops go between the daemons over Gloo (host memory only).
 //
 // The parent never talks gRPC; members are fork+exec'd, never plain forked.
 #include <arpa/inet.h>
@@ -199,7 +201,8 @@ struct Config {
   int64_t spin_us = -1;        // client polling before sleeping; -1: the SDK's default
   std::vector<std::string> daemon_args;  // extra flags for a private daemon
   std::string device = "cpu";  // where the members' buffers live (Client::Allocate)
-  int hosts = 1;               // private daemons forming a cluster (members round robin)
+  int hosts = 1;               // private daemons forming a cluster
+  bool in_runs = false;        // --placement=runs: member m on daemon m * hosts / members
   std::string echo_socket;     // grpc_echo: the parent's echo server
   // Member mode (hidden flags).
   int member = -1;
@@ -287,8 +290,11 @@ constexpr char kUsage[] =
     "                     cuda:spread: member m on GPU m mod (visible GPUs), so ops\n"
     "                     cross GPUs (NCCL) when there are several\n"
     "  --hosts=N          start N private daemons as the hosts of a cluster on loopback\n"
-    "                     and spread the members over them round robin (default 1;\n"
-    "                     host memory only; not with --socket)\n";
+    "                     and spread the members over them (default 1; host memory\n"
+    "                     only; not with --socket)\n"
+    "  --placement=P      with --hosts: round_robin (member m on host m mod N, the\n"
+    "                     default) or runs (member m on host m*N/members: each host a\n"
+    "                     contiguous run of members)\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
@@ -369,7 +375,7 @@ Config ParseFlags(int argc, char** argv) {
                                           "max-bytes", "step-factor", "iters", "warmup",
                                           "socket", "member",  "report-fd", "mesh",
                                           "path",   "spin-us", "daemon-args", "echo-socket",
-                                          "device", "hosts"};
+                                          "device", "hosts", "placement"};
     if (std::none_of(std::begin(kValued), std::end(kValued),
                      [&](const char* f) { return name == f; })) {
       UsageError(absl::StrCat("unknown flag --", name));
@@ -414,6 +420,11 @@ Config ParseFlags(int argc, char** argv) {
       cfg.device = value;
     } else if (name == "hosts") {
       cfg.hosts = ParseInt(name, value, 1, 64);
+    } else if (name == "placement") {
+      if (value != "round_robin" && value != "runs") {
+        UsageError("--placement must be round_robin or runs");
+      }
+      cfg.in_runs = value == "runs";
     } else if (name == "echo-socket") {  // hidden
       cfg.echo_socket = value;
     } else if (name == "member") {  // hidden: member mode
@@ -1435,7 +1446,8 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
         absl::StrCat("--members=", n),
         "--report-fd=3",
         "--mesh=" + mesh,
-        "--socket=" + sockets[static_cast<size_t>(i) % sockets.size()],
+        "--socket=" + sockets[cfg.in_runs ? static_cast<size_t>(i) * sockets.size() / n
+                                          : static_cast<size_t>(i) % sockets.size()],
         "--op=" + absl::StrJoin(ops, ","),
         absl::StrCat("--dtype=", std::string(collectived::DTypeName(cfg.dtype))),
         absl::StrCat("--min-bytes=", cfg.min_bytes),
@@ -1865,7 +1877,7 @@ int RunParent(const Config& flags) {
     daemons = *std::move(cluster);
     for (const auto& d : daemons) sockets.push_back(d->socket());
     daemon_desc = absl::StrCat(cfg.hosts, " daemons of a cluster on loopback (",
-                               daemons[0]->binary(), "), members round robin");
+                               daemons[0]->binary(), "), members ", cfg.in_runs ? "in runs" : "round robin");
   } else if (socket.empty()) {
     auto d = OwnDaemon::Start(cfg.daemon_args);
     if (!d.ok()) {

@@ -114,6 +114,9 @@ def parse_args(argv):
     p.add_argument("--hosts", type=int, default=1,
                    help="spread collectived's members over this many daemons of a loopback "
                         "cluster, and run Open MPI over TCP (default 1: one daemon, shared memory)")
+    p.add_argument("--placement", choices=("round_robin", "runs"), default="round_robin",
+                   help="with --hosts: collectived's member m on host m mod H (round_robin) or "
+                        "m*H/N (runs: each host a contiguous run of members)")
     p.add_argument("--json-out", metavar="FILE", help="also write the merged rows to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as a Markdown table")
     p.add_argument("--gpu-rows", nargs="+", metavar="FILE",
@@ -250,7 +253,7 @@ def run_system(system, args, notes):
         if system == "collectived":
             cmd = [binary, "--members=%d" % n] + flags + shlex.split(args.collectived_args)
             if args.hosts > 1:
-                cmd.append("--hosts=%d" % args.hosts)
+                cmd += ["--hosts=%d" % args.hosts, "--placement=" + args.placement]
         elif system == "openmpi":
             cmd = [args.mpirun, "-np", str(n), "--oversubscribe", "--bind-to", "none"]
             if os.geteuid() == 0:

@@ -38,6 +38,8 @@ struct ClusterRendezvousOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   // Meshes forming at once beyond which Forms queue.
   int form_threads = 16;
+  // The chain's chunk (GlooMeshOptions).
+  uint64_t chunk_bytes = uint64_t{4} << 20;
 };
 
 class ClusterRendezvous final : public MeshRendezvous {

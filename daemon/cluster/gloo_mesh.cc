@@ -197,8 +197,9 @@ struct Posted {
 
 class GlooCrossHostMesh final : public CrossHostMesh {
  public:
-  GlooCrossHostMesh(MeshTopology topology, std::shared_ptr<gloo::rendezvous::Context> context)
-      : topology_(std::move(topology)), context_(std::move(context)) {
+  GlooCrossHostMesh(MeshTopology topology, std::shared_ptr<gloo::rendezvous::Context> context,
+                    const GlooMeshOptions& options)
+      : topology_(std::move(topology)), options_(options), context_(std::move(context)) {
     worker_ = std::thread([this] { Loop(); });
   }
 
@@ -425,6 +426,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   Result ExchangeHeaders(const Op& op, absl::Status verdict);
 
   const MeshTopology topology_;
+  const GlooMeshOptions options_;
   // Only the worker uses it once the mesh is constructed; reset (under mu_)
   // after an Abort.
   std::shared_ptr<gloo::rendezvous::Context> context_;
@@ -645,7 +647,10 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
   }
   GlooFabric fabric(this, op.executor, op.sequence, op.deadline);
   SpanningTraffic moved;
-  r.status = RunSpanning(plan, io, &fabric, &moved);
+  SpanningOptions options;
+  options.chain = true;
+  options.chain_chunk_bytes = options_.chunk_bytes;
+  r.status = RunSpanning(plan, io, &fabric, &moved, options);
   r.traffic = fabric.traffic();
   // Any failure after the headers matched leaves the hosts at different
   // points of the schedule: the connections cannot be trusted.
@@ -658,7 +663,8 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
 absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous::Store& store,
                                                                const MeshTopology& topology,
                                                                const std::string& bind_host,
-                                                               std::chrono::milliseconds timeout) {
+                                                               std::chrono::milliseconds timeout,
+                                                               const GlooMeshOptions& options) {
   const int size = static_cast<int>(topology.hosts.size());
   if (size < 1 || topology.self < 0 || topology.self >= size) {
     return absl::InvalidArgumentError(
@@ -672,7 +678,8 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
     auto context = std::make_shared<gloo::rendezvous::Context>(topology.self, size);
     context->setTimeout(timeout);
     context->connectFullMesh(store, device);
-    return std::unique_ptr<CrossHostMesh>(new GlooCrossHostMesh(topology, std::move(context)));
+    return std::unique_ptr<CrossHostMesh>(
+        new GlooCrossHostMesh(topology, std::move(context), options));
   } catch (const std::exception& e) {
     const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr ||
                            std::chrono::steady_clock::now() - start >= timeout;

@@ -22,7 +22,11 @@
 //    (a member's partition is its host's rank). Every host runs the same
 //    deterministic schedule over the global member table and a GlooFabric
 //    does only this host's part of it: its local runs and copies, sends of
-//    its bytes and receives into its memory; the rest is skipped.
+//    its bytes and receives into its memory; the rest is skipped. The
+//    reductions whose members sit on the hosts in contiguous runs take the
+//    chain schedule (each host combines its own members, one running result
+//    crosses each link, pipelined in chunks, in the group's order), the
+//    others the lanes or replication.
 //  - Slots: op `s` uses Gloo slots (s << 24) | n: n = 0 for the header, then
 //    1, 2, ... for every transfer of the schedule in order (counted on every
 //    host, local or not), so two ops' messages never match each other.
@@ -64,6 +68,13 @@ class Store;
 
 namespace collectived {
 
+struct GlooMeshOptions {
+  // The chain's chunk (SpanningOptions::chain_chunk_bytes). On one machine
+  // with few cores large chunks are fastest (each chunk is a round trip of
+  // every host's worker); on a network smaller ones overlap more.
+  uint64_t chunk_bytes = uint64_t{4} << 20;
+};
+
 // Creates the mesh's Gloo context: rank topology.self of
 // topology.hosts.size(), the TCP device bound to `bind_host` (an IP or host
 // name of this host; the port is chosen by the kernel), rendezvous through
@@ -74,7 +85,8 @@ namespace collectived {
 absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous::Store& store,
                                                                const MeshTopology& topology,
                                                                const std::string& bind_host,
-                                                               std::chrono::milliseconds timeout);
+                                                               std::chrono::milliseconds timeout,
+                                                               const GlooMeshOptions& options = {});
 
 }  // namespace collectived
 

@@ -262,7 +262,7 @@ void Run(Codec codec, Combiner op, const void* const* inputs, int n, const Outs&
 
 template <typename T>
 void ReduceInt(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
-               size_t count) {
+               size_t count, int m) {
   using U = std::make_unsigned_t<T>;
   using R = std::conditional_t<sizeof(T) == 8, double, float>;
   switch (kind) {
@@ -273,14 +273,14 @@ void ReduceInt(ReduceKind kind, const void* const* inputs, int n, const Outs& ou
     case ReduceKind::kMin:
       return Run(Plain<T, T>{}, IntMin{}, inputs, n, out, count);
     case ReduceKind::kMean:
-      return Run(IntMean<T, R>{R{1} / static_cast<R>(n)}, Add<CpuEnv>{}, inputs, n,
+      return Run(IntMean<T, R>{R{1} / static_cast<R>(m)}, Add<CpuEnv>{}, inputs, n,
                  out, count);
   }
 }
 
 template <typename T>
 void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
-                 size_t count) {
+                 size_t count, int m) {
   switch (kind) {
     case ReduceKind::kSum:
       return Run(Plain<T, T>{}, Add<CpuEnv>{}, inputs, n, out, count);
@@ -289,8 +289,8 @@ void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, const Outs& 
     case ReduceKind::kMin:
       return Run(Picked<T>{}, FloatMin<CpuEnv>{}, inputs, n, out, count);
     case ReduceKind::kMean:
-      // float32: 1.0f / n in float32; float64: 1.0 / n.
-      return Run(FloatMean<T, CpuEnv>{T{1} / static_cast<T>(n)}, Add<CpuEnv>{}, inputs, n, out,
+      // float32: 1.0f / m in float32; float64: 1.0 / m.
+      return Run(FloatMean<T, CpuEnv>{T{1} / static_cast<T>(m)}, Add<CpuEnv>{}, inputs, n, out,
                  count);
   }
 }
@@ -315,7 +315,7 @@ void ReduceWidened(ReduceKind kind, const void* const* inputs, int n, const Outs
 }
 
 void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
-                size_t count) {
+                size_t count, int m) {
   switch (kind) {
     case ReduceKind::kSum:
       return Run(BoolCount{}, Add<CpuEnv>{}, inputs, n, out, count);
@@ -324,51 +324,52 @@ void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& o
     case ReduceKind::kMin:
       return Run(BoolBits{}, And{}, inputs, n, out, count);
     case ReduceKind::kMean:
-      return Run(BoolMean{MeanScaleF32(n)}, Add<CpuEnv>{}, inputs, n, out,
+      return Run(BoolMean{MeanScaleF32(m)}, Add<CpuEnv>{}, inputs, n, out,
                  count);
   }
 }
 
 // The kernels proper; a separate (not inlined) function so that no float
 // operation of theirs moves across the mode switches in ReduceTo.
+// `m` is the n of the mean's reciprocal.
 [[gnu::noinline]] void ReduceToInMode(ReduceKind kind, DType dt,
                                       const void* const* inputs, int n,
-                                      const Outs& out, size_t count) {
+                                      const Outs& out, size_t count, int m) {
   switch (dt) {
     case DType::kF32:
-      return ReduceFloat<float>(kind, inputs, n, out, count);
+      return ReduceFloat<float>(kind, inputs, n, out, count, m);
     case DType::kF64:
-      return ReduceFloat<double>(kind, inputs, n, out, count);
+      return ReduceFloat<double>(kind, inputs, n, out, count, m);
     case DType::kF16:
       // The mean's reciprocal is float16(1/n) (rounding 1/n to float32 first
       // gives the same float16: 24 >= 2 * 11 + 2 bits).
       return ReduceWidened<HalfFormat, HalfAdd<CpuEnv>>(
-          kind, inputs, n, out, count, WidenedMean<HalfFormat, CpuEnv>{MeanScaleF16(n)});
+          kind, inputs, n, out, count, WidenedMean<HalfFormat, CpuEnv>{MeanScaleF16(m)});
     case DType::kBF16:
       // bfloat16's mean multiplies in float32 by float32(1/n).
       return ReduceWidened<BF16Format, Add<CpuEnv>>(
-          kind, inputs, n, out, count, WidenedMean<BF16Format, CpuEnv>{MeanScaleF32(n)});
+          kind, inputs, n, out, count, WidenedMean<BF16Format, CpuEnv>{MeanScaleF32(m)});
     case DType::kF8E4M3FN:
       // float8 is reduced as float16 (reduce_ops.h: F8E4M3FNFormat).
       return ReduceWidened<F8E4M3FNFormat, HalfAdd<CpuEnv>>(
-          kind, inputs, n, out, count, F8Mean<F8E4M3FNFormat, CpuEnv>{MeanScaleF16(n)});
+          kind, inputs, n, out, count, F8Mean<F8E4M3FNFormat, CpuEnv>{MeanScaleF16(m)});
     case DType::kF8E5M2:
       return ReduceWidened<F8E5M2Format, HalfAdd<CpuEnv>>(
-          kind, inputs, n, out, count, F8Mean<F8E5M2Format, CpuEnv>{MeanScaleF16(n)});
+          kind, inputs, n, out, count, F8Mean<F8E5M2Format, CpuEnv>{MeanScaleF16(m)});
     case DType::kI8:
-      return ReduceInt<int8_t>(kind, inputs, n, out, count);
+      return ReduceInt<int8_t>(kind, inputs, n, out, count, m);
     case DType::kU8:
-      return ReduceInt<uint8_t>(kind, inputs, n, out, count);
+      return ReduceInt<uint8_t>(kind, inputs, n, out, count, m);
     case DType::kI32:
-      return ReduceInt<int32_t>(kind, inputs, n, out, count);
+      return ReduceInt<int32_t>(kind, inputs, n, out, count, m);
     case DType::kU32:
-      return ReduceInt<uint32_t>(kind, inputs, n, out, count);
+      return ReduceInt<uint32_t>(kind, inputs, n, out, count, m);
     case DType::kI64:
-      return ReduceInt<int64_t>(kind, inputs, n, out, count);
+      return ReduceInt<int64_t>(kind, inputs, n, out, count, m);
     case DType::kU64:
-      return ReduceInt<uint64_t>(kind, inputs, n, out, count);
+      return ReduceInt<uint64_t>(kind, inputs, n, out, count, m);
     case DType::kBool:
-      return ReduceBool(kind, inputs, n, out, count);
+      return ReduceBool(kind, inputs, n, out, count, m);
     case DType::kInvalid:
       return;  // callers validate; touch nothing
   }
@@ -382,14 +383,15 @@ void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
 }
 
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
-              void* const* outs, int num_outs, size_t count, bool stream) {
+              void* const* outs, int num_outs, size_t count, bool stream, int mean_n) {
+  const int m = mean_n > 0 ? mean_n : n;
   if (n < 1 || num_outs < 1 || count == 0) return;
   const Outs out{outs, num_outs, stream};
   if (IsFloat(dt)) {
     const FlushDenormalsScope flush;
-    ReduceToInMode(kind, dt, inputs, n, out, count);
+    ReduceToInMode(kind, dt, inputs, n, out, count, m);
   } else {
-    ReduceToInMode(kind, dt, inputs, n, out, count);
+    ReduceToInMode(kind, dt, inputs, n, out, count, m);
   }
 }
 

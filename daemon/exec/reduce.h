@@ -102,9 +102,11 @@ void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
 // exactly one of the inputs, as `out` above; they must not otherwise overlap
 // each other or the inputs). The inputs are read once: the result is
 // computed a block at a time in L1 and copied out. With `stream`, outputs are
-// written with non-temporal stores (see stream_copy.h).
+// written with non-temporal stores (see stream_copy.h). `mean_n` > 0 makes
+// kMean multiply the sum by the reciprocal of mean_n instead of n (the last
+// step of a fold that continues from a partial sum, inputs[0]).
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
-              void* const* outs, int num_outs, size_t count, bool stream);
+              void* const* outs, int num_outs, size_t count, bool stream, int mean_n = 0);
 
 // What psum/pmean/pmax/pmin (`kind`) return in a mesh of ONE member: JAX
 // runs such a program on one device, where XLA drops the all-reduce, so no

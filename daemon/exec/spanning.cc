@@ -16,6 +16,9 @@ namespace {
     if (!status_.ok()) return status_;             \
   } while (0)
 
+// The chain cuts an op into at most this many chunks.
+constexpr uint64_t kMaxChainChunks = 256;
+
 bool IsReduce(OpKind kind) {
   return kind == OpKind::kPsum || kind == OpKind::kPmean || kind == OpKind::kPmax ||
          kind == OpKind::kPmin;
@@ -35,11 +38,20 @@ std::vector<int> Partitions(const std::vector<MemberIo>& io) {
 class SpanningOp {
  public:
   SpanningOp(const OpPlan& plan, const std::vector<MemberIo>& io, Fabric* fabric,
-             SpanningTraffic* traffic)
-      : plan_(plan), io_(io), fabric_(fabric), traffic_(traffic), parts_(Partitions(io)) {}
+             SpanningTraffic* traffic, const SpanningOptions& options)
+      : plan_(plan),
+        io_(io),
+        fabric_(fabric),
+        traffic_(traffic),
+        options_(options),
+        parts_(Partitions(io)) {}
 
   absl::Status Run() {
-    if (UsesLanes()) return RunLanes();
+    if (UsesLanes()) {
+      std::vector<std::vector<int>> runs = ChainRuns();
+      if (!runs.empty()) return RunChain(runs);
+      return RunLanes();
+    }
     return RunReplicated();
   }
 
@@ -53,6 +65,46 @@ class SpanningOp {
   bool UsesLanes() const {
     return IsReduce(plan_.kind) && plan_.groups.size() == 1 && !plan_.ReducesNothing() &&
            plan_.out_dtype == plan_.dtype && plan_.in_bytes > 0;
+  }
+
+  // Whether continuing a fold from a partial result gives the bits of the
+  // whole fold (reduce.h): max/min keep an input's bits or the identity's;
+  // float32/float64/float16 sums round to the dtype after every addition
+  // (a partial is exactly the accumulator), and integers wrap. bfloat16 and
+  // float8 sums accumulate wider than the dtype: a partial would round.
+  bool ChainExact() const {
+    if (plan_.kind == OpKind::kPmax || plan_.kind == OpKind::kPmin) return true;
+    switch (plan_.dtype) {
+      case DType::kBF16:
+      case DType::kF8E4M3FN:
+      case DType::kF8E5M2:
+      case DType::kBool:
+        return false;
+      default:
+        return true;
+    }
+  }
+
+  // The chain schedule's runs: the group's members (group indices) cut into
+  // one run per partition, in group order; empty when the chain does not
+  // apply (not asked for, not exact, or a partition whose members are not
+  // contiguous in the group).
+  std::vector<std::vector<int>> ChainRuns() const {
+    std::vector<std::vector<int>> runs;
+    if (!options_.chain || !ChainExact() || parts_.size() < 2) return runs;
+    const std::vector<int>& group = plan_.groups[0];
+    std::vector<int> seen;
+    for (int i = 0; i < n(); ++i) {
+      const int part = io_[group[i]].device;
+      if (i > 0 && part == io_[group[i - 1]].device) {
+        runs.back().push_back(i);
+        continue;
+      }
+      if (std::find(seen.begin(), seen.end(), part) != seen.end()) return {};
+      seen.push_back(part);
+      runs.push_back({i});
+    }
+    return runs;
   }
 
   // Whether member `i` of a group (its group index) has an input some member
@@ -202,6 +254,111 @@ class SpanningOp {
     return absl::OkStatus();
   }
 
+  // The chain (spanning.h): partition h of the chain folds chunk c of the
+  // running result of partitions 0..h-1 with its members' chunk c at step
+  // c + h and sends it on in the same step's exchange; the last partition
+  // writes the result, which travels back down the chain one hop a step.
+  absl::Status RunChain(const std::vector<std::vector<int>>& runs) {
+    const std::vector<int>& group = plan_.groups[0];
+    const int hosts = static_cast<int>(runs.size());
+    const uint64_t es = DTypeSize(plan_.dtype);
+    const uint64_t count = plan_.in_bytes / es;
+    const uint64_t per_chunk =
+        std::max<uint64_t>(1, std::max<uint64_t>(options_.chain_chunk_bytes / es,
+                                                 (count + kMaxChainChunks - 1) / kMaxChainChunks));
+    const uint64_t chunks = (count + per_chunk - 1) / per_chunk;
+    auto part_of = [&](int h) { return io_[group[runs[h][0]]].device; };
+    auto first_out = [&](int h) { return io_[group[runs[h][0]]].out; };
+    // Where partition h's running result is read from when it sends chunks
+    // on: its first member's output, or that member's input when it is
+    // the only member of the first partition (a fold of one input is the
+    // input, for the next partition's fold).
+    auto partial = [&](int h) -> const uint8_t* {
+      if (h == 0 && runs[0].size() == 1) return io_[group[runs[0][0]]].in;
+      return first_out(h);
+    };
+    // What partitions 1.. receive: the running result, chunk by chunk.
+    std::vector<uint8_t*> received(hosts, nullptr);
+    for (int h = 1; h < hosts; ++h) {
+      auto s = fabric_->Scratch(part_of(h), plan_.in_bytes);
+      if (!s.ok()) return s.status();
+      received[h] = *s;
+    }
+    auto chunk_begin = [&](uint64_t c) { return c * per_chunk; };
+    auto chunk_len = [&](uint64_t c) { return std::min(per_chunk, count - c * per_chunk); };
+
+    const int64_t steps = static_cast<int64_t>(chunks) + 2 * hosts - 3;
+    for (int64_t t = 0; t < steps; ++t) {
+      for (int h = 0; h < hosts; ++h) {
+        const int64_t c = t - h;
+        if (c < 0 || c >= static_cast<int64_t>(chunks)) continue;
+        if (h == 0 && runs[0].size() == 1) continue;  // sends its input
+        COLLECTIVED_SPANNING_RETURN_IF_ERROR(
+            Fold(runs, h, chunk_begin(c), chunk_len(c), received[h]));
+      }
+      std::vector<Transfer> transfers;
+      for (int h = 0; h + 1 < hosts; ++h) {
+        const int64_t c = t - h;
+        if (c < 0 || c >= static_cast<int64_t>(chunks)) continue;
+        const uint64_t off = chunk_begin(c) * es;
+        transfers.push_back(Transfer{part_of(h), partial(h) + off, part_of(h + 1),
+                                     received[h + 1] + off, chunk_len(c) * es});
+      }
+      for (int j = 0; j + 1 < hosts; ++j) {
+        const int64_t c = t - (hosts - 1) - j;
+        if (c < 0 || c >= static_cast<int64_t>(chunks)) continue;
+        const int from = hosts - 1 - j;
+        const uint64_t off = chunk_begin(c) * es;
+        transfers.push_back(Transfer{part_of(from), first_out(from) + off, part_of(from - 1),
+                                     first_out(from - 1) + off, chunk_len(c) * es});
+      }
+      COLLECTIVED_SPANNING_RETURN_IF_ERROR(Exchange(transfers));
+    }
+    // The result, from each earlier partition's first member to its others.
+    for (int h = 0; h + 1 < hosts; ++h) {
+      for (size_t r = 1; r < runs[h].size(); ++r) {
+        COLLECTIVED_SPANNING_RETURN_IF_ERROR(
+            fabric_->Copy(part_of(h), io_[group[runs[h][r]]].out, first_out(h), plan_.out_bytes));
+        if (traffic_ != nullptr) traffic_->copied += plan_.out_bytes;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Chain partition h's fold of elements [begin, begin + len): the running
+  // result received (h > 0) and its members' inputs, in group order, into
+  // its first member's output (the last partition: every member's output,
+  // with the op's own kind; the others sum, max or min).
+  absl::Status Fold(const std::vector<std::vector<int>>& runs, int h, uint64_t begin,
+                    uint64_t len, uint8_t* received) {
+    const std::vector<int>& group = plan_.groups[0];
+    const bool last = h + 1 == static_cast<int>(runs.size());
+    const int part = io_[group[runs[h][0]]].device;
+    const uint64_t es = DTypeSize(plan_.dtype);
+    OpPlan& sub = plans_.emplace_back(plan_);
+    if (!last && sub.kind == OpKind::kPmean) sub.kind = OpKind::kPsum;
+    sub.mean_divisor = n();
+    sub.mesh_members = plan_.mesh_members > 0 ? plan_.mesh_members : plan_.members();
+    sub.in_shape = sub.out_shape = {static_cast<int64_t>(len)};
+    sub.in_bytes = sub.out_bytes = len * es;
+    std::vector<MemberIo>& io = ios_.emplace_back();
+    if (h > 0) io.push_back(MemberIo{received + begin * es, nullptr, part});
+    for (size_t r = 0; r < runs[h].size(); ++r) {
+      const MemberIo& m = io_[group[runs[h][r]]];
+      io.push_back(MemberIo{m.in + begin * es,
+                            (last || r == 0) ? m.out + begin * es : nullptr, part});
+    }
+    sub.group_size = static_cast<int>(io.size());
+    sub.groups.assign(1, {});
+    sub.group_of.assign(io.size(), 0);
+    sub.index_in_group.clear();
+    for (int i = 0; i < sub.group_size; ++i) {
+      sub.groups[0].push_back(i);
+      sub.index_in_group.push_back(i);
+    }
+    return fabric_->RunLocal(part, sub, io);
+  }
+
   absl::Status Exchange(const std::vector<Transfer>& transfers) {
     if (transfers.empty()) return absl::OkStatus();
     if (traffic_ != nullptr) {
@@ -216,6 +373,7 @@ class SpanningOp {
   const std::vector<MemberIo>& io_;
   Fabric* const fabric_;
   SpanningTraffic* const traffic_;
+  const SpanningOptions options_;
   const std::vector<int> parts_;
   // Stable addresses: the fabric keeps references until Finish.
   std::deque<OpPlan> plans_;
@@ -232,7 +390,7 @@ bool SpansPartitions(const std::vector<MemberIo>& io) {
 }
 
 absl::Status RunSpanning(const OpPlan& plan, const std::vector<MemberIo>& io, Fabric* fabric,
-                         SpanningTraffic* traffic) {
+                         SpanningTraffic* traffic, const SpanningOptions& options) {
   if (io.size() != plan.members()) {
     return absl::InvalidArgumentError(absl::StrCat("spanning op: ", io.size(),
                                                    " member regions for an op of ",
@@ -241,7 +399,7 @@ absl::Status RunSpanning(const OpPlan& plan, const std::vector<MemberIo>& io, Fa
   if (plan.kind == OpKind::kBarrier) return fabric->Finish();  // nothing to move
   absl::Status status;
   {
-    SpanningOp op(plan, io, fabric, traffic);
+    SpanningOp op(plan, io, fabric, traffic, options);
     status = op.Run();
     // The op's sub-plans must outlive the work that reads them.
     const absl::Status finished = fabric->Finish();

@@ -1,14 +1,16 @@
 // Ops whose members' memory lies in several partitions: the GPUs of one host
-// today (CudaExecutor, NCCL between them), other hosts later.
+// (CudaExecutor, NCCL between them) and the hosts of a cluster mesh
+// (GlooCrossHostMesh).
 //
 // A partition is memory one same-partition executor runs on (MemberIo::device
 // names it). RunSpanning splits an op into exchanges between partitions
 // (Fabric::Exchange), runs of the op inside each partition (Fabric::RunLocal)
 // and local copies, so that every member gets the bits a single-partition run
-// gives: the reductions still combine every member's input in group order on
-// one partition, never partial results.
+// gives: the reductions combine every member's input in group order, on one
+// partition (lanes, replication) or continuing the same fold from partition
+// to partition (chain).
 //
-// Two schedules:
+// Three schedules:
 //  - lanes (psum/pmean/pmax/pmin of one group whose result has the input's
 //    dtype): the elements are cut into one lane per partition; each
 //    partition receives its lane of every remote member's input, reduces the
@@ -24,6 +26,26 @@
 //    reductions, all_gather, psum_scatter and all_to_all; the sources of its
 //    destinations for ppermute; the root for broadcast) and runs the op
 //    there, writing only its own members' outputs.
+//
+//  - chain (asked for with SpanningOptions::chain; the schedule of hosts):
+//    psum/pmean/pmax/pmin of one group whose members form one contiguous run
+//    per partition in group order (partition p0's members first, then p1's,
+//    ...), and whose fold can continue from a partial result with the same
+//    bits (max/min of every dtype; sums of float32, float64, float16 and
+//    integers, which round to the dtype after every addition or wrap; not
+//    bfloat16/float8 sums, which accumulate wider than the dtype, and not
+//    bool). The elements are cut into chunks; partition h folds chunk c of
+//    the running result of the partitions before it with its own members'
+//    inputs, in group order, and passes it on; the last one writes the
+//    result, which travels back down the chain. Chunk c is folded on
+//    partition h at step c + h, so the partitions work on different chunks
+//    at once. Every member gets exactly the one-partition bits (the group's
+//    fold order, kept), and each partition sends about S of running results
+//    and S of results (the last and the first only one of the two) whatever
+//    its number of members: the members of one partition are combined
+//    there, only one partial crosses. With two partitions that is what a
+//    ring all-reduce sends (S each); with P > 2 the middle ones send 2S
+//    where a ring sends 2(P-1)/P*S, and every link carries S each way.
 //
 // Thread-safety: RunSpanning uses only the fabric it is given; a Fabric is
 // used by one op at a time.
@@ -81,11 +103,19 @@ struct SpanningTraffic {
 // Whether the members of `io` lie in more than one partition.
 bool SpansPartitions(const std::vector<MemberIo>& io);
 
+struct SpanningOptions {
+  // Reductions use the chain schedule where it applies (see above), the
+  // lanes otherwise.
+  bool chain = false;
+  // The chain's chunk size (at most 256 chunks an op).
+  uint64_t chain_chunk_bytes = 256 * 1024;
+};
+
 // Runs `plan` over `io` (one entry per member, MemberIo::device its
 // partition) through `fabric`, and returns when every output is written
 // (Finish is called, error or not). `traffic` may be null.
 absl::Status RunSpanning(const OpPlan& plan, const std::vector<MemberIo>& io, Fabric* fabric,
-                         SpanningTraffic* traffic);
+                         SpanningTraffic* traffic, const SpanningOptions& options = {});
 
 }  // namespace collectived
 

@@ -86,6 +86,11 @@ struct OpPlan {
   // broadcast: root group index.
   int root = 0;
 
+  // pmean: the n whose reciprocal the sum is multiplied by; 0 for
+  // group_size. A partition's share of a longer fold (spanning.h's chain)
+  // sums fewer inputs than the group has members.
+  int mean_divisor = 0;
+
   // Members of the whole mesh when this plan is part of an op (a partition's
   // share, spanning.h); 0 for a whole op, whose mesh is members().
   uint64_t mesh_members = 0;

@@ -128,6 +128,10 @@ ABSL_FLAG(std::string, cluster_token_file, "",
 ABSL_FLAG(bool, cluster_plaintext, false,
           "Allow plaintext to a non-loopback coordinator (without --tls-cert). Loopback "
           "coordinators are reached in plaintext anyway when TLS is not configured.");
+ABSL_FLAG(int64_t, cluster_chunk_bytes, int64_t{4} << 20,
+          "Meshes across hosts: the chunk in which a reduction's running result travels "
+          "between hosts (smaller chunks overlap the hosts' work more, each costs a round "
+          "trip); at least 4096.");
 ABSL_FLAG(int64_t, cluster_lease_ms, 10000,
           "With --coordinator: a host that does not heartbeat for this long leaves the "
           "cluster (members heartbeat every third of it).");
@@ -374,6 +378,11 @@ int Main(int argc, char** argv) {
   if (serve_coordinator || !cluster_addrs.empty()) {
     ClusterRendezvousOptions ro;
     ro.host_id = host_id;
+    const int64_t chunk = absl::GetFlag(FLAGS_cluster_chunk_bytes);
+    if (chunk < 4096) {
+      return Fail(absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096"));
+    }
+    ro.chunk_bytes = static_cast<uint64_t>(chunk);
     rendezvous = std::make_unique<ClusterRendezvous>(ro);
     options.rendezvous = rendezvous.get();
   }

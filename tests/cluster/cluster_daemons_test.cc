@@ -355,6 +355,8 @@ TEST(ClusterDaemonsTest, BadClusterFlagsAreRefusedAtStart) {
        "--cluster-advertise"},
       {{"--tcp=0.0.0.0:0", "--tcp-insecure", "--coordinator"}, "--cluster-token-file"},
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-lease-ms=10"}, "--cluster-lease-ms"},
+      {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-chunk-bytes=4095"},
+       "--cluster-chunk-bytes"},
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-token-file=" + empty_token}, "is empty"},
   };
   for (const Case& c : cases) {

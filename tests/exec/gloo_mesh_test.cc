@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "daemon/cluster/gloo_mesh.h"
 #include "daemon/exec/cpu_executor.h"
@@ -84,7 +85,8 @@ class Dones : public std::enable_shared_from_this<Dones> {
 // one CPU executor per host.
 class Cluster {
  public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(int hosts, std::vector<int> host_of) {
+  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(int hosts, std::vector<int> host_of,
+                                                          const GlooMeshOptions& options = {}) {
     static int generation = 0;
     auto c = std::unique_ptr<Cluster>(new Cluster);
     c->host_of_ = host_of;
@@ -103,7 +105,7 @@ class Cluster {
         }
         t.self = h;
         gloo::rendezvous::PrefixStore store(prefix, c->store_);
-        meshes[h] = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30));
+        meshes[h] = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30), options);
       });
     }
     for (auto& t : threads) t.join();
@@ -255,10 +257,13 @@ struct Regions {
   std::vector<MemberIo> io;
 };
 
-// `plan` over `members` members on `hosts` hosts gives the one-host bits.
-void ExpectOneHostBits(int hosts, bool blocked, const OpPlan& plan, int members) {
-  SCOPED_TRACE(absl::StrCat(plan.signature, " on ", hosts, blocked ? " hosts, blocked" : " hosts"));
-  auto cluster = Cluster::Connect(hosts, Layout(members, hosts, blocked));
+// `plan` over `members` members, member m on host host_of[m] of `hosts`,
+// gives the one-host bits.
+void ExpectOneHostBits(int hosts, const std::vector<int>& host_of, const OpPlan& plan,
+                       const GlooMeshOptions& options = {}) {
+  const int members = static_cast<int>(host_of.size());
+  SCOPED_TRACE(absl::StrCat(plan.signature, " on hosts ", absl::StrJoin(host_of, ",")));
+  auto cluster = Cluster::Connect(hosts, host_of, options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Regions expected(members, plan), got(members, plan);
   CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
@@ -273,10 +278,27 @@ void ExpectOneHostBits(int hosts, bool blocked, const OpPlan& plan, int members)
 TEST(GlooMeshTest, PsumLanesGiveTheOneHostBits) {
   for (int hosts : {2, 3}) {
     for (bool blocked : {false, true}) {
-      ExpectOneHostBits(hosts, blocked, Plan(v1::PSUM, v1::FLOAT32, {1001}, 6), 6);
-      ExpectOneHostBits(hosts, blocked, Plan(v1::PSUM, v1::BFLOAT16, {999}, 5), 5);
-      ExpectOneHostBits(hosts, blocked, Plan(v1::PMAX, v1::INT32, {7}, 4), 4);
+      ExpectOneHostBits(hosts, Layout(6, hosts, blocked), Plan(v1::PSUM, v1::FLOAT32, {1001}, 6));
+      ExpectOneHostBits(hosts, Layout(5, hosts, blocked), Plan(v1::PSUM, v1::BFLOAT16, {999}, 5));
+      ExpectOneHostBits(hosts, Layout(4, hosts, blocked), Plan(v1::PMAX, v1::INT32, {7}, 4));
     }
+  }
+}
+
+TEST(GlooMeshTest, TheChainInChunksGivesTheOneHostBits) {
+  // Each host a contiguous run of members (m * H / 7): the reductions take
+  // the chain, here in chunks of 4 KiB (20000 bytes of float32: 5 chunks,
+  // the last shorter), pipelined over the hosts.
+  const GlooMeshOptions small_chunks{.chunk_bytes = 4096};
+  for (int hosts : {2, 3}) {
+    std::vector<int> runs(7);
+    for (int m = 0; m < 7; ++m) runs[m] = m * hosts / 7;
+    ExpectOneHostBits(hosts, runs, Plan(v1::PSUM, v1::FLOAT32, {5000}, 7), small_chunks);
+    ExpectOneHostBits(hosts, runs, Plan(v1::PMEAN, v1::FLOAT16, {3000}, 7), small_chunks);
+    ExpectOneHostBits(hosts, runs, Plan(v1::PMAX, v1::BFLOAT16, {3000}, 7), small_chunks);
+    ExpectOneHostBits(hosts, runs, Plan(v1::PSUM, v1::INT64, {1500}, 7), small_chunks);
+    // Not the chain (bfloat16 sums accumulate in float32): the lanes.
+    ExpectOneHostBits(hosts, runs, Plan(v1::PSUM, v1::BFLOAT16, {3000}, 7), small_chunks);
   }
 }
 

@@ -154,11 +154,12 @@ class HostFabric final : public Fabric {
 };
 
 // An Executor that runs ops within one partition on a CpuExecutor and ops
-// across partitions through RunSpanning over a HostFabric.
+// across partitions through RunSpanning over a HostFabric, with `options`.
 class SpanningHostExecutor final : public Executor {
  public:
-  SpanningHostExecutor()
-      : cpu_(CpuExecutorOptions{.threads = 2, .chunk_bytes = 64, .serial_bytes = 0}) {}
+  explicit SpanningHostExecutor(SpanningOptions options = {})
+      : options_(options),
+        cpu_(CpuExecutorOptions{.threads = 2, .chunk_bytes = 64, .serial_bytes = 0}) {}
   absl::string_view name() const override { return "spanning-host"; }
   absl::string_view buffer_kind() const override { return "memfd"; }
   bool IsViable() const override { return true; }
@@ -168,13 +169,14 @@ class SpanningHostExecutor final : public Executor {
     if (!SpansPartitions(io)) return cpu_.Run(plan, io, traffic);
     HostFabric fabric(&cpu_);
     SpanningTraffic moved;
-    absl::Status st = RunSpanning(plan, io, &fabric, &moved);
+    absl::Status st = RunSpanning(plan, io, &fabric, &moved, options_);
     if (traffic != nullptr) *traffic = AccountTraffic(plan, moved.exchanged, moved.exchanged);
     return st;
   }
   int threads() const override { return 2; }
 
  private:
+  const SpanningOptions options_;
   std::mutex mu_;
   CpuExecutor cpu_;
 };

@@ -19,11 +19,20 @@ using host_fabric::HostFabric;
 using host_fabric::Registry;
 using host_fabric::SpanningHostExecutor;
 
-template <int kParts, bool kBlocked>
+enum class Layout {
+  kRoundRobin,  // member m on partition m % kParts
+  kBlocked,     // members 0,1 on 0, members 2,3 on 1, ..., wrapping around
+  kRuns,        // members 0,1 on 0, 2,3 on 1, ..., the rest on the last
+};
+
+template <int kParts, Layout kLayout, bool kChain = false>
 struct SpanningBackend : HostMemoryBackend {
   static constexpr const char* kName = "spanning host";
   static std::unique_ptr<Executor> MakeExecutor() {
-    return std::make_unique<SpanningHostExecutor>();
+    // Chunks of 24 bytes: the suite's small arrays take several chunks
+    // (and a last, shorter one) through the chain.
+    return std::make_unique<SpanningHostExecutor>(
+        SpanningOptions{.chain = kChain, .chain_chunk_bytes = 24});
   }
   static absl::StatusOr<void*> Allocate(size_t bytes, int member) {
     void* p = Registry::Get().Allocate(bytes, Device(member));
@@ -31,19 +40,34 @@ struct SpanningBackend : HostMemoryBackend {
     return p;
   }
   static void Free(void* p) { Registry::Get().Free(p); }
-  // Round robin (member m on partition m % kParts), or in blocks of two
-  // (members 0,1 on 0, members 2,3 on 1, ...), as GPUs of a host would
-  // hold ranks.
-  static int Device(int member) { return kBlocked ? member / 2 % kParts : member % kParts; }
+  // Blocks of two are how GPUs of a host would hold ranks; runs are how
+  // hosts of a cluster mesh usually hold them (the chain's layout).
+  static int Device(int member) {
+    switch (kLayout) {
+      case Layout::kRoundRobin:
+        return member % kParts;
+      case Layout::kBlocked:
+        return member / 2 % kParts;
+      case Layout::kRuns:
+        return std::min(member / 2, kParts - 1);
+    }
+    return 0;
+  }
 };
 
-using SpanningTwoRoundRobin = SpanningBackend<2, false>;
-using SpanningThreeRoundRobin = SpanningBackend<3, false>;
-using SpanningTwoBlocked = SpanningBackend<2, true>;
+using SpanningTwoRoundRobin = SpanningBackend<2, Layout::kRoundRobin>;
+using SpanningThreeRoundRobin = SpanningBackend<3, Layout::kRoundRobin>;
+using SpanningTwoBlocked = SpanningBackend<2, Layout::kBlocked>;
+// The chain where the layout allows it (runs), the lanes where it does not
+// (round robin), as the cluster mesh runs them.
+using ChainThreeRuns = SpanningBackend<3, Layout::kRuns, true>;
+using ChainTwoRoundRobin = SpanningBackend<2, Layout::kRoundRobin, true>;
 
 INSTANTIATE_TYPED_TEST_SUITE_P(SpanningTwoRoundRobin, ExecutorSuite, SpanningTwoRoundRobin);
 INSTANTIATE_TYPED_TEST_SUITE_P(SpanningThreeRoundRobin, ExecutorSuite, SpanningThreeRoundRobin);
 INSTANTIATE_TYPED_TEST_SUITE_P(SpanningTwoBlocked, ExecutorSuite, SpanningTwoBlocked);
+INSTANTIATE_TYPED_TEST_SUITE_P(ChainThreeRuns, ExecutorSuite, ChainThreeRuns);
+INSTANTIATE_TYPED_TEST_SUITE_P(ChainTwoRoundRobin, ExecutorSuite, ChainTwoRoundRobin);
 
 // A psum of `members` float32 vectors of `elems`, member m on partition
 // part_of(m), through a HostFabric; returns the traffic and checks every
@@ -55,9 +79,10 @@ struct PsumRun {
 };
 
 template <typename PartOf>
-PsumRun SpanningPsum(int members, int64_t elems, PartOf part_of, bool in_place) {
+PsumRun SpanningPsum(int members, int64_t elems, PartOf part_of, bool in_place,
+                     const SpanningOptions& options = {}, v1::OpKind kind = v1::PSUM) {
   v1::OpSpec spec;
-  spec.set_kind(v1::PSUM);
+  spec.set_kind(kind);
   spec.set_dtype(v1::FLOAT32);
   spec.add_shape(elems);
   MeshShape mesh{{"x"}, {members}};
@@ -94,7 +119,7 @@ PsumRun SpanningPsum(int members, int64_t elems, PartOf part_of, bool in_place) 
   }
   CpuExecutor local(CpuExecutorOptions{.threads = 2});
   HostFabric fabric(&local);
-  absl::Status st = RunSpanning(*plan, io, &fabric, &result.traffic);
+  absl::Status st = RunSpanning(*plan, io, &fabric, &result.traffic, options);
   EXPECT_TRUE(st.ok()) << st;
   result.exchanges = fabric.exchanges();
   result.local_runs = fabric.local_runs();
@@ -137,6 +162,62 @@ TEST(SpanningTest, MoreLanesThanElements) {
   // 2 elements over 3 partitions: one lane is empty.
   SpanningPsum(3, 2, [](int m) { return m; }, /*in_place=*/false);
   SpanningPsum(4, 1, [](int m) { return 3 - m; }, /*in_place=*/true);
+}
+
+SpanningOptions Chain(uint64_t chunk_bytes) {
+  return SpanningOptions{.chain = true, .chain_chunk_bytes = chunk_bytes};
+}
+
+TEST(SpanningTest, TheChainSendsOneRunningResultPerLinkWhateverTheMembersPerPartition) {
+  // 4 members on each of 2 partitions, in runs: partition 0 sends its
+  // running result (S), partition 1 the result (S); each copies it to its
+  // 3 other members (partition 1 writes them in its fold).
+  const int64_t elems = 1000;
+  const uint64_t s = elems * sizeof(float);
+  for (bool in_place : {false, true}) {
+    PsumRun r = SpanningPsum(8, elems, [](int m) { return m / 4; }, in_place, Chain(1024));
+    EXPECT_EQ(r.traffic.exchanged, 2 * s);
+    EXPECT_EQ(r.traffic.copied, 3 * s);
+    // 4 chunks (1024 bytes = 256 elements: 256, 256, 256, 232): 5 steps,
+    // each one exchange; partition 0 folds 4 chunks, partition 1 4.
+    EXPECT_EQ(r.exchanges, 5);
+    EXPECT_EQ(r.local_runs, 8);
+  }
+  // The lanes move each member's lane instead: 4 * S/2 + S/2 each way.
+  PsumRun lanes = SpanningPsum(8, elems, [](int m) { return m / 4; }, false);
+  EXPECT_EQ(lanes.traffic.exchanged, 5 * s);
+}
+
+TEST(SpanningTest, TheChainOverManyPartitionsAndChunks) {
+  // 1 to 3 members per partition, 2 to 4 partitions, chunks of one element
+  // up to the whole array: every result has the one-partition bits
+  // (SpanningPsum checks them; the values' float sum depends on the order).
+  const std::vector<std::vector<int>> layouts = {
+      {0, 1},          {0, 0, 1},       {0, 1, 1, 1},       {0, 1, 2},
+      {0, 0, 1, 2, 2}, {0, 1, 1, 2, 3}, {3, 3, 0, 1, 1, 2}, {1, 0}};
+  for (const std::vector<int>& parts : layouts) {
+    const int members = static_cast<int>(parts.size());
+    auto part_of = [&](int m) { return parts[m]; };
+    for (uint64_t chunk : {4ull, 12ull, 4096ull}) {
+      for (v1::OpKind kind : {v1::PSUM, v1::PMEAN, v1::PMAX, v1::PMIN}) {
+        SCOPED_TRACE(::testing::Message() << members << " members, chunk " << chunk << ", kind "
+                                        << kind);
+        PsumRun r = SpanningPsum(members, 37, part_of, kind == v1::PMAX, Chain(chunk), kind);
+        // Every partition but the last sends 37 elements on; the result
+        // goes back over every link once.
+        const int links = *std::max_element(parts.begin(), parts.end());
+        EXPECT_EQ(r.traffic.exchanged, 2 * links * 37 * sizeof(float));
+      }
+    }
+  }
+}
+
+TEST(SpanningTest, TheChainLeavesInterleavedMembersToTheLanes) {
+  // Partition 0 holds members 0 and 2: no contiguous runs, so the lanes
+  // (which also keep the order) run.
+  PsumRun r = SpanningPsum(3, 100, [](int m) { return m == 1 ? 1 : 0; }, false, Chain(64));
+  EXPECT_EQ(r.exchanges, 2);
+  EXPECT_EQ(r.traffic.exchanged, (50 + 100 + 50 + 50) * sizeof(float));
 }
 
 TEST(SpanningTest, ALocalRunThatTouchesAnotherPartitionIsCaught) {

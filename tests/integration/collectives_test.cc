@@ -182,11 +182,13 @@ std::vector<MemberHashes> CheckMesh(const MeshRun& run, const std::vector<ChildR
 }
 
 // Starts one worker per member of every mesh in `runs` (all at once), member
-// m against daemons[m % daemons.size()] (members spread round robin over
-// the hosts of a cluster), and checks them; returns the hashes per mesh and
-// member.
+// m of M against daemons[m % daemons.size()] (members spread round robin
+// over the hosts of a cluster) or, `in_runs`, daemons[m * daemons.size() /
+// M] (each host a contiguous run of members), and checks them; returns the
+// hashes per mesh and member.
 std::vector<std::vector<MemberHashes>> RunMeshesOn(const std::vector<const Daemon*>& daemons,
-                                                   const std::vector<MeshRun>& runs) {
+                                                   const std::vector<MeshRun>& runs,
+                                                   bool in_runs = false) {
   std::vector<std::vector<std::string>> argvs;
   std::vector<size_t> first;
   for (const MeshRun& run : runs) {
@@ -194,8 +196,8 @@ std::vector<std::vector<MemberHashes>> RunMeshesOn(const std::vector<const Daemo
     EXPECT_TRUE(ParseMeshSpec(run.axes, &spec));
     first.push_back(argvs.size());
     for (int m = 0; m < spec.num_members(); ++m) {
-      argvs.push_back({COLLECTIVED_TEST_WORKER_BIN,
-                       "--socket=" + daemons[m % daemons.size()]->socket(),
+      const size_t host = in_runs ? m * daemons.size() / spec.num_members() : m % daemons.size();
+      argvs.push_back({COLLECTIVED_TEST_WORKER_BIN, "--socket=" + daemons[host]->socket(),
                        "--mesh=" + run.mesh, "--axes=" + run.axes,
                        absl::StrCat("--member=", m), "--sweep=" + run.sweep,
                        absl::StrCat("--seed=", run.seed), "--device=" + run.device});
@@ -388,16 +390,31 @@ INSTANTIATE_TEST_SUITE_P(CudaGpuMeshes, MainSweepTest,
 // (hosts, mesh)
 class AcrossHostsSweepTest : public ::testing::TestWithParam<std::tuple<int, MeshConfig>> {};
 
-TEST_P(AcrossHostsSweepTest, EveryOpDtypeShapeAndPlacement) {
-  const auto& [hosts, cfg] = GetParam();
+void SweepAcrossHosts(int hosts, const MeshConfig& cfg, bool in_runs) {
   // kSmallChunks but the log level: the cluster is watched in the logs.
   auto cluster = collectived::testing::StartLoopbackCluster(
       hosts, {"--chunk_bytes=4096", "--threads=3"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<const Daemon*> daemons;
   for (const auto& d : *cluster) daemons.push_back(d.get());
-  RunMeshesOn(daemons, {{absl::StrCat("hosts-", cfg.test_name), cfg.axes, "main", cfg.seed, kCpu}});
+  RunMeshesOn(daemons, {{absl::StrCat("hosts-", cfg.test_name), cfg.axes, "main", cfg.seed, kCpu}},
+              in_runs);
   for (auto& d : *cluster) StopDaemon(std::move(d));
+}
+
+TEST_P(AcrossHostsSweepTest, EveryOpDtypeShapeAndPlacement) {
+  const auto& [hosts, cfg] = GetParam();
+  SweepAcrossHosts(hosts, cfg, /*in_runs=*/false);
+}
+
+// Each host holding a contiguous run of the members: the layout whose
+// reductions over the whole mesh take the chain (each host folds its own
+// members and passes one running result on, spanning.h).
+class InRunsAcrossHostsSweepTest : public AcrossHostsSweepTest {};
+
+TEST_P(InRunsAcrossHostsSweepTest, EveryOpDtypeShapeAndPlacement) {
+  const auto& [hosts, cfg] = GetParam();
+  SweepAcrossHosts(hosts, cfg, /*in_runs=*/true);
 }
 
 const MeshConfig kSpreadMeshes[] = {
@@ -413,6 +430,10 @@ std::string HostsTestName(const ::testing::TestParamInfo<AcrossHostsSweepTest::P
 INSTANTIATE_TEST_SUITE_P(Hosts, AcrossHostsSweepTest,
                          ::testing::Combine(::testing::Values(2, 3),
                                             ::testing::ValuesIn(kSpreadMeshes)),
+                         HostsTestName);
+INSTANTIATE_TEST_SUITE_P(HostsInRuns, InRunsAcrossHostsSweepTest,
+                         ::testing::Values(std::make_tuple(2, kSpreadMeshes[2]),
+                                           std::make_tuple(3, kSpreadMeshes[3])),
                          HostsTestName);
 #endif
 
