@@ -109,6 +109,7 @@ class ClusterClient {
 
   const std::string& host_id() const { return options_.host_id; }
   const std::string& address() const { return options_.address; }
+  const std::vector<std::string>& coordinators() const { return options_.coordinators; }
 
  private:
   explicit ClusterClient(ClusterClientOptions options);

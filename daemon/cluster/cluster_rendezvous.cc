@@ -146,6 +146,33 @@ void ClusterRendezvous::Form(const std::string& key, int64_t generation, absl::T
   if (!scheduled) (*cb)(absl::UnavailableError("the daemon is leaving the cluster"));
 }
 
+RendezvousStatus ClusterRendezvous::Status() {
+  RendezvousStatus s;
+  s.serves_coordinator = options_.serves_coordinator;
+  ClusterClient* client;
+  bool stopped;
+  {
+    MutexLock lock(&mu_);
+    client = client_;
+    stopped = stopped_;
+  }
+  if (stopped) {
+    s.state = "stopped";
+    return s;
+  }
+  if (client == nullptr) {
+    s.state = ClusterStateName(ClusterState::kStarting);
+    return s;
+  }
+  // The client outlives Stop, which is after every caller (the engine's
+  // GetStats) is gone.
+  s.state = ClusterStateName(client->state());
+  s.coordinator = absl::StrJoin(client->coordinators(), ",");
+  const absl::Status error = client->last_error();
+  if (!error.ok()) s.last_error = std::string(error.message());
+  return s;
+}
+
 absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, int64_t generation,
                                                       absl::Time deadline,
                                                       const std::atomic<bool>& cancel) {

@@ -38,6 +38,8 @@ struct ClusterRendezvousOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   // Meshes forming at once beyond which Forms queue.
   int form_threads = 16;
+  // Whether this daemon serves the coordinator (reported in Status).
+  bool serves_coordinator = false;
   // The chain's chunk (GlooMeshOptions).
   uint64_t chunk_bytes = uint64_t{4} << 20;
 };
@@ -57,6 +59,7 @@ class ClusterRendezvous final : public MeshRendezvous {
   void Stop();
 
   std::string host_id() const override { return options_.host_id; }
+  RendezvousStatus Status() override;
   void Register(const MeshJoinInfo& info, int index,
                 absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) override;
   void Form(const std::string& key, int64_t generation, absl::Time deadline,

@@ -1492,6 +1492,11 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
       cross->Start(plan, seq, io, executor, std::move(verdict), deadline,
                    [this, keep, mesh_id, seq, started_ns, cross](
                        absl::Status status, bool broken, Traffic traffic) mutable {
+                     {
+                       // Counted before the members learn the result.
+                       MutexLock lock(&mu_);
+                       ++(status.ok() ? cross_ops_completed_ : cross_ops_failed_);
+                     }
                      OnOpFinished(mesh_id, seq, std::move(status), started_ns, traffic, broken);
                      runners_->Schedule([cross = std::move(cross)] {});
                      MutexLock lock(&mu_);
@@ -1747,6 +1752,9 @@ absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::str
         if (op.subs[i]) {
           p->add_submitted(i);
           if (p->description().empty()) p->set_description(op.subs[i]->plan->signature);
+        } else if (mesh->cluster && !mesh->member_host.empty() &&
+                   mesh->member_host[i] != options_.rendezvous->host_id()) {
+          p->add_elsewhere(i);
         } else {
           p->add_missing(i);
         }
@@ -1762,8 +1770,26 @@ absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::str
 }
 
 v1::GetStatsResponse Engine::GetStats() {
-  MutexLock lock(&mu_);
   v1::GetStatsResponse resp;
+  if (options_.rendezvous != nullptr) {
+    // Outside mu_: the rendezvous takes its own locks.
+    RendezvousStatus r = options_.rendezvous->Status();
+    v1::ClusterStats* c = resp.mutable_cluster();
+    c->set_host_id(options_.rendezvous->host_id());
+    c->set_state(r.state);
+    c->set_coordinator(r.coordinator);
+    c->set_serves_coordinator(r.serves_coordinator);
+    c->set_last_error(r.last_error);
+  }
+  MutexLock lock(&mu_);
+  if (options_.rendezvous != nullptr) {
+    v1::ClusterStats* c = resp.mutable_cluster();
+    int32_t across = 0;
+    for (const auto& [id, mesh] : meshes_) across += mesh->cross ? 1 : 0;
+    c->set_meshes_across_hosts(across);
+    c->set_ops_across_hosts(cross_ops_completed_);
+    c->set_ops_across_hosts_failed(cross_ops_failed_);
+  }
   resp.set_daemon_id(options_.daemon_id);
   resp.set_uptime_ms(Millis(absl::Now() - started_));
   resp.set_sessions(static_cast<int32_t>(sessions_.size()));

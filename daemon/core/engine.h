@@ -416,6 +416,9 @@ class Engine {
   // yet: the destructor waits for none to be left (the callbacks use the
   // engine).
   int cross_ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ops of meshes across hosts that completed / failed here (GetStats).
+  int64_t cross_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t cross_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar cross_idle_;
 
   // Declared last: destroyed first, so no timer or runner callback outlives

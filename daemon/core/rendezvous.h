@@ -103,9 +103,19 @@ struct FormedMesh {
   std::unique_ptr<CrossHostMesh> mesh;
 };
 
+// Where the rendezvous stands with its cluster (GetStats' ClusterStats).
+struct RendezvousStatus {
+  std::string state;  // "starting", "joined", "unavailable", "stopped"
+  std::string coordinator;
+  bool serves_coordinator = false;
+  std::string last_error;
+};
+
 class MeshRendezvous {
  public:
   virtual ~MeshRendezvous() = default;
+  // Never blocks on the network; takes only the rendezvous' own locks.
+  virtual RendezvousStatus Status() = 0;
 
   // This daemon's host id in the cluster.
   virtual std::string host_id() const = 0;

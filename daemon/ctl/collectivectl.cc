@@ -286,6 +286,17 @@ class Ctl {
     t.Add({"ops completed", absl::StrCat(s.ops_completed())});
     t.Add({"ops failed", absl::StrCat(s.ops_failed())});
     t.Add({"executor threads", absl::StrCat(s.executor_threads())});
+    if (s.has_cluster()) {
+      const v1::ClusterStats& c = s.cluster();
+      std::string cluster = absl::StrCat(c.state(), ", host ", c.host_id());
+      if (c.serves_coordinator()) absl::StrAppend(&cluster, ", serves the coordinator");
+      if (!c.coordinator().empty()) absl::StrAppend(&cluster, ", coordinator ", c.coordinator());
+      t.Add({"cluster", cluster});
+      if (!c.last_error().empty()) t.Add({"cluster error", c.last_error()});
+      t.Add({"meshes across hosts", absl::StrCat(c.meshes_across_hosts())});
+      t.Add({"ops across hosts", absl::StrCat(c.ops_across_hosts(), " completed, ",
+                                              c.ops_across_hosts_failed(), " failed")});
+    }
     t.Print();
     return 0;
   }
@@ -351,9 +362,13 @@ class Ctl {
     }
     Table t({"mesh", "seq", "op", "state", "waiting", "left", "submitted", "missing"});
     for (const auto& p : r.ops()) {
+      std::string missing = Ints(p.missing());
+      if (p.elsewhere_size() > 0) {
+        // A mesh across hosts: those members' hosts list them.
+        absl::StrAppend(&missing, " (on other hosts: ", Ints(p.elsewhere()), ")");
+      }
       t.Add({p.mesh_name(), absl::StrCat(p.sequence()), p.description(), p.state(),
-             Duration(p.age_ms()), Duration(p.deadline_ms()), Ints(p.submitted()),
-             Ints(p.missing())});
+             Duration(p.age_ms()), Duration(p.deadline_ms()), Ints(p.submitted()), missing});
     }
     t.Print();
     return 0;

@@ -383,6 +383,7 @@ int Main(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096"));
     }
     ro.chunk_bytes = static_cast<uint64_t>(chunk);
+    ro.serves_coordinator = serve_coordinator;
     rendezvous = std::make_unique<ClusterRendezvous>(ro);
     options.rendezvous = rendezvous.get();
   }

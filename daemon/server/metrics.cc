@@ -109,6 +109,35 @@ class Metrics::Collector final : public prometheus::Collectable {
     }
     out.push_back(std::move(moved));
     out.push_back(std::move(input));
+    if (stats.has_cluster()) {
+      const v1::ClusterStats& c = stats.cluster();
+      // Every state, so that a dashboard sees which one is 1.
+      prometheus::MetricFamily state{
+          "collectived_cluster_state",
+          "1 for the daemon's state in its cluster (starting, joined, unavailable, stopped).",
+          prometheus::MetricType::Gauge, {}};
+      for (const char* name : {"starting", "joined", "unavailable", "stopped"}) {
+        prometheus::ClientMetric m;
+        m.label = {{"host_id", c.host_id()}, {"state", name}};
+        m.gauge.value = c.state() == name ? 1 : 0;
+        state.metric.push_back(m);
+      }
+      out.push_back(std::move(state));
+      gauge("collectived_cluster_meshes", "Meshes whose members are on several hosts.",
+            c.meshes_across_hosts());
+      prometheus::MetricFamily ops{"collectived_cluster_ops_total",
+                                   "Ops of meshes across hosts, by result (ok, failed).",
+                                   prometheus::MetricType::Counter, {}};
+      for (auto [result, v] : {std::pair<const char*, int64_t>{"ok", c.ops_across_hosts()},
+                               std::pair<const char*, int64_t>{"failed",
+                                                               c.ops_across_hosts_failed()}}) {
+        prometheus::ClientMetric m;
+        m.label = {{"result", result}};
+        m.counter.value = static_cast<double>(v);
+        ops.metric.push_back(m);
+      }
+      out.push_back(std::move(ops));
+    }
     return out;
   }
 

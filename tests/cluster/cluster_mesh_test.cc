@@ -118,6 +118,17 @@ v1::MeshInfo Describe(Daemon& d, const std::string& name) {
   return info;
 }
 
+v1::GetStatsResponse Stats(Daemon& d) {
+  auto stub = v1::Collective::NewStub(
+      grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetStatsResponse stats;
+  grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &stats);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return stats;
+}
+
 TEST(ClusterMeshTest, CollectivesAcrossThreeDaemonsGiveTheOneHostResults) {
   auto cluster = Cluster::Start(3);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -217,6 +228,22 @@ TEST(ClusterMeshTest, CollectivesAcrossThreeDaemonsGiveTheOneHostResults) {
     EXPECT_EQ(m.in[i].as<float>()[0],
               std::max(static_cast<float>((b * 5) % 7), static_cast<float>(((3 + b) * 5) % 7)));
   }
+
+  // GetStats on every host: joined, one mesh across hosts, its 6 ops, none
+  // failed; h0 serves the coordinator.
+  for (int h = 0; h < 3; ++h) {
+    const v1::GetStatsResponse stats = Stats((*cluster)->daemon(h));
+    ASSERT_TRUE(stats.has_cluster()) << stats.DebugString();
+    const v1::ClusterStats& c = stats.cluster();
+    EXPECT_EQ(c.host_id(), absl::StrCat("h", h));
+    EXPECT_EQ(c.state(), "joined");
+    EXPECT_EQ(c.serves_coordinator(), h == 0);
+    EXPECT_NE(c.coordinator(), "");
+    EXPECT_EQ(c.last_error(), "");
+    EXPECT_EQ(c.meshes_across_hosts(), 1);
+    EXPECT_EQ(c.ops_across_hosts(), 6) << "host h" << h;
+    EXPECT_EQ(c.ops_across_hosts_failed(), 0);
+  }
 }
 
 TEST(ClusterMeshTest, OpsThatDifferAcrossHostsFailAlikeAndTheMeshGoesOn) {
@@ -268,6 +295,25 @@ TEST(ClusterMeshTest, AMemberClosedOnOneHostIsSeenOnTheOthers) {
   JoinAll(**cluster, {0, 1, 2, 1}, "closing", {{"x", 4}}, 64, &m, absl::Seconds(30));
   absl::Time closed;
   auto r = PsumAllBut(m, 2, [&] {
+    // On h1 the op has both its members (1 and 3): it runs, waiting for h2;
+    // members 0 and 2 are on other hosts, not missing here.
+    auto stub = v1::Collective::NewStub(grpc::CreateChannel(
+        "unix:" + (*cluster)->daemon(1).socket(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::ListPendingOpsResponse pending;
+    grpc::Status st = stub->ListPendingOps(&ctx, v1::ListPendingOpsRequest(), &pending);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(pending.ops_size(), 1) << pending.DebugString();
+    if (pending.ops_size() == 1) {
+      const v1::PendingOp& op = pending.ops(0);
+      EXPECT_EQ(std::vector<int>(op.submitted().begin(), op.submitted().end()),
+                (std::vector<int>{1, 3}));
+      EXPECT_EQ(std::vector<int>(op.elsewhere().begin(), op.elsewhere().end()),
+                (std::vector<int>{0, 2}));
+      EXPECT_EQ(op.missing_size(), 0);
+      EXPECT_EQ(op.state(), "running");
+    }
     closed = absl::Now();
     m.meshes[2].reset();
     m.clients[2].reset();  // closes its session on h2
@@ -356,6 +402,10 @@ TEST(ClusterMeshTest, RunningMeshesOutliveTheCoordinatorAndLocalMeshesNeedNone) 
   (*cluster)->daemon(0).Kill();  // the coordinator
   ASSERT_TRUE((*cluster)->daemon(1).WaitForOutput(
       "event=cluster_state state=unavailable host_id=h1", kPatience));
+  const v1::ClusterStats unavailable = Stats((*cluster)->daemon(1)).cluster();
+  EXPECT_EQ(unavailable.state(), "unavailable");
+  EXPECT_NE(unavailable.last_error(), "");
+  EXPECT_EQ(unavailable.meshes_across_hosts(), 1);
   for (int round = 0; round < 3; ++round) {
     std::vector<absl::Status> st(2);
     RunEach(2, [&](int i) {

@@ -98,6 +98,8 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
   EXPECT_EQ(Value(before, "collectived_sessions"), 0) << before;
   EXPECT_EQ(Value(before, "collectived_pending_ops{state=\"waiting\"}"), 0) << before;
   EXPECT_EQ(Value(before, "collectived_meshes"), 0) << before;
+  // Not in a cluster: no cluster series.
+  EXPECT_FALSE(absl::StrContains(before, "collectived_cluster_")) << before;
 
   testing::SdkMembers m;
   ASSERT_TRUE(testing::MakeSdkMembers((*daemon)->socket(), "metrics", 2, 4096, &m).ok());
@@ -147,6 +149,26 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
   EXPECT_GT(Value(after, "collectived_bytes_moved_total{kind=\"psum\",direction=\"written\"}"), 0)
       << after;
   EXPECT_EQ(Value(after, "collectived_pending_ops{state=\"waiting\"}"), 0) << after;
+}
+
+TEST(MetricsTest, ADaemonInAClusterShowsItsState) {
+  // A cluster of one: the daemon serves the coordinator and joins it.
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  auto daemon = Daemon::Start({absl::StrCat("--metrics=127.0.0.1:", port), "--tcp=127.0.0.1:0",
+                               "--coordinator", "--host-id=solo"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  std::string text;
+  testing::Eventually([&] {
+    text = Scrape(port);
+    return Value(text, "collectived_cluster_state{host_id=\"solo\",state=\"joined\"}") == 1;
+  });
+  EXPECT_EQ(Value(text, "collectived_cluster_state{host_id=\"solo\",state=\"joined\"}"), 1)
+      << text;
+  EXPECT_EQ(Value(text, "collectived_cluster_state{host_id=\"solo\",state=\"unavailable\"}"), 0)
+      << text;
+  EXPECT_EQ(Value(text, "collectived_cluster_meshes"), 0) << text;
+  EXPECT_EQ(Value(text, "collectived_cluster_ops_total{result=\"ok\"}"), 0) << text;
 }
 
 TEST(MetricsTest, AnAddressWithoutAPortIsRefusedAtStart) {
