@@ -740,13 +740,7 @@ void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, in
       const absl::Time deadline =
           waiter != mesh->join_waiters.end() ? waiter->second.deadline : absl::Now();
       mesh->form_cancel = std::make_shared<std::atomic<bool>>(false);
-      cbs.push_back([this, key, g = *generation, deadline, mesh_id,
-                     cancel = std::shared_ptr<const std::atomic<bool>>(mesh->form_cancel)] {
-        options_.rendezvous->Form(key, g, deadline, cancel,
-                                  [this, mesh_id](absl::StatusOr<FormedMesh> formed) {
-                                    OnFormed(mesh_id, std::move(formed));
-                                  });
-      });
+      StartForm(*mesh, deadline, cbs);
     } else if (*generation != mesh->cluster_generation) {
       // The registry started another generation while this mesh formed
       // (the one it had ended): this member is in that one, not ours.
@@ -777,16 +771,46 @@ void Engine::Register(const Mesh& mesh, int index, const std::string& session_id
   });
 }
 
+void Engine::StartForm(Mesh& mesh, absl::Time deadline, Callbacks& cbs) {
+  cbs.push_back([this, key = mesh.join_info.key, g = mesh.cluster_generation, deadline,
+                 mesh_id = mesh.id,
+                 cancel = std::shared_ptr<const std::atomic<bool>>(mesh.form_cancel)] {
+    options_.rendezvous->Form(key, g, deadline, cancel,
+                              [this, mesh_id](absl::StatusOr<FormedMesh> formed) {
+                                OnFormed(mesh_id, std::move(formed));
+                              });
+  });
+}
+
 void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed) {
   Callbacks cbs;
   std::unique_ptr<CrossHostMesh> orphan;
   {
     MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
+    // A mesh that did not fill by the first joiner's deadline: the joiners
+    // whose own deadline has passed fail with the registry's answer, the
+    // others keep waiting, until the next deadline among them.
+    absl::Time next = absl::InfiniteFuture();
+    if (it != meshes_.end() && it->second->state == MeshState::kForming && !shutting_down_ &&
+        !formed.ok() && formed.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      const absl::Time now = absl::Now();
+      for (const auto& [index, waiter] : it->second->join_waiters) {
+        if (waiter.deadline > now) next = std::min(next, waiter.deadline);
+      }
+    }
     if (it == meshes_.end() || it->second->state != MeshState::kForming || shutting_down_) {
       // Every local joiner left meanwhile (the registry was told), or the
       // daemon is stopping.
       if (formed.ok()) orphan = std::move(formed->mesh);
+    } else if (next != absl::InfiniteFuture()) {
+      Mesh& mesh = *it->second;
+      std::vector<int> expired;
+      for (const auto& [index, waiter] : mesh.join_waiters) {
+        if (waiter.deadline < next) expired.push_back(index);
+      }
+      for (int index : expired) RemoveJoiner(mesh, index, formed.status(), cbs);
+      StartForm(mesh, next, cbs);
     } else if (!formed.ok()) {
       LogEvent(LogLevel::kWarn, "mesh_not_formed",
                {{"mesh", it->second->name}, {"error", formed.status().ToString()}});

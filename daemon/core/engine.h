@@ -330,6 +330,10 @@ class Engine {
   void OnRegistered(const std::string& mesh_id, const std::string& key, int index,
                     const std::string& session_id, absl::StatusOr<int64_t> generation)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks the rendezvous to form `mesh` (its generation, form_cancel) by
+  // `deadline`; OnFormed answers.
+  void StartForm(Mesh& mesh, absl::Time deadline, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Tells the cluster that members `indices` of a cluster mesh left it while

@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -469,6 +470,48 @@ TEST(ClusterMeshTest, JoinsThatConflictAcrossHostsAreRefused) {
   // The daemons cannot assign coordinates across hosts.
   auto assign = (*b)->JoinMesh({.name = "assigned", .axes = {{"x", 2}}});
   EXPECT_EQ(assign.status().code(), absl::StatusCode::kInvalidArgument) << assign.status();
+}
+
+TEST(ClusterMeshTest, AJoinerWithALongerTimeoutOutlivesTheFirstJoinersDeadline) {
+  // On h0, member 0 joins first and waits 1 s (the deadline the mesh
+  // starts forming with), member 1 joins next and waits 15 s; member 2 (on
+  // h1) is late. Member 0 fails at its deadline; member 1 keeps waiting (it
+  // is not failed with member 0), and the mesh forms once member 2 and a
+  // new member 0 are in.
+  auto cluster = Cluster::Start(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int h : {0, 0, 1, 0}) {
+    auto c = Client::Connect({.socket_path = (*cluster)->daemon(h).socket()});
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  const std::vector<std::pair<std::string, int>> axes = {{"x", 3}};
+  absl::StatusOr<std::unique_ptr<Mesh>> hasty, patient;
+  std::atomic<bool> patient_done{false};
+  std::thread h([&] {
+    hasty = clients[0]->JoinMesh(
+        {.name = "patience", .axes = axes, .coordinate = {0}, .join_timeout = absl::Seconds(1)});
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // member 0 registered first
+  std::thread t([&] {
+    patient = clients[1]->JoinMesh(
+        {.name = "patience", .axes = axes, .coordinate = {1}, .join_timeout = absl::Seconds(15)});
+    patient_done = true;
+  });
+  h.join();
+  EXPECT_EQ(hasty.status().code(), absl::StatusCode::kDeadlineExceeded) << hasty.status();
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_FALSE(patient_done.load()) << "member 1 failed with member 0: " << patient.status();
+  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> late(2);
+  RunEach(2, [&](int i) {
+    late[i] = clients[i == 0 ? 2 : 3]->JoinMesh({.name = "patience", .axes = axes,
+                                                 .coordinate = {i == 0 ? 2 : 0},
+                                                 .join_timeout = absl::Seconds(15)});
+  });
+  t.join();
+  ASSERT_TRUE(patient.ok()) << patient.status();
+  for (auto& m : late) ASSERT_TRUE(m.ok()) << m.status();
 }
 
 }  // namespace
