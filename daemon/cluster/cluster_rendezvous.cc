@@ -164,8 +164,8 @@ RendezvousStatus ClusterRendezvous::Status() {
     s.state = ClusterStateName(ClusterState::kStarting);
     return s;
   }
-  // The client outlives Stop, which is after every caller (the engine's
-  // GetStats) is gone.
+  // The client is destroyed at the end of main, after the servers and the
+  // metrics endpoint (every caller of the engine's GetStats) have stopped.
   s.state = ClusterStateName(client->state());
   s.coordinator = absl::StrJoin(client->coordinators(), ",");
   const absl::Status error = client->last_error();

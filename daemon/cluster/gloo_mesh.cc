@@ -30,7 +30,8 @@ namespace collectived {
 namespace {
 
 constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
-constexpr uint32_t kVersion = 1;
+// 2: the chain schedule (its chunk size in the header).
+constexpr uint32_t kVersion = 2;
 constexpr int kSlotShift = 24;
 
 // The fixed-size signature of an op every host sends every other.
@@ -49,6 +50,8 @@ struct WireHeader {
   uint64_t in_bytes;
   uint64_t out_bytes;
   uint64_t hash;
+  // The chain's chunk (GlooMeshOptions): it sets the transfers' sizes.
+  uint64_t chunk_bytes;
   char signature[160];
   char text[200];
 };
@@ -116,7 +119,7 @@ uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
 }
 
 WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t sequence,
-                      size_t members, const absl::Status& verdict) {
+                      size_t members, uint64_t chunk_bytes, const absl::Status& verdict) {
   WireHeader h;
   std::memset(&h, 0, sizeof(h));
   h.magic = kMagic;
@@ -133,6 +136,7 @@ WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t 
   h.in_bytes = plan.in_bytes;
   h.out_bytes = plan.out_bytes;
   h.hash = PlanHash(plan, topology);
+  h.chunk_bytes = chunk_bytes;
   CopyText(h.signature, sizeof(h.signature),
            plan.signature.empty()
                ? absl::StrCat(OpKindName(plan.kind), " ", ShapeString(plan.dtype, plan.in_shape))
@@ -156,6 +160,7 @@ std::string Differences(const WireHeader& a, const WireHeader& b) {
   if (a.members != b.members) d.push_back("members");
   if (a.root != b.root) d.push_back("root");
   if (a.hash != b.hash) d.push_back("plan (groups, permutation, axes or shapes) or mesh layout");
+  if (a.chunk_bytes != b.chunk_bytes) d.push_back("--cluster-chunk-bytes");
   return absl::StrJoin(d, ", ");
 }
 
@@ -540,7 +545,8 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   const int size = static_cast<int>(topology_.hosts.size());
   const int self = topology_.self;
   std::vector<WireHeader> headers(size);
-  headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), verdict);
+  headers[self] =
+      MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_.chunk_bytes, verdict);
   const uint64_t slot = static_cast<uint64_t>(op.sequence) << kSlotShift;
   std::vector<Posted> posted;
   absl::Status status;

@@ -7,7 +7,7 @@
 //  - Header exchange: every op (barriers and ops of no bytes included) first
 //    sends a fixed-size signature of the op to every other host and receives
 //    theirs: sequence, kind, dtypes, byte sizes, group size and count, root,
-//    member count, a 64-bit FNV-1a hash of the rest of the plan (groups,
+//    member count, the chain's chunk size, a 64-bit FNV-1a hash of the rest of the plan (groups,
 //    permutation, axes, shapes, ...), the plan's signature text and, when
 //    this host's verdict is not OK, a flag and its text (truncated). When a
 //    host refused the op or the signatures differ, every host fails the op

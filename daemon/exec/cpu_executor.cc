@@ -164,7 +164,7 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
     }
     if (outputs.empty()) return;
     ReduceTo(kind, plan.dtype, inputs.data(), n, outputs.data(), static_cast<int>(outputs.size()),
-             len, stream, plan.mean_divisor);
+             len, stream, FoldPart{plan.continues_fold, plan.mean_divisor});
   });
 }
 

@@ -143,6 +143,18 @@ inline void ForEachIndex(size_t len, Body body) {
   for (size_t i = main_len; i < len; ++i) body(i);
 }
 
+// A fold that continues from a partial result (FoldPart::continues):
+// inputs[0] is the accumulator of the members before, taken as it is. Add's
+// First would add it to +0.0, which turns a -0.0 (a flushed negative sum)
+// into +0.0.
+template <typename Op>
+struct Continued : Op {
+  template <typename T>
+  COLLECTIVED_HD T First(T x) const {
+    return x;
+  }
+};
+
 template <typename Codec, typename Combiner>
 void LoadOne(Codec codec, Combiner op, const typename Codec::In* __restrict in,
              typename Codec::Acc* __restrict acc, size_t len) {
@@ -176,7 +188,9 @@ void StoreAll(Codec codec, const typename Codec::Acc* __restrict acc,
 // would turn into a branch there (acc would be computed for it alone).
 template <typename Combiner, typename Acc>
 constexpr bool kFuseFirstTwo =
-    !(std::is_same_v<Combiner, AddLastNaN<CpuEnv>> && std::is_same_v<Acc, double>);
+    !((std::is_same_v<Combiner, AddLastNaN<CpuEnv>> ||
+       std::is_same_v<Combiner, Continued<AddLastNaN<CpuEnv>>>) &&
+      std::is_same_v<Acc, double>);
 
 // acc[0..len) = the elements [base, base + len) of the n inputs combined.
 template <typename Codec, typename Combiner>
@@ -237,6 +251,11 @@ void Run(Codec codec, Combiner op, const void* const* inputs, int n, const Outs&
       if (AnyNaNOrInf(acc, len)) {
         CombineBlock(codec, AddLastNaN<CpuEnv>{}, inputs, n, base, len, acc);
       }
+    } else if constexpr (std::is_same_v<Combiner, Continued<Add<CpuEnv>>> &&
+                         std::is_floating_point_v<Acc>) {
+      if (AnyNaNOrInf(acc, len)) {
+        CombineBlock(codec, Continued<AddLastNaN<CpuEnv>>{}, inputs, n, base, len, acc);
+      }
     }
     if (out.count == 1 && !out.stream) {
       StoreAll(codec, acc, static_cast<Out*>(out.ptrs[0]) + base, len);
@@ -280,7 +299,14 @@ void ReduceInt(ReduceKind kind, const void* const* inputs, int n, const Outs& ou
 
 template <typename T>
 void ReduceFloat(ReduceKind kind, const void* const* inputs, int n, const Outs& out,
-                 size_t count, int m) {
+                 size_t count, int m, bool continues) {
+  if (continues && (kind == ReduceKind::kSum || kind == ReduceKind::kMean)) {
+    if (kind == ReduceKind::kSum) {
+      return Run(Plain<T, T>{}, Continued<Add<CpuEnv>>{}, inputs, n, out, count);
+    }
+    return Run(FloatMean<T, CpuEnv>{T{1} / static_cast<T>(m)}, Continued<Add<CpuEnv>>{}, inputs,
+               n, out, count);
+  }
   switch (kind) {
     case ReduceKind::kSum:
       return Run(Plain<T, T>{}, Add<CpuEnv>{}, inputs, n, out, count);
@@ -331,15 +357,15 @@ void ReduceBool(ReduceKind kind, const void* const* inputs, int n, const Outs& o
 
 // The kernels proper; a separate (not inlined) function so that no float
 // operation of theirs moves across the mode switches in ReduceTo.
-// `m` is the n of the mean's reciprocal.
+// `m` is the n of the mean's reciprocal; `continues`: FoldPart::continues.
 [[gnu::noinline]] void ReduceToInMode(ReduceKind kind, DType dt,
                                       const void* const* inputs, int n,
-                                      const Outs& out, size_t count, int m) {
+                                      const Outs& out, size_t count, int m, bool continues) {
   switch (dt) {
     case DType::kF32:
-      return ReduceFloat<float>(kind, inputs, n, out, count, m);
+      return ReduceFloat<float>(kind, inputs, n, out, count, m, continues);
     case DType::kF64:
-      return ReduceFloat<double>(kind, inputs, n, out, count, m);
+      return ReduceFloat<double>(kind, inputs, n, out, count, m, continues);
     case DType::kF16:
       // The mean's reciprocal is float16(1/n) (rounding 1/n to float32 first
       // gives the same float16: 24 >= 2 * 11 + 2 bits).
@@ -383,15 +409,16 @@ void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
 }
 
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
-              void* const* outs, int num_outs, size_t count, bool stream, int mean_n) {
-  const int m = mean_n > 0 ? mean_n : n;
+              void* const* outs, int num_outs, size_t count, bool stream, FoldPart part) {
+  const int m = part.mean_n > 0 ? part.mean_n : n;
+  const bool continues = part.continues;
   if (n < 1 || num_outs < 1 || count == 0) return;
   const Outs out{outs, num_outs, stream};
   if (IsFloat(dt)) {
     const FlushDenormalsScope flush;
-    ReduceToInMode(kind, dt, inputs, n, out, count, m);
+    ReduceToInMode(kind, dt, inputs, n, out, count, m, continues);
   } else {
-    ReduceToInMode(kind, dt, inputs, n, out, count, m);
+    ReduceToInMode(kind, dt, inputs, n, out, count, m, continues);
   }
 }
 

@@ -102,11 +102,21 @@ void Reduce(ReduceKind kind, DType dt, const void* const* inputs, int n,
 // exactly one of the inputs, as `out` above; they must not otherwise overlap
 // each other or the inputs). The inputs are read once: the result is
 // computed a block at a time in L1 and copied out. With `stream`, outputs are
-// written with non-temporal stores (see stream_copy.h). `mean_n` > 0 makes
-// kMean multiply the sum by the reciprocal of mean_n instead of n (the last
-// step of a fold that continues from a partial sum, inputs[0]).
+// written with non-temporal stores (see stream_copy.h). `part` makes it one
+// part of a longer fold (below).
+struct FoldPart {
+  // inputs[0] is the accumulator of the members before (a partial result
+  // of this kind and dtype), taken as it is: float32/float64 sums and means
+  // do not add it to +0.0 first (which would turn a -0.0, a negative sum
+  // flushed to zero, into +0.0). Every other kind and dtype continues
+  // exactly from its partial anyway (max/min keep bits; float16 sums cannot
+  // give -0.0; integers wrap).
+  bool continues = false;
+  // kMean: the n of the reciprocal the sum is multiplied by (0: n).
+  int mean_n = 0;
+};
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
-              void* const* outs, int num_outs, size_t count, bool stream, int mean_n = 0);
+              void* const* outs, int num_outs, size_t count, bool stream, FoldPart part = {});
 
 // What psum/pmean/pmax/pmin (`kind`) return in a mesh of ONE member: JAX
 // runs such a program on one device, where XLA drops the all-reduce, so no

@@ -337,6 +337,9 @@ class SpanningOp {
     const uint64_t es = DTypeSize(plan_.dtype);
     OpPlan& sub = plans_.emplace_back(plan_);
     if (!last && sub.kind == OpKind::kPmean) sub.kind = OpKind::kPsum;
+    // The running result, except from a first partition of one member,
+    // which sends its raw input: then this is the whole fold's start.
+    sub.continues_fold = h > 1 || (h == 1 && runs[0].size() > 1);
     sub.mean_divisor = n();
     sub.mesh_members = plan_.mesh_members > 0 ? plan_.mesh_members : plan_.members();
     sub.in_shape = sub.out_shape = {static_cast<int64_t>(len)};

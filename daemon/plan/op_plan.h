@@ -86,9 +86,10 @@ struct OpPlan {
   // broadcast: root group index.
   int root = 0;
 
-  // pmean: the n whose reciprocal the sum is multiplied by; 0 for
-  // group_size. A partition's share of a longer fold (spanning.h's chain)
-  // sums fewer inputs than the group has members.
+  // A partition's share of a longer fold (spanning.h's chain): member 0 is
+  // the running result of the members before (reduce.h's FoldPart), and
+  // pmean multiplies by the reciprocal of mean_divisor (0: group_size).
+  bool continues_fold = false;
   int mean_divisor = 0;
 
   // Members of the whole mesh when this plan is part of an op (a partition's

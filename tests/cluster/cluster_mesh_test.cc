@@ -28,6 +28,7 @@
 #include "collectived/client.h"
 #include "collectived/v1/collective.grpc.pb.h"
 #include "tests/harness/cluster.h"
+#include "tests/harness/eventually.h"
 #include "tests/harness/harness.h"
 
 namespace collectived::testing {
@@ -296,15 +297,19 @@ TEST(ClusterMeshTest, AMemberClosedOnOneHostIsSeenOnTheOthers) {
   JoinAll(**cluster, {0, 1, 2, 1}, "closing", {{"x", 4}}, 64, &m, absl::Seconds(30));
   absl::Time closed;
   auto r = PsumAllBut(m, 2, [&] {
-    // On h1 the op has both its members (1 and 3): it runs, waiting for h2;
-    // members 0 and 2 are on other hosts, not missing here.
+    // On h1 the op has both its members (1 and 3) once the daemon has taken
+    // both submissions: it runs, waiting for h2; members 0 and 2 are on
+    // other hosts, not missing here.
     auto stub = v1::Collective::NewStub(grpc::CreateChannel(
         "unix:" + (*cluster)->daemon(1).socket(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     v1::ListPendingOpsResponse pending;
-    grpc::Status st = stub->ListPendingOps(&ctx, v1::ListPendingOpsRequest(), &pending);
-    EXPECT_TRUE(st.ok()) << st.error_message();
+    Eventually([&] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      pending.Clear();
+      grpc::Status st = stub->ListPendingOps(&ctx, v1::ListPendingOpsRequest(), &pending);
+      return st.ok() && pending.ops_size() == 1 && pending.ops(0).state() == "running";
+    });
     EXPECT_EQ(pending.ops_size(), 1) << pending.DebugString();
     if (pending.ops_size() == 1) {
       const v1::PendingOp& op = pending.ops(0);

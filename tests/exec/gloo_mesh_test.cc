@@ -85,8 +85,9 @@ class Dones : public std::enable_shared_from_this<Dones> {
 // one CPU executor per host.
 class Cluster {
  public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(int hosts, std::vector<int> host_of,
-                                                          const GlooMeshOptions& options = {}) {
+  // Host h connects with options[h] (or options[0] when there are fewer).
+  static absl::StatusOr<std::unique_ptr<Cluster>> Connect(
+      int hosts, std::vector<int> host_of, const std::vector<GlooMeshOptions>& options = {{}}) {
     static int generation = 0;
     auto c = std::unique_ptr<Cluster>(new Cluster);
     c->host_of_ = host_of;
@@ -105,7 +106,8 @@ class Cluster {
         }
         t.self = h;
         gloo::rendezvous::PrefixStore store(prefix, c->store_);
-        meshes[h] = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30), options);
+        meshes[h] = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30),
+                                    options[static_cast<size_t>(h) < options.size() ? h : 0]);
       });
     }
     for (auto& t : threads) t.join();
@@ -263,7 +265,7 @@ void ExpectOneHostBits(int hosts, const std::vector<int>& host_of, const OpPlan&
                        const GlooMeshOptions& options = {}) {
   const int members = static_cast<int>(host_of.size());
   SCOPED_TRACE(absl::StrCat(plan.signature, " on hosts ", absl::StrJoin(host_of, ",")));
-  auto cluster = Cluster::Connect(hosts, host_of, options);
+  auto cluster = Cluster::Connect(hosts, host_of, {options});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   Regions expected(members, plan), got(members, plan);
   CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
@@ -350,6 +352,26 @@ TEST(GlooMeshTest, DifferentOpsFailOnEveryHostAndTheMeshStaysUsable) {
     ASSERT_TRUE(cpu.Run(*psum, expected.io).ok());
     for (const Outcome& o : c->RunAll(*psum, got.io)) EXPECT_TRUE(o.status.ok()) << o.status;
     for (int m = 0; m < members; ++m) EXPECT_EQ(got.out[m], expected.out[m]) << "member " << m;
+  }
+}
+
+TEST(GlooMeshTest, HostsWithDifferentChunkSizesFailTheOpAlikeAndMoveNothing) {
+  // The chunk sets the chain's transfer sizes: hosts that disagree on it
+  // must not start the data phase (a slot whose ends disagree on its size
+  // ends the process in Gloo).
+  const std::vector<int> runs = {0, 0, 1, 1};
+  auto c = Cluster::Connect(2, runs, {GlooMeshOptions{.chunk_bytes = 4096},
+                                      GlooMeshOptions{.chunk_bytes = 8192}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {5000}, 4);
+  Regions r(4, plan);
+  for (const Outcome& o : (*c)->RunAll(plan, r.io)) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_NE(o.status.message().find("--cluster-chunk-bytes"), std::string::npos) << o.status;
+    EXPECT_FALSE(o.broken);
+  }
+  for (int m = 0; m < 4; ++m) {
+    EXPECT_EQ(r.out[m], std::vector<uint8_t>(plan.out_bytes, 0xA5)) << "member " << m;
   }
 }
 

@@ -212,6 +212,88 @@ TEST(SpanningTest, TheChainOverManyPartitionsAndChunks) {
   }
 }
 
+// `kind` of `dt` (elements of `es` bytes) over members whose inputs are
+// `in` (raw bytes), member m on partition part_of[m], through the chain:
+// every output must have the one-partition bits.
+void ExpectChainBits(v1::OpKind kind, v1::DType dt, size_t es,
+                     const std::vector<std::vector<uint8_t>>& in, const std::vector<int>& part_of) {
+  const int members = static_cast<int>(in.size());
+  v1::OpSpec spec;
+  spec.set_kind(kind);
+  spec.set_dtype(dt);
+  spec.add_shape(static_cast<int64_t>(in[0].size() / es));
+  auto plan = PlanOp(spec, MeshShape{{"x"}, {members}});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::vector<uint8_t>> expected(members, std::vector<uint8_t>(plan->out_bytes));
+  std::vector<MemberIo> ref(members);
+  for (int m = 0; m < members; ++m) ref[m] = MemberIo{in[m].data(), expected[m].data(), -1};
+  CpuExecutor cpu(CpuExecutorOptions{.threads = 1});
+  ASSERT_TRUE(cpu.Run(*plan, ref).ok());
+  std::vector<void*> ins(members), outs(members);
+  std::vector<MemberIo> io(members);
+  for (int m = 0; m < members; ++m) {
+    ins[m] = Registry::Get().Allocate(plan->in_bytes, part_of[m]);
+    outs[m] = Registry::Get().Allocate(plan->out_bytes, part_of[m]);
+    std::memcpy(ins[m], in[m].data(), plan->in_bytes);
+    io[m] = MemberIo{static_cast<const uint8_t*>(ins[m]), static_cast<uint8_t*>(outs[m]),
+                     part_of[m]};
+  }
+  CpuExecutor local(CpuExecutorOptions{.threads = 1});
+  HostFabric fabric(&local);
+  SpanningTraffic traffic;
+  ASSERT_TRUE(RunSpanning(*plan, io, &fabric, &traffic, Chain(4096)).ok());
+  const int links = *std::max_element(part_of.begin(), part_of.end());
+  EXPECT_EQ(traffic.exchanged, 2 * links * plan->in_bytes) << "not the chain";
+  for (int m = 0; m < members; ++m) {
+    EXPECT_EQ(std::memcmp(outs[m], expected[m].data(), plan->out_bytes), 0)
+        << v1::OpKind_Name(kind) << " " << v1::DType_Name(dt) << ", member " << m;
+    Registry::Get().Free(ins[m]);
+    Registry::Get().Free(outs[m]);
+  }
+}
+
+template <typename T>
+std::vector<uint8_t> Bytes(std::initializer_list<T> values) {
+  std::vector<uint8_t> b(values.size() * sizeof(T));
+  std::memcpy(b.data(), values.begin(), b.size());
+  return b;
+}
+
+TEST(SpanningTest, TheChainCarriesANegativeZeroRunningSum) {
+  // 2^-126 + -1.5 * 2^-126 flushes to -0.0 on partition 0; -0.0 + -0.0 on
+  // partition 1 stays -0.0 (a fold restarted from +0.0 would give +0.0).
+  // Likewise a NaN, an infinity and ordinary values in the other elements.
+  const std::vector<int> parts = {0, 0, 1};
+  ExpectChainBits(v1::PSUM, v1::FLOAT32, 4,
+                  {Bytes<uint32_t>({0x00800000u, 0x7fc00001u, 0x7f800000u, 0x3f800000u}),
+                   Bytes<uint32_t>({0x80c00000u, 0x3f800000u, 0x3f800000u, 0x80000001u}),
+                   Bytes<uint32_t>({0x80000000u, 0x40000000u, 0xff800000u, 0x80000000u})},
+                  parts);
+  ExpectChainBits(v1::PMEAN, v1::FLOAT32, 4,
+                  {Bytes<uint32_t>({0x00800000u, 0x00000000u}),
+                   Bytes<uint32_t>({0x80c00000u, 0x80000000u}),
+                   Bytes<uint32_t>({0x80000001u, 0x80000000u})},
+                  parts);
+  ExpectChainBits(v1::PSUM, v1::FLOAT64, 8,
+                  {Bytes<uint64_t>({0x0010000000000000ull}),
+                   Bytes<uint64_t>({0x8018000000000000ull}),
+                   Bytes<uint64_t>({0x8000000000000000ull})},
+                  parts);
+  // A first partition of one member sends its raw input: a -0.0, a
+  // subnormal and a signaling NaN there are the whole fold's first input
+  // (0 + -0.0 is +0.0, the subnormal flushes, the NaN is quieted).
+  ExpectChainBits(v1::PSUM, v1::FLOAT32, 4,
+                  {Bytes<uint32_t>({0x80000000u, 0x00000001u, 0x7f800001u}),
+                   Bytes<uint32_t>({0x80000000u, 0x80000000u, 0x3f800000u})},
+                  {0, 1});
+  // Four partitions, a -0.0 running sum over several hops.
+  ExpectChainBits(v1::PSUM, v1::FLOAT32, 4,
+                  {Bytes<uint32_t>({0x00800000u}), Bytes<uint32_t>({0x80c00000u}),
+                   Bytes<uint32_t>({0x80000000u}), Bytes<uint32_t>({0x80000001u}),
+                   Bytes<uint32_t>({0x80000000u})},
+                  {0, 0, 1, 2, 3});
+}
+
 TEST(SpanningTest, TheChainLeavesInterleavedMembersToTheLanes) {
   // Partition 0 holds members 0 and 2: no contiguous runs, so the lanes
   // (which also keep the order) run.

@@ -256,10 +256,9 @@ class OpRun {
   }
 
   absl::Status RunReduce() {
-    if (plan_.kind == OpKind::kPmean && plan_.mean_divisor > 0 &&
-        plan_.mean_divisor != plan_.group_size) {
+    if (plan_.continues_fold) {
       // Only the host chain (spanning.h, over Gloo) continues a fold.
-      return absl::UnimplementedError("cuda executor: pmean with a divisor other than the group's");
+      return absl::UnimplementedError("cuda executor: a reduction that continues a fold");
     }
     const size_t in_es = DTypeSize(plan_.dtype);
     const size_t out_es = DTypeSize(plan_.out_dtype);
