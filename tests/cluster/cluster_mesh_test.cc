@@ -107,9 +107,13 @@ void JoinAll(Cluster& cluster, const std::vector<int>& host_of, const std::strin
   }
 }
 
-v1::MeshInfo Describe(Daemon& d, const std::string& name) {
-  auto stub = v1::Collective::NewStub(
+std::unique_ptr<v1::Collective::Stub> StubOf(Daemon& d) {
+  return v1::Collective::NewStub(
       grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+}
+
+v1::MeshInfo Describe(Daemon& d, const std::string& name) {
+  auto stub = StubOf(d);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::DescribeMeshRequest req;
@@ -121,8 +125,7 @@ v1::MeshInfo Describe(Daemon& d, const std::string& name) {
 }
 
 v1::GetStatsResponse Stats(Daemon& d) {
-  auto stub = v1::Collective::NewStub(
-      grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+  auto stub = StubOf(d);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::GetStatsResponse stats;
@@ -300,8 +303,7 @@ TEST(ClusterMeshTest, AMemberClosedOnOneHostIsSeenOnTheOthers) {
     // On h1 the op has both its members (1 and 3) once the daemon has taken
     // both submissions: it runs, waiting for h2; members 0 and 2 are on
     // other hosts, not missing here.
-    auto stub = v1::Collective::NewStub(grpc::CreateChannel(
-        "unix:" + (*cluster)->daemon(1).socket(), grpc::InsecureChannelCredentials()));
+    auto stub = StubOf((*cluster)->daemon(1));
     v1::ListPendingOpsResponse pending;
     Eventually([&] {
       grpc::ClientContext ctx;
@@ -333,8 +335,7 @@ TEST(ClusterMeshTest, AMemberClosedOnOneHostIsSeenOnTheOthers) {
 }
 
 int MeshCount(Daemon& d) {
-  auto stub = v1::Collective::NewStub(
-      grpc::CreateChannel("unix:" + d.socket(), grpc::InsecureChannelCredentials()));
+  auto stub = StubOf(d);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::ListMeshesResponse resp;
