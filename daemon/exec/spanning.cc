@@ -87,8 +87,8 @@ class SpanningOp {
 
   // The chain schedule's runs: the group's members (group indices) cut into
   // one run per partition, in group order; empty when the chain does not
-  // apply (not asked for, not exact, or a partition whose members are not
-  // contiguous in the group).
+  // apply (not asked for, not exact, a partition whose members are not
+  // contiguous in the group, or one member per partition).
   std::vector<std::vector<int>> ChainRuns() const {
     std::vector<std::vector<int>> runs;
     if (!options_.chain || !ChainExact() || parts_.size() < 2) return runs;
@@ -104,6 +104,11 @@ class SpanningOp {
       seen.push_back(part);
       runs.push_back({i});
     }
+    // One member per partition: the lanes send what a ring sends (2(P-1)/P
+    // of S per partition) and every partition sends and receives at once,
+    // where the chain's first hop waits for nothing to come back; the chain
+    // only saves bytes where a partition combines several members.
+    if (static_cast<int>(runs.size()) == n()) return {};
     return runs;
   }
 

@@ -30,7 +30,7 @@
 //  - chain (asked for with SpanningOptions::chain; the schedule of hosts):
 //    psum/pmean/pmax/pmin of one group whose members form one contiguous run
 //    per partition in group order (partition p0's members first, then p1's,
-//    ...), and whose fold can continue from a partial result with the same
+//    ...), some partition holding several of them, and whose fold can continue from a partial result with the same
 //    bits (max/min of every dtype; sums of float32, float64, float16 and
 //    integers, which round to the dtype after every addition or wrap; not
 //    bfloat16/float8 sums, which accumulate wider than the dtype, and not
@@ -45,7 +45,9 @@
 //    its number of members: the members of one partition are combined
 //    there, only one partial crosses. With two partitions that is what a
 //    ring all-reduce sends (S each); with P > 2 the middle ones send 2S
-//    where a ring sends 2(P-1)/P*S, and every link carries S each way.
+//    where a ring sends 2(P-1)/P*S, and every link carries S each way. With
+//    one member per partition the lanes run instead (the same bytes as a
+//    ring, every partition sending and receiving at once).
 //
 // Thread-safety: RunSpanning uses only the fabric it is given; a Fabric is
 // used by one op at a time.

@@ -193,8 +193,8 @@ TEST(SpanningTest, TheChainOverManyPartitionsAndChunks) {
   // up to the whole array: every result has the one-partition bits
   // (SpanningPsum checks them; the values' float sum depends on the order).
   const std::vector<std::vector<int>> layouts = {
-      {0, 1},          {0, 0, 1},       {0, 1, 1, 1},       {0, 1, 2},
-      {0, 0, 1, 2, 2}, {0, 1, 1, 2, 3}, {3, 3, 0, 1, 1, 2}, {1, 0}};
+      {0, 1, 1},       {0, 0, 1},       {0, 1, 1, 1},       {0, 1, 2, 2},
+      {0, 0, 1, 2, 2}, {0, 1, 1, 2, 3}, {3, 3, 0, 1, 1, 2}, {1, 1, 0}};
   for (const std::vector<int>& parts : layouts) {
     const int members = static_cast<int>(parts.size());
     auto part_of = [&](int m) { return parts[m]; };
@@ -284,14 +284,23 @@ TEST(SpanningTest, TheChainCarriesANegativeZeroRunningSum) {
   // (0 + -0.0 is +0.0, the subnormal flushes, the NaN is quieted).
   ExpectChainBits(v1::PSUM, v1::FLOAT32, 4,
                   {Bytes<uint32_t>({0x80000000u, 0x00000001u, 0x7f800001u}),
-                   Bytes<uint32_t>({0x80000000u, 0x80000000u, 0x3f800000u})},
-                  {0, 1});
+                   Bytes<uint32_t>({0x80000000u, 0x80000000u, 0x3f800000u}),
+                   Bytes<uint32_t>({0x80000000u, 0x80000000u, 0x00000000u})},
+                  {0, 1, 1});
   // Four partitions, a -0.0 running sum over several hops.
   ExpectChainBits(v1::PSUM, v1::FLOAT32, 4,
                   {Bytes<uint32_t>({0x00800000u}), Bytes<uint32_t>({0x80c00000u}),
                    Bytes<uint32_t>({0x80000000u}), Bytes<uint32_t>({0x80000001u}),
                    Bytes<uint32_t>({0x80000000u})},
                   {0, 0, 1, 2, 3});
+}
+
+TEST(SpanningTest, TheChainLeavesOneMemberPerPartitionToTheLanes) {
+  // Lanes of 50 elements: each partition receives its lane of the other's
+  // input and sends its reduced lane back, both in one exchange each.
+  PsumRun r = SpanningPsum(2, 100, [](int m) { return m; }, false, Chain(64));
+  EXPECT_EQ(r.exchanges, 2);
+  EXPECT_EQ(r.traffic.exchanged, (50 + 50 + 50 + 50) * sizeof(float));
 }
 
 TEST(SpanningTest, TheChainLeavesInterleavedMembersToTheLanes) {
