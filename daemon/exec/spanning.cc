@@ -198,17 +198,10 @@ class SpanningOp {
       const uint64_t len = begin[j + 1] - begin[j];
       if (len == 0) continue;
       const int owner = parts_[j];
-      OpPlan& sub = plans_.emplace_back(plan_);
-      sub.in_shape = sub.out_shape = {static_cast<int64_t>(len)};
-      sub.in_bytes = sub.out_bytes = len * es;
-      sub.groups.assign(1, {});
-      sub.group_of.assign(n(), 0);
-      sub.index_in_group.clear();
+      SlicePlan(len, n());
       std::vector<MemberIo>& io = ios_.emplace_back();
       for (int i = 0; i < n(); ++i) {
         const MemberIo& m = io_[group[i]];
-        sub.groups[0].push_back(i);
-        sub.index_in_group.push_back(i);
         if (m.device == owner) {
           io.push_back(MemberIo{m.in + begin[j] * es, m.out + begin[j] * es, owner});
           continue;
@@ -279,7 +272,7 @@ class SpanningOp {
     // the only member of the first partition (a fold of one input is the
     // input, for the next partition's fold).
     auto partial = [&](int h) -> const uint8_t* {
-      if (h == 0 && runs[0].size() == 1) return io_[group[runs[0][0]]].in;
+      if (SendsInput(runs, h)) return io_[group[runs[0][0]]].in;
       return first_out(h);
     };
     // What partitions 1.. receive: the running result, chunk by chunk.
@@ -297,7 +290,7 @@ class SpanningOp {
       for (int h = 0; h < hosts; ++h) {
         const int64_t c = t - h;
         if (c < 0 || c >= static_cast<int64_t>(chunks)) continue;
-        if (h == 0 && runs[0].size() == 1) continue;  // sends its input
+        if (SendsInput(runs, h)) continue;
         COLLECTIVED_SPANNING_RETURN_IF_ERROR(
             Fold(runs, h, chunk_begin(c), chunk_len(c), received[h]));
       }
@@ -340,15 +333,12 @@ class SpanningOp {
     const bool last = h + 1 == static_cast<int>(runs.size());
     const int part = io_[group[runs[h][0]]].device;
     const uint64_t es = DTypeSize(plan_.dtype);
-    OpPlan& sub = plans_.emplace_back(plan_);
+    OpPlan& sub = SlicePlan(len, static_cast<int>(runs[h].size()) + (h > 0 ? 1 : 0));
     if (!last && sub.kind == OpKind::kPmean) sub.kind = OpKind::kPsum;
-    // The running result, except from a first partition of one member,
-    // which sends its raw input: then this is the whole fold's start.
-    sub.continues_fold = h > 1 || (h == 1 && runs[0].size() > 1);
+    // What arrives is the running result, unless the partition before sent
+    // its raw input: then this is the whole fold's start.
+    sub.continues_fold = h > 0 && !SendsInput(runs, h - 1);
     sub.mean_divisor = n();
-    sub.mesh_members = plan_.mesh_members > 0 ? plan_.mesh_members : plan_.members();
-    sub.in_shape = sub.out_shape = {static_cast<int64_t>(len)};
-    sub.in_bytes = sub.out_bytes = len * es;
     std::vector<MemberIo>& io = ios_.emplace_back();
     if (h > 0) io.push_back(MemberIo{received + begin * es, nullptr, part});
     for (size_t r = 0; r < runs[h].size(); ++r) {
@@ -356,15 +346,32 @@ class SpanningOp {
       io.push_back(MemberIo{m.in + begin * es,
                             (last || r == 0) ? m.out + begin * es : nullptr, part});
     }
-    sub.group_size = static_cast<int>(io.size());
+    return fabric_->RunLocal(part, sub, io);
+  }
+
+  // Whether chain partition h sends its member's raw input on (the first
+  // partition, when it has one member: a fold of one input is that input,
+  // for the next partition's fold) instead of a running result it folded.
+  static bool SendsInput(const std::vector<std::vector<int>>& runs, int h) {
+    return h == 0 && runs[0].size() == 1;
+  }
+
+  // A sub-plan of the op (kept until Finish) over `len` elements and one
+  // group of `members` members in order 0..members-1, the mesh's size kept.
+  OpPlan& SlicePlan(uint64_t len, int members) {
+    OpPlan& sub = plans_.emplace_back(plan_);
+    sub.mesh_members = plan_.mesh_members > 0 ? plan_.mesh_members : plan_.members();
+    sub.in_shape = sub.out_shape = {static_cast<int64_t>(len)};
+    sub.in_bytes = sub.out_bytes = len * DTypeSize(plan_.dtype);
+    sub.group_size = members;
     sub.groups.assign(1, {});
-    sub.group_of.assign(io.size(), 0);
+    sub.group_of.assign(members, 0);
     sub.index_in_group.clear();
-    for (int i = 0; i < sub.group_size; ++i) {
+    for (int i = 0; i < members; ++i) {
       sub.groups[0].push_back(i);
       sub.index_in_group.push_back(i);
     }
-    return fabric_->RunLocal(part, sub, io);
+    return sub;
   }
 
   absl::Status Exchange(const std::vector<Transfer>& transfers) {
