@@ -788,33 +788,34 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
   {
     MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
-    // A mesh that did not fill by the first joiner's deadline: the joiners
-    // whose own deadline has passed fail with the registry's answer, the
-    // others keep waiting, until the next deadline among them.
-    absl::Time next = absl::InfiniteFuture();
-    if (it != meshes_.end() && it->second->state == MeshState::kForming && !shutting_down_ &&
-        !formed.ok() && formed.status().code() == absl::StatusCode::kDeadlineExceeded) {
-      const absl::Time now = absl::Now();
-      for (const auto& [index, waiter] : it->second->join_waiters) {
-        if (waiter.deadline > now) next = std::min(next, waiter.deadline);
-      }
-    }
     if (it == meshes_.end() || it->second->state != MeshState::kForming || shutting_down_) {
       // Every local joiner left meanwhile (the registry was told), or the
       // daemon is stopping.
       if (formed.ok()) orphan = std::move(formed->mesh);
-    } else if (next != absl::InfiniteFuture()) {
-      Mesh& mesh = *it->second;
-      std::vector<int> expired;
-      for (const auto& [index, waiter] : mesh.join_waiters) {
-        if (waiter.deadline < next) expired.push_back(index);
-      }
-      for (int index : expired) RemoveJoiner(mesh, index, formed.status(), cbs);
-      StartForm(mesh, next, cbs);
     } else if (!formed.ok()) {
-      LogEvent(LogLevel::kWarn, "mesh_not_formed",
-               {{"mesh", it->second->name}, {"error", formed.status().ToString()}});
-      FailForming(it, formed.status(), cbs);
+      // A mesh that did not fill by the first joiner's deadline: the joiners
+      // whose own deadline has passed fail with the registry's answer, the
+      // others keep waiting, until the next deadline among them.
+      Mesh& mesh = *it->second;
+      absl::Time next = absl::InfiniteFuture();
+      if (formed.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        const absl::Time now = absl::Now();
+        for (const auto& [index, waiter] : mesh.join_waiters) {
+          if (waiter.deadline > now) next = std::min(next, waiter.deadline);
+        }
+      }
+      if (next != absl::InfiniteFuture()) {
+        std::vector<int> expired;
+        for (const auto& [index, waiter] : mesh.join_waiters) {
+          if (waiter.deadline < next) expired.push_back(index);
+        }
+        for (int index : expired) RemoveJoiner(mesh, index, formed.status(), cbs);
+        StartForm(mesh, next, cbs);
+      } else {
+        LogEvent(LogLevel::kWarn, "mesh_not_formed",
+                 {{"mesh", mesh.name}, {"error", formed.status().ToString()}});
+        FailForming(it, formed.status(), cbs);
+      }
     } else {
       Mesh& mesh = *it->second;
       const MeshTopology& t = formed->topology;
