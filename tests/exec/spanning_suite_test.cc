@@ -5,7 +5,9 @@
 // the schedules move.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "daemon/core/op_plan.h"
@@ -69,66 +71,72 @@ INSTANTIATE_TYPED_TEST_SUITE_P(SpanningTwoBlocked, ExecutorSuite, SpanningTwoBlo
 INSTANTIATE_TYPED_TEST_SUITE_P(ChainThreeRuns, ExecutorSuite, ChainThreeRuns);
 INSTANTIATE_TYPED_TEST_SUITE_P(ChainTwoRoundRobin, ExecutorSuite, ChainTwoRoundRobin);
 
-// A psum of `members` float32 vectors of `elems`, member m on partition
-// part_of(m), through a HostFabric; returns the traffic and checks every
-// output against the one-partition CPU result.
+// What a spanning run did.
 struct PsumRun {
   SpanningTraffic traffic;
   int exchanges = 0;
   int local_runs = 0;
 };
 
-template <typename PartOf>
-PsumRun SpanningPsum(int members, int64_t elems, PartOf part_of, bool in_place,
-                     const SpanningOptions& options = {}, v1::OpKind kind = v1::PSUM) {
-  v1::OpSpec spec;
-  spec.set_kind(kind);
-  spec.set_dtype(v1::FLOAT32);
-  spec.add_shape(elems);
-  MeshShape mesh{{"x"}, {members}};
-  auto plan = PlanOp(spec, mesh);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  PsumRun result;
-  if (!plan.ok()) return result;
-  const uint64_t bytes = plan->in_bytes;
-  std::vector<std::vector<float>> data(members, std::vector<float>(elems));
-  for (int m = 0; m < members; ++m) {
-    for (int64_t e = 0; e < elems; ++e) {
-      // Values whose float sum depends on the order.
-      data[m][e] = (m % 2 == 0 ? 1.0f : 1e-7f) * static_cast<float>(e + 1) + 0.1f * m;
-    }
-  }
-  // The one-partition result.
-  std::vector<std::vector<float>> expected(members, std::vector<float>(elems));
-  std::vector<MemberIo> ref_io(members);
-  for (int m = 0; m < members; ++m) {
-    ref_io[m] = MemberIo{reinterpret_cast<const uint8_t*>(data[m].data()),
-                         reinterpret_cast<uint8_t*>(expected[m].data()), -1};
-  }
+// `plan` over members whose inputs are `in` (raw bytes), member m on
+// partition part_of(m) (outputs in place or apart), through a HostFabric
+// with `options`; checks every output against the one-partition CPU result
+// and returns what the run did.
+PsumRun RunAgainstOnePartition(const OpPlan& plan, const std::vector<std::vector<uint8_t>>& in,
+                               const std::function<int(int)>& part_of, bool in_place,
+                               const SpanningOptions& options) {
+  const int members = static_cast<int>(in.size());
+  std::vector<std::vector<uint8_t>> expected(members, std::vector<uint8_t>(plan.out_bytes));
+  std::vector<MemberIo> ref(members);
+  for (int m = 0; m < members; ++m) ref[m] = MemberIo{in[m].data(), expected[m].data(), -1};
   CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
-  EXPECT_TRUE(cpu.Run(*plan, ref_io).ok());
+  EXPECT_TRUE(cpu.Run(plan, ref).ok());
 
   std::vector<void*> ins(members), outs(members);
   std::vector<MemberIo> io(members);
   for (int m = 0; m < members; ++m) {
-    ins[m] = Registry::Get().Allocate(bytes, part_of(m));
-    std::memcpy(ins[m], data[m].data(), bytes);
-    outs[m] = in_place ? ins[m] : Registry::Get().Allocate(bytes, part_of(m));
+    ins[m] = Registry::Get().Allocate(plan.in_bytes, part_of(m));
+    std::memcpy(ins[m], in[m].data(), plan.in_bytes);
+    outs[m] = in_place ? ins[m] : Registry::Get().Allocate(plan.out_bytes, part_of(m));
     io[m] = MemberIo{static_cast<const uint8_t*>(ins[m]), static_cast<uint8_t*>(outs[m]),
                      part_of(m)};
   }
+  PsumRun result;
   CpuExecutor local(CpuExecutorOptions{.threads = 2});
   HostFabric fabric(&local);
-  absl::Status st = RunSpanning(*plan, io, &fabric, &result.traffic, options);
+  absl::Status st = RunSpanning(plan, io, &fabric, &result.traffic, options);
   EXPECT_TRUE(st.ok()) << st;
   result.exchanges = fabric.exchanges();
   result.local_runs = fabric.local_runs();
   for (int m = 0; m < members; ++m) {
-    EXPECT_EQ(std::memcmp(outs[m], expected[m].data(), bytes), 0) << "member " << m;
+    EXPECT_EQ(std::memcmp(outs[m], expected[m].data(), plan.out_bytes), 0)
+        << plan.signature << ", member " << m;
     Registry::Get().Free(ins[m]);
     if (!in_place) Registry::Get().Free(outs[m]);
   }
   return result;
+}
+
+// A `kind` (psum by default) of `members` float32 vectors of `elems` whose
+// float sum depends on the order, through RunAgainstOnePartition.
+PsumRun SpanningPsum(int members, int64_t elems, const std::function<int(int)>& part_of,
+                     bool in_place, const SpanningOptions& options = {},
+                     v1::OpKind kind = v1::PSUM) {
+  v1::OpSpec spec;
+  spec.set_kind(kind);
+  spec.set_dtype(v1::FLOAT32);
+  spec.add_shape(elems);
+  auto plan = PlanOp(spec, MeshShape{{"x"}, {members}});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return PsumRun{};
+  std::vector<std::vector<uint8_t>> data(members, std::vector<uint8_t>(plan->in_bytes));
+  for (int m = 0; m < members; ++m) {
+    for (int64_t e = 0; e < elems; ++e) {
+      const float v = (m % 2 == 0 ? 1.0f : 1e-7f) * static_cast<float>(e + 1) + 0.1f * m;
+      std::memcpy(data[m].data() + e * sizeof(float), &v, sizeof(v));
+    }
+  }
+  return RunAgainstOnePartition(*plan, data, part_of, in_place, options);
 }
 
 TEST(SpanningTest, OneMemberPerPartitionMovesWhatARingAllReduceMoves) {
@@ -217,39 +225,16 @@ TEST(SpanningTest, TheChainOverManyPartitionsAndChunks) {
 // every output must have the one-partition bits.
 void ExpectChainBits(v1::OpKind kind, v1::DType dt, size_t es,
                      const std::vector<std::vector<uint8_t>>& in, const std::vector<int>& part_of) {
-  const int members = static_cast<int>(in.size());
   v1::OpSpec spec;
   spec.set_kind(kind);
   spec.set_dtype(dt);
   spec.add_shape(static_cast<int64_t>(in[0].size() / es));
-  auto plan = PlanOp(spec, MeshShape{{"x"}, {members}});
+  auto plan = PlanOp(spec, MeshShape{{"x"}, {static_cast<int>(in.size())}});
   ASSERT_TRUE(plan.ok()) << plan.status();
-  std::vector<std::vector<uint8_t>> expected(members, std::vector<uint8_t>(plan->out_bytes));
-  std::vector<MemberIo> ref(members);
-  for (int m = 0; m < members; ++m) ref[m] = MemberIo{in[m].data(), expected[m].data(), -1};
-  CpuExecutor cpu(CpuExecutorOptions{.threads = 1});
-  ASSERT_TRUE(cpu.Run(*plan, ref).ok());
-  std::vector<void*> ins(members), outs(members);
-  std::vector<MemberIo> io(members);
-  for (int m = 0; m < members; ++m) {
-    ins[m] = Registry::Get().Allocate(plan->in_bytes, part_of[m]);
-    outs[m] = Registry::Get().Allocate(plan->out_bytes, part_of[m]);
-    std::memcpy(ins[m], in[m].data(), plan->in_bytes);
-    io[m] = MemberIo{static_cast<const uint8_t*>(ins[m]), static_cast<uint8_t*>(outs[m]),
-                     part_of[m]};
-  }
-  CpuExecutor local(CpuExecutorOptions{.threads = 1});
-  HostFabric fabric(&local);
-  SpanningTraffic traffic;
-  ASSERT_TRUE(RunSpanning(*plan, io, &fabric, &traffic, Chain(4096)).ok());
+  const PsumRun r = RunAgainstOnePartition(
+      *plan, in, [&](int m) { return part_of[m]; }, /*in_place=*/false, Chain(4096));
   const int links = *std::max_element(part_of.begin(), part_of.end());
-  EXPECT_EQ(traffic.exchanged, 2 * links * plan->in_bytes) << "not the chain";
-  for (int m = 0; m < members; ++m) {
-    EXPECT_EQ(std::memcmp(outs[m], expected[m].data(), plan->out_bytes), 0)
-        << v1::OpKind_Name(kind) << " " << v1::DType_Name(dt) << ", member " << m;
-    Registry::Get().Free(ins[m]);
-    Registry::Get().Free(outs[m]);
-  }
+  EXPECT_EQ(r.traffic.exchanged, 2 * links * plan->in_bytes) << "not the chain";
 }
 
 template <typename T>
