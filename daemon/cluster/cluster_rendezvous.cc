@@ -227,12 +227,10 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, in
   ClusterGlooStore store(client, std::chrono::milliseconds(
                                      absl::ToInt64Milliseconds(options_.connect_timeout)));
   gloo::rendezvous::PrefixStore prefixed(MeshStorePrefix(key, generation), store);
-  GlooMeshOptions gloo_options;
-  gloo_options.chunk_bytes = options_.chunk_bytes;
   auto mesh = ConnectGlooMesh(
       prefixed, t, bind_host,
       std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.connect_timeout)),
-      gloo_options);
+      options_.gloo);
   if (!mesh.ok()) {
     return absl::Status(mesh.status().code(),
                         absl::StrCat("connecting the hosts of mesh '", key, "' generation ",

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "common/sync.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/gloo_mesh.h"
 #include "daemon/core/rendezvous.h"
 #include "daemon/exec/thread_pool.h"
 
@@ -40,8 +41,8 @@ struct ClusterRendezvousOptions {
   int form_threads = 16;
   // Whether this daemon serves the coordinator (reported in Status).
   bool serves_coordinator = false;
-  // The chain's chunk (GlooMeshOptions).
-  uint64_t chunk_bytes = uint64_t{4} << 20;
+  // How formed meshes run their ops across hosts.
+  GlooMeshOptions gloo;
 };
 
 class ClusterRendezvous final : public MeshRendezvous {

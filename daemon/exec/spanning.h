@@ -30,9 +30,10 @@
 //  - chain (asked for with SpanningOptions::chain; the schedule of hosts):
 //    psum/pmean/pmax/pmin of one group whose members form one contiguous run
 //    per partition in group order (partition p0's members first, then p1's,
-//    ...), some partition holding several of them, and whose fold can continue from a partial result with the same
-//    bits (max/min of every dtype; sums of float32, float64, float16 and
-//    integers, which round to the dtype after every addition or wrap; not
+//    ...), some partition holding several of them, and whose fold can
+//    continue from a partial result with the same bits (max/min of every
+//    dtype; sums and means of float32, float64 and float16, which round to
+//    the dtype after every addition; integer sums, which wrap; not
 //    bfloat16/float8 sums, which accumulate wider than the dtype, and not
 //    bool). The elements are cut into chunks; partition h folds chunk c of
 //    the running result of the partitions before it with its own members'

@@ -382,7 +382,7 @@ int Main(int argc, char** argv) {
     if (chunk < 4096) {
       return Fail(absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096"));
     }
-    ro.chunk_bytes = static_cast<uint64_t>(chunk);
+    ro.gloo.chunk_bytes = static_cast<uint64_t>(chunk);
     ro.serves_coordinator = serve_coordinator;
     rendezvous = std::make_unique<ClusterRendezvous>(ro);
     options.rendezvous = rendezvous.get();
