@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
   docker-compose python3-pip openssl clang libclang-rt-14-dev
-  libopenmpi-dev openmpi-bin libgloo-dev prometheus-cpp-dev
+  libopenmpi-dev openmpi-bin libgloo-dev prometheus-cpp-dev python3-dev python3-venv
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -24,7 +24,7 @@ fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 req="$here/tests/python/requirements.txt"
-if [ -f "$req" ] && ! python3 -c 'import grpc, grpc_health, grpc_reflection, grpc_tools, pytest, yaml, kubernetes_validate' 2>/dev/null; then
+if [ -f "$req" ] && ! python3 -c 'import grpc, grpc_health, grpc_reflection, grpc_tools, pytest, yaml, kubernetes_validate, nanobind, scikit_build_core, numpy, ml_dtypes' 2>/dev/null; then
   echo "installing Python test requirements"
   python3 -m pip install -q -r "$req" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages -r "$req"

@@ -107,6 +107,7 @@ class OpState {
   }
   absl::Status Wait(std::optional<absl::Duration> timeout);
   bool Ready() const { return done_flag_.load(std::memory_order_acquire); }
+  absl::Duration default_wait() const { return default_wait_; }
   absl::Status status() {
     MutexLock lock(&mu_);
     return status_;
@@ -431,6 +432,9 @@ absl::Status OpFuture::Wait(std::optional<absl::Duration> timeout) const {
   return state_->Wait(timeout);
 }
 bool OpFuture::Ready() const { return state_ && state_->Ready(); }
+absl::Duration OpFuture::default_timeout() const {
+  return state_ ? state_->default_wait() : absl::ZeroDuration();
+}
 int64_t OpFuture::sequence() const { return state_ ? state_->sequence() : -1; }
 std::vector<int64_t> OpFuture::out_shape() const {
   return state_ ? state_->out_shape() : std::vector<int64_t>{};

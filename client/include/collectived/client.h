@@ -209,6 +209,9 @@ class OpFuture {
   absl::Status Wait(std::optional<absl::Duration> timeout = std::nullopt) const;
   // True once the op completed (successfully or not).
   bool Ready() const;
+  // How long Wait() waits when given no timeout: the mesh's op timeout plus a
+  // grace period (zero for an empty future).
+  absl::Duration default_timeout() const;
   // The op's sequence number on its mesh, once completed (-1 before).
   int64_t sequence() const;
   // Shape and dtype of the result, once completed.

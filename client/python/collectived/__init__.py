@@ -1,0 +1,644 @@
+"""collectived: JAX's named-axis collectives across processes.
+
+A process connects to its host's collectived daemon, joins a mesh of named
+axes with the other processes of its job, and runs psum, pmean, pmax, pmin,
+all_gather, ppermute, psum_scatter, all_to_all, broadcast and barrier over
+the mesh's axes, as ``jax.lax`` does over the devices of one program::
+
+    import numpy as np
+    import collectived
+
+    with collectived.connect(name="worker") as c:
+        mesh = c.join_mesh("train", {"data": 4}, timeout=60)
+        x = mesh.zeros((1024,), np.float32)      # lives in shared memory
+        x[:] = mesh.axis_index("data")
+        mesh.psum(x, "data")                     # in place: x is now 0+1+2+3
+        m = mesh.pmean(x, "data", inplace=False)  # a new array, x unchanged
+
+Arrays allocated by ``Client.empty``/``zeros``/``buffer`` (and the ``Mesh``
+forms) are numpy arrays over memory the daemon shares with this process: ops
+on them copy nothing in this process. Any other numpy array (or anything
+``np.asarray`` accepts) works too, staged through a pooled shared buffer: one
+copy in and one copy out per op (the cost of a ``memcpy`` of the array each
+way).
+
+Every member must run the same collectives in the same order. Errors are
+exceptions carrying the daemon's status code and message (``Aborted`` naming
+the member that died, ``DeadlineExceeded`` naming those that never
+submitted, ...), all subclasses of ``collectived.Error``. Waits release the
+GIL and return on Ctrl-C (``KeyboardInterrupt``; the op itself still runs to
+completion or to its deadline in the daemon, and writes its result when it
+completes).
+
+``*_async`` forms return a ``Future`` (``result(timeout)``, ``done()``, and
+``await fut`` in asyncio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import threading
+import weakref
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _collectived as _ext
+
+__all__ = [
+    "connect", "Client", "Mesh", "Future", "Error", "Cancelled", "Unknown", "InvalidArgument",
+    "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
+    "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented", "Internal", "Unavailable",
+    "DataLoss", "Unauthenticated", "DTYPES",
+]
+
+# ---------------------------------------------------------------------------
+# Errors: one class per gRPC status code, all subclasses of Error.
+# ---------------------------------------------------------------------------
+
+
+class Error(Exception):
+    """A collectived call failed. ``code`` is the gRPC status code (an int,
+    as ``grpc.StatusCode``'s value) and ``message`` the daemon's message."""
+
+    code = 2
+
+    def __init__(self, message: str = "", code: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}: {self.message}"
+
+
+class Cancelled(Error): code = 1
+class Unknown(Error): code = 2
+class InvalidArgument(Error, ValueError): code = 3
+class DeadlineExceeded(Error, TimeoutError): code = 4
+class NotFound(Error): code = 5
+class AlreadyExists(Error): code = 6
+class PermissionDenied(Error): code = 7
+class ResourceExhausted(Error): code = 8
+class FailedPrecondition(Error): code = 9
+class Aborted(Error): code = 10
+class OutOfRange(Error): code = 11
+class Unimplemented(Error, NotImplementedError): code = 12
+class Internal(Error): code = 13
+class Unavailable(Error, ConnectionError): code = 14
+class DataLoss(Error): code = 15
+class Unauthenticated(Error): code = 16
+
+
+_ERRORS = {cls.code: cls for cls in Error.__subclasses__()}
+
+
+def _error(code: int, message: str) -> Error:
+    return _ERRORS.get(code, Unknown)(message, code)
+
+
+_ext._set_error_factory(_error)
+
+# ---------------------------------------------------------------------------
+# Element types: numpy's names (ml_dtypes' for bfloat16 and the float8s).
+# ---------------------------------------------------------------------------
+
+#: numpy dtype name -> collectived.v1.DType value.
+DTYPES: Dict[str, int] = {
+    "float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int8": 5, "uint8": 6,
+    "int32": 7, "uint32": 8, "int64": 9, "uint64": 10, "bool": 11,
+    "float8_e4m3fn": 12, "float8_e5m2": 13,
+}
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    """np.dtype of a dtype-like, with ml_dtypes' names understood."""
+    if isinstance(dtype, str) and dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, dtype))
+    return np.dtype(dtype)
+
+
+def _code(dtype: np.dtype) -> int:
+    code = DTYPES.get(dtype.name)
+    if code is None:
+        raise InvalidArgument(
+            f"dtype {dtype.name} is not supported; supported: {', '.join(DTYPES)}")
+    return code
+
+
+# psum, pmean, ... as _collectived numbers them.
+_PSUM, _PMEAN, _PMAX, _PMIN, _ALL_GATHER, _PPERMUTE, _PSUM_SCATTER, _ALL_TO_ALL, \
+    _BROADCAST, _BARRIER = range(10)
+
+Axes = Union[str, Sequence[str]]
+
+
+def _result_dtype(kind: int, dtype: np.dtype) -> np.dtype:
+    """The dtype of an op's result, as in JAX: psum of bool counts (int32);
+    pmean of integers and bool is a float (float64 for 64-bit integers)."""
+    if kind in (_PSUM, _PSUM_SCATTER) and dtype == np.bool_:
+        return np.dtype(np.int32)
+    if kind == _PMEAN and dtype.kind in "biu":
+        return np.dtype(np.float64 if dtype.itemsize == 8 else np.float32)
+    return dtype
+
+
+def _axes(axes: Optional[Axes]) -> Optional[List[str]]:
+    """JAX's axis_name: a name, or a tuple of names (None: every axis)."""
+    if axes is None:
+        return None
+    if isinstance(axes, str):
+        return [axes]
+    names = list(axes)
+    if not all(isinstance(a, str) for a in names):
+        raise InvalidArgument(f"axis names must be strings, got {axes!r}")
+    return names
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class _Region:
+    """Where the shared buffers of this process are, to tell whether an array
+    lies in one (and where): sorted by address, weakly held."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: List[int] = []
+        self._buffers: List[weakref.ref] = []
+
+    def add(self, buf: "_ext.Buffer") -> None:
+        start = buf.address
+        with self._lock:
+            i = bisect.bisect_left(self._starts, start)
+            self._starts.insert(i, start)
+            self._buffers.insert(i, weakref.ref(buf, lambda _ref, s=start: self._drop(s)))
+
+    def _drop(self, start: int) -> None:
+        with self._lock:
+            i = bisect.bisect_left(self._starts, start)
+            if i < len(self._starts) and self._starts[i] == start:
+                del self._starts[i]
+                del self._buffers[i]
+
+    def find(self, a: np.ndarray) -> Optional[Tuple["_ext.Buffer", int]]:
+        """(buffer, byte offset) of a C-contiguous array inside a buffer."""
+        if not a.flags.c_contiguous:
+            return None
+        start = _address(a)
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i < 0:
+            return None
+        buf = self._buffers[i]()
+        if buf is None or start + a.nbytes > buf.address + buf.size:
+            return None
+        return buf, start - buf.address
+
+
+_regions = _Region()
+
+
+def _array_in(buf: "_ext.Buffer", shape: Sequence[int], dtype: np.dtype,
+              offset: int = 0) -> np.ndarray:
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return buf.view()[offset:offset + n].view(dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------
+# Futures
+# ---------------------------------------------------------------------------
+
+
+class Future:
+    """An op in flight. ``result()`` waits for it and returns its output
+    array (or raises its error); ``done()`` tells whether it completed;
+    ``await future`` waits in asyncio (in the loop's default executor)."""
+
+    def __init__(self, ext: "_ext.Future", finish):
+        self._ext = ext
+        self._finish = finish
+        self._result = None
+        self._finished = False
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._ext.done()
+
+    def result(self, timeout: Optional[float] = None) -> Optional[np.ndarray]:
+        """The op's output, once it completed; raises its error. ``timeout``
+        in seconds (default: the mesh's op timeout plus a grace period, after
+        which the daemon has failed the op anyway)."""
+        self._ext.wait(-1.0 if timeout is None else float(timeout))
+        with self._lock:
+            if not self._finished:
+                self._result = self._finish(self._ext) if self._finish else None
+                self._finished = True
+        return self._result
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[Error]:
+        """The op's error (None if it succeeded); waits like result()."""
+        try:
+            self.result(timeout)
+        except Error as e:
+            return e
+        return None
+
+    @property
+    def sequence(self) -> int:
+        """The op's sequence number on its mesh, once completed (-1 before)."""
+        return self._ext.sequence
+
+    @property
+    def timing(self) -> Dict[str, int]:
+        """Fast-path ops: where the time went (CLOCK_MONOTONIC ns)."""
+        return self._ext.timing
+
+    def __await__(self):
+        return asyncio.get_running_loop().run_in_executor(None, self.result).__await__()
+
+
+# ---------------------------------------------------------------------------
+# Client
+# ---------------------------------------------------------------------------
+
+
+def connect(name: str = "", socket: Optional[str] = None, *, connect_timeout: float = 10.0,
+            rpc_timeout: float = 30.0, close_timeout: float = 1.0,
+            fast_path: bool = True) -> "Client":
+    """Opens a session on the host's daemon.
+
+    socket: its control socket (default: $COLLECTIVED_SOCKET, else
+    $XDG_RUNTIME_DIR/collectived/collectived.sock, else
+    /tmp/collectived-<uid>/collectived.sock). name: shown in the daemon's
+    diagnostics. fast_path: submit ops through the session's shared-memory
+    queue (False: over gRPC; results are the same). Raises Unavailable when
+    no daemon answers within connect_timeout seconds.
+    """
+    return Client(_ext.Client.connect(socket or "", name, connect_timeout, rpc_timeout,
+                                      close_timeout, fast_path))
+
+
+class Client:
+    """A session with the daemon (from ``connect``). Closing it (``close()``,
+    ``with``, or garbage collection) breaks the meshes it is in for their
+    other members and frees its buffers in the daemon."""
+
+    def __init__(self, ext: "_ext.Client"):
+        self._ext = ext
+        self._pool_lock = threading.Lock()
+        self._pool: Dict[int, List[np.ndarray]] = {}
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the session (waits for the daemon at most close_timeout)."""
+        self._pool.clear()
+        self._ext.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._ext.closed
+
+    @property
+    def session_id(self) -> str:
+        return self._ext.session_id
+
+    @property
+    def socket_path(self) -> str:
+        return self._ext.socket_path
+
+    @property
+    def fast_path(self) -> bool:
+        return self._ext.fast_path
+
+    def buffer(self, nbytes: int, device: str = "cpu") -> np.ndarray:
+        """A new zeroed shared buffer of at least ``nbytes`` bytes, as a 1-D
+        uint8 array over its whole size. Freed in the daemon after the last
+        array viewing it is gone (at this client's next allocation or
+        ``collect()``), or when the client closes."""
+        if nbytes < 0:
+            raise InvalidArgument(f"nbytes must be >= 0, got {nbytes}")
+        buf = self._ext.allocate(max(int(nbytes), 1), device)
+        _regions.add(buf)
+        return buf.view()[:max(int(nbytes), 0)]
+
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
+        """A new array of ``shape`` and ``dtype`` in its own shared buffer
+        (zeroed: the daemon hands out zeroed memory)."""
+        dt = _dtype(dtype)
+        _code(dt)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return self.buffer(n)[:n].view(dt).reshape(shape)
+
+    zeros = empty
+
+    def collect(self) -> int:
+        """Frees in the daemon the buffers no array uses any more; returns
+        how many (allocations do this too)."""
+        return self._ext.collect()
+
+    def join_mesh(self, name: str, axes: Union[Dict[str, int], Sequence[Tuple[str, int]]], *,
+                  coordinate: Optional[Sequence[int]] = None, scope: str = "",
+                  timeout: float = 60.0, op_timeout: Optional[float] = None,
+                  join_token: str = "") -> "Mesh":
+        """Joins (or creates) mesh ``name`` with ``axes`` (major to minor,
+        e.g. ``{"data": 2, "model": 4}``); returns when every member joined.
+
+        coordinate: this member's place on each axis (default: the daemon
+        assigns the next free one; every member must choose the same way).
+        scope: the job the mesh belongs to. timeout: seconds to wait for the
+        others (DeadlineExceeded names the missing coordinates). op_timeout:
+        seconds each op waits for every member (default: the daemon's).
+        join_token: a secret the first member sets and the others must match.
+        """
+        pairs = list(axes.items()) if isinstance(axes, dict) else [tuple(p) for p in axes]
+        ext = self._ext.join_mesh(name, [(str(a), int(n)) for a, n in pairs],
+                                  [int(c) for c in (coordinate or ())], scope, float(timeout),
+                                  float(op_timeout or 0.0), join_token)
+        return Mesh(self, ext)
+
+    # Staging buffers for arrays that are not in shared memory, by size class
+    # (powers of two from 4 KiB), reused across ops.
+    def _stage(self, nbytes: int) -> np.ndarray:
+        cls = max(4096, 1 << max(0, int(nbytes) - 1).bit_length())
+        with self._pool_lock:
+            free = self._pool.get(cls)
+            if free:
+                return free.pop()
+        return self.buffer(cls)
+
+    def _unstage(self, block: np.ndarray) -> None:
+        with self._pool_lock:
+            self._pool.setdefault(block.size, []).append(block)
+
+
+# ---------------------------------------------------------------------------
+# Mesh
+# ---------------------------------------------------------------------------
+
+
+class _Operand:
+    """An op's argument as the extension wants it: (buffer, offset), staged
+    through a pooled buffer when the array is not in shared memory."""
+
+    __slots__ = ("array", "buf", "offset", "block")
+
+    def __init__(self, client: Client, array: np.ndarray, copy_in: bool):
+        self.array = array
+        self.block = None
+        found = _regions.find(array)
+        if found is None:
+            self.block = client._stage(array.nbytes)
+            if copy_in:
+                self.block[:array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            found = _regions.find(self.block)
+        self.buf, self.offset = found
+
+
+class Mesh:
+    """One member's place in a joined mesh (from ``Client.join_mesh``), and
+    the collectives over its axes. Leaving it (``leave()``, ``with``, or
+    garbage collection) breaks it for the other members."""
+
+    def __init__(self, client: Client, ext: "_ext.Mesh"):
+        self._client = client
+        self._ext = ext
+        self._sizes = dict(ext.axes)
+
+    def __enter__(self) -> "Mesh":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.leave()
+
+    def __repr__(self) -> str:
+        return (f"Mesh({self.name!r}, axes={self.axes}, coordinate={self.coordinate}, "
+                f"index={self.index}, generation={self.generation})")
+
+    id = property(lambda self: self._ext.id, doc="The daemon's id of the mesh.")
+    name = property(lambda self: self._ext.name)
+    generation = property(lambda self: self._ext.generation)
+    index = property(lambda self: self._ext.index, doc="Row-major index of this member.")
+    size = property(lambda self: self._ext.size, doc="The number of members.")
+    coordinate = property(lambda self: tuple(self._ext.coordinate))
+
+    @property
+    def axes(self) -> Dict[str, int]:
+        """Axis name -> size, major to minor."""
+        return dict(self._ext.axes)
+
+    def leave(self) -> None:
+        """Leaves the mesh (it breaks for the other members)."""
+        self._ext.leave()
+
+    def axis_index(self, axes: Axes) -> int:
+        """jax.lax.axis_index: this member's coordinate on ``axes`` (row-major
+        over several)."""
+        i = self._ext.axis_index(_axes(axes))
+        if i < 0:
+            raise InvalidArgument(f"mesh {self.name!r} has no axis {axes!r} (axes: {self.axes})")
+        return i
+
+    def axis_size(self, axes: Axes) -> int:
+        """The number of members along ``axes`` (product over several)."""
+        n = self._ext.axis_size(_axes(axes))
+        if n < 0:
+            raise InvalidArgument(f"mesh {self.name!r} has no axis {axes!r} (axes: {self.axes})")
+        return n
+
+    def empty(self, shape, dtype: Any = np.float32) -> np.ndarray:
+        """Client.empty: an array in its own shared buffer."""
+        return self._client.empty(shape, dtype)
+
+    zeros = empty
+
+    # -- the collectives ---------------------------------------------------
+
+    def _submit(self, kind: int, x: Optional[np.ndarray], axes: Optional[Axes], *,
+                out: Optional[np.ndarray] = None, out_shape: Optional[Tuple[int, ...]] = None,
+                inplace: bool = True, perm=(), a: int = 0, b: int = 0,
+                tiled: bool = False) -> Future:
+        names = _axes(axes)
+        if x is None:  # barrier
+            return Future(self._ext.submit(kind, None, 0, [], 0, names, None, 0, [], 0, [], 0, 0,
+                                           False), None)
+        if not isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        code = _code(x.dtype)
+        rdt = _result_dtype(kind, x.dtype)
+        client = self._client
+        src = _Operand(client, x, copy_in=True)
+        dst = None
+        if out is None and (out_shape is not None or not inplace or rdt != x.dtype):
+            # A result array of its own, in a new shared buffer.
+            out = client.empty(out_shape if out_shape is not None else x.shape, rdt)
+        if out is not None:
+            if not isinstance(out, np.ndarray) or out.dtype != rdt:
+                raise InvalidArgument(f"out must be a numpy array of the result's dtype ({rdt})")
+            if not out.flags.writeable:
+                raise InvalidArgument("out is read-only")
+            dst = _Operand(client, out, copy_in=False)
+        fut = self._ext.submit(kind, src.buf, src.offset, list(x.shape), code, names,
+                               dst.buf if dst else None, dst.offset if dst else 0,
+                               list(out.shape) if dst else [], _code(rdt) if dst else 0,
+                               [tuple(p) for p in perm],
+                               int(a), int(b), bool(tiled))
+        target = dst if dst is not None else src
+
+        def finish(ext: "_ext.Future") -> np.ndarray:
+            try:
+                shape = tuple(ext.out_shape)
+                if target.block is None:
+                    result = target.array
+                    return result if result.shape == shape else result.reshape(shape)
+                # Staged: the result sits in the pooled block.
+                n = int(np.prod(shape, dtype=np.int64)) * rdt.itemsize
+                staged = target.block[:n].view(rdt).reshape(shape)
+                dest = target.array
+                if dest.size == staged.size and dest.flags.writeable:
+                    np.copyto(dest, staged.reshape(dest.shape))
+                    return dest if dest.shape == shape else dest.reshape(shape)
+                return staged.copy()
+            finally:
+                for op in (src, dst):
+                    if op is not None and op.block is not None:
+                        client._unstage(op.block)
+
+        return Future(fut, finish)
+
+    def psum_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        return self._submit(_PSUM, x, axes, out=out, inplace=inplace)
+
+    def pmean_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace)
+
+    def pmax_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        return self._submit(_PMAX, x, axes, out=out, inplace=inplace)
+
+    def pmin_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        return self._submit(_PMIN, x, axes, out=out, inplace=inplace)
+
+    def psum(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
+        """jax.lax.psum over ``axes`` (a name or a tuple of names). The
+        result replaces ``x`` (returned), or goes to ``out``, or with
+        ``inplace=False`` to a new array (in shared memory). bool counts:
+        the result is a new int32 array, as in JAX."""
+        return self._submit(_PSUM, x, axes, out=out, inplace=inplace).result()
+
+    def pmean(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
+        """jax.lax.pmean. Integers and bool give floats (float32; float64 for
+        64-bit integers), in a new array; results otherwise as psum."""
+        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace).result()
+
+    def pmax(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
+        """jax.lax.pmax; results as psum."""
+        return self._submit(_PMAX, x, axes, out=out, inplace=inplace).result()
+
+    def pmin(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
+        """jax.lax.pmin; results as psum."""
+        return self._submit(_PMIN, x, axes, out=out, inplace=inplace).result()
+
+    def _gather_shape(self, x: np.ndarray, axes: Axes, axis: int, tiled: bool):
+        n = self.axis_size(axes)
+        shape = list(x.shape)
+        rank = len(shape) + (0 if tiled else 1)
+        pos = axis + rank if axis < 0 else axis
+        if not 0 <= pos < rank:
+            raise InvalidArgument(f"axis {axis} is out of range for a result of rank {rank}")
+        if tiled:
+            shape[pos] *= n
+        else:
+            shape.insert(pos, n)
+        return tuple(shape)
+
+    def all_gather_async(self, x, axes: Axes, *, axis: int = 0, tiled: bool = False,
+                         out=None) -> Future:
+        x = np.asarray(x)
+        shape = self._gather_shape(x, axes, axis, tiled) if out is None else None
+        return self._submit(_ALL_GATHER, x, axes, out=out, out_shape=shape, a=axis, tiled=tiled)
+
+    def all_gather(self, x, axes: Axes, *, axis: int = 0, tiled: bool = False,
+                   out=None) -> np.ndarray:
+        """jax.lax.all_gather: a new array (or ``out``) holding every group
+        member's x, stacked at ``axis`` (concatenated when ``tiled``)."""
+        return self.all_gather_async(x, axes, axis=axis, tiled=tiled, out=out).result()
+
+    def _scatter_shape(self, x: np.ndarray, axes: Axes, dim: int, tiled: bool):
+        n = self.axis_size(axes)
+        shape = list(x.shape)
+        pos = dim + len(shape) if dim < 0 else dim
+        if not 0 <= pos < len(shape):
+            raise InvalidArgument(f"scatter_dimension {dim} is out of range for rank {len(shape)}")
+        if tiled:
+            if shape[pos] % n:
+                raise InvalidArgument(
+                    f"dimension {pos} of size {shape[pos]} does not split over {n} members")
+            shape[pos] //= n
+        else:
+            if shape[pos] != n:
+                raise InvalidArgument(
+                    f"untiled psum_scatter needs dimension {pos} of size {n} (the group size), "
+                    f"got {shape[pos]}")
+            del shape[pos]
+        return tuple(shape)
+
+    def psum_scatter_async(self, x, axes: Axes, *, scatter_dimension: int = 0,
+                           tiled: bool = False, out=None) -> Future:
+        x = np.asarray(x)
+        shape = self._scatter_shape(x, axes, scatter_dimension, tiled) if out is None else None
+        return self._submit(_PSUM_SCATTER, x, axes, out=out, out_shape=shape,
+                            a=scatter_dimension, tiled=tiled)
+
+    def psum_scatter(self, x, axes: Axes, *, scatter_dimension: int = 0, tiled: bool = False,
+                     out=None) -> np.ndarray:
+        """jax.lax.psum_scatter: this member's block of the sum, a new array
+        (or ``out``)."""
+        return self.psum_scatter_async(x, axes, scatter_dimension=scatter_dimension,
+                                       tiled=tiled, out=out).result()
+
+    def ppermute_async(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
+                       inplace: bool = True) -> Future:
+        return self._submit(_PPERMUTE, x, axes, out=out, inplace=inplace, perm=list(perm))
+
+    def ppermute(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
+                 inplace: bool = True) -> np.ndarray:
+        """jax.lax.ppermute: (source, dest) index pairs along ``axes``; a
+        member that is no dest receives zeros."""
+        return self.ppermute_async(x, axes, perm, out=out, inplace=inplace).result()
+
+    def all_to_all_async(self, x, axes: Axes, split_axis: int, concat_axis: int, *,
+                         tiled: bool = False, out=None, inplace: bool = True) -> Future:
+        return self._submit(_ALL_TO_ALL, x, axes, out=out, inplace=inplace, a=split_axis,
+                            b=concat_axis, tiled=tiled)
+
+    def all_to_all(self, x, axes: Axes, split_axis: int, concat_axis: int, *,
+                   tiled: bool = False, out=None, inplace: bool = True) -> np.ndarray:
+        """jax.lax.all_to_all. In place (the result has x's byte size; its
+        shape is the returned array's)."""
+        return self.all_to_all_async(x, axes, split_axis, concat_axis, tiled=tiled, out=out,
+                                     inplace=inplace).result()
+
+    def broadcast_async(self, x, axes: Axes, root: int = 0, *, out=None,
+                        inplace: bool = True) -> Future:
+        return self._submit(_BROADCAST, x, axes, out=out, inplace=inplace, a=root)
+
+    def broadcast(self, x, axes: Axes, root: int = 0, *, out=None,
+                  inplace: bool = True) -> np.ndarray:
+        """Every member of the group receives the x of group index ``root``."""
+        return self.broadcast_async(x, axes, root, out=out, inplace=inplace).result()
+
+    def barrier_async(self, axes: Optional[Axes] = None) -> Future:
+        return self._submit(_BARRIER, None, axes)
+
+    def barrier(self, axes: Optional[Axes] = None) -> None:
+        """Returns when every member of the group (default: the mesh) got here."""
+        self._submit(_BARRIER, None, axes).result()

@@ -1,0 +1,427 @@
+// _collectived: the Python SDK's extension module, a thin layer over the C++
+// SDK (client/include/collectived/client.h). The Pythonic API (numpy arrays,
+// dtypes, staging, exceptions, futures) is collectived/__init__.py; this file
+// only moves calls across and keeps three promises the C++ SDK cannot keep
+// for Python by itself:
+//  - no wait holds the GIL, and every wait is interruptible (Ctrl-C raises
+//    KeyboardInterrupt within about 50 ms);
+//  - destroying a Python object never blocks on the daemon with the GIL held
+//    (Mesh and Client release it while they leave and close), and a Buffer
+//    dropped by Python is freed in the daemon later, by the client, without
+//    an RPC in the destructor (see Reclaim);
+//  - memory a numpy array views stays mapped as long as the array lives: the
+//    array's base is the Buffer object, and nothing else unmaps it.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "collectived/client.h"
+
+namespace nb = nanobind;
+
+namespace collectived::python {
+namespace {
+
+// Python's exception for a status: collectived/__init__.py registers a
+// factory (code, message) -> exception instance at import. Held forever:
+// the module outlives every call that raises.
+nb::object* error_factory = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& status) {
+  if (error_factory == nullptr) {
+    throw std::runtime_error(std::string(status.ToString()));
+  }
+  nb::object exc = (*error_factory)(static_cast<int>(status.code()), std::string(status.message()));
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw nb::python_error();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+absl::Duration Seconds(double s) { return absl::Seconds(s); }
+
+// Buffers whose last Python reference went away, waiting to be freed in the
+// daemon. A destructor must not make an RPC (it may run anywhere, with the
+// GIL held); the client frees them on its next allocation and when it closes.
+// Unused until then, they cost daemon memory only; the daemon frees whatever
+// is left when the session ends.
+struct Reclaim {
+  absl::Mutex mu;
+  std::vector<Buffer> pending ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+};
+
+class PyBuffer {
+ public:
+  PyBuffer(Buffer buffer, std::shared_ptr<Reclaim> reclaim)
+      : buffer_(std::move(buffer)), reclaim_(std::move(reclaim)) {}
+  ~PyBuffer() {
+    if (!buffer_.valid()) return;
+    absl::MutexLock lock(&reclaim_->mu);
+    // After the client closed, the daemon has freed it already: unmap only.
+    if (!reclaim_->closed) reclaim_->pending.push_back(std::move(buffer_));
+  }
+  PyBuffer(const PyBuffer&) = delete;
+  PyBuffer& operator=(const PyBuffer&) = delete;
+
+  const Buffer& buffer() const { return buffer_; }
+
+ private:
+  Buffer buffer_;
+  std::shared_ptr<Reclaim> reclaim_;
+};
+
+// Waits for `future` with the GIL released, in slices, so that signals
+// (Ctrl-C) are seen; `timeout` < 0: the future's own bound (the mesh's op
+// timeout plus grace). Raises the op's error, DeadlineExceeded when the wait
+// ran out, or whatever a signal handler raised.
+void WaitFor(const OpFuture& future, double timeout) {
+  const absl::Duration bound = timeout < 0 ? future.default_timeout() : Seconds(timeout);
+  const absl::Time deadline = absl::Now() + bound;
+  const absl::Duration slice = absl::Milliseconds(50);
+  while (!future.Ready()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      Raise(absl::DeadlineExceededError(absl::StrCat(
+          "the op did not complete within ", absl::FormatDuration(bound),
+          timeout < 0 ? " (its op timeout plus grace: the daemon did not answer)" : "")));
+    }
+    {
+      nb::gil_scoped_release unlocked;
+      future.Wait(std::min(left, slice)).IgnoreError();
+    }
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+  Check(future.Wait(absl::ZeroDuration()));
+}
+
+// An op in flight. Holds the buffers it reads and writes so that they stay
+// mapped until it completed even when Python dropped every array.
+class PyFuture {
+ public:
+  PyFuture(OpFuture future, std::vector<nb::object> keep)
+      : future_(std::move(future)), keep_(std::move(keep)) {}
+
+  bool done() const { return future_.Ready(); }
+  void wait(double timeout) {
+    WaitFor(future_, timeout);
+    keep_.clear();
+  }
+  // The error of a completed op (None when it succeeded or is not done).
+  std::optional<std::pair<int, std::string>> error() const {
+    if (!future_.Ready()) return std::nullopt;
+    absl::Status st = future_.Wait(absl::ZeroDuration());
+    if (st.ok()) return std::nullopt;
+    return std::make_pair(static_cast<int>(st.code()), std::string(st.message()));
+  }
+  std::vector<int64_t> out_shape() const { return future_.out_shape(); }
+  int64_t sequence() const { return future_.sequence(); }
+  nb::dict timing() const {
+    OpTiming t = future_.timing();
+    nb::dict d;
+    d["submitted_ns"] = t.submitted_ns;
+    d["taken_ns"] = t.taken_ns;
+    d["started_ns"] = t.started_ns;
+    d["completed_ns"] = t.completed_ns;
+    d["reaped_ns"] = t.reaped_ns;
+    return d;
+  }
+
+ private:
+  OpFuture future_;
+  std::vector<nb::object> keep_;
+};
+
+// Op kinds as collectived/__init__.py numbers them.
+enum Kind : int {
+  kPsum = 0,
+  kPmean = 1,
+  kPmax = 2,
+  kPmin = 3,
+  kAllGather = 4,
+  kPpermute = 5,
+  kPsumScatter = 6,
+  kAllToAll = 7,
+  kBroadcast = 8,
+  kBarrier = 9,
+};
+
+AxisNames Axes(const std::optional<std::vector<std::string>>& axes) {
+  return axes ? AxisNames(*axes) : AxisNames::All();
+}
+
+class PyMesh {
+ public:
+  explicit PyMesh(std::unique_ptr<Mesh> mesh) : mesh_(std::move(mesh)) {}
+  ~PyMesh() {
+    // ~Mesh leaves the mesh: an RPC bounded by the client's close timeout.
+    nb::gil_scoped_release unlocked;
+    mesh_.reset();
+  }
+  PyMesh(const PyMesh&) = delete;
+  PyMesh& operator=(const PyMesh&) = delete;
+
+  Mesh& mesh() { return *mesh_; }
+
+  // One entry point for every collective: x and out are (buffer, byte offset,
+  // shape, dtype) of arrays already in shared buffers; dtypes are
+  // collectived's DType values.
+  PyFuture Submit(int kind, nb::handle x_buffer, size_t x_offset, std::vector<int64_t> x_shape,
+                  int dtype, std::optional<std::vector<std::string>> axes, nb::handle out_buffer,
+                  size_t out_offset, std::vector<int64_t> out_shape, int out_dtype,
+                  std::vector<std::pair<int, int>> perm, int a, int b, bool tiled) {
+    if (kind < kPsum || kind > kBarrier) {
+      Raise(absl::InvalidArgumentError(absl::StrCat("unknown op kind ", kind)));
+    }
+    std::vector<nb::object> keep;
+    Array x, out;
+    bool has_out = false;
+    if (!x_buffer.is_none()) {
+      x = Array{&nb::cast<PyBuffer&>(x_buffer).buffer(), x_offset, static_cast<DType>(dtype),
+                std::move(x_shape)};
+      keep.push_back(nb::borrow(x_buffer));
+    }
+    if (!out_buffer.is_none()) {
+      out = Array{&nb::cast<PyBuffer&>(out_buffer).buffer(), out_offset,
+                  static_cast<DType>(out_dtype),
+                  std::move(out_shape)};
+      keep.push_back(nb::borrow(out_buffer));
+      has_out = true;
+    }
+    std::optional<Array> maybe_out;
+    if (has_out) maybe_out = out;
+    const AxisNames names = Axes(axes);
+    OpFuture f;
+    {
+      // Submitting may block briefly (a full fast-path queue, a gRPC write).
+      nb::gil_scoped_release unlocked;
+      switch (kind) {
+        case kPsum: f = mesh_->psum_async(x, names, maybe_out); break;
+        case kPmean: f = mesh_->pmean_async(x, names, maybe_out); break;
+        case kPmax: f = mesh_->pmax_async(x, names, maybe_out); break;
+        case kPmin: f = mesh_->pmin_async(x, names, maybe_out); break;
+        case kAllGather:
+          f = mesh_->all_gather_async(x, names, out, AllGatherOptions{a, tiled});
+          break;
+        case kPpermute: f = mesh_->ppermute_async(x, names, perm, maybe_out); break;
+        case kPsumScatter:
+          f = mesh_->psum_scatter_async(x, names, out, PsumScatterOptions{a, tiled});
+          break;
+        case kAllToAll:
+          f = mesh_->all_to_all_async(x, names, AllToAllOptions{a, b, tiled}, maybe_out);
+          break;
+        case kBroadcast: f = mesh_->broadcast_async(x, names, a, maybe_out); break;
+        case kBarrier: f = mesh_->barrier_async(names); break;
+        default: break;
+      }
+    }
+    return PyFuture(std::move(f), std::move(keep));
+  }
+
+  void Leave() {
+    absl::Status st;
+    {
+      nb::gil_scoped_release unlocked;
+      st = mesh_->Leave();
+    }
+    Check(st);
+  }
+
+ private:
+  std::unique_ptr<Mesh> mesh_;
+};
+
+class PyClient {
+ public:
+  static std::unique_ptr<PyClient> Connect(std::string socket_path, std::string name,
+                                           double connect_timeout, double rpc_timeout,
+                                           double close_timeout, bool fast_path) {
+    ClientOptions options;
+    options.socket_path = std::move(socket_path);
+    options.client_name = std::move(name);
+    options.connect_timeout = Seconds(connect_timeout);
+    options.rpc_timeout = Seconds(rpc_timeout);
+    options.close_timeout = Seconds(close_timeout);
+    options.fast_path = fast_path;
+    absl::StatusOr<std::unique_ptr<Client>> client;
+    {
+      nb::gil_scoped_release unlocked;
+      client = Client::Connect(std::move(options));
+    }
+    Check(client.status());
+    return std::make_unique<PyClient>(std::move(*client));
+  }
+
+  explicit PyClient(std::unique_ptr<Client> client)
+      : client_(std::move(client)), reclaim_(std::make_shared<Reclaim>()) {}
+  ~PyClient() { Close(); }
+  PyClient(const PyClient&) = delete;
+  PyClient& operator=(const PyClient&) = delete;
+
+  Client& client() {
+    if (!client_) Raise(absl::FailedPreconditionError("the client is closed"));
+    return *client_;
+  }
+
+  std::unique_ptr<PyBuffer> Allocate(size_t bytes, std::string device) {
+    Client& c = client();
+    absl::StatusOr<Buffer> buffer;
+    {
+      nb::gil_scoped_release unlocked;
+      FreeReclaimed(c);
+      buffer = c.Allocate(bytes, device);
+    }
+    Check(buffer.status());
+    return std::make_unique<PyBuffer>(std::move(*buffer), reclaim_);
+  }
+
+  // Frees the buffers Python dropped (see Reclaim); returns how many.
+  size_t Collect() {
+    Client& c = client();
+    nb::gil_scoped_release unlocked;
+    return FreeReclaimed(c);
+  }
+
+  std::unique_ptr<PyMesh> JoinMesh(std::string name, std::vector<std::pair<std::string, int>> axes,
+                                   std::vector<int> coordinate, std::string scope,
+                                   double join_timeout, double op_timeout, std::string join_token) {
+    Client& c = client();
+    MeshOptions options;
+    options.name = std::move(name);
+    options.axes = std::move(axes);
+    options.coordinate = std::move(coordinate);
+    options.scope = std::move(scope);
+    options.join_timeout = Seconds(join_timeout);
+    options.op_timeout = op_timeout > 0 ? Seconds(op_timeout) : absl::ZeroDuration();
+    options.join_token = std::move(join_token);
+    // A join cannot be abandoned halfway: it runs to its own timeout (or
+    // every member's arrival) with the GIL released.
+    absl::StatusOr<std::unique_ptr<Mesh>> mesh;
+    {
+      nb::gil_scoped_release unlocked;
+      mesh = c.JoinMesh(options);
+    }
+    Check(mesh.status());
+    return std::make_unique<PyMesh>(std::move(*mesh));
+  }
+
+  void Close() {
+    if (!client_) return;
+    std::unique_ptr<Client> client = std::move(client_);
+    nb::gil_scoped_release unlocked;
+    FreeReclaimed(*client);
+    {
+      absl::MutexLock lock(&reclaim_->mu);
+      reclaim_->closed = true;
+    }
+    client.reset();  // closes the session: the daemon frees what is left
+  }
+
+  bool closed() const { return client_ == nullptr; }
+
+ private:
+  size_t FreeReclaimed(Client& c) {
+    std::vector<Buffer> pending;
+    {
+      absl::MutexLock lock(&reclaim_->mu);
+      pending.swap(reclaim_->pending);
+    }
+    // Best effort: what fails here is freed when the session ends.
+    for (Buffer& b : pending) c.Free(b).IgnoreError();
+    return pending.size();
+  }
+
+  std::unique_ptr<Client> client_;
+  std::shared_ptr<Reclaim> reclaim_;
+};
+
+}  // namespace
+}  // namespace collectived::python
+
+NB_MODULE(_collectived, m) {
+  using namespace collectived;
+  using namespace collectived::python;
+  m.doc() = "collectived's C++ SDK, as the collectived package uses it (not a public API).";
+
+  m.def("_set_error_factory", [](nb::object factory) {
+    if (error_factory == nullptr) error_factory = new nb::object();
+    *error_factory = std::move(factory);
+  });
+
+  nb::class_<PyBuffer>(m, "Buffer", nb::is_weak_referenceable())
+      .def_prop_ro("id", [](const PyBuffer& b) { return b.buffer().id(); })
+      .def_prop_ro("size", [](const PyBuffer& b) { return b.buffer().size(); })
+      .def_prop_ro("device", [](const PyBuffer& b) { return b.buffer().device(); })
+      .def_prop_ro("address",
+                   [](const PyBuffer& b) { return reinterpret_cast<uintptr_t>(b.buffer().data()); })
+      // The whole buffer as a 1-D uint8 numpy array whose base keeps this
+      // Buffer (and so the mapping) alive.
+      .def("view", [](nb::handle self) {
+        const Buffer& b = nb::cast<const PyBuffer&>(self).buffer();
+        return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(b.data(), {b.size()}, self);
+      });
+
+  nb::class_<PyFuture>(m, "Future")
+      .def("done", &PyFuture::done)
+      .def("wait", &PyFuture::wait, nb::arg("timeout") = -1.0)
+      .def("error", &PyFuture::error)
+      .def_prop_ro("out_shape", &PyFuture::out_shape)
+      .def_prop_ro("sequence", &PyFuture::sequence)
+      .def_prop_ro("timing", &PyFuture::timing);
+
+  nb::class_<PyMesh>(m, "Mesh")
+      .def_prop_ro("id", [](PyMesh& m) { return m.mesh().id(); })
+      .def_prop_ro("name", [](PyMesh& m) { return m.mesh().name(); })
+      .def_prop_ro("generation", [](PyMesh& m) { return m.mesh().generation(); })
+      .def_prop_ro("index", [](PyMesh& m) { return m.mesh().index(); })
+      .def_prop_ro("size", [](PyMesh& m) { return m.mesh().size(); })
+      .def_prop_ro("axes", [](PyMesh& m) { return m.mesh().axes(); })
+      .def_prop_ro("coordinate", [](PyMesh& m) { return m.mesh().coordinate(); })
+      .def("axis_index",
+           [](PyMesh& m, std::optional<std::vector<std::string>> axes) {
+             return m.mesh().axis_index(Axes(axes));
+           })
+      .def("axis_size",
+           [](PyMesh& m, std::optional<std::vector<std::string>> axes) {
+             return m.mesh().axis_size(Axes(axes));
+           })
+      .def("submit", &PyMesh::Submit, nb::arg("kind"), nb::arg("x_buffer").none(),
+           nb::arg("x_offset"), nb::arg("x_shape"), nb::arg("dtype"), nb::arg("axes").none(),
+           nb::arg("out_buffer").none(), nb::arg("out_offset"), nb::arg("out_shape"), nb::arg("out_dtype"),
+           nb::arg("perm"), nb::arg("a"), nb::arg("b"), nb::arg("tiled"))
+      .def("leave", &PyMesh::Leave);
+
+  nb::class_<PyClient>(m, "Client")
+      .def_static("connect", &PyClient::Connect, nb::arg("socket_path"), nb::arg("name"),
+                  nb::arg("connect_timeout"), nb::arg("rpc_timeout"), nb::arg("close_timeout"),
+                  nb::arg("fast_path"))
+      .def("allocate", &PyClient::Allocate, nb::arg("bytes"), nb::arg("device"))
+      .def("collect", &PyClient::Collect)
+      .def("join_mesh", &PyClient::JoinMesh, nb::arg("name"), nb::arg("axes"),
+           nb::arg("coordinate"), nb::arg("scope"), nb::arg("join_timeout"),
+           nb::arg("op_timeout"), nb::arg("join_token"))
+      .def("close", &PyClient::Close)
+      .def_prop_ro("closed", &PyClient::closed)
+      .def_prop_ro("session_id", [](PyClient& c) { return c.client().session_id(); })
+      .def_prop_ro("socket_path", [](PyClient& c) { return c.client().socket_path(); })
+      .def_prop_ro("fast_path", [](PyClient& c) { return c.client().fast_path(); });
+}
