@@ -37,9 +37,7 @@ completes).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import threading
-import weakref
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -121,8 +119,15 @@ def _dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
+_CODES: Dict[np.dtype, int] = {}
+
+
 def _code(dtype: np.dtype) -> int:
-    code = DTYPES.get(dtype.name)
+    code = _CODES.get(dtype)
+    if code is None:
+        code = DTYPES.get(dtype.name)
+        if code is not None:
+            _CODES[dtype] = code
     if code is None:
         raise InvalidArgument(
             f"dtype {dtype.name} is not supported; supported: {', '.join(DTYPES)}")
@@ -162,44 +167,12 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-class _Region:
-    """Where the shared buffers of this process are, to tell whether an array
-    lies in one (and where): sorted by address, weakly held."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._starts: List[int] = []
-        self._buffers: List[weakref.ref] = []
-
-    def add(self, buf: "_ext.Buffer") -> None:
-        start = buf.address
-        with self._lock:
-            i = bisect.bisect_left(self._starts, start)
-            self._starts.insert(i, start)
-            self._buffers.insert(i, weakref.ref(buf, lambda _ref, s=start: self._drop(s)))
-
-    def _drop(self, start: int) -> None:
-        with self._lock:
-            i = bisect.bisect_left(self._starts, start)
-            if i < len(self._starts) and self._starts[i] == start:
-                del self._starts[i]
-                del self._buffers[i]
-
-    def find(self, a: np.ndarray) -> Optional[Tuple["_ext.Buffer", int]]:
-        """(buffer, byte offset) of a C-contiguous array inside a buffer."""
-        if not a.flags.c_contiguous:
-            return None
-        start = _address(a)
-        i = bisect.bisect_right(self._starts, start) - 1
-        if i < 0:
-            return None
-        buf = self._buffers[i]()
-        if buf is None or start + a.nbytes > buf.address + buf.size:
-            return None
-        return buf, start - buf.address
-
-
-_regions = _Region()
+def _locate(a: np.ndarray) -> Optional[Tuple["_ext.Buffer", int]]:
+    """(buffer, byte offset) of a C-contiguous array lying in a shared buffer
+    of this process, else None."""
+    if not a.flags.c_contiguous:
+        return None
+    return _ext.locate(_address(a), a.nbytes)
 
 
 def _array_in(buf: "_ext.Buffer", shape: Sequence[int], dtype: np.dtype,
@@ -327,7 +300,6 @@ class Client:
         if nbytes < 0:
             raise InvalidArgument(f"nbytes must be >= 0, got {nbytes}")
         buf = self._ext.allocate(max(int(nbytes), 1), device)
-        _regions.add(buf)
         return buf.view()[:max(int(nbytes), 0)]
 
     def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
@@ -395,12 +367,12 @@ class _Operand:
     def __init__(self, client: Client, array: np.ndarray, copy_in: bool):
         self.array = array
         self.block = None
-        found = _regions.find(array)
+        found = _locate(array)
         if found is None:
             self.block = client._stage(array.nbytes)
             if copy_in:
                 self.block[:array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            found = _regions.find(self.block)
+            found = _locate(self.block)
         self.buf, self.offset = found
 
 
@@ -532,19 +504,27 @@ class Mesh:
         result replaces ``x`` (returned), or goes to ``out``, or with
         ``inplace=False`` to a new array (in shared memory). bool counts:
         the result is a new int32 array, as in JAX."""
+        if out is None and inplace and self._ext.run_in_place(_PSUM, x, axes):
+            return x  # in place in a shared buffer, without the general path
         return self._submit(_PSUM, x, axes, out=out, inplace=inplace).result()
 
     def pmean(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmean. Integers and bool give floats (float32; float64 for
         64-bit integers), in a new array; results otherwise as psum."""
+        if out is None and inplace and self._ext.run_in_place(_PMEAN, x, axes):
+            return x  # in place in a shared buffer, without the general path
         return self._submit(_PMEAN, x, axes, out=out, inplace=inplace).result()
 
     def pmax(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmax; results as psum."""
+        if out is None and inplace and self._ext.run_in_place(_PMAX, x, axes):
+            return x  # in place in a shared buffer, without the general path
         return self._submit(_PMAX, x, axes, out=out, inplace=inplace).result()
 
     def pmin(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmin; results as psum."""
+        if out is None and inplace and self._ext.run_in_place(_PMIN, x, axes):
+            return x  # in place in a shared buffer, without the general path
         return self._submit(_PMIN, x, axes, out=out, inplace=inplace).result()
 
     def _gather_shape(self, x: np.ndarray, axes: Axes, axis: int, tiled: bool):

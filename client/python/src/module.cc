@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -70,11 +71,47 @@ struct Reclaim {
   bool closed ABSL_GUARDED_BY(mu) = false;
 };
 
+class PyBuffer;
+
+// Every live PyBuffer by address range, to find the buffer (and offset) an
+// array lies in. Process-wide: arrays do not say which client they came from.
+class Registry {
+ public:
+  static Registry& Get() {
+    static Registry* registry = new Registry();  // never destroyed
+    return *registry;
+  }
+  void Add(uintptr_t start, size_t size, PyBuffer* buffer) {
+    absl::MutexLock lock(&mu_);
+    by_start_[start] = {start + size, buffer};
+  }
+  void Remove(uintptr_t start) {
+    absl::MutexLock lock(&mu_);
+    by_start_.erase(start);
+  }
+  // The buffer holding [address, address + bytes), and its start; null if none.
+  std::pair<PyBuffer*, uintptr_t> Find(uintptr_t address, size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    auto it = by_start_.upper_bound(address);
+    if (it == by_start_.begin()) return {nullptr, 0};
+    --it;
+    if (address + bytes > it->second.first) return {nullptr, 0};
+    return {it->second.second, it->first};
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<uintptr_t, std::pair<uintptr_t, PyBuffer*>> by_start_ ABSL_GUARDED_BY(mu_);
+};
+
 class PyBuffer {
  public:
   PyBuffer(Buffer buffer, std::shared_ptr<Reclaim> reclaim)
-      : buffer_(std::move(buffer)), reclaim_(std::move(reclaim)) {}
+      : buffer_(std::move(buffer)), reclaim_(std::move(reclaim)) {
+    Registry::Get().Add(address(), buffer_.size(), this);
+  }
   ~PyBuffer() {
+    Registry::Get().Remove(address());
     if (!buffer_.valid()) return;
     absl::MutexLock lock(&reclaim_->mu);
     // After the client closed, the daemon has freed it already: unmap only.
@@ -84,6 +121,7 @@ class PyBuffer {
   PyBuffer& operator=(const PyBuffer&) = delete;
 
   const Buffer& buffer() const { return buffer_; }
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(buffer_.data()); }
 
  private:
   Buffer buffer_;
@@ -169,6 +207,35 @@ AxisNames Axes(const std::optional<std::vector<std::string>>& axes) {
   return axes ? AxisNames(*axes) : AxisNames::All();
 }
 
+// JAX's axis_name as Python spells it: a str, a tuple or list of str, or
+// None (every axis).
+AxisNames AxesOf(nb::handle axes) {
+  if (axes.is_none()) return AxisNames::All();
+  if (nb::isinstance<nb::str>(axes)) return AxisNames(nb::cast<std::string>(axes));
+  return AxisNames(nb::cast<std::vector<std::string>>(axes));
+}
+
+// The DType of a buffer-protocol format of `itemsize`-byte elements (numpy's
+// own dtypes; ml_dtypes' have no buffer format); kInvalid if none.
+DType DTypeOfFormat(const char* format, Py_ssize_t itemsize) {
+  if (format == nullptr) return DType::kU8;
+  if (*format == '<' || *format == '=' || *format == '@') ++format;
+  if (format[0] == 0 || format[1] != 0) return DType::kInvalid;
+  switch (format[0]) {
+    case 'f': return DType::kF32;
+    case 'd': return DType::kF64;
+    case 'e': return DType::kF16;
+    case 'b': return DType::kI8;
+    case 'B': return DType::kU8;
+    case '?': return DType::kBool;
+    case 'i': case 'l': case 'q':
+      return itemsize == 4 ? DType::kI32 : itemsize == 8 ? DType::kI64 : DType::kInvalid;
+    case 'I': case 'L': case 'Q':
+      return itemsize == 4 ? DType::kU32 : itemsize == 8 ? DType::kU64 : DType::kInvalid;
+    default: return DType::kInvalid;
+  }
+}
+
 class PyMesh {
  public:
   explicit PyMesh(std::unique_ptr<Mesh> mesh) : mesh_(std::move(mesh)) {}
@@ -235,6 +302,45 @@ class PyMesh {
       }
     }
     return PyFuture(std::move(f), std::move(keep));
+  }
+
+  // The common case without Python in the way: an in-place psum, pmean,
+  // pmax or pmin of a writable C-contiguous array that lies in a shared
+  // buffer, whose result keeps its dtype. Runs it to completion and returns
+  // true; false (nothing done) when `x` is not such an array: the caller
+  // takes the general path.
+  bool RunInPlace(int kind, nb::handle x, nb::handle axes) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(x.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) !=
+        0) {
+      PyErr_Clear();
+      return false;
+    }
+    const DType dt = DTypeOfFormat(view.format, view.itemsize);
+    const uintptr_t address = reinterpret_cast<uintptr_t>(view.buf);
+    const size_t bytes = static_cast<size_t>(view.len);
+    std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
+    PyBuffer_Release(&view);  // x (held by the caller) keeps the memory
+    const bool same_dtype =
+        (kind == kPmax || kind == kPmin) ||
+        (kind == kPsum && dt != DType::kBool) || (kind == kPmean && IsFloat(dt));
+    if (dt == DType::kInvalid || !same_dtype || kind > kPmin) return false;
+    auto [buffer, start] = Registry::Get().Find(address, bytes);
+    if (buffer == nullptr) return false;
+    Array array{&buffer->buffer(), address - start, dt, std::move(shape)};
+    const AxisNames names = AxesOf(axes);
+    OpFuture f;
+    {
+      nb::gil_scoped_release unlocked;
+      switch (kind) {
+        case kPsum: f = mesh_->psum_async(array, names); break;
+        case kPmean: f = mesh_->pmean_async(array, names); break;
+        case kPmax: f = mesh_->pmax_async(array, names); break;
+        default: f = mesh_->pmin_async(array, names); break;
+      }
+    }
+    WaitFor(f, -1.0);
+    return true;
   }
 
   void Leave() {
@@ -362,6 +468,15 @@ NB_MODULE(_collectived, m) {
   using namespace collectived::python;
   m.doc() = "collectived's C++ SDK, as the collectived package uses it (not a public API).";
 
+  m.def(
+      "locate",
+      [](uintptr_t address, size_t bytes) -> std::optional<std::pair<nb::object, size_t>> {
+        auto [buffer, start] = Registry::Get().Find(address, bytes);
+        if (buffer == nullptr) return std::nullopt;
+        return std::make_pair(nb::find(buffer), static_cast<size_t>(address - start));
+      },
+      "(Buffer, byte offset) holding [address, address + bytes), or None.");
+
   m.def("_set_error_factory", [](nb::object factory) {
     if (error_factory == nullptr) error_factory = new nb::object();
     *error_factory = std::move(factory);
@@ -408,6 +523,8 @@ NB_MODULE(_collectived, m) {
            nb::arg("x_offset"), nb::arg("x_shape"), nb::arg("dtype"), nb::arg("axes").none(),
            nb::arg("out_buffer").none(), nb::arg("out_offset"), nb::arg("out_shape"), nb::arg("out_dtype"),
            nb::arg("perm"), nb::arg("a"), nb::arg("b"), nb::arg("tiled"))
+      .def("run_in_place", &PyMesh::RunInPlace, nb::arg("kind"), nb::arg("x"),
+           nb::arg("axes").none())
       .def("leave", &PyMesh::Leave);
 
   nb::class_<PyClient>(m, "Client")
