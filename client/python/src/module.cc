@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "bridge.h"
 #include "collectived/client.h"
 
 namespace nb = nanobind;
@@ -59,17 +60,6 @@ void Check(const absl::Status& status) {
 }
 
 absl::Duration Seconds(double s) { return absl::Seconds(s); }
-
-// Buffers whose last Python reference went away, waiting to be freed in the
-// daemon. A destructor must not make an RPC (it may run anywhere, with the
-// GIL held); the client frees them on its next allocation and when it closes.
-// Unused until then, they cost daemon memory only; the daemon frees whatever
-// is left when the session ends.
-struct Reclaim {
-  absl::Mutex mu;
-  std::vector<Buffer> pending ABSL_GUARDED_BY(mu);
-  bool closed ABSL_GUARDED_BY(mu) = false;
-};
 
 class PyBuffer;
 
@@ -112,10 +102,7 @@ class PyBuffer {
   }
   ~PyBuffer() {
     Registry::Get().Remove(address());
-    if (!buffer_.valid()) return;
-    absl::MutexLock lock(&reclaim_->mu);
-    // After the client closed, the daemon has freed it already: unmap only.
-    if (!reclaim_->closed) reclaim_->pending.push_back(std::move(buffer_));
+    reclaim_->Add(std::move(buffer_));
   }
   PyBuffer(const PyBuffer&) = delete;
   PyBuffer& operator=(const PyBuffer&) = delete;
@@ -189,20 +176,6 @@ class PyFuture {
   std::vector<nb::object> keep_;
 };
 
-// Op kinds as collectived/__init__.py numbers them.
-enum Kind : int {
-  kPsum = 0,
-  kPmean = 1,
-  kPmax = 2,
-  kPmin = 3,
-  kAllGather = 4,
-  kPpermute = 5,
-  kPsumScatter = 6,
-  kAllToAll = 7,
-  kBroadcast = 8,
-  kBarrier = 9,
-};
-
 AxisNames Axes(const std::optional<std::vector<std::string>>& axes) {
   return axes ? AxisNames(*axes) : AxisNames::All();
 }
@@ -238,16 +211,27 @@ DType DTypeOfFormat(const char* format, Py_ssize_t itemsize) {
 
 class PyMesh {
  public:
-  explicit PyMesh(std::unique_ptr<Mesh> mesh) : mesh_(std::move(mesh)) {}
+  PyMesh(std::unique_ptr<Mesh> mesh, std::weak_ptr<Client> client, std::shared_ptr<Reclaim> reclaim)
+      : mesh_(std::move(mesh)) {
+    auto entry = std::make_shared<MeshEntry>();
+    entry->mesh = mesh_;
+    entry->client = std::move(client);
+    entry->reclaim = std::move(reclaim);
+    handle_ = RegisterMesh(std::move(entry));
+  }
   ~PyMesh() {
-    // ~Mesh leaves the mesh: an RPC bounded by the client's close timeout.
+    // The last owner of the Mesh leaves it: an RPC bounded by the client's
+    // close timeout (a JAX call in flight may hold it a little longer).
     nb::gil_scoped_release unlocked;
+    UnregisterMesh(handle_);
     mesh_.reset();
   }
   PyMesh(const PyMesh&) = delete;
   PyMesh& operator=(const PyMesh&) = delete;
 
   Mesh& mesh() { return *mesh_; }
+  // The mesh's handle for the JAX FFI handler (bridge.h).
+  int64_t handle() const { return handle_; }
 
   // One entry point for every collective: x and out are (buffer, byte offset,
   // shape, dtype) of arrays already in shared buffers; dtypes are
@@ -260,48 +244,25 @@ class PyMesh {
       Raise(absl::InvalidArgumentError(absl::StrCat("unknown op kind ", kind)));
     }
     std::vector<nb::object> keep;
-    Array x, out;
-    bool has_out = false;
+    OpArgs args{.kind = kind, .axes = Axes(axes), .perm = std::move(perm), .a = a, .b = b,
+                .tiled = tiled};
     if (!x_buffer.is_none()) {
-      x = Array{&nb::cast<PyBuffer&>(x_buffer).buffer(), x_offset, static_cast<DType>(dtype),
-                std::move(x_shape)};
+      args.x = Array{&nb::cast<PyBuffer&>(x_buffer).buffer(), x_offset, static_cast<DType>(dtype),
+                     std::move(x_shape)};
       keep.push_back(nb::borrow(x_buffer));
     }
     if (!out_buffer.is_none()) {
-      out = Array{&nb::cast<PyBuffer&>(out_buffer).buffer(), out_offset,
-                  static_cast<DType>(out_dtype),
-                  std::move(out_shape)};
+      args.out = Array{&nb::cast<PyBuffer&>(out_buffer).buffer(), out_offset,
+                       static_cast<DType>(out_dtype), std::move(out_shape)};
       keep.push_back(nb::borrow(out_buffer));
-      has_out = true;
     }
-    std::optional<Array> maybe_out;
-    if (has_out) maybe_out = out;
-    const AxisNames names = Axes(axes);
-    OpFuture f;
+    std::optional<OpFuture> f;
     {
       // Submitting may block briefly (a full fast-path queue, a gRPC write).
       nb::gil_scoped_release unlocked;
-      switch (kind) {
-        case kPsum: f = mesh_->psum_async(x, names, maybe_out); break;
-        case kPmean: f = mesh_->pmean_async(x, names, maybe_out); break;
-        case kPmax: f = mesh_->pmax_async(x, names, maybe_out); break;
-        case kPmin: f = mesh_->pmin_async(x, names, maybe_out); break;
-        case kAllGather:
-          f = mesh_->all_gather_async(x, names, out, AllGatherOptions{a, tiled});
-          break;
-        case kPpermute: f = mesh_->ppermute_async(x, names, perm, maybe_out); break;
-        case kPsumScatter:
-          f = mesh_->psum_scatter_async(x, names, out, PsumScatterOptions{a, tiled});
-          break;
-        case kAllToAll:
-          f = mesh_->all_to_all_async(x, names, AllToAllOptions{a, b, tiled}, maybe_out);
-          break;
-        case kBroadcast: f = mesh_->broadcast_async(x, names, a, maybe_out); break;
-        case kBarrier: f = mesh_->barrier_async(names); break;
-        default: break;
-      }
+      f = Dispatch(*mesh_, args);
     }
-    return PyFuture(std::move(f), std::move(keep));
+    return PyFuture(std::move(*f), std::move(keep));
   }
 
   // The common case without Python in the way: an in-place psum, pmean,
@@ -327,19 +288,15 @@ class PyMesh {
     if (dt == DType::kInvalid || !same_dtype || kind > kPmin) return false;
     auto [buffer, start] = Registry::Get().Find(address, bytes);
     if (buffer == nullptr) return false;
-    Array array{&buffer->buffer(), address - start, dt, std::move(shape)};
-    const AxisNames names = AxesOf(axes);
-    OpFuture f;
+    OpArgs args{.kind = kind,
+                .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
+                .axes = AxesOf(axes)};
+    std::optional<OpFuture> f;
     {
       nb::gil_scoped_release unlocked;
-      switch (kind) {
-        case kPsum: f = mesh_->psum_async(array, names); break;
-        case kPmean: f = mesh_->pmean_async(array, names); break;
-        case kPmax: f = mesh_->pmax_async(array, names); break;
-        default: f = mesh_->pmin_async(array, names); break;
-      }
+      f = Dispatch(*mesh_, args);
     }
-    WaitFor(f, -1.0);
+    WaitFor(*f, -1.0);
     return true;
   }
 
@@ -353,7 +310,8 @@ class PyMesh {
   }
 
  private:
-  std::unique_ptr<Mesh> mesh_;
+  std::shared_ptr<Mesh> mesh_;  // shared with the JAX FFI handler's table
+  int64_t handle_ = 0;
 };
 
 class PyClient {
@@ -377,7 +335,7 @@ class PyClient {
     return std::make_unique<PyClient>(std::move(*client));
   }
 
-  explicit PyClient(std::unique_ptr<Client> client)
+  explicit PyClient(std::shared_ptr<Client> client)
       : client_(std::move(client)), reclaim_(std::make_shared<Reclaim>()) {}
   ~PyClient() { Close(); }
   PyClient(const PyClient&) = delete;
@@ -427,19 +385,21 @@ class PyClient {
       mesh = c.JoinMesh(options);
     }
     Check(mesh.status());
-    return std::make_unique<PyMesh>(std::move(*mesh));
+    return std::make_unique<PyMesh>(std::move(*mesh), client_, reclaim_);
   }
 
   void Close() {
     if (!client_) return;
-    std::unique_ptr<Client> client = std::move(client_);
+    std::shared_ptr<Client> client = std::move(client_);
     nb::gil_scoped_release unlocked;
     FreeReclaimed(*client);
     {
       absl::MutexLock lock(&reclaim_->mu);
       reclaim_->closed = true;
     }
-    client.reset();  // closes the session: the daemon frees what is left
+    // Closes the session (the daemon frees what is left), unless a JAX call
+    // in flight holds the client: then when that call returns.
+    client.reset();
   }
 
   bool closed() const { return client_ == nullptr; }
@@ -456,7 +416,7 @@ class PyClient {
     return pending.size();
   }
 
-  std::unique_ptr<Client> client_;
+  std::shared_ptr<Client> client_;  // the JAX FFI handler's table holds it weakly
   std::shared_ptr<Reclaim> reclaim_;
 };
 
@@ -476,6 +436,16 @@ NB_MODULE(_collectived, m) {
         return std::make_pair(nb::find(buffer), static_cast<size_t>(address - start));
       },
       "(Buffer, byte offset) holding [address, address + bytes), or None.");
+
+  m.def(
+      "jax_ffi_handler",
+      []() -> nb::object {
+        void* handler = JaxFfiHandler();
+        if (handler == nullptr) return nb::none();
+        return nb::capsule(handler);
+      },
+      "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
+      "built without jaxlib's FFI headers.");
 
   m.def("_set_error_factory", [](nb::object factory) {
     if (error_factory == nullptr) error_factory = new nb::object();
@@ -523,6 +493,7 @@ NB_MODULE(_collectived, m) {
            nb::arg("x_offset"), nb::arg("x_shape"), nb::arg("dtype"), nb::arg("axes").none(),
            nb::arg("out_buffer").none(), nb::arg("out_offset"), nb::arg("out_shape"), nb::arg("out_dtype"),
            nb::arg("perm"), nb::arg("a"), nb::arg("b"), nb::arg("tiled"))
+      .def_prop_ro("handle", &PyMesh::handle)
       .def("run_in_place", &PyMesh::RunInPlace, nb::arg("kind"), nb::arg("x"),
            nb::arg("axes").none())
       .def("leave", &PyMesh::Leave);

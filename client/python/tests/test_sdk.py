@@ -9,103 +9,12 @@ import the collectived package from PYTHONPATH (the build tree's
     python3 -m pytest -q client/python/tests
 """
 
-import json
-import os
 import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-TIMEOUT = 60  # seconds any member process may take
-
-
-def _daemon_binary():
-    raw = os.environ.get("COLLECTIVED_BIN", "build/daemon/collectived")
-    path = Path(raw)
-    return path if path.is_absolute() else REPO / raw
-
-
-@pytest.fixture
-def daemon():
-    binary = _daemon_binary()
-    if not binary.exists():
-        pytest.skip(f"no daemon binary at {binary} (build it, or set COLLECTIVED_BIN)")
-    with tempfile.TemporaryDirectory() as d:
-        sock = os.path.join(d, "collectived.sock")
-        log = open(os.path.join(d, "daemon.log"), "w")
-        proc = subprocess.Popen([str(binary), f"--socket={sock}"], stdout=log, stderr=log)
-        deadline = time.monotonic() + 10
-        while not os.path.exists(sock):
-            assert proc.poll() is None, open(log.name).read()
-            assert time.monotonic() < deadline, "the daemon did not create its socket"
-            time.sleep(0.02)
-        try:
-            yield sock
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
-
-
-PRELUDE = textwrap.dedent("""
-    import json, os, sys, time, asyncio
-    import numpy as np
-    import ml_dtypes
-    import collectived
-    SOCK, RANK, N = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    def emit(**kw):
-        print(json.dumps(kw), flush=True)
-""")
-
-
-def start(code, sock, n, rank, *extra):
-    return subprocess.Popen(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code), sock, str(rank), str(n),
-         *map(str, extra)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def collect(proc):
-    """(returncode, stdout, stderr) of a member; a hung one is killed."""
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        err += "\n(member hung: killed)"
-    return proc.returncode, out, err
-
-
-def result(out):
-    lines = [line for line in out.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
-
-
-def finish(proc):
-    rc, out, err = collect(proc)
-    assert rc == 0, f"rc {rc}\n{out}\n{err}"
-    return result(out)
-
-
-def run_members(code, sock, n, *extra):
-    """Runs n members; every one must succeed (all their outputs shown if not)."""
-    procs = [start(code, sock, n, r, *extra) for r in range(n)]
-    done = [collect(p) for p in procs]
-    if any(rc != 0 for rc, _, _ in done):
-        pytest.fail("\n".join(f"--- member {r}: rc {rc}\n{out}{err}"
-                              for r, (rc, out, err) in enumerate(done)))
-    return [result(out) for _, out, _ in done]
-
+from members import finish, run_members, start
 
 EVERY_OP = """
     # A 2x2 mesh; member (d, m) holds x = base + 10*d + m (values exact in

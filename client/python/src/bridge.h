@@ -1,0 +1,97 @@
+// What the Python extension's parts share: the op dispatch onto the C++ SDK,
+// the queue of buffers to free later, and the table of meshes that the JAX
+// FFI handler (jax_ffi.cc) runs ops on.
+#ifndef COLLECTIVED_CLIENT_PYTHON_BRIDGE_H_
+#define COLLECTIVED_CLIENT_PYTHON_BRIDGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "collectived/client.h"
+
+namespace collectived::python {
+
+// Op kinds, as collectived/__init__.py and collectived/jax.py number them.
+enum Kind : int {
+  kPsum = 0,
+  kPmean = 1,
+  kPmax = 2,
+  kPmin = 3,
+  kAllGather = 4,
+  kPpermute = 5,
+  kPsumScatter = 6,
+  kAllToAll = 7,
+  kBroadcast = 8,
+  kBarrier = 9,
+};
+
+// One collective's arguments. all_gather and psum_scatter need `out`; the
+// others run in place on x without it.
+struct OpArgs {
+  int kind = kPsum;
+  Array x;
+  std::optional<Array> out;
+  AxisNames axes;
+  std::vector<std::pair<int, int>> perm;  // ppermute
+  int a = 0;  // all_gather axis, psum_scatter dimension, all_to_all split axis, broadcast root
+  int b = 0;  // all_to_all concat axis
+  bool tiled = false;
+};
+
+// Submits `args` on `mesh`; nullopt for an unknown kind.
+std::optional<OpFuture> Dispatch(Mesh& mesh, const OpArgs& args);
+
+// Buffers whose last user went away, waiting to be freed in the daemon. A
+// destructor must not make an RPC (it may run anywhere, with the GIL held):
+// the client frees them on its next allocation and when it closes. Unused
+// until then, they cost daemon memory only; the daemon frees whatever is
+// left when the session ends.
+struct Reclaim {
+  absl::Mutex mu;
+  std::vector<Buffer> pending ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+
+  void Add(Buffer buffer) {
+    if (!buffer.valid()) return;
+    absl::MutexLock lock(&mu);
+    // After the client closed, the daemon has freed it already: unmap only.
+    if (!closed) pending.push_back(std::move(buffer));
+  }
+};
+
+// A mesh as the JAX FFI handler reaches it: by a handle (an attribute of the
+// compiled call), with the client to allocate staging buffers from.
+struct MeshEntry {
+  std::shared_ptr<Mesh> mesh;
+  std::weak_ptr<Client> client;
+  std::shared_ptr<Reclaim> reclaim;
+  // Staging buffers of the handler, grown on demand; one op at a time.
+  absl::Mutex mu;
+  Buffer in ABSL_GUARDED_BY(mu);
+  Buffer out ABSL_GUARDED_BY(mu);
+
+  ~MeshEntry() {
+    absl::MutexLock lock(&mu);
+    reclaim->Add(std::move(in));
+    reclaim->Add(std::move(out));
+  }
+};
+
+// Registers a mesh; returns its handle (> 0, never reused in the process).
+int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry);
+void UnregisterMesh(int64_t handle);
+// Null once unregistered.
+std::shared_ptr<MeshEntry> FindMesh(int64_t handle);
+
+// The XLA FFI handler (a PyCapsule for jax.ffi.register_ffi_target), or
+// null when this module was built without jaxlib's FFI headers.
+void* JaxFfiHandler();
+
+}  // namespace collectived::python
+
+#endif  // COLLECTIVED_CLIENT_PYTHON_BRIDGE_H_
