@@ -24,7 +24,7 @@ fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 req="$here/tests/python/requirements.txt"
-if [ -f "$req" ] && ! python3 -c 'import grpc, grpc_health, grpc_reflection, grpc_tools, pytest, yaml, kubernetes_validate, nanobind, scikit_build_core, numpy, ml_dtypes' 2>/dev/null; then
+if [ -f "$req" ] && ! python3 -c 'import grpc, grpc_health, grpc_reflection, grpc_tools, pytest, yaml, kubernetes_validate, nanobind, scikit_build_core, numpy, ml_dtypes, jax' 2>/dev/null; then
   echo "installing Python test requirements"
   python3 -m pip install -q -r "$req" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages -r "$req"

@@ -23,4 +23,4 @@ print("installed at", where)
 PY
 echo "=== the SDK's tests against the installed package"
 env -u PYTHONPATH "$venv_python" -m pytest -q -p no:cacheprovider \
-  "$repo/client/python/tests" -k "shared_buffer or staged or futures or errors"
+  "$repo/client/python/tests" -k "shared_buffer or staged or futures or errors or same_order"

@@ -150,3 +150,24 @@ def test_independent_calls_run_in_the_same_order_everywhere(daemon):
     for r in run_members(ORDER, daemon, 2):
         assert r["ok"], r
         assert r["after"] in ("NOT_FOUND", "FAILED_PRECONDITION"), r
+
+
+def test_the_training_example_learns_identically_in_every_process(daemon):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[3] / "examples/python/train_data_parallel.py"
+    out = subprocess.run([sys.executable, str(example), f"--socket={daemon}", "--processes=3",
+                          "--steps=31"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    losses = {}
+    for proc, step, loss in re.findall(r"\[process (\d+)\] step +(\d+) loss ([0-9.]+)",
+                                       out.stdout):
+        losses.setdefault(int(step), {})[int(proc)] = loss
+    assert sorted(losses) == [0, 10, 20, 30], out.stdout
+    for step, by_process in losses.items():
+        assert sorted(by_process) == [0, 1, 2], out.stdout
+        assert len(set(by_process.values())) == 1, f"step {step}: {by_process}"
+    assert float(losses[30][0]) < float(losses[0][0]) / 2, losses
