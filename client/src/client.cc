@@ -985,6 +985,33 @@ struct Mesh::OpRequest {
 };
 
 
+OpFuture Mesh::submit(const Collective& op) {
+  const Array& x = op.x;
+  switch (op.kind) {
+    case CollectiveKind::kPsum: return psum_async(x, op.axes, op.out);
+    case CollectiveKind::kPmean: return pmean_async(x, op.axes, op.out);
+    case CollectiveKind::kPmax: return pmax_async(x, op.axes, op.out);
+    case CollectiveKind::kPmin: return pmin_async(x, op.axes, op.out);
+    case CollectiveKind::kPpermute: return ppermute_async(x, op.axes, op.perm, op.out);
+    case CollectiveKind::kAllToAll:
+      return all_to_all_async(x, op.axes, {op.axis, op.concat_axis, op.tiled}, op.out);
+    case CollectiveKind::kBroadcast: return broadcast_async(x, op.axes, op.axis, op.out);
+    case CollectiveKind::kBarrier: return barrier_async(op.axes);
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kPsumScatter: {
+      const bool gather = op.kind == CollectiveKind::kAllGather;
+      if (!op.out) {
+        return FailedOp(absl::InvalidArgumentError(
+            absl::StrCat(gather ? "all_gather" : "psum_scatter", " needs an output array")));
+      }
+      return gather ? all_gather_async(x, op.axes, *op.out, {op.axis, op.tiled})
+                    : psum_scatter_async(x, op.axes, *op.out, {op.axis, op.tiled});
+    }
+  }
+  return FailedOp(absl::InvalidArgumentError(
+      absl::StrCat("unknown collective kind ", static_cast<int>(op.kind))));
+}
+
 absl::Status Mesh::Leave() {
   if (left_.exchange(true)) return absl::OkStatus();
   return client_->LeaveMesh(id_);

@@ -130,6 +130,45 @@ TEST_F(SdkDeviceTest, AMeshThatOutlivesItsClientFailsItsOpsCleanly) {
   *buf = Buffer();  // unmapped once
 }
 
+// Mesh::submit(Collective) runs each kind as its method does, and refuses a
+// kind out of range or a gather/scatter without an output, without sending.
+TEST_F(SdkDeviceTest, SubmitRunsACollectiveGivenAsAValue) {
+  auto client = Client::Connect({.socket_path = socket_, .client_name = "sdk"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto mesh = (*client)->JoinMesh({.name = "submit", .axes = {{"i", 1}}});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto buf = (*client)->Allocate(64);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  auto out = (*client)->Allocate(64);
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (int i = 0; i < 4; ++i) buf->as<float>()[i] = static_cast<float>(i + 1);
+  const Array x = Array::Of<float>(*buf, {4});
+
+  // One member: psum is x; all_gather stacks it into [1, 4].
+  EXPECT_TRUE((*mesh)->submit({.kind = CollectiveKind::kPsum, .x = x, .axes = "i"}).Wait().ok());
+  EXPECT_EQ(buf->as<float>()[3], 4.0f);
+  OpFuture gathered = (*mesh)->submit({.kind = CollectiveKind::kAllGather,
+                                       .x = x,
+                                       .out = Array::Of<float>(*out, {1, 4}),
+                                       .axes = "i"});
+  ASSERT_TRUE(gathered.Wait().ok());
+  EXPECT_EQ(gathered.out_shape(), (std::vector<int64_t>{1, 4}));
+  EXPECT_EQ(out->as<float>()[2], 3.0f);
+  EXPECT_TRUE((*mesh)->submit({.kind = CollectiveKind::kBarrier, .axes = "i"}).Wait().ok());
+
+  const int64_t ops = engine_->GetStats().ops_completed();
+  absl::Status st =
+      (*mesh)->submit({.kind = CollectiveKind::kPsumScatter, .x = x, .axes = "i"}).Wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("psum_scatter needs an output array"), std::string::npos) << st;
+  st = (*mesh)->submit({.kind = static_cast<CollectiveKind>(42), .x = x, .axes = "i"}).Wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("unknown collective kind 42"), std::string::npos) << st;
+  EXPECT_EQ(engine_->GetStats().ops_completed(), ops) << "a refused op reached the daemon";
+  // The mesh is still usable.
+  EXPECT_TRUE((*mesh)->submit({.kind = CollectiveKind::kPmax, .x = x, .axes = "i"}).Wait().ok());
+}
+
 // Stream-ordered submission needs the SDK built with CUDA and a usable GPU;
 // without either, set_stream says which and leaves the mesh as it was (on the
 // simple contract, its buffer for the words given back).

@@ -248,6 +248,35 @@ struct AllToAllOptions {
   bool tiled = false;
 };
 
+// Every collective as one value, for code that forwards ops rather than
+// calling them (language bindings, the JAX handler): Mesh::submit(op) runs
+// `op` exactly as the method of the same name would.
+enum class CollectiveKind : int {
+  kPsum = 0,
+  kPmean = 1,
+  kPmax = 2,
+  kPmin = 3,
+  kAllGather = 4,
+  kPpermute = 5,
+  kPsumScatter = 6,
+  kAllToAll = 7,
+  kBroadcast = 8,
+  kBarrier = 9,
+};
+
+struct Collective {
+  CollectiveKind kind = CollectiveKind::kPsum;
+  Array x;                   // every kind but barrier
+  std::optional<Array> out;  // absent: in place; all_gather and psum_scatter need one
+  AxisNames axes;
+  std::vector<std::pair<int, int>> perm;  // ppermute
+  // all_gather: axis; psum_scatter: scatter_dimension; all_to_all:
+  // split_axis; broadcast: root.
+  int axis = 0;
+  int concat_axis = 0;  // all_to_all
+  bool tiled = false;   // all_gather, psum_scatter, all_to_all
+};
+
 struct MeshOptions {
   // Name shared by every member; 1-128 characters of [A-Za-z0-9_.:/-].
   std::string name;
@@ -336,6 +365,11 @@ class Mesh {
   OpFuture broadcast_async(const Array& x, const AxisNames& axes, int root,
                            std::optional<Array> out = {});
   OpFuture barrier_async(const AxisNames& axes = AxisNames::All());
+
+  // Any collective, given as a value (see Collective). A kind out of range,
+  // or all_gather/psum_scatter without `out`: a future failed with
+  // INVALID_ARGUMENT.
+  OpFuture submit(const Collective& op);
 
   // Stream-ordered submission, for GPU buffers (an SDK built with CUDA).
   // After set_stream(s), every op this Mesh submits is ordered with the CUDA

@@ -4,26 +4,6 @@
 
 namespace collectived::python {
 
-std::optional<OpFuture> Dispatch(Mesh& mesh, const OpArgs& args) {
-  const Array& x = args.x;
-  const AxisNames& names = args.axes;
-  const Array out = args.out.value_or(Array{});
-  switch (args.kind) {
-    case kPsum: return mesh.psum_async(x, names, args.out);
-    case kPmean: return mesh.pmean_async(x, names, args.out);
-    case kPmax: return mesh.pmax_async(x, names, args.out);
-    case kPmin: return mesh.pmin_async(x, names, args.out);
-    case kAllGather: return mesh.all_gather_async(x, names, out, {args.a, args.tiled});
-    case kPpermute: return mesh.ppermute_async(x, names, args.perm, args.out);
-    case kPsumScatter: return mesh.psum_scatter_async(x, names, out, {args.a, args.tiled});
-    case kAllToAll:
-      return mesh.all_to_all_async(x, names, {args.a, args.b, args.tiled}, args.out);
-    case kBroadcast: return mesh.broadcast_async(x, names, args.a, args.out);
-    case kBarrier: return mesh.barrier_async(names);
-    default: return std::nullopt;
-  }
-}
-
 namespace {
 
 struct MeshTable {

@@ -1,12 +1,12 @@
-// What the Python extension's parts share: the op dispatch onto the C++ SDK,
-// the queue of buffers to free later, and the table of meshes that the JAX
-// FFI handler (jax_ffi.cc) runs ops on.
+// What the Python extension's parts share: the queue of buffers to free
+// later, and the table of meshes that the JAX FFI handler (jax_ffi.cc) runs
+// ops on. Ops reach the C++ SDK through Mesh::submit(Collective), whose
+// CollectiveKind values collectived/__init__.py uses as they are.
 #ifndef COLLECTIVED_CLIENT_PYTHON_BRIDGE_H_
 #define COLLECTIVED_CLIENT_PYTHON_BRIDGE_H_
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -15,36 +15,6 @@
 #include "collectived/client.h"
 
 namespace collectived::python {
-
-// Op kinds, as collectived/__init__.py and collectived/jax.py number them.
-enum Kind : int {
-  kPsum = 0,
-  kPmean = 1,
-  kPmax = 2,
-  kPmin = 3,
-  kAllGather = 4,
-  kPpermute = 5,
-  kPsumScatter = 6,
-  kAllToAll = 7,
-  kBroadcast = 8,
-  kBarrier = 9,
-};
-
-// One collective's arguments. all_gather and psum_scatter need `out`; the
-// others run in place on x without it.
-struct OpArgs {
-  int kind = kPsum;
-  Array x;
-  std::optional<Array> out;
-  AxisNames axes;
-  std::vector<std::pair<int, int>> perm;  // ppermute
-  int a = 0;  // all_gather axis, psum_scatter dimension, all_to_all split axis, broadcast root
-  int b = 0;  // all_to_all concat axis
-  bool tiled = false;
-};
-
-// Submits `args` on `mesh`; nullopt for an unknown kind.
-std::optional<OpFuture> Dispatch(Mesh& mesh, const OpArgs& args);
 
 // Buffers whose last user went away, waiting to be freed in the daemon. A
 // destructor must not make an RPC (it may run anywhere, with the GIL held):

@@ -66,9 +66,9 @@ absl::Status Grow(Client& client, Buffer& buffer, size_t bytes) {
   return absl::OkStatus();
 }
 
-ffi::Error Collective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t mesh_handle,
-                      int32_t kind, std::string_view axes, int64_t a, int64_t b, bool tiled,
-                      ffi::Span<const int64_t> perm) {
+ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t mesh_handle,
+                         int32_t kind, std::string_view axes, int64_t a, int64_t b, bool tiled,
+                         ffi::Span<const int64_t> perm) {
   std::shared_ptr<MeshEntry> entry = FindMesh(mesh_handle);
   if (entry == nullptr) {
     return FromStatus(absl::FailedPreconditionError(absl::StrCat(
@@ -85,10 +85,10 @@ ffi::Error Collective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t
   if (perm.size() % 2 != 0) {
     return FromStatus(absl::InvalidArgumentError("perm must hold (source, dest) pairs"));
   }
-  OpArgs args;
-  args.kind = kind;
-  args.a = static_cast<int>(a);
-  args.b = static_cast<int>(b);
+  Collective args;
+  args.kind = static_cast<CollectiveKind>(kind);
+  args.axis = static_cast<int>(a);
+  args.concat_axis = static_cast<int>(b);
   args.tiled = tiled;
   std::vector<std::string> names;
   if (!axes.empty()) names = absl::StrSplit(absl::string_view(axes.data(), axes.size()), ',');
@@ -98,7 +98,8 @@ ffi::Error Collective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t
   }
   const size_t in_bytes = x.size_bytes();
   const size_t out_bytes = out->size_bytes();
-  const bool in_place = kind != kAllGather && kind != kPsumScatter && in_dt == out_dt &&
+  const bool in_place = args.kind != CollectiveKind::kAllGather &&
+                        args.kind != CollectiveKind::kPsumScatter && in_dt == out_dt &&
                         in_bytes == out_bytes;
 
   absl::MutexLock lock(&entry->mu);
@@ -110,9 +111,7 @@ ffi::Error Collective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t
   auto dims = [](ffi::AnyBuffer::Dimensions d) { return std::vector<int64_t>(d.begin(), d.end()); };
   args.x = Array{&entry->in, 0, in_dt, dims(x.dimensions())};
   if (!in_place) args.out = Array{&entry->out, 0, out_dt, dims(out->dimensions())};
-  std::optional<OpFuture> f = Dispatch(*entry->mesh, args);
-  if (!f) return FromStatus(absl::InvalidArgumentError(absl::StrCat("unknown op kind ", kind)));
-  if (absl::Status st = f->Wait(); !st.ok()) return FromStatus(st);
+  if (absl::Status st = entry->mesh->submit(args).Wait(); !st.ok()) return FromStatus(st);
   const Buffer& result = in_place ? entry->in : entry->out;
   if (out_bytes > 0) std::memcpy(out->untyped_data(), result.data(), out_bytes);
   return ffi::Error::Success();
@@ -120,7 +119,7 @@ ffi::Error Collective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollective, Collective,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollective, RunCollective,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()

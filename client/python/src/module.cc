@@ -240,12 +240,13 @@ class PyMesh {
                   int dtype, std::optional<std::vector<std::string>> axes, nb::handle out_buffer,
                   size_t out_offset, std::vector<int64_t> out_shape, int out_dtype,
                   std::vector<std::pair<int, int>> perm, int a, int b, bool tiled) {
-    if (kind < kPsum || kind > kBarrier) {
-      Raise(absl::InvalidArgumentError(absl::StrCat("unknown op kind ", kind)));
-    }
     std::vector<nb::object> keep;
-    OpArgs args{.kind = kind, .axes = Axes(axes), .perm = std::move(perm), .a = a, .b = b,
-                .tiled = tiled};
+    Collective args{.kind = static_cast<CollectiveKind>(kind),
+                    .axes = Axes(axes),
+                    .perm = std::move(perm),
+                    .axis = a,
+                    .concat_axis = b,
+                    .tiled = tiled};
     if (!x_buffer.is_none()) {
       args.x = Array{&nb::cast<PyBuffer&>(x_buffer).buffer(), x_offset, static_cast<DType>(dtype),
                      std::move(x_shape)};
@@ -256,13 +257,13 @@ class PyMesh {
                        static_cast<DType>(out_dtype), std::move(out_shape)};
       keep.push_back(nb::borrow(out_buffer));
     }
-    std::optional<OpFuture> f;
+    OpFuture f;
     {
       // Submitting may block briefly (a full fast-path queue, a gRPC write).
       nb::gil_scoped_release unlocked;
-      f = Dispatch(*mesh_, args);
+      f = mesh_->submit(args);
     }
-    return PyFuture(std::move(*f), std::move(keep));
+    return PyFuture(std::move(f), std::move(keep));
   }
 
   // The common case without Python in the way: an in-place psum, pmean,
@@ -282,21 +283,23 @@ class PyMesh {
     const size_t bytes = static_cast<size_t>(view.len);
     std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
     PyBuffer_Release(&view);  // x (held by the caller) keeps the memory
-    const bool same_dtype =
-        (kind == kPmax || kind == kPmin) ||
-        (kind == kPsum && dt != DType::kBool) || (kind == kPmean && IsFloat(dt));
-    if (dt == DType::kInvalid || !same_dtype || kind > kPmin) return false;
+    using K = CollectiveKind;
+    const K k = static_cast<K>(kind);
+    const bool same_dtype = k == K::kPmax || k == K::kPmin ||
+                            (k == K::kPsum && dt != DType::kBool) ||
+                            (k == K::kPmean && IsFloat(dt));
+    if (dt == DType::kInvalid || !same_dtype) return false;
     auto [buffer, start] = Registry::Get().Find(address, bytes);
     if (buffer == nullptr) return false;
-    OpArgs args{.kind = kind,
-                .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
-                .axes = AxesOf(axes)};
-    std::optional<OpFuture> f;
+    Collective op{.kind = k,
+                  .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
+                  .axes = AxesOf(axes)};
+    OpFuture f;
     {
       nb::gil_scoped_release unlocked;
-      f = Dispatch(*mesh_, args);
+      f = mesh_->submit(op);
     }
-    WaitFor(*f, -1.0);
+    WaitFor(f, -1.0);
     return true;
   }
 
