@@ -1843,6 +1843,9 @@ v1::GetStatsResponse Engine::GetStats() {
   }
   resp.set_ops_completed(completed);
   resp.set_ops_failed(failed);
+  resp.set_submitted_fast_path(submitted_[0].load(std::memory_order_relaxed));
+  resp.set_submitted_execute(submitted_[1].load(std::memory_order_relaxed));
+  resp.set_submitted_unary(submitted_[2].load(std::memory_order_relaxed));
   Executor* host = ExecutorFor("memfd");
   resp.set_executor_threads(host != nullptr ? host->threads() : 0);
   for (const auto& [device, d] : by_device) *resp.add_buffers_by_device() = d;

@@ -172,6 +172,12 @@ class Engine {
   v1::ListMeshesResponse ListMeshes();
   absl::StatusOr<v1::ListPendingOpsResponse> ListPendingOps(const std::string& mesh_id);
   v1::GetStatsResponse GetStats();
+  // How an op reached the daemon: the server counts each submission before
+  // it calls Submit (GetStats' submitted_*, the metrics' share by path).
+  enum class SubmitPath { kFastPath = 0, kExecute = 1, kUnary = 2 };
+  void CountSubmission(SubmitPath path) {
+    submitted_[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed);
+  }
 
   // Stops accepting work; every pending join, op and wait fails with
   // UNAVAILABLE naming `reason`. Ops already running finish. Idempotent.
@@ -422,6 +428,7 @@ class Engine {
   int cross_ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Ops of meshes across hosts that completed / failed here (GetStats).
   int64_t cross_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> submitted_[3] = {0, 0, 0};  // by SubmitPath
   int64_t cross_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar cross_idle_;
 

@@ -285,6 +285,9 @@ class Ctl {
     t.Add({"buffers", absl::StrCat(s.buffers(), " (", Bytes(s.buffer_bytes()), ")")});
     t.Add({"ops completed", absl::StrCat(s.ops_completed())});
     t.Add({"ops failed", absl::StrCat(s.ops_failed())});
+    t.Add({"submitted by path",
+           absl::StrCat("fast path ", s.submitted_fast_path(), ", Execute stream ",
+                        s.submitted_execute(), ", Submit RPC ", s.submitted_unary())});
     t.Add({"executor threads", absl::StrCat(s.executor_threads())});
     if (s.has_cluster()) {
       const v1::ClusterStats& c = s.cluster();

@@ -120,6 +120,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
         }
       }
       ++taken_;
+      engine_->CountSubmission(Engine::SubmitPath::kFastPath);
       last_small_ = !bad.ok() || fastq::PollsFor(DTypeSize(static_cast<DType>(op.dtype())),
                                                   op.shape());
       if (bad.ok()) {

@@ -109,6 +109,21 @@ class Metrics::Collector final : public prometheus::Collectable {
     }
     out.push_back(std::move(moved));
     out.push_back(std::move(input));
+    // The fast path's share: submissions by the way they came in.
+    prometheus::MetricFamily submitted{
+        "collectived_ops_submitted_total",
+        "Op submissions by path: fast_path (the shared-memory queue), execute (the gRPC "
+        "Execute stream), unary (the gRPC Submit call).",
+        prometheus::MetricType::Counter, {}};
+    for (auto [path, v] : {std::pair<const char*, int64_t>{"fast_path", stats.submitted_fast_path()},
+                           std::pair<const char*, int64_t>{"execute", stats.submitted_execute()},
+                           std::pair<const char*, int64_t>{"unary", stats.submitted_unary()}}) {
+      prometheus::ClientMetric m;
+      m.label = {{"path", path}};
+      m.counter.value = static_cast<double>(v);
+      submitted.metric.push_back(m);
+    }
+    out.push_back(std::move(submitted));
     if (stats.has_cluster()) {
       const v1::ClusterStats& c = stats.cluster();
       // Every state, so that a dashboard sees which one is 1.

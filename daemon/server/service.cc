@@ -47,6 +47,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
       MutexLock lock(&mu_);
       ++outstanding_;
     }
+    engine_->CountSubmission(Engine::SubmitPath::kExecute);
     auto accepted = engine_->Submit(session_id_, request_.op(), /*retain=*/false,
                                     [this, tag](const OpOutcome& o) { OnOpDone(tag, o); });
     if (!accepted.ok()) OnOpDone(tag, OpOutcome(accepted.status(), -1));
@@ -188,6 +189,7 @@ grpc::ServerUnaryReactor* CollectiveService::FreeBuffer(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CollectiveService::Submit(grpc::CallbackServerContext* ctx,
                                                     const v1::SubmitRequest* req,
                                                     v1::SubmitResponse* resp) {
+  engine_->CountSubmission(Engine::SubmitPath::kUnary);
   return FinishWith(ctx, engine_->Submit(req->session_id(), req->op(), /*retain=*/true, nullptr),
                     resp);
 }

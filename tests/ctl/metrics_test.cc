@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -149,6 +150,15 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
   EXPECT_GT(Value(after, "collectived_bytes_moved_total{kind=\"psum\",direction=\"written\"}"), 0)
       << after;
   EXPECT_EQ(Value(after, "collectived_pending_ops{state=\"waiting\"}"), 0) << after;
+  // Eight submissions, all through the SDK: the fast path's queue, or the
+  // Execute stream where the fast path is off (COLLECTIVED_FAST_PATH=0).
+  const bool fast = getenv("COLLECTIVED_FAST_PATH") == nullptr ||
+                    std::string(getenv("COLLECTIVED_FAST_PATH")) != "0";
+  EXPECT_EQ(Value(after, "collectived_ops_submitted_total{path=\"fast_path\"}"), fast ? 8 : 0)
+      << after;
+  EXPECT_EQ(Value(after, "collectived_ops_submitted_total{path=\"execute\"}"), fast ? 0 : 8)
+      << after;
+  EXPECT_EQ(Value(after, "collectived_ops_submitted_total{path=\"unary\"}"), 0) << after;
 }
 
 TEST(MetricsTest, ADaemonInAClusterShowsItsState) {
