@@ -17,10 +17,12 @@ the mesh's axes, as ``jax.lax`` does over the devices of one program::
 
 Arrays allocated by ``Client.empty``/``zeros``/``buffer`` (and the ``Mesh``
 forms) are numpy arrays over memory the daemon shares with this process: ops
-on them copy nothing in this process. Any other numpy array (or anything
-``np.asarray`` accepts) works too, staged through a pooled shared buffer: one
-copy in and one copy out per op (the cost of a ``memcpy`` of the array each
-way).
+on them copy nothing in this process, and they export DLPack
+(``torch.from_dlpack(x)``, ``jax.dlpack.from_dlpack(x)`` view the shared
+memory). Any other array works too — numpy, anything with ``__dlpack__``
+(viewed without a copy), anything ``np.asarray`` accepts — staged through a
+pooled shared buffer: one copy in and one copy out per op (the cost of a
+``memcpy`` of the array each way).
 
 Every member must run the same collectives in the same order. Errors are
 exceptions carrying the daemon's status code and message (``Aborted`` naming
@@ -161,6 +163,20 @@ def _axes(axes: Optional[Axes]) -> Optional[List[str]]:
     if not all(isinstance(a, str) for a in names):
         raise InvalidArgument(f"axis names must be strings, got {axes!r}")
     return names
+
+
+def _as_array(x: Any) -> np.ndarray:
+    """x as a numpy array: itself, a zero-copy view through DLPack (torch,
+    jax and cupy-on-host arrays, anything with ``__dlpack__``), or
+    ``np.asarray(x)``."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except (TypeError, BufferError, RuntimeError, ValueError):
+            pass  # e.g. a device numpy cannot read: np.asarray says why
+    return np.asarray(x)
 
 
 def _address(a: np.ndarray) -> int:
@@ -443,8 +459,7 @@ class Mesh:
         if x is None:  # barrier
             return Future(self._ext.submit(kind, None, 0, [], 0, names, None, 0, [], 0, [], 0, 0,
                                            False), None)
-        if not isinstance(x, np.ndarray):
-            x = np.asarray(x)
+        x = _as_array(x)
         code = _code(x.dtype)
         rdt = _result_dtype(kind, x.dtype)
         client = self._client
@@ -542,7 +557,7 @@ class Mesh:
 
     def all_gather_async(self, x, axes: Axes, *, axis: int = 0, tiled: bool = False,
                          out=None) -> Future:
-        x = np.asarray(x)
+        x = _as_array(x)
         shape = self._gather_shape(x, axes, axis, tiled) if out is None else None
         return self._submit(_ALL_GATHER, x, axes, out=out, out_shape=shape, a=axis, tiled=tiled)
 
@@ -573,7 +588,7 @@ class Mesh:
 
     def psum_scatter_async(self, x, axes: Axes, *, scatter_dimension: int = 0,
                            tiled: bool = False, out=None) -> Future:
-        x = np.asarray(x)
+        x = _as_array(x)
         shape = self._scatter_shape(x, axes, scatter_dimension, tiled) if out is None else None
         return self._submit(_PSUM_SCATTER, x, axes, out=out, out_shape=shape,
                             a=scatter_dimension, tiled=tiled)

@@ -279,3 +279,27 @@ def test_help_reads_well():
     assert "psum" in collectived.__doc__
     assert issubclass(collectived.DeadlineExceeded, collectived.Error)
     assert issubclass(collectived.DeadlineExceeded, TimeoutError)
+
+
+def test_dlpack_in_and_out(daemon):
+    code = """
+        class Foreign:   # a tensor type numpy knows only through DLPack
+            def __init__(self, a):
+                self.a = a
+            def __dlpack__(self, **kw):
+                return self.a.__dlpack__(**kw)
+            def __dlpack_device__(self):
+                return self.a.__dlpack_device__()
+        with collectived.connect(socket=SOCK) as c:
+            mesh = c.join_mesh("dlpack", {"i": 2}, coordinate=[RANK], timeout=30)
+            backing = np.full(4, RANK + 1, np.float32)
+            got = mesh.psum(Foreign(backing), "i")     # in: viewed, staged, written back
+            x = mesh.zeros((4,), np.float32)
+            x[:] = 5
+            view = np.from_dlpack(x)                   # out: the shared memory itself
+            mesh.psum(x, "i")
+            emit(got=got.tolist(), backing=backing.tolist(), view=view.tolist(),
+                 shares=bool(np.shares_memory(view, x)))
+    """
+    for r in run_members(code, daemon, 2):
+        assert r == {"got": [3.0] * 4, "backing": [3.0] * 4, "view": [10.0] * 4, "shares": True}
