@@ -107,6 +107,9 @@ class OpState {
   }
   absl::Status Wait(std::optional<absl::Duration> timeout);
   bool Ready() const { return done_flag_.load(std::memory_order_acquire); }
+  // Ready(), after reaping the fast path's completions that arrived (nobody
+  // reaps them unless a thread waits).
+  bool Poll();
   absl::Duration default_wait() const { return default_wait_; }
   absl::Status status() {
     MutexLock lock(&mu_);
@@ -364,7 +367,13 @@ class FastQueue {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (;;) {
       if (pred()) return true;
-      if (!failure_.ok() || absl::Now() >= deadline) return pred();
+      if (!failure_.ok()) return pred();
+      if (absl::Now() >= deadline) {
+        // A last look at completions nobody has reaped yet: a zero deadline
+        // polls (OpFuture::Ready) instead of missing them.
+        DrainLocked();
+        return pred();
+      }
       if (reaping_) {
         mu_.AwaitWithDeadline(
             [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -411,6 +420,11 @@ class FastQueue {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };
 
+bool OpState::Poll() {
+  if (Ready()) return true;
+  return queue_ != nullptr && queue_->Wait(this, absl::InfinitePast());
+}
+
 absl::Status OpState::Wait(std::optional<absl::Duration> timeout) {
   const absl::Duration t = timeout.value_or(default_wait_);
   bool done;
@@ -431,7 +445,7 @@ absl::Status OpFuture::Wait(std::optional<absl::Duration> timeout) const {
   if (!state_) return absl::FailedPreconditionError("empty OpFuture");
   return state_->Wait(timeout);
 }
-bool OpFuture::Ready() const { return state_ && state_->Ready(); }
+bool OpFuture::Ready() const { return state_ && state_->Poll(); }
 absl::Duration OpFuture::default_timeout() const {
   return state_ ? state_->default_wait() : absl::ZeroDuration();
 }

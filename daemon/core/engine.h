@@ -428,9 +428,11 @@ class Engine {
   int cross_ops_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Ops of meshes across hosts that completed / failed here (GetStats).
   int64_t cross_ops_completed_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<int64_t> submitted_[3] = {0, 0, 0};  // by SubmitPath
   int64_t cross_ops_failed_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar cross_idle_;
+
+  // Submissions by SubmitPath (CountSubmission); no lock.
+  std::atomic<int64_t> submitted_[3] = {0, 0, 0};
 
   // Declared last: destroyed first, so no timer or runner callback outlives
   // the state above.

@@ -214,14 +214,10 @@ TEST(ClusterDaemonsTest, MembershipFollowsTheDaemonsAndSurvivesTheCoordinator) {
 // A member whose coordinator is not up yet starts anyway, keeps trying, and
 // joins once the coordinator comes.
 TEST(ClusterDaemonsTest, AMemberStartsBeforeItsCoordinatorAndJoinsLater) {
-  // A port that was free a moment ago.
-  int port = 0;
-  {
-    auto probe = Daemon::Start({"--tcp=127.0.0.1:0"});
-    ASSERT_TRUE(probe.ok()) << probe.status();
-    port = ListeningPort(**probe);
-    ASSERT_GT(port, 0);
-  }
+  // The coordinator's port, free now and outside what port-0 binds of the
+  // other tests' daemons can take meanwhile.
+  const int port = testing::UnusedFixedPort();
+  ASSERT_GT(port, 0);
   auto m = Daemon::Start({"--tcp=127.0.0.1:0", absl::StrCat("--cluster=127.0.0.1:", port),
                           "--host-id=early"});
   ASSERT_TRUE(m.ok()) << m.status();

@@ -29,22 +29,6 @@ namespace {
 
 using testing::Daemon;
 
-// A TCP port nobody listens on now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // GET /metrics; the body, or "" when the request failed.
 std::string Scrape(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -90,7 +74,7 @@ double Value(const std::string& text, const std::string& series) {
 }
 
 TEST(MetricsTest, ValuesMoveAsOpsRun) {
-  const int port = FreePort();
+  const int port = testing::UnusedFixedPort();
   ASSERT_GT(port, 0);
   auto daemon = Daemon::Start({absl::StrCat("--metrics=127.0.0.1:", port)});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
@@ -163,7 +147,7 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
 
 TEST(MetricsTest, ADaemonInAClusterShowsItsState) {
   // A cluster of one: the daemon serves the coordinator and joins it.
-  const int port = FreePort();
+  const int port = testing::UnusedFixedPort();
   ASSERT_GT(port, 0);
   auto daemon = Daemon::Start({absl::StrCat("--metrics=127.0.0.1:", port), "--tcp=127.0.0.1:0",
                                "--coordinator", "--host-id=solo"});

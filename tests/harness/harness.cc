@@ -1,6 +1,8 @@
 #include "tests/harness/harness.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -10,6 +12,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <random>
 #include <cstring>
 #include <thread>
 
@@ -244,6 +248,29 @@ std::string OutputField(const std::string& output, const std::string& tag,
     return std::string(rest.substr(0, rest.find(' ')));
   }
   return "";
+}
+
+int UnusedFixedPort() {
+  int low = 32768;  // Linux's default ephemeral range starts here
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int first = 0, last = 0;
+  if (range >> first >> last && first > 11000) low = first;
+  std::mt19937 rng(static_cast<unsigned>(getpid()) * 7919u +
+                   static_cast<unsigned>(std::random_device{}()));
+  std::uniform_int_distribution<int> pick(10000, low - 1);
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int port = pick(rng);
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return -1;
 }
 
 }  // namespace collectived::testing

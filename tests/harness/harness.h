@@ -25,6 +25,12 @@ std::string DaemonBinary();
 // put sockets and logs there.
 std::string MakeTempDir();
 
+// A loopback TCP port that nothing listens on now and that bind(port 0)
+// never hands out (it lies below the kernel's ephemeral range), so a daemon
+// told to listen there later does not race with the other tests' daemons
+// binding port 0. -1 if none was found.
+int UnusedFixedPort();
+
 struct ChildResult {
   int exit_code = -1;    // exit status, or 128 + signal
   bool timed_out = false;

@@ -207,7 +207,9 @@ class OpFuture {
   // daemon fails ops that miss their deadline, so this only expires when the
   // daemon stops answering).
   absl::Status Wait(std::optional<absl::Duration> timeout = std::nullopt) const;
-  // True once the op completed (successfully or not).
+  // True once the op completed (successfully or not). Does not block: on
+  // the fast path it reaps completions that arrived, so polling Ready() alone
+  // sees the op complete.
   bool Ready() const;
   // How long Wait() waits when given no timeout: the mesh's op timeout plus a
   // grace period (zero for an empty future).

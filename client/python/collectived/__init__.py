@@ -127,6 +127,10 @@ _CODES: Dict[np.dtype, int] = {}
 def _code(dtype: np.dtype) -> int:
     code = _CODES.get(dtype)
     if code is None:
+        if not dtype.isnative:
+            raise InvalidArgument(
+                f"dtype {dtype.str} is not in this machine's byte order: convert it first "
+                f"(x.astype(x.dtype.newbyteorder('=')))")
         code = DTYPES.get(dtype.name)
         if code is not None:
             _CODES[dtype] = code
@@ -146,7 +150,7 @@ Axes = Union[str, Sequence[str]]
 def _result_dtype(kind: int, dtype: np.dtype) -> np.dtype:
     """The dtype of an op's result, as in JAX: psum of bool counts (int32);
     pmean of integers and bool is a float (float64 for 64-bit integers)."""
-    if kind in (_PSUM, _PSUM_SCATTER) and dtype == np.bool_:
+    if kind == _PSUM and dtype == np.bool_:
         return np.dtype(np.int32)
     if kind == _PMEAN and dtype.kind in "biu":
         return np.dtype(np.float64 if dtype.itemsize == 8 else np.float32)
@@ -183,18 +187,13 @@ def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _locate(a: np.ndarray) -> Optional[Tuple["_ext.Buffer", int]]:
+def _locate(a: np.ndarray, client: "Client") -> Optional[Tuple["_ext.Buffer", int]]:
     """(buffer, byte offset) of a C-contiguous array lying in a shared buffer
-    of this process, else None."""
+    of ``client``, else None (an array in another client's buffer is staged:
+    this session cannot name that buffer)."""
     if not a.flags.c_contiguous:
         return None
-    return _ext.locate(_address(a), a.nbytes)
-
-
-def _array_in(buf: "_ext.Buffer", shape: Sequence[int], dtype: np.dtype,
-              offset: int = 0) -> np.ndarray:
-    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    return buf.view()[offset:offset + n].view(dtype).reshape(shape)
+    return _ext.locate(_address(a), a.nbytes, client._ext)
 
 
 # ---------------------------------------------------------------------------
@@ -211,6 +210,7 @@ class Future:
         self._ext = ext
         self._finish = finish
         self._result = None
+        self._error: Optional[BaseException] = None
         self._finished = False
         self._lock = threading.Lock()
 
@@ -218,14 +218,21 @@ class Future:
         return self._ext.done()
 
     def result(self, timeout: Optional[float] = None) -> Optional[np.ndarray]:
-        """The op's output, once it completed; raises its error. ``timeout``
-        in seconds (default: the mesh's op timeout plus a grace period, after
-        which the daemon has failed the op anyway)."""
+        """The op's output, once it completed; raises its error (a
+        collectived.Error). ``timeout``: seconds to wait, then TimeoutError
+        with the op still in flight (default: the mesh's op timeout plus a
+        grace period, after which the daemon has failed the op anyway)."""
         self._ext.wait(-1.0 if timeout is None else float(timeout))
         with self._lock:
             if not self._finished:
-                self._result = self._finish(self._ext) if self._finish else None
+                # Once only, even when it fails (it hands staging blocks back).
                 self._finished = True
+                try:
+                    self._result = self._finish(self._ext) if self._finish else None
+                except BaseException as e:
+                    self._error = e
+            if self._error is not None:
+                raise self._error
         return self._result
 
     def exception(self, timeout: Optional[float] = None) -> Optional[Error]:
@@ -289,7 +296,8 @@ class Client:
 
     def close(self) -> None:
         """Closes the session (waits for the daemon at most close_timeout)."""
-        self._pool.clear()
+        with self._pool_lock:
+            self._pool.clear()
         self._ext.close()
 
     @property
@@ -310,7 +318,7 @@ class Client:
 
     def buffer(self, nbytes: int, device: str = "cpu") -> np.ndarray:
         """A new zeroed shared buffer of at least ``nbytes`` bytes, as a 1-D
-        uint8 array over its whole size. Freed in the daemon after the last
+        uint8 array of ``nbytes`` elements. Freed in the daemon after the last
         array viewing it is gone (at this client's next allocation or
         ``collect()``), or when the client closes."""
         if nbytes < 0:
@@ -365,8 +373,14 @@ class Client:
         return self.buffer(cls)
 
     def _unstage(self, block: np.ndarray) -> None:
+        # Up to 4 blocks per size class, none above 64 MiB: a one-off large
+        # staged op does not keep its memory.
+        if block.size > (64 << 20):
+            return
         with self._pool_lock:
-            self._pool.setdefault(block.size, []).append(block)
+            free = self._pool.setdefault(block.size, [])
+            if len(free) < 4:
+                free.append(block)
 
 
 # ---------------------------------------------------------------------------
@@ -383,12 +397,12 @@ class _Operand:
     def __init__(self, client: Client, array: np.ndarray, copy_in: bool):
         self.array = array
         self.block = None
-        found = _locate(array)
+        found = _locate(array, client)
         if found is None:
             self.block = client._stage(array.nbytes)
             if copy_in:
                 self.block[:array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            found = _locate(self.block)
+            found = _locate(self.block, client)
         self.buf, self.offset = found
 
 
@@ -465,8 +479,11 @@ class Mesh:
         client = self._client
         src = _Operand(client, x, copy_in=True)
         dst = None
-        if out is None and (out_shape is not None or not inplace or rdt != x.dtype):
-            # A result array of its own, in a new shared buffer.
+        # A result array of its own (in a new shared buffer) unless the result
+        # replaces x: in place, same dtype, and x writable or staged (a staged
+        # read-only x gets a copy of the staging block's result).
+        if out is None and (out_shape is not None or not inplace or rdt != x.dtype
+                            or (src.block is None and not x.flags.writeable)):
             out = client.empty(out_shape if out_shape is not None else x.shape, rdt)
         if out is not None:
             if not isinstance(out, np.ndarray) or out.dtype != rdt:
@@ -499,6 +516,7 @@ class Mesh:
                 for op in (src, dst):
                     if op is not None and op.block is not None:
                         client._unstage(op.block)
+                        op.block = None
 
         return Future(fut, finish)
 

@@ -22,13 +22,20 @@ run in the order of XLA's schedule, which is the same in every process when
 every process runs the same program: pass per-process values (the process
 index, its data) as arguments, not as constants baked into the trace; two
 programs that differ in constants may schedule independent calls in
-different orders, and the daemon then fails them (FAILED_PRECONDITION, "does
-not match across members") rather than mixing them up. Errors raise ``jax.errors.JaxRuntimeError``
+different orders. The daemon fails swapped calls that differ in kind, shape,
+dtype or axes (FAILED_PRECONDITION, "does not match across members"), but
+two swapped calls alike in all of those would combine the wrong operands.
+``axis_index`` is read at run time for that reason. One process should run
+one jitted call on a mesh at a time (calls from several threads at once are
+serialized per mesh in no fixed order). Errors raise ``jax.errors.JaxRuntimeError``
 (XlaRuntimeError) whose message starts with the status code (``ABORTED``,
 ``DEADLINE_EXCEEDED``, ...) and carries the daemon's message.
 
 A compiled function refers to its mesh by a handle: once the mesh is left or
 garbage-collected, calling it fails with FAILED_PRECONDITION.
+
+The per-call cost is two copies of the operand plus the op; the handler's
+staging buffers grow to the largest operand and stay until the mesh goes.
 """
 
 from __future__ import annotations
@@ -75,13 +82,16 @@ def _call(mesh: Mesh, kind: int, x, axis_name: AxisName, out_shape, *, a: int = 
         raise InvalidArgument(f"mesh= must be a collectived.Mesh, got {type(mesh).__name__}")
     _register()
     names = _axes(axis_name)
+    if names is None:
+        raise InvalidArgument("axis_name must be a name or a tuple of names, as in jax.lax")
     if any("," in n for n in names):
         raise InvalidArgument(f"axis names cannot contain ',': {names}")
     dtype = np.dtype(x.dtype)
     _code(dtype)
-    out = jax.ShapeDtypeStruct(tuple(out_shape), _result_dtype(kind, dtype))
+    out_dtype = np.int32 if kind == _AXIS_INDEX else _result_dtype(kind, dtype)
+    out = jax.ShapeDtypeStruct(tuple(out_shape), out_dtype)
     flat = np.asarray([v for pair in perm for v in pair], dtype=np.int64)
-    return jax.ffi.ffi_call(_TARGET, out, has_side_effect=True)(
+    return jax.ffi.ffi_call(_TARGET, out, has_side_effect=kind != _AXIS_INDEX)(
         x, mesh=np.int64(mesh._ext.handle), kind=np.int32(kind), axes=",".join(names),
         a=np.int64(a), b=np.int64(b), tiled=np.bool_(tiled), perm=flat)
 
@@ -175,9 +185,15 @@ def broadcast(x, axis_name: AxisName, root: int = 0, *, mesh: Mesh):
     return _call(mesh, _BROADCAST, x, axis_name, x.shape, a=root)
 
 
+_AXIS_INDEX = 100  # answered by the handler itself (jax_ffi.cc)
+
+
 def axis_index(axis_name: AxisName, *, mesh: Mesh):
-    """jax.lax.axis_index: this process's index along the axes (a constant)."""
-    return jax.numpy.asarray(mesh.axis_index(axis_name), dtype=jax.numpy.int32)
+    """jax.lax.axis_index: this process's index along the axes, an int32 read
+    when the function runs (not a trace-time constant: every process traces the
+    same program)."""
+    mesh.axis_index(axis_name)  # an unknown axis fails here, at trace time
+    return _call(mesh, _AXIS_INDEX, np.zeros((), np.int32), axis_name, ())
 
 
 def axis_size(axis_name: AxisName, *, mesh: Mesh) -> int:

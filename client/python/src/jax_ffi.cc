@@ -28,6 +28,9 @@ namespace {
 
 namespace ffi = xla::ffi;
 
+// The op kind of jax.py's axis_index: answered here, the daemon is not asked.
+constexpr int32_t kAxisIndexKind = 100;
+
 ffi::Error FromStatus(const absl::Status& status) {
   // XLA puts the code's name in front of the message.
   return ffi::Error(static_cast<ffi::ErrorCode>(status.code()), std::string(status.message()));
@@ -75,6 +78,23 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
         "the collectived mesh this function was traced with (handle ", mesh_handle,
         ") has been left or garbage-collected")));
   }
+  std::vector<std::string> names;
+  if (!axes.empty()) names = absl::StrSplit(absl::string_view(axes.data(), axes.size()), ',');
+  if (kind == kAxisIndexKind) {
+    // jax.lax.axis_index, read at run time: the traced program stays the same
+    // in every process (an index baked in as a constant would not).
+    const int index = entry->mesh->axis_index(AxisNames(names));
+    if (index < 0) {
+      return FromStatus(absl::InvalidArgumentError(
+          absl::StrCat("mesh '", entry->mesh->name(), "' has no axis '",
+                       absl::string_view(axes.data(), axes.size()), "'")));
+    }
+    if (out->element_type() != ffi::DataType::S32 || out->element_count() != 1) {
+      return FromStatus(absl::InvalidArgumentError("axis_index returns one int32"));
+    }
+    *static_cast<int32_t*>(out->untyped_data()) = index;
+    return ffi::Error::Success();
+  }
   std::shared_ptr<Client> client = entry->client.lock();
   if (client == nullptr) return FromStatus(absl::FailedPreconditionError("the client is closed"));
   const DType in_dt = DTypeOf(x.element_type());
@@ -90,8 +110,6 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
   args.axis = static_cast<int>(a);
   args.concat_axis = static_cast<int>(b);
   args.tiled = tiled;
-  std::vector<std::string> names;
-  if (!axes.empty()) names = absl::StrSplit(absl::string_view(axes.data(), axes.size()), ',');
   args.axes = AxisNames(std::move(names));
   for (size_t i = 0; i < perm.size(); i += 2) {
     args.perm.emplace_back(static_cast<int>(perm[i]), static_cast<int>(perm[i + 1]));

@@ -79,15 +79,10 @@ class Registry {
     absl::MutexLock lock(&mu_);
     by_start_.erase(start);
   }
-  // The buffer holding [address, address + bytes), and its start; null if none.
-  std::pair<PyBuffer*, uintptr_t> Find(uintptr_t address, size_t bytes) {
-    absl::MutexLock lock(&mu_);
-    auto it = by_start_.upper_bound(address);
-    if (it == by_start_.begin()) return {nullptr, 0};
-    --it;
-    if (address + bytes > it->second.first) return {nullptr, 0};
-    return {it->second.second, it->first};
-  }
+  // The buffer of the client owning `reclaim` that holds [address, address
+  // + bytes), and its start; null if none (a buffer of another client is
+  // none: its session's ops cannot name it).
+  std::pair<PyBuffer*, uintptr_t> Find(uintptr_t address, size_t bytes, const Reclaim* reclaim);
 
  private:
   absl::Mutex mu_;
@@ -96,6 +91,7 @@ class Registry {
 
 class PyBuffer {
  public:
+  const Reclaim* owner() const { return reclaim_.get(); }
   PyBuffer(Buffer buffer, std::shared_ptr<Reclaim> reclaim)
       : buffer_(std::move(buffer)), reclaim_(std::move(reclaim)) {
     Registry::Get().Add(address(), buffer_.size(), this);
@@ -115,10 +111,23 @@ class PyBuffer {
   std::shared_ptr<Reclaim> reclaim_;
 };
 
+std::pair<PyBuffer*, uintptr_t> Registry::Find(uintptr_t address, size_t bytes,
+                                               const Reclaim* reclaim) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_start_.upper_bound(address);
+  if (it == by_start_.begin()) return {nullptr, 0};
+  --it;
+  if (address + bytes > it->second.first || it->second.second->owner() != reclaim) {
+    return {nullptr, 0};
+  }
+  return {it->second.second, it->first};
+}
+
 // Waits for `future` with the GIL released, in slices, so that signals
-// (Ctrl-C) are seen; `timeout` < 0: the future's own bound (the mesh's op
-// timeout plus grace). Raises the op's error, DeadlineExceeded when the wait
-// ran out, or whatever a signal handler raised.
+// (Ctrl-C) are seen. `timeout` >= 0: at most that many seconds, then
+// TimeoutError (the op is still in flight); < 0: the future's own bound (the
+// mesh's op timeout plus grace), then DeadlineExceeded (the daemon did not
+// answer). Raises the op's error, or whatever a signal handler raised.
 void WaitFor(const OpFuture& future, double timeout) {
   const absl::Duration bound = timeout < 0 ? future.default_timeout() : Seconds(timeout);
   const absl::Time deadline = absl::Now() + bound;
@@ -126,9 +135,16 @@ void WaitFor(const OpFuture& future, double timeout) {
   while (!future.Ready()) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
-      Raise(absl::DeadlineExceededError(absl::StrCat(
-          "the op did not complete within ", absl::FormatDuration(bound),
-          timeout < 0 ? " (its op timeout plus grace: the daemon did not answer)" : "")));
+      if (timeout >= 0) {  // the caller's wait ran out, not the op
+        PyErr_SetString(PyExc_TimeoutError,
+                        absl::StrCat("the op did not complete within ",
+                                     absl::FormatDuration(bound), " (it is still in flight)")
+                            .c_str());
+        throw nb::python_error();
+      }
+      Raise(absl::DeadlineExceededError(
+          absl::StrCat("the op did not complete within ", absl::FormatDuration(bound),
+                       " (its op timeout plus grace: the daemon did not answer)")));
     }
     {
       nb::gil_scoped_release unlocked;
@@ -212,7 +228,7 @@ DType DTypeOfFormat(const char* format, Py_ssize_t itemsize) {
 class PyMesh {
  public:
   PyMesh(std::unique_ptr<Mesh> mesh, std::weak_ptr<Client> client, std::shared_ptr<Reclaim> reclaim)
-      : mesh_(std::move(mesh)) {
+      : mesh_(std::move(mesh)), reclaim_(reclaim.get()) {
     auto entry = std::make_shared<MeshEntry>();
     entry->mesh = mesh_;
     entry->client = std::move(client);
@@ -289,8 +305,10 @@ class PyMesh {
                             (k == K::kPsum && dt != DType::kBool) ||
                             (k == K::kPmean && IsFloat(dt));
     if (dt == DType::kInvalid || !same_dtype) return false;
-    auto [buffer, start] = Registry::Get().Find(address, bytes);
+    auto [buffer, start] = Registry::Get().Find(address, bytes, reclaim_);
     if (buffer == nullptr) return false;
+    // Held until the op ended: x may be a view that does not own the buffer.
+    nb::object keep = nb::find(buffer);
     Collective op{.kind = k,
                   .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
                   .axes = AxesOf(axes)};
@@ -307,6 +325,7 @@ class PyMesh {
     absl::Status st;
     {
       nb::gil_scoped_release unlocked;
+      UnregisterMesh(handle_);  // compiled JAX functions now fail cleanly
       st = mesh_->Leave();
     }
     Check(st);
@@ -314,6 +333,7 @@ class PyMesh {
 
  private:
   std::shared_ptr<Mesh> mesh_;  // shared with the JAX FFI handler's table
+  const Reclaim* reclaim_;      // identifies the client's buffers (Registry)
   int64_t handle_ = 0;
 };
 
@@ -395,17 +415,20 @@ class PyClient {
     if (!client_) return;
     std::shared_ptr<Client> client = std::move(client_);
     nb::gil_scoped_release unlocked;
-    FreeReclaimed(*client);
+    std::vector<Buffer> dropped;  // unmapped here; the session's end frees them
     {
       absl::MutexLock lock(&reclaim_->mu);
       reclaim_->closed = true;
+      dropped.swap(reclaim_->pending);
     }
+    dropped.clear();
     // Closes the session (the daemon frees what is left), unless a JAX call
     // in flight holds the client: then when that call returns.
     client.reset();
   }
 
   bool closed() const { return client_ == nullptr; }
+  const Reclaim* reclaim() const { return reclaim_.get(); }
 
  private:
   size_t FreeReclaimed(Client& c) {
@@ -433,12 +456,13 @@ NB_MODULE(_collectived, m) {
 
   m.def(
       "locate",
-      [](uintptr_t address, size_t bytes) -> std::optional<std::pair<nb::object, size_t>> {
-        auto [buffer, start] = Registry::Get().Find(address, bytes);
+      [](uintptr_t address, size_t bytes,
+         PyClient& client) -> std::optional<std::pair<nb::object, size_t>> {
+        auto [buffer, start] = Registry::Get().Find(address, bytes, client.reclaim());
         if (buffer == nullptr) return std::nullopt;
         return std::make_pair(nb::find(buffer), static_cast<size_t>(address - start));
       },
-      "(Buffer, byte offset) holding [address, address + bytes), or None.");
+      "(Buffer, byte offset) of client's buffer holding [address, address + bytes), or None.");
 
   m.def(
       "jax_ffi_handler",
@@ -465,6 +489,11 @@ NB_MODULE(_collectived, m) {
       // Buffer (and so the mapping) alive.
       .def("view", [](nb::handle self) {
         const Buffer& b = nb::cast<const PyBuffer&>(self).buffer();
+        if (b.device_ordinal() >= 0) {
+          Raise(absl::UnimplementedError(absl::StrCat(
+              "buffer ", b.id(), " is GPU memory (", b.device(),
+              "): the Python SDK maps host buffers only")));
+        }
         return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(b.data(), {b.size()}, self);
       });
 

@@ -110,11 +110,13 @@ def test_results_are_jax_laxs_bits(daemon):
     for rank, r in enumerate(results):
         assert sorted(r) == sorted(DTYPES)
         for dtype, cases in r.items():
-            bad = {k: v for k, v in cases.items() if v not in ("same bits", "both reject")}
-            assert not bad, f"member {rank}, {dtype}: {bad}"
-        # jax.lax rejects only psum_scatter of bool among these.
-        assert r["bool"]["psum_scatter"] == "both reject"
-        assert all(v == "same bits" for v in r["float32"].values())
+            # jax.lax rejects exactly psum_scatter of bool among these; so
+            # must we, and every other case must give jax.lax's bits.
+            want = {k: "same bits" for k in cases}
+            if dtype == "bool":
+                want["psum_scatter"] = "both reject"
+            assert cases == want, f"member {rank}, {dtype}"
+
 
 
 ORDER = """
@@ -132,6 +134,14 @@ ORDER = """
         outs = many(jnp.full((3,), RANK + 1.0), RANK)
     ok = all(float(outs[k][0]) == 3.0 * k for k in range(6)) and \\
         all(outs[6 + k].tolist() == list(range(1, k + 2)) for k in range(6))
+    # axis_index is read when the function runs: one program, each process's index.
+    idx = jax.jit(lambda: cjax.axis_index("i", mesh=mesh))
+    got_index = int(idx())
+    try:
+        cjax.psum(jnp.ones(2), None, mesh=mesh)
+        none_axis = "no error"
+    except collectived.InvalidArgument:
+        none_axis = "InvalidArgument"
     # A mesh that is gone: the compiled function fails, it does not crash.
     f = jax.jit(lambda x: cjax.psum(x, "i", mesh=mesh))
     f(jnp.ones(2)).block_until_ready()
@@ -142,14 +152,15 @@ ORDER = """
     except Exception as e:
         after = str(e).split(":")[0]
         print(str(e)[:400], file=sys.stderr)
-    emit(ok=ok, after=after)
+    emit(ok=ok, after=after, index=got_index, none_axis=none_axis)
 """
 
 
 def test_independent_calls_run_in_the_same_order_everywhere(daemon):
-    for r in run_members(ORDER, daemon, 2):
+    for rank, r in enumerate(run_members(ORDER, daemon, 2)):
         assert r["ok"], r
-        assert r["after"] in ("NOT_FOUND", "FAILED_PRECONDITION"), r
+        assert r["after"] == "FAILED_PRECONDITION", r
+        assert r["index"] == rank and r["none_axis"] == "InvalidArgument", r
 
 
 def test_the_training_example_learns_identically_in_every_process(daemon):

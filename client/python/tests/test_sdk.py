@@ -105,8 +105,9 @@ def test_arrays_are_the_shared_buffer(daemon):
             x = raw[1024:1024 + 64].view(np.float32)  # part of a buffer
             x[:] = RANK + 1
             y = mesh.psum(x, "i")
+            found = collectived._locate(x, c)   # the registry knows where x lies
             emit(same=y is x, shares=bool(np.shares_memory(y, raw)), value=float(x[0]),
-                 base_is_buffer=type(raw.base).__name__ != "NoneType",
+                 base_is_buffer=found is not None and found[1] == 1024,
                  fresh_shares=bool(np.shares_memory(mesh.psum(x, "i", inplace=False), x)))
     """
     for r in run_members(code, daemon, 2):
@@ -303,3 +304,55 @@ def test_dlpack_in_and_out(daemon):
     """
     for r in run_members(code, daemon, 2):
         assert r == {"got": [3.0] * 4, "backing": [3.0] * 4, "view": [10.0] * 4, "shares": True}
+
+
+def test_what_a_careful_user_tries(daemon):
+    code = """
+        r = {}
+        with collectived.connect(socket=SOCK) as c, collectived.connect(socket=SOCK) as other:
+            mesh = c.join_mesh("careful", {"i": 2}, coordinate=[RANK], timeout=30, op_timeout=20)
+            # Polling done() alone sees a fast-path op complete.
+            x = mesh.zeros((4,), np.float32); x[:] = 1
+            f = mesh.psum_async(x, "i")
+            t = time.monotonic()
+            while not f.done():
+                assert time.monotonic() - t < 20, "done() never became true"
+            r["polled"] = f.result(timeout=0)[0].item()
+            # A read-only array in a shared buffer is not written.
+            y = mesh.zeros((2,), np.int32); y[:] = 3; y.flags.writeable = False
+            z = mesh.psum(y, "i")
+            r["readonly"] = [y.tolist(), z.tolist(), z is y]
+            # Another client's shared array is staged, not named to this session.
+            w = other.zeros((3,), np.float64); w[:] = RANK
+            r["other_client"] = mesh.pmax(w, "i").tolist()
+            # Foreign byte order is refused, not misread.
+            try:
+                mesh.psum(np.ones(2, ">f4"), "i")
+                r["big_endian"] = "no error"
+            except collectived.InvalidArgument as e:
+                r["big_endian"] = "InvalidArgument"
+            # A local wait that runs out is TimeoutError, not the op's error.
+            if RANK == 0:
+                late = mesh.psum_async(mesh.zeros((1,), np.float32), "i")
+                try:
+                    late.result(timeout=0.05)
+                    r["wait"] = "no error"
+                except collectived.Error:
+                    r["wait"] = "collectived.Error"
+                except TimeoutError:
+                    r["wait"] = "TimeoutError"
+                mesh.barrier()          # member 1 submits its psum after the barrier
+                r["late"] = late.result(timeout=20).tolist()
+            else:  # the same ops, the psum late
+                time.sleep(0.3)
+                mesh.psum(mesh.zeros((1,), np.float32), "i")
+                mesh.barrier()
+        emit(**r)
+    """
+    r0, r1 = run_members(code, daemon, 2)
+    for r in (r0, r1):
+        assert r["polled"] == 2.0
+        assert r["readonly"] == [[3, 3], [6, 6], False]
+        assert r["other_client"] == [1.0, 1.0, 1.0]
+        assert r["big_endian"] == "InvalidArgument"
+    assert r0["wait"] == "TimeoutError" and r0["late"] == [0.0]
