@@ -126,30 +126,14 @@ def _position(axis: int, rank: int, what: str) -> int:
 def all_gather(x, axis_name: AxisName, *, mesh: Mesh, axis: int = 0, tiled: bool = False):
     """jax.lax.all_gather: every member's x, stacked at ``axis`` (concatenated
     when ``tiled``)."""
-    n = mesh.axis_size(axis_name)
-    shape = list(x.shape)
-    pos = _position(axis, len(shape) + (0 if tiled else 1), "axis")
-    if tiled:
-        shape[pos] *= n
-    else:
-        shape.insert(pos, n)
+    shape = mesh._gather_shape(x, axis_name, axis, tiled)
     return _call(mesh, _ALL_GATHER, x, axis_name, shape, a=axis, tiled=tiled)
 
 
 def psum_scatter(x, axis_name: AxisName, *, mesh: Mesh, scatter_dimension: int = 0,
                  tiled: bool = False):
     """jax.lax.psum_scatter: this member's block of the sum."""
-    n = mesh.axis_size(axis_name)
-    shape = list(x.shape)
-    pos = _position(scatter_dimension, len(shape), "scatter_dimension")
-    if tiled:
-        if shape[pos] % n:
-            raise InvalidArgument(f"dimension {pos} ({shape[pos]}) does not split over {n}")
-        shape[pos] //= n
-    else:
-        if shape[pos] != n:
-            raise InvalidArgument(f"untiled psum_scatter needs dimension {pos} of size {n}")
-        del shape[pos]
+    shape = mesh._scatter_shape(x, axis_name, scatter_dimension, tiled)
     return _call(mesh, _PSUM_SCATTER, x, axis_name, shape, a=scatter_dimension, tiled=tiled)
 
 

@@ -192,10 +192,6 @@ class PyFuture {
   std::vector<nb::object> keep_;
 };
 
-AxisNames Axes(const std::optional<std::vector<std::string>>& axes) {
-  return axes ? AxisNames(*axes) : AxisNames::All();
-}
-
 // JAX's axis_name as Python spells it: a str, a tuple or list of str, or
 // None (every axis).
 AxisNames AxesOf(nb::handle axes) {
@@ -253,12 +249,12 @@ class PyMesh {
   // shape, dtype) of arrays already in shared buffers; dtypes are
   // collectived's DType values.
   PyFuture Submit(int kind, nb::handle x_buffer, size_t x_offset, std::vector<int64_t> x_shape,
-                  int dtype, std::optional<std::vector<std::string>> axes, nb::handle out_buffer,
+                  int dtype, nb::handle axes, nb::handle out_buffer,
                   size_t out_offset, std::vector<int64_t> out_shape, int out_dtype,
                   std::vector<std::pair<int, int>> perm, int a, int b, bool tiled) {
     std::vector<nb::object> keep;
     Collective args{.kind = static_cast<CollectiveKind>(kind),
-                    .axes = Axes(axes),
+                    .axes = AxesOf(axes),
                     .perm = std::move(perm),
                     .axis = a,
                     .concat_axis = b,
@@ -513,14 +509,14 @@ NB_MODULE(_collectived, m) {
       .def_prop_ro("size", [](PyMesh& m) { return m.mesh().size(); })
       .def_prop_ro("axes", [](PyMesh& m) { return m.mesh().axes(); })
       .def_prop_ro("coordinate", [](PyMesh& m) { return m.mesh().coordinate(); })
-      .def("axis_index",
-           [](PyMesh& m, std::optional<std::vector<std::string>> axes) {
-             return m.mesh().axis_index(Axes(axes));
-           })
-      .def("axis_size",
-           [](PyMesh& m, std::optional<std::vector<std::string>> axes) {
-             return m.mesh().axis_size(Axes(axes));
-           })
+      .def(
+          "axis_index",
+          [](PyMesh& m, nb::handle axes) { return m.mesh().axis_index(AxesOf(axes)); },
+          nb::arg("axes").none())
+      .def(
+          "axis_size",
+          [](PyMesh& m, nb::handle axes) { return m.mesh().axis_size(AxesOf(axes)); },
+          nb::arg("axes").none())
       .def("submit", &PyMesh::Submit, nb::arg("kind"), nb::arg("x_buffer").none(),
            nb::arg("x_offset"), nb::arg("x_shape"), nb::arg("dtype"), nb::arg("axes").none(),
            nb::arg("out_buffer").none(), nb::arg("out_offset"), nb::arg("out_shape"), nb::arg("out_dtype"),
