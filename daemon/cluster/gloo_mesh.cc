@@ -3,12 +3,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -30,8 +32,9 @@ namespace collectived {
 namespace {
 
 constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
-// 2: the chain schedule (its chunk size in the header).
-constexpr uint32_t kVersion = 2;
+// 2: the chain schedule (its chunk size in the header). 3: the kind of
+// memory (GPU ops across hosts).
+constexpr uint32_t kVersion = 3;
 constexpr int kSlotShift = 24;
 
 // The fixed-size signature of an op every host sends every other.
@@ -52,6 +55,9 @@ struct WireHeader {
   uint64_t hash;
   // The chain's chunk (GlooMeshOptions): it sets the transfers' sizes.
   uint64_t chunk_bytes;
+  // The kind of memory the op runs on (Executor::buffer_kind: "memfd",
+  // "cuda"): it picks the transport (Gloo, or the executor's HostLink).
+  char memory[16];
   char signature[160];
   char text[200];
 };
@@ -119,7 +125,8 @@ uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
 }
 
 WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t sequence,
-                      size_t members, uint64_t chunk_bytes, const absl::Status& verdict) {
+                      size_t members, uint64_t chunk_bytes, absl::string_view memory,
+                      const absl::Status& verdict) {
   WireHeader h;
   std::memset(&h, 0, sizeof(h));
   h.magic = kMagic;
@@ -137,6 +144,7 @@ WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t 
   h.out_bytes = plan.out_bytes;
   h.hash = PlanHash(plan, topology);
   h.chunk_bytes = chunk_bytes;
+  CopyText(h.memory, sizeof(h.memory), memory);
   CopyText(h.signature, sizeof(h.signature),
            plan.signature.empty()
                ? absl::StrCat(OpKindName(plan.kind), " ", ShapeString(plan.dtype, plan.in_shape))
@@ -161,6 +169,10 @@ std::string Differences(const WireHeader& a, const WireHeader& b) {
   if (a.root != b.root) d.push_back("root");
   if (a.hash != b.hash) d.push_back("plan (groups, permutation, axes or shapes) or mesh layout");
   if (a.chunk_bytes != b.chunk_bytes) d.push_back("--cluster-chunk-bytes");
+  if (Text(a.memory, sizeof(a.memory)) != Text(b.memory, sizeof(b.memory))) {
+    d.push_back(absl::StrCat("kind of memory (", Text(a.memory, sizeof(a.memory)), " and ",
+                             Text(b.memory, sizeof(b.memory)), ")"));
+  }
   return absl::StrJoin(d, ", ");
 }
 
@@ -234,6 +246,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
       if (aborted_) return;
       aborted_ = true;
       abort_reason_ = reason;
+      link_abort_.store(true, std::memory_order_release);
       for (gloo::transport::UnboundBuffer* b : outstanding_) {
         b->abortWaitRecv();
         b->abortWaitSend();
@@ -398,6 +411,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
         std::shared_ptr<gloo::rendezvous::Context> context = std::move(context_);
         lock.unlock();
         context.reset();
+        link_.reset();
         continue;
       }
       if (queue_.empty()) {
@@ -429,6 +443,15 @@ class GlooCrossHostMesh final : public CrossHostMesh {
 
   Result Run(Op& op);
   Result ExchangeHeaders(const Op& op, absl::Status verdict);
+  // The op's data phase over the executor's HostLink (memory Gloo cannot
+  // move), connecting it first if this is the mesh's first such op.
+  Result RunOverLink(const Op& op, const std::vector<MemberIo>& io, int device);
+  // Connects link_: rank 0 makes the id and sends it to the other hosts
+  // over the Gloo context; every host then connects on `device`.
+  absl::Status ConnectLink(const Op& op, int device);
+  // The device of this host's members of `op` (on the link), or why the op
+  // cannot run over the link.
+  absl::Status LinkDevice(const Op& op, const std::vector<int>& rank_of, int* device) const;
 
   const MeshTopology topology_;
   const GlooMeshOptions options_;
@@ -439,6 +462,11 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   std::string last_gloo_error_;  // the message of the last Gloo exception
   Placeholder placeholder_;
   uint8_t* placeholder_base_ = nullptr;
+  // The executor's link between the hosts (GPU ops), made by the first op
+  // that needs it; only the worker uses it. Dropped when an op over it
+  // fails, and after an Abort; link_abort_ stops a link's waits.
+  std::unique_ptr<HostLink> link_;
+  std::atomic<bool> link_abort_{false};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -545,8 +573,8 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   const int size = static_cast<int>(topology_.hosts.size());
   const int self = topology_.self;
   std::vector<WireHeader> headers(size);
-  headers[self] =
-      MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_.chunk_bytes, verdict);
+  headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_.chunk_bytes,
+                             op.executor != nullptr ? op.executor->buffer_kind() : "", verdict);
   const uint64_t slot = static_cast<uint64_t>(op.sequence) << kSlotShift;
   std::vector<Posted> posted;
   absl::Status status;
@@ -628,6 +656,13 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
     }
     rank_of[m] = static_cast<int>(it - topology_.hosts.begin());
   }
+  // Memory Gloo cannot move goes over the executor's link, on one device
+  // per host: the device of this host's members.
+  const bool over_link = op.executor != nullptr && op.executor->buffer_kind() != "memfd";
+  int device = -1;
+  if (verdict.ok() && over_link) {
+    verdict = LinkDevice(op, rank_of, &device);
+  }
   if (verdict.ok()) {
     placeholder_base_ = placeholder_.Get(std::max(plan.in_bytes, plan.out_bytes));
     if (placeholder_base_ == nullptr) {
@@ -651,6 +686,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
       io[m].out = placeholder_base_;
     }
   }
+  if (over_link) return RunOverLink(op, io, device);
   GlooFabric fabric(this, op.executor, op.sequence, op.deadline);
   SpanningTraffic moved;
   SpanningOptions options;
@@ -661,6 +697,132 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
   // Any failure after the headers matched leaves the hosts at different
   // points of the schedule: the connections cannot be trusted.
   r.broken = !r.status.ok();
+  return r;
+}
+
+absl::Status GlooCrossHostMesh::LinkDevice(const Op& op, const std::vector<int>& rank_of,
+                                           int* device) const {
+  const std::string where = absl::StrCat("op ", op.sequence, " of the mesh runs on ",
+                                         op.executor->buffer_kind(), " memory");
+  if (!op.executor->ConnectsHosts()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ", which the ", op.executor->name(), " executor cannot move between hosts"));
+  }
+  std::set<int> devices;
+  for (size_t m = 0; m < op.io.size(); ++m) {
+    if (rank_of[m] == topology_.self && op.io[m].in != nullptr) devices.insert(op.io[m].device);
+  }
+  if (devices.empty()) return absl::InternalError(absl::StrCat(where, " without local members"));
+  if (devices.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ", and this host's members have their buffers on devices ",
+        absl::StrJoin(devices, ", "),
+        ": across hosts, every member on a host must have its buffers on one device"));
+  }
+  *device = *devices.begin();
+  if (link_ != nullptr && link_->device() != *device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, " on device ", *device, " of this host, but the mesh's link between hosts is on ",
+        "device ", link_->device(), " (its first op's): across hosts, a mesh's buffers must stay on ",
+        "one device per host"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCrossHostMesh::ConnectLink(const Op& op, int device) {
+  // What rank 0 sends every other host: the link's id, or why it has none.
+  struct LinkId {
+    int32_t ok;
+    uint32_t size;
+    char id[512];
+    char error[200];
+  };
+  static_assert(std::is_trivially_copyable_v<LinkId>);
+  LinkId msg;
+  std::memset(&msg, 0, sizeof(msg));
+  const int size = static_cast<int>(topology_.hosts.size());
+  const uint64_t slot =
+      (static_cast<uint64_t>(op.sequence) << kSlotShift) | ((uint64_t{1} << kSlotShift) - 1);
+  std::vector<Posted> posted;
+  absl::Status status;
+  if (topology_.self == 0) {
+    absl::StatusOr<std::string> id = op.executor->NewHostLinkId();
+    if (id.ok() && id->size() > sizeof(msg.id)) {
+      id = absl::InternalError(absl::StrCat("a link id of ", id->size(), " bytes"));
+    }
+    if (id.ok()) {
+      msg.ok = 1;
+      msg.size = static_cast<uint32_t>(id->size());
+      std::memcpy(msg.id, id->data(), id->size());
+    } else {
+      CopyText(msg.error, sizeof(msg.error), id.status().message());
+    }
+    for (int rank = 1; rank < size && status.ok(); ++rank) {
+      status = Post(posted, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&msg), sizeof(msg),
+                    slot);
+    }
+  } else {
+    status = Post(posted, /*send=*/false, 0, reinterpret_cast<uint8_t*>(&msg), sizeof(msg), slot);
+  }
+  status = status.ok() ? WaitAll(posted, op.deadline) : Forget(posted, status);
+  if (!status.ok()) return status;
+  if (msg.ok == 0 || msg.size > sizeof(msg.id)) {
+    return absl::AbortedError(absl::StrCat("host ", topology_.hosts[0],
+                                           " could not make the link between hosts: ",
+                                           Text(msg.error, sizeof(msg.error))));
+  }
+  absl::StatusOr<std::unique_ptr<HostLink>> link = op.executor->ConnectHosts(
+      std::string(msg.id, msg.size), topology_.self, size, device, op.deadline, link_abort_);
+  if (!link.ok()) return link.status();
+  link_ = *std::move(link);
+  return absl::OkStatus();
+}
+
+GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
+                                                         const std::vector<MemberIo>& io,
+                                                         int device) {
+  Result r;
+  absl::Status status;
+  if (link_ == nullptr) status = ConnectLink(op, device);
+  if (status.ok()) {
+    SpanningOptions options;
+    options.chain = true;
+    options.chain_chunk_bytes = options_.chunk_bytes;
+    status = link_->Run(*op.plan, io, options, placeholder_base_, op.deadline, link_abort_,
+                        &r.traffic);
+  }
+  if (status.ok()) return r;
+  // The hosts may be at different points of the schedule: the link and the
+  // connections cannot be trusted any more.
+  link_.reset();
+  r.broken = true;
+  std::vector<std::string> others;
+  for (int rank = 0; rank < static_cast<int>(topology_.hosts.size()); ++rank) {
+    if (rank != topology_.self) others.push_back(topology_.hosts[rank]);
+  }
+  const std::string with = absl::StrCat(others.size() == 1 ? "host " : "hosts ",
+                                        absl::StrJoin(others, ", "));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) {
+      r.status = absl::AbortedError(abort_reason_);
+      return r;
+    }
+  }
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    r.status = absl::DeadlineExceededError(
+        absl::StrCat("op ", op.sequence, " of the mesh: the exchange with ", with, " over the ",
+                     op.executor->name(), " executor's link did not finish within the op timeout (",
+                     status.message(), ")"));
+  } else if (status.code() == absl::StatusCode::kAborted ||
+             status.code() == absl::StatusCode::kInternal ||
+             status.code() == absl::StatusCode::kUnavailable) {
+    r.status = absl::AbortedError(absl::StrCat("op ", op.sequence, " of the mesh: the exchange with ",
+                                               with, " over the ", op.executor->name(),
+                                               " executor's link failed (", status.message(), ")"));
+  } else {
+    r.status = status;
+  }
   return r;
 }
 

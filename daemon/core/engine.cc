@@ -1443,16 +1443,19 @@ absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
         "; every member's buffers of one op must be the same kind of memory (",
         absl::StrJoin(kinds, " or "), ")"));
   }
-  if (mesh.cross && kind != "memfd") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "op ", op.sequence, " on mesh '", mesh.name, "' runs on ", kind,
-        " buffers, but ops of meshes across hosts run on host memory only so far"));
-  }
-  if (ExecutorFor(kind) == nullptr) {
+  Executor* executor = ExecutorFor(kind);
+  if (executor == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " on mesh '", mesh.name, "' runs on ", kind,
         " buffers, but this daemon has no usable ", KindLabel(kind),
         " executor: ", NoExecutorReason(kind)));
+  }
+  // Across hosts, Gloo moves host memory; other memory needs an executor
+  // that connects the hosts itself (GPU memory: NCCL).
+  if (mesh.cross && kind != "memfd" && !executor->ConnectsHosts()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " on mesh '", mesh.name, "' runs on ", kind, " buffers, but the ",
+        executor->name(), " executor cannot move them between hosts"));
   }
   return absl::OkStatus();
 }

@@ -6,12 +6,17 @@
 #ifndef COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
 #define COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "daemon/plan/op_plan.h"
 
 namespace collectived {
@@ -80,6 +85,35 @@ inline Traffic AccountTraffic(const OpPlan& plan, uint64_t extra_read, uint64_t 
   return t;
 }
 
+struct SpanningOptions;  // spanning.h
+
+// An executor's own connection between the hosts of a cluster mesh, for
+// memory the cross-host mesh cannot move itself (GPU memory: Gloo moves host
+// memory only). One rank per host, in the mesh's host order; on each host
+// every member of the mesh has its buffers on the link's device. Made by
+// Executor::ConnectHosts on every host with the id one host's
+// Executor::NewHostLinkId gave. The cross-host mesh checks beforehand that
+// every host runs the same op (its header exchange), so the link only moves
+// bytes, on the schedule of RunSpanning (spanning.h).
+class HostLink {
+ public:
+  // Closes the connection (aborting whatever it still runs).
+  virtual ~HostLink() = default;
+  // Runs this host's share of `plan` across the hosts: RunSpanning with one
+  // partition per host (MemberIo::device is the member's host rank; this
+  // host's members have their regions on the link's device, the others'
+  // are `placeholder`, never touched). Returns once this host's outputs are
+  // written, or fails: at `deadline` with DEADLINE_EXCEEDED, when `abort`
+  // becomes true with ABORTED, on a transport error with ABORTED. After any
+  // failure the link is broken: the caller drops it.
+  virtual absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                           const SpanningOptions& options, uint8_t* placeholder,
+                           absl::Time deadline, const std::atomic<bool>& abort,
+                           Traffic* traffic) = 0;
+  // The device the link is on.
+  virtual int device() const = 0;
+};
+
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -99,6 +133,27 @@ class Executor {
                            Traffic* traffic = nullptr) = 0;
   // Worker threads used for data-parallel work.
   virtual int threads() const = 0;
+
+  // Ops of meshes across hosts on this executor's memory. The CPU executor's
+  // memory is moved between hosts by the cross-host mesh itself (Gloo);
+  // an executor whose memory it cannot reach (GPU memory) connects the hosts
+  // itself through a HostLink (spanning.h), and says so here.
+  virtual bool ConnectsHosts() const { return false; }
+  // A fresh id for a link between hosts: made on one host (rank 0), sent to
+  // the others, given to ConnectHosts on every host.
+  virtual absl::StatusOr<std::string> NewHostLinkId() {
+    return absl::UnimplementedError(absl::StrCat(name(), " executor: no links between hosts"));
+  }
+  // Connects this host as rank `rank` of `ranks` through `id`, on device
+  // `device`: returns once every host connected, or fails at `deadline`
+  // (DEADLINE_EXCEEDED) or once `abort` is true (ABORTED).
+  virtual absl::StatusOr<std::unique_ptr<HostLink>> ConnectHosts(const std::string& id, int rank,
+                                                                 int ranks, int device,
+                                                                 absl::Time deadline,
+                                                                 const std::atomic<bool>& abort) {
+    (void)id, (void)rank, (void)ranks, (void)device, (void)deadline, (void)abort;
+    return absl::UnimplementedError(absl::StrCat(name(), " executor: no links between hosts"));
+  }
 };
 
 }  // namespace collectived

@@ -33,6 +33,7 @@
 #include "absl/strings/str_join.h"
 #include "collectived/client.h"
 #include "common/cuda/driver.h"
+#include "tests/harness/cluster.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/require_gpu.h"
 
@@ -319,6 +320,99 @@ INSTANTIATE_TEST_SUITE_P(Gpu, E2eTest,
 INSTANTIATE_TEST_SUITE_P(Host, E2eTest,
                          ::testing::Combine(::testing::Values("cpu"), ::testing::Values(2, 4, 8)),
                          ParamName);
+
+// Members of one mesh on two daemons of a cluster (loopback, host ids h0 and
+// h1): with GPU buffers the daemons move the bytes between hosts over NCCL
+// (each daemon gets its own NCCL_HOSTID, so that NCCL treats the two
+// daemons on one machine's GPU as two hosts and connects them over its
+// socket transport), with host memory over Gloo.
+class AcrossHostsE2eTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  const std::string& device() const { return GetParam(); }
+  bool gpu() const { return device() != "cpu"; }
+
+  void SetUp() override {
+    auto daemons = StartLoopbackCluster(2, {}, kStartup, [](int h) {
+      return std::vector<std::string>{"/usr/bin/env", absl::StrCat("NCCL_HOSTID=collectived-h", h),
+                                      "NCCL_SOCKET_IFNAME=lo"};
+    });
+    ASSERT_TRUE(daemons.ok()) << daemons.status();
+    daemons_ = *std::move(daemons);
+    if (!gpu()) return;
+    absl::StatusOr<std::string> device = DaemonGpu(*daemons_[0], this->device());
+    if (!device.ok()) {
+      COLLECTIVED_SKIP_OR_FAIL_WITHOUT_GPU("asking the daemon for GPU memory on "
+                                           << this->device() << ": "
+                                           << device.status().message());
+    }
+  }
+
+  // The host of member i of 4: h0 holds 0 and 1 ("runs") or 0 and 2.
+  static int HostOf(int i, bool runs) { return runs ? i / 2 : i % 2; }
+
+  std::vector<std::unique_ptr<Daemon>> daemons_;
+};
+
+TEST_P(AcrossHostsE2eTest, CollectivesAcrossTwoDaemonsAreExact) {
+  constexpr int n = 4;
+  for (bool runs : {true, false}) {
+    const std::string mesh = absl::StrCat("across-", runs ? "runs" : "interleaved");
+    std::vector<std::vector<std::string>> argvs;
+    for (int i = 0; i < n; ++i) {
+      argvs.push_back(WorkerArgv(WorkerBinary(), *daemons_[HostOf(i, runs)], mesh, n, i,
+                                 {"--mode=ops", "--device=" + device()}));
+    }
+    std::vector<ChildResult> results = RunAll(argvs, kFinish);
+    for (int i = 0; i < n; ++i) {
+      const ChildResult& r = results[i];
+      EXPECT_FALSE(r.timed_out) << mesh << " member " << i << " timed out:\n" << Tail(r.output);
+      EXPECT_EQ(r.exit_code, 0) << mesh << " member " << i << ":\n" << Tail(r.output);
+      EXPECT_EQ(Field(r.output, "DONE", "failed"), "0") << r.output;
+      EXPECT_EQ(Field(r.output, "DONE", "checks"), "9") << r.output;
+      EXPECT_FALSE(absl::StrContains(r.output, " ok=0")) << r.output;
+    }
+  }
+}
+
+// A member killed on h1 while the mesh runs ops: the members on h0 fail with
+// ABORTED naming h1, and both daemons serve the next mesh.
+TEST_P(AcrossHostsE2eTest, AMemberKilledOnOneHostAbortsTheOthers) {
+  constexpr int n = 4;
+  Members m;
+  for (int i = 0; i < n; ++i) {
+    auto c = Child::Start(WorkerArgv(WorkerBinary(), *daemons_[HostOf(i, true)], "across-kill", n,
+                                     i, {"--mode=loop", "--device=" + device()}));
+    ASSERT_TRUE(c.ok()) << c.status();
+    m.children.push_back(*std::move(c));
+  }
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(m.children[i]->WaitForOutput("READY", kStartup))
+        << "member " << i << " never got ready:\n" << m.children[i]->output();
+  }
+  absl::SleepFor(absl::Milliseconds(200));  // let them run a few ops
+  m.children[n - 1]->Signal(SIGKILL);
+  for (int i = 0; i < 2; ++i) {
+    ChildResult r = m.children[i]->Wait(kFinish);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(Field(r.output, "FAILED", "code"), "ABORTED") << r.output;
+    EXPECT_TRUE(absl::StrContains(Field(r.output, "FAILED", "msg"), "h1")) << r.output;
+  }
+  m.children.clear();
+  std::vector<std::vector<std::string>> argvs;
+  for (int i = 0; i < n; ++i) {
+    argvs.push_back(WorkerArgv(WorkerBinary(), *daemons_[HostOf(i, true)], "across-after", n, i,
+                               {"--mode=ops", "--device=" + device()}));
+  }
+  for (const ChildResult& r : RunAll(argvs, kFinish)) {
+    EXPECT_EQ(r.exit_code, 0) << Tail(r.output);
+    EXPECT_EQ(Field(r.output, "DONE", "failed"), "0") << r.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuAcrossHosts, AcrossHostsE2eTest, ::testing::Values("cuda:0"),
+                         [](const auto&) { return std::string("TwoDaemons"); });
+INSTANTIATE_TEST_SUITE_P(HostAcrossHosts, AcrossHostsE2eTest, ::testing::Values("cpu"),
+                         [](const auto&) { return std::string("TwoDaemons"); });
 
 // Without a usable GPU in the daemon, a member process is refused its GPU
 // buffer with the daemon's reason (and the worker says so rather than hang).

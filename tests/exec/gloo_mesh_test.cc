@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -400,6 +401,187 @@ TEST(GlooMeshTest, AHostsRefusalFailsTheOpOnEveryHost) {
   }
   // Still usable.
   for (const Outcome& o : c->RunAll(*plan, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
+}
+
+// An executor of another kind of memory (host memory underneath, run by a
+// CpuExecutor), for the cross-host mesh's handling of memory Gloo cannot
+// move: whether it connects hosts, and what its link's id and connection
+// give. Its links never connect (a real one needs a GPU: the CUDA
+// executor's NCCL link is tested end to end on a GPU machine).
+class OtherMemoryExecutor final : public Executor {
+ public:
+  OtherMemoryExecutor(bool connects, absl::StatusOr<std::string> id, absl::Status connect)
+      : connects_(connects), id_(std::move(id)), connect_(std::move(connect)) {}
+  absl::string_view name() const override { return "other"; }
+  absl::string_view buffer_kind() const override { return "other"; }
+  bool IsViable() const override { return true; }
+  int threads() const override { return 1; }
+  absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                   Traffic* traffic) override {
+    return cpu_.Run(plan, io, traffic);
+  }
+  bool ConnectsHosts() const override { return connects_; }
+  absl::StatusOr<std::string> NewHostLinkId() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++ids_made_;
+    return id_;
+  }
+  absl::StatusOr<std::unique_ptr<HostLink>> ConnectHosts(const std::string& id, int rank,
+                                                         int ranks, int device, absl::Time,
+                                                         const std::atomic<bool>&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    connected_with_ = absl::StrCat(id, " rank ", rank, " of ", ranks, " on device ", device);
+    return connect_;
+  }
+  int ids_made() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ids_made_;
+  }
+  std::string connected_with() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return connected_with_;
+  }
+
+ private:
+  CpuExecutor cpu_{CpuExecutorOptions{.threads = 1}};
+  const bool connects_;
+  const absl::StatusOr<std::string> id_;
+  const absl::Status connect_;
+  std::mutex mu_;
+  int ids_made_ = 0;
+  std::string connected_with_;
+};
+
+// Runs `plan` on every host of `c`, host h on executors[h] with its
+// members' regions on `device(h, m)`; the outcomes.
+std::vector<Outcome> RunOn(Cluster& c, const std::vector<Executor*>& executors,
+                           const OpPlan& plan, const std::vector<MemberIo>& io,
+                           const std::function<int(int, size_t)>& device = nullptr) {
+  auto shared = std::make_shared<const OpPlan>(plan);
+  const int64_t seq = c.NextSequence();
+  auto dones = Dones::Make(c.hosts());
+  std::vector<int> all;
+  for (int h = 0; h < c.hosts(); ++h) {
+    all.push_back(h);
+    std::vector<MemberIo> local = c.IoOf(h, io);
+    for (size_t m = 0; m < local.size(); ++m) {
+      if (local[m].in != nullptr) local[m].device = device ? device(h, m) : 0;
+    }
+    c.mesh(h).Start(shared, seq, std::move(local), executors[h], absl::OkStatus(),
+                    absl::Now() + absl::Seconds(30), dones->For(h));
+  }
+  std::vector<Outcome> out(c.hosts());
+  EXPECT_TRUE(dones->Wait(all));
+  for (int h = 0; h < c.hosts(); ++h) out[h] = dones->Get(h);
+  return out;
+}
+
+TEST(GlooMeshTest, MemoryNoTransportCanMoveFailsTheOpOnEveryHostAndTheMeshGoesOn) {
+  const int hosts = 2, members = 4;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  OtherMemoryExecutor a(false, "id", absl::OkStatus()), b(false, "id", absl::OkStatus());
+  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
+  Regions r(members, plan);
+  for (const Outcome& o : RunOn(*c, {&a, &b}, plan, r.io)) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_NE(o.status.message().find("runs on other memory, which the other executor cannot "
+                                      "move between hosts"),
+              std::string::npos)
+        << o.status;
+    EXPECT_FALSE(o.broken);
+  }
+  EXPECT_EQ(a.ids_made() + b.ids_made(), 0);
+  for (const Outcome& o : c->RunAll(plan, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
+}
+
+TEST(GlooMeshTest, HostsOnDifferentKindsOfMemoryFailTheOpAlike) {
+  const int hosts = 2, members = 4;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  CpuExecutor cpu(CpuExecutorOptions{.threads = 1});
+  OtherMemoryExecutor other(true, "id", absl::OkStatus());
+  const OpPlan plan = Plan(v1::PSUM, v1::INT32, {8}, members);
+  Regions r(members, plan);
+  for (const Outcome& o : RunOn(*c, {&cpu, &other}, plan, r.io)) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_NE(o.status.message().find("kind of memory (other and memfd)"), std::string::npos)
+        << o.status;
+    EXPECT_FALSE(o.broken);
+  }
+  EXPECT_EQ(other.ids_made(), 0);
+  for (const Outcome& o : c->RunAll(plan, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
+}
+
+TEST(GlooMeshTest, AHostsMembersOnTwoDevicesAreRefusedOnEveryHost) {
+  const int hosts = 2, members = 4;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  OtherMemoryExecutor a(true, "id", absl::OkStatus()), b(true, "id", absl::OkStatus());
+  const OpPlan plan = Plan(v1::PMAX, v1::FLOAT32, {8}, members);
+  Regions r(members, plan);
+  // Host h0 holds members 0 and 2 (round robin): on devices 0 and 2.
+  const auto outcomes = RunOn(*c, {&a, &b}, plan, r.io,
+                              [](int h, size_t m) { return h == 0 ? static_cast<int>(m) : 1; });
+  for (const Outcome& o : outcomes) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_NE(o.status.message().find("host h0 refused it"), std::string::npos) << o.status;
+    EXPECT_NE(o.status.message().find("on devices 0, 2"), std::string::npos) << o.status;
+    EXPECT_FALSE(o.broken);
+  }
+  EXPECT_EQ(a.ids_made() + b.ids_made(), 0);
+}
+
+TEST(GlooMeshTest, TheLinkIdGoesFromHostZeroToEveryHostAndAFailedLinkBreaksTheMesh) {
+  const int hosts = 3, members = 3;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::unique_ptr<OtherMemoryExecutor>> execs;
+  std::vector<Executor*> ptrs;
+  for (int h = 0; h < hosts; ++h) {
+    execs.push_back(std::make_unique<OtherMemoryExecutor>(
+        true, absl::StrCat("id-of-h", h), absl::UnavailableError(absl::StrCat("no link on h", h))));
+    ptrs.push_back(execs.back().get());
+  }
+  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
+  Regions r(members, plan);
+  const auto outcomes = RunOn(*c, ptrs, plan, r.io, [](int h, size_t) { return h; });
+  for (int h = 0; h < hosts; ++h) {
+    const Outcome& o = outcomes[h];
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+    EXPECT_NE(o.status.message().find(absl::StrCat("over the other executor's link failed (no "
+                                                   "link on h", h, ")")),
+              std::string::npos)
+        << o.status;
+    EXPECT_TRUE(o.broken);
+    // Host h0 made the id, every host connected with it.
+    EXPECT_EQ(execs[h]->ids_made(), h == 0 ? 1 : 0);
+    EXPECT_EQ(execs[h]->connected_with(),
+              absl::StrCat("id-of-h0 rank ", h, " of ", hosts, " on device ", h));
+  }
+  // The mesh is broken: the next op fails at once, naming why.
+  for (const Outcome& o : c->RunAll(plan, r.io)) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+    EXPECT_NE(o.status.message().find("broke in an earlier op"), std::string::npos) << o.status;
+  }
+}
+
+TEST(GlooMeshTest, HostZeroWithoutALinkIdFailsTheOpOnEveryHost) {
+  const int hosts = 2, members = 2;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  OtherMemoryExecutor a(true, absl::ResourceExhaustedError("no ids left"), absl::OkStatus());
+  OtherMemoryExecutor b(true, "unused", absl::OkStatus());
+  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
+  Regions r(members, plan);
+  for (const Outcome& o : RunOn(*c, {&a, &b}, plan, r.io)) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
+    EXPECT_NE(o.status.message().find("host h0 could not make the link between hosts: no ids left"),
+              std::string::npos)
+        << o.status;
+    EXPECT_TRUE(o.broken);
+  }
+  EXPECT_EQ(b.connected_with(), "");
 }
 
 TEST(GlooMeshTest, BarrierAndEmptyOpsExchangeHeaders) {

@@ -5,6 +5,7 @@
 #ifndef COLLECTIVED_TESTS_HARNESS_CLUSTER_H_
 #define COLLECTIVED_TESTS_HARNESS_CLUSTER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,16 +32,21 @@ inline int ListeningPort(Daemon& d, absl::Duration patience = absl::Seconds(30))
 }
 
 // `hosts` daemons with host ids h0, h1, ...; h0 serves the coordinator
-// (leases of 1 s). Every daemon gets `flags` too. Returns once every host
-// has joined the cluster.
+// (leases of 1 s). Every daemon gets `flags` too, and runs through
+// `wrapper(h)` when given (Daemon::StartWrapped: e.g. `env VAR=...`).
+// Returns once every host has joined the cluster.
 inline absl::StatusOr<std::vector<std::unique_ptr<Daemon>>> StartLoopbackCluster(
     int hosts, const std::vector<std::string>& flags = {},
-    absl::Duration patience = absl::Seconds(30)) {
+    absl::Duration patience = absl::Seconds(30),
+    const std::function<std::vector<std::string>(int)>& wrapper = nullptr) {
+  const auto start = [&](int h, std::vector<std::string> f) {
+    return wrapper ? Daemon::StartWrapped(wrapper(h), std::move(f)) : Daemon::Start(std::move(f));
+  };
   std::vector<std::unique_ptr<Daemon>> daemons;
   std::vector<std::string> f = {"--tcp=127.0.0.1:0", "--coordinator", "--host-id=h0",
                                 "--cluster-lease-ms=1000"};
   f.insert(f.end(), flags.begin(), flags.end());
-  auto coord = Daemon::Start(f);
+  auto coord = start(0, f);
   if (!coord.ok()) return coord.status();
   const int port = ListeningPort(**coord, patience);
   if (port == 0) return absl::InternalError("the coordinator has no port: " + (*coord)->output());
@@ -49,7 +55,7 @@ inline absl::StatusOr<std::vector<std::unique_ptr<Daemon>>> StartLoopbackCluster
     f = {"--tcp=127.0.0.1:0", absl::StrCat("--cluster=127.0.0.1:", port),
          absl::StrCat("--host-id=h", h)};
     f.insert(f.end(), flags.begin(), flags.end());
-    auto d = Daemon::Start(f);
+    auto d = start(h, f);
     if (!d.ok()) return d.status();
     daemons.push_back(*std::move(d));
   }

@@ -4,8 +4,10 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -495,9 +497,13 @@ absl::Status NcclError(absl::string_view call, ncclResult_t r) {
 
 // Waits until no communicator of `comms` is ncclInProgress (what a
 // non-blocking communicator reports while it initializes or enqueues), or
-// `deadline`.
+// `deadline` (DEADLINE_EXCEEDED saying `what` did not complete `within`:
+// "within <kNcclTimeout>" unless given), or
+// until `*abort` (when given) is true (ABORTED).
 absl::Status AwaitComms(const std::vector<ncclComm_t>& comms, absl::string_view what,
-                        absl::Time deadline) {
+                        absl::Time deadline,
+                        absl::string_view within = "",
+                        const std::atomic<bool>* abort = nullptr) {
   for (;;) {
     bool pending = false;
     for (ncclComm_t c : comms) {
@@ -512,10 +518,15 @@ absl::Status AwaitComms(const std::vector<ncclComm_t>& comms, absl::string_view 
       }
     }
     if (!pending) return absl::OkStatus();
+    if (abort != nullptr && abort->load(std::memory_order_acquire)) {
+      return absl::AbortedError(absl::StrCat("cuda executor: ", what, " aborted"));
+    }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("cuda executor: ", what, " did not complete within ",
-                       absl::FormatDuration(CudaExecutor::kNcclTimeout)));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "cuda executor: ", what, " did not complete ",
+          within.empty()
+              ? absl::StrCat("within ", absl::FormatDuration(CudaExecutor::kNcclTimeout))
+              : std::string(within)));
     }
     std::this_thread::yield();
   }
@@ -704,6 +715,222 @@ class NcclFabric final : public Fabric {
   uint64_t extra_written_ = 0;
 };
 
+
+// A link between the hosts of a cluster mesh (HostLink, spanning.h): one
+// NCCL communicator with one rank per host, on the device of this host's
+// members, and a stream of its own.
+class NcclHostLink final : public HostLink {
+ public:
+  NcclHostLink(int device, int rank, ncclComm_t comm, cudaStream_t stream)
+      : device_(device), rank_(rank), comm_(comm), stream_(stream) {}
+  ~NcclHostLink() override {
+    ScopedDevice scoped;
+    if (!scoped.Set(device_).ok()) return;
+    AbortComm();
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  NcclHostLink(const NcclHostLink&) = delete;
+  NcclHostLink& operator=(const NcclHostLink&) = delete;
+
+  int device() const override { return device_; }
+
+  absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                   const SpanningOptions& options, uint8_t* placeholder, absl::Time deadline,
+                   const std::atomic<bool>& abort, Traffic* traffic) override;
+
+ private:
+  class Fabric;
+  // Stops the communicator's kernels and frees it (the stream then drains).
+  void AbortComm() {
+    if (comm_ != nullptr) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  const int device_;
+  const int rank_;
+  ncclComm_t comm_;
+  const cudaStream_t stream_;
+};
+
+// This host's view of an op's schedule across hosts (partitions are host
+// ranks): its sends and receives go through the link's communicator, its
+// local runs, copies and scratch are on the link's stream; the other hosts'
+// parts are skipped. Like GlooFabric, but with the bytes on the GPU.
+class NcclHostLink::Fabric final : public collectived::Fabric {
+ public:
+  Fabric(ncclComm_t comm, cudaStream_t stream, int self, int device, uint8_t* placeholder,
+         absl::Time deadline, const std::atomic<bool>& abort)
+      : comm_(comm),
+        stream_(stream),
+        self_(self),
+        device_(device),
+        placeholder_(placeholder),
+        deadline_(deadline),
+        abort_(abort) {}
+  // Frees what it holds; after a failure only once the communicator was
+  // aborted (the caller's duty), so that nothing still uses it.
+  ~Fabric() override { Release(); }
+
+  absl::StatusOr<uint8_t*> Scratch(int part, uint64_t bytes) override {
+    if (part != self_) return placeholder_;
+    bool stream_ordered = false;
+    auto p = AllocScratch(std::max<uint64_t>(bytes, 1), stream_, &stream_ordered);
+    if (!p.ok()) return p.status();
+    scratch_.push_back(Scratched{*p, stream_ordered});
+    return *p;
+  }
+
+  absl::Status Exchange(const std::vector<Transfer>& transfers) override {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return NcclError("ncclGroupStart", r);
+    absl::Status status;
+    for (const Transfer& t : transfers) {
+      if (t.bytes == 0) continue;
+      if (t.src_part == self_ && t.dst_part == self_) {
+        if (t.dst != t.src) {
+          const cudaError_t e =
+              cudaMemcpyAsync(t.dst, t.src, t.bytes, cudaMemcpyDeviceToDevice, stream_);
+          if (e != cudaSuccess) status = CudaError("cudaMemcpyAsync", e);
+        }
+        traffic_.read += t.bytes;
+        traffic_.written += t.bytes;
+      } else if (t.src_part == self_) {
+        r = ncclSend(t.src, t.bytes, ncclUint8, t.dst_part, comm_, stream_);
+        if (r != ncclSuccess && r != ncclInProgress) status = NcclError("ncclSend", r);
+        traffic_.read += t.bytes;
+      } else if (t.dst_part == self_) {
+        r = ncclRecv(t.dst, t.bytes, ncclUint8, t.src_part, comm_, stream_);
+        if (r != ncclSuccess && r != ncclInProgress) status = NcclError("ncclRecv", r);
+        traffic_.written += t.bytes;
+      }
+      if (!status.ok()) break;
+    }
+    r = ncclGroupEnd();
+    if (status.ok() && r != ncclSuccess && r != ncclInProgress) {
+      status = NcclError("ncclGroupEnd", r);
+    }
+    // The non-blocking communicator takes no more calls until the group is
+    // enqueued, error or not.
+    const absl::Status enqueued = AwaitComms({comm_}, "enqueueing the exchange between hosts",
+                                             deadline_, "within the op timeout", &abort_);
+    if (status.ok()) status = enqueued;
+    return status;
+  }
+
+  absl::Status RunLocal(int part, const OpPlan& plan, const std::vector<MemberIo>& io) override {
+    if (part != self_) return absl::OkStatus();
+    auto local = std::make_unique<std::vector<MemberIo>>(io);
+    for (MemberIo& m : *local) m.device = device_;
+    auto run = std::make_unique<OpRun>(plan, *local, stream_);
+    const absl::Status status = run->Execute();
+    runs_.push_back(Local{std::move(local), std::move(run)});
+    return status;
+  }
+
+  absl::Status Copy(int part, uint8_t* dst, const uint8_t* src, uint64_t bytes) override {
+    if (part != self_ || dst == src || bytes == 0) return absl::OkStatus();
+    COLLECTIVED_CUDA_RETURN_IF_ERROR(
+        "cudaMemcpyAsync", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    traffic_.read += bytes;
+    traffic_.written += bytes;
+    return absl::OkStatus();
+  }
+
+  // Polls the stream until its work is done, the communicator reports an
+  // error, `abort`, or the deadline.
+  absl::Status Finish() override {
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(stream_);
+      if (e == cudaSuccess) break;
+      if (e != cudaErrorNotReady) return CudaError("cudaStreamQuery", e);
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+      if (r != ncclSuccess) return NcclError("ncclCommGetAsyncError", r);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        return NcclError("the exchange between hosts", state);
+      }
+      if (abort_.load(std::memory_order_acquire)) {
+        return absl::AbortedError("cuda executor: the exchange between hosts was aborted");
+      }
+      if (absl::Now() > deadline_) {
+        return absl::DeadlineExceededError(
+            "cuda executor: the exchange between hosts did not finish within the op timeout");
+      }
+      std::this_thread::yield();
+    }
+    for (const Local& l : runs_) {
+      traffic_.read += l.run->extra_read();
+      traffic_.written += l.run->extra_written();
+    }
+    Release();
+    return absl::OkStatus();
+  }
+
+  const Traffic& traffic() const { return traffic_; }
+
+  // Frees the runs (each waits for the stream) and the scratch.
+  void Release() {
+    runs_.clear();
+    for (const Scratched& s : scratch_) {
+      if (s.stream_ordered) {
+        cudaFreeAsync(s.p, stream_);
+        cudaStreamSynchronize(stream_);
+      } else {
+        cudaStreamSynchronize(stream_);
+        cudaFree(s.p);
+      }
+    }
+    scratch_.clear();
+  }
+
+ private:
+  struct Scratched {
+    void* p;
+    bool stream_ordered;  // cudaMallocAsync (else cudaMalloc)
+  };
+  // A local run and the member table it reads (it keeps a reference).
+  struct Local {
+    std::unique_ptr<std::vector<MemberIo>> io;
+    std::unique_ptr<OpRun> run;
+  };
+
+  const ncclComm_t comm_;
+  const cudaStream_t stream_;
+  const int self_;
+  const int device_;
+  uint8_t* const placeholder_;
+  const absl::Time deadline_;
+  const std::atomic<bool>& abort_;
+  std::vector<Scratched> scratch_;
+  std::deque<Local> runs_;
+  Traffic traffic_;
+};
+
+absl::Status NcclHostLink::Run(const OpPlan& plan, const std::vector<MemberIo>& io,
+                               const SpanningOptions& options, uint8_t* placeholder,
+                               absl::Time deadline, const std::atomic<bool>& abort,
+                               Traffic* traffic) {
+  if (comm_ == nullptr) {
+    return absl::AbortedError("cuda executor: the link between hosts broke in an earlier op");
+  }
+  ScopedDevice scoped;
+  COLLECTIVED_RETURN_IF_ERROR(scoped.Set(device_));
+  absl::Status status;
+  Traffic moved;
+  {
+    Fabric fabric(comm_, stream_, rank_, device_, placeholder, deadline, abort);
+    SpanningTraffic spanning;
+    status = RunSpanning(plan, io, &fabric, &spanning, options);
+    // Stuck or broken: stop the communicator's kernels before the fabric
+    // waits for the stream and frees the memory they use.
+    if (!status.ok()) AbortComm();
+    moved = fabric.traffic();
+  }
+  if (!status.ok()) return status;
+  if (traffic != nullptr) *traffic = moved;
+  return absl::OkStatus();
+}
 }  // namespace
 
 CudaExecutor::CudaExecutor() {
@@ -868,6 +1095,58 @@ absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<M
                               extra_written + moved.exchanged + moved.copied);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudaExecutor::NewHostLinkId() {
+  if (!IsViable()) return absl::FailedPreconditionError(why_not_);
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return NcclError("ncclGetUniqueId", r);
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+absl::StatusOr<std::unique_ptr<HostLink>> CudaExecutor::ConnectHosts(
+    const std::string& id, int rank, int ranks, int device, absl::Time deadline,
+    const std::atomic<bool>& abort) {
+  if (!IsViable()) return absl::FailedPreconditionError(why_not_);
+  if (id.size() != sizeof(ncclUniqueId)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda executor: a link id of ", id.size(),
+                                                   " bytes (NCCL's has ", sizeof(ncclUniqueId),
+                                                   ")"));
+  }
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda executor: rank ", rank, " of ", ranks, " hosts"));
+  }
+  if (device < 0 || device >= device_count_) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda executor: device ", device,
+                                                   " out of range (", device_count_,
+                                                   " devices)"));
+  }
+  ScopedDevice scoped;
+  COLLECTIVED_RETURN_IF_ERROR(scoped.Set(device));
+  cudaStream_t stream = nullptr;
+  COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags",
+                                   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ncclUniqueId uid;
+  std::memcpy(&uid, id.data(), sizeof(uid));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, ranks, uid, rank, &config);
+  absl::Status status;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    status = NcclError("ncclCommInitRankConfig", r);
+  } else {
+    status = AwaitComms({comm}, "connecting the hosts (NCCL)", deadline, "by the join deadline",
+                        &abort);
+  }
+  if (!status.ok()) {
+    if (comm != nullptr) ncclCommAbort(comm);
+    cudaStreamDestroy(stream);
+    return status;
+  }
+  return std::unique_ptr<HostLink>(new NcclHostLink(device, rank, comm, stream));
 }
 
 std::unique_ptr<Executor> MakeCudaExecutor() { return std::make_unique<CudaExecutor>(); }

@@ -61,6 +61,15 @@ class CudaExecutor final : public Executor {
   // The GPU does the data-parallel work; one host thread drives it.
   int threads() const override { return 1; }
 
+  // Ops across hosts: one NCCL communicator per mesh, one rank per host
+  // (NcclHostLink in the .cc), its id from ncclGetUniqueId.
+  bool ConnectsHosts() const override { return true; }
+  absl::StatusOr<std::string> NewHostLinkId() override;
+  absl::StatusOr<std::unique_ptr<HostLink>> ConnectHosts(const std::string& id, int rank,
+                                                         int ranks, int device,
+                                                         absl::Time deadline,
+                                                         const std::atomic<bool>& abort) override;
+
   // GPUs found (0 when not viable).
   int device_count() const { return device_count_; }
 
