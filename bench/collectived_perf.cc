@@ -24,7 +24,8 @@
 // through daemon m mod N (--placement=round_robin, the default) or daemon
 // m * N / members (--placement=runs: each host a contiguous run of members,
 // as processes of a multi-host JAX job are numbered): every mesh spans the
-// hosts, and ops go between the daemons over Gloo (host memory only).
+// hosts, and ops go between the daemons over Gloo (host memory) or NCCL (GPU
+// memory).
 //
 // The parent never talks gRPC; members are fork+exec'd, never plain forked.
 #include <arpa/inet.h>
@@ -511,9 +512,6 @@ Config ParseFlags(int argc, char** argv) {
   }
   if (cfg.hosts > 1 && cfg.member < 0) {
     if (!cfg.socket.empty()) UsageError("--hosts starts its own daemons: not with --socket");
-    if (cfg.device != "cpu") {
-      UsageError("--hosts: meshes across hosts run on host memory only (--device=cpu)");
-    }
   }
   return cfg;
 }
@@ -1817,6 +1815,10 @@ int FreeLoopbackPort() {
 absl::StatusOr<std::vector<std::unique_ptr<OwnDaemon>>> StartCluster(const Config& cfg) {
   const int port = FreeLoopbackPort();
   if (port == 0) return absl::UnavailableError("no free port on 127.0.0.1");
+  // GPU buffers go between the daemons over NCCL: on loopback, as the
+  // daemons are (each sets NCCL_HOSTID from its host id). An operator's
+  // choice is kept.
+  setenv("NCCL_SOCKET_IFNAME", "lo", /*overwrite=*/0);
   std::vector<std::unique_ptr<OwnDaemon>> daemons;
   for (int h = 0; h < cfg.hosts; ++h) {
     std::vector<std::string> args = cfg.daemon_args;

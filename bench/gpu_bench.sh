@@ -14,6 +14,8 @@
 #   across.jsonl       with two GPUs or more: collectived_perf --device=cuda:spread,
 #                      one member per GPU, psum and all_gather (across.txt: the
 #                      table beside the nccl rows)
+#   hosts.jsonl        collectived_perf --device=cuda --hosts=2: members on two
+#                      daemons of a loopback cluster, NCCL between them
 #   gpu_rows.json      compare.py --gpu-rows over the three: the efficiency
 #                      (2*K*S / time) / copy GB/s of psum at S >= 64 MiB
 #   *.log, summary.txt the tools' stderr and the printed table
@@ -112,6 +114,13 @@ PY
 else
   echo "gpu_bench: across GPUs: skipped (${gpu_count:-0} GPU)"
 fi
+
+# Across hosts: two daemons of a cluster on loopback as two hosts, members'
+# buffers on GPU 0, NCCL between the daemons (its socket transport: on one
+# machine this measures the path, not a network).
+row hosts 90 "$bin/collectived_perf" --json --device=cuda --hosts=2 --placement=runs \
+  --op=psum,all_gather --members=2,4 --min-bytes=1K --max-bytes=64M --step-factor=8 --iters=5 \
+  --warmup=2
 
 python3 "$here/bench/peers/compare.py" --gpu-rows "$out/copy.jsonl" "$out/nccl.jsonl" \
   "$out/collectived.jsonl" --json-out "$out/gpu_rows.json" | tee "$out/summary.txt" || status=1

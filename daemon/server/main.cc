@@ -338,6 +338,11 @@ int Main(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--host-id (default: the host name): ", st.message())));
     }
+    // NCCL's idea of a host is the cluster's: GPU ops across hosts connect
+    // the daemons as separate hosts even where two share a machine (as in
+    // tests), and NCCL never sees one GPU twice on "one host". Set before
+    // any NCCL call; a value the operator set is kept.
+    setenv("NCCL_HOSTID", absl::StrCat("collectived-", host_id).c_str(), /*overwrite=*/0);
     if (const std::string f = absl::GetFlag(FLAGS_cluster_token_file); !f.empty()) {
       auto t = ReadFile(f);
       if (!t.ok()) return Fail(t.status());

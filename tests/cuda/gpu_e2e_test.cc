@@ -323,18 +323,17 @@ INSTANTIATE_TEST_SUITE_P(Host, E2eTest,
 
 // Members of one mesh on two daemons of a cluster (loopback, host ids h0 and
 // h1): with GPU buffers the daemons move the bytes between hosts over NCCL
-// (each daemon gets its own NCCL_HOSTID, so that NCCL treats the two
+// (each daemon sets NCCL_HOSTID from its host id, so NCCL treats the two
 // daemons on one machine's GPU as two hosts and connects them over its
-// socket transport), with host memory over Gloo.
+// socket transport, here on loopback), with host memory over Gloo.
 class AcrossHostsE2eTest : public ::testing::TestWithParam<std::string> {
  protected:
   const std::string& device() const { return GetParam(); }
   bool gpu() const { return device() != "cpu"; }
 
   void SetUp() override {
-    auto daemons = StartLoopbackCluster(2, {}, kStartup, [](int h) {
-      return std::vector<std::string>{"/usr/bin/env", absl::StrCat("NCCL_HOSTID=collectived-h", h),
-                                      "NCCL_SOCKET_IFNAME=lo"};
+    auto daemons = StartLoopbackCluster(2, {}, kStartup, [](int) {
+      return std::vector<std::string>{"/usr/bin/env", "NCCL_SOCKET_IFNAME=lo"};
     });
     ASSERT_TRUE(daemons.ok()) << daemons.status();
     daemons_ = *std::move(daemons);
