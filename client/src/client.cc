@@ -626,13 +626,16 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     return reply;
   }
 
-  absl::StatusOr<Buffer> Allocate(size_t bytes, std::string_view device) {
+  // `mesh_id` set: the mesh's shared buffer (Mesh::AllocateShared).
+  absl::StatusOr<Buffer> Allocate(size_t bytes, std::string_view device,
+                                  const std::string& mesh_id = "") {
     grpc::ClientContext ctx;
     SetDeadline(ctx, options_.rpc_timeout);
     v1::AllocateBufferRequest req;
     req.set_session_id(session_id_);
     req.set_size_bytes(static_cast<int64_t>(bytes));
     req.set_device(std::string(device));
+    req.set_mesh_id(mesh_id);
     v1::AllocateBufferResponse resp;
     if (auto st = Answered(stub_->AllocateBuffer(&ctx, req, &resp)); !st.ok()) return st;
     const v1::BufferInfo& info = resp.buffer();
@@ -1024,6 +1027,11 @@ OpFuture Mesh::submit(const Collective& op) {
   }
   return FailedOp(absl::InvalidArgumentError(
       absl::StrCat("unknown collective kind ", static_cast<int>(op.kind))));
+}
+
+absl::StatusOr<Buffer> Mesh::AllocateShared(size_t bytes) {
+  if (left_.load()) return absl::FailedPreconditionError("left the mesh");
+  return client_->Allocate(bytes, "", id_);
 }
 
 absl::Status Mesh::Leave() {

@@ -1024,9 +1024,42 @@ absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
 // Buffers
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// A buffer the members of a mesh share: the allocator's buffer, marked with
+// the mesh (SharedBuffer::shared_mesh).
+class MeshSharedBuffer final : public SharedBuffer {
+ public:
+  MeshSharedBuffer(std::shared_ptr<SharedBuffer> inner, std::string mesh_id)
+      : inner_(std::move(inner)), mesh_id_(std::move(mesh_id)) {}
+  void* data() const override { return inner_->data(); }
+  size_t size() const override { return inner_->size(); }
+  int fd() const override { return inner_->fd(); }
+  absl::string_view kind() const override { return inner_->kind(); }
+  std::string device() const override { return inner_->device(); }
+  int device_ordinal() const override { return inner_->device_ordinal(); }
+  absl::string_view shared_mesh() const override { return mesh_id_; }
+
+ private:
+  const std::shared_ptr<SharedBuffer> inner_;
+  const std::string mesh_id_;
+};
+
+v1::BufferInfo InfoOf(const std::string& id, const SharedBuffer& buffer) {
+  v1::BufferInfo info;
+  info.set_buffer_id(id);
+  info.set_size_bytes(static_cast<int64_t>(buffer.size()));
+  info.set_kind(std::string(buffer.kind()));
+  info.set_device(buffer.device());
+  return info;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session_id,
                                                       int64_t size_bytes,
-                                                      const std::string& device) {
+                                                      const std::string& device,
+                                                      const std::string& mesh_id) {
   auto spec = ParseDevice(device);
   BufferAllocator* allocator = nullptr;
   const bool gpu = spec.ok() && spec->kind != DeviceSpec::Kind::kCpu;
@@ -1036,6 +1069,61 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
     const uint64_t limit =
         gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session;
     return held <= limit && bytes <= limit - held;
+  };
+  // The session's checks, before and after the allocation.
+  auto check_quota = [&](const Session& session, uint64_t bytes) -> absl::Status {
+    if (static_cast<int>(session.buffers.size()) >= options_.max_buffers_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session has ", session.buffers.size(), " buffers; the limit is ",
+          options_.max_buffers_per_session));
+    }
+    if (!fits(session, bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "session holds ", gpu ? session.gpu_buffer_bytes : session.buffer_bytes, " ",
+          gpu ? "GPU" : "host", " buffer bytes; ", bytes, " more exceeds the limit of ",
+          gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session));
+    }
+    return absl::OkStatus();
+  };
+  // The mesh and this session's member index in it, for a mesh-shared buffer.
+  auto member_of = [&](Session& session) -> absl::StatusOr<std::pair<Mesh*, int>> {
+    auto m = session.meshes.find(mesh_id);
+    auto it = meshes_.find(mesh_id);
+    if (m == session.meshes.end() || it == meshes_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a buffer shared by mesh '", mesh_id,
+                       "': this session is not a member of that mesh"));
+    }
+    Mesh& mesh = *it->second;
+    if (mesh.state == MeshState::kBroken) {
+      return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ",
+                                             mesh.generation, " is broken: ",
+                                             mesh.broken_reason));
+    }
+    mesh.shared_asked.resize(mesh.shape.num_members(), 0);
+    return std::make_pair(&mesh, m->second);
+  };
+  // Gives the session the mesh's k-th shared buffer (k: the member's count
+  // of calls), which exists.
+  auto attach = [&](Session& session, Mesh& mesh, int index) -> absl::StatusOr<v1::BufferInfo> {
+    const Mesh::Shared& shared = mesh.shared[mesh.shared_asked[index]];
+    const uint64_t page = PageSize();
+    const uint64_t rounded = (static_cast<uint64_t>(size_bytes) + page - 1) / page * page;
+    if (rounded != shared.buffer->size() || shared.buffer->device() != spec->ToString()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shared buffer ", mesh.shared_asked[index], " of mesh '", mesh.name, "' is ",
+          shared.buffer->size(), " bytes on ", shared.buffer->device(), " (member ",
+          shared.creator, " asked first) but member ", index, " asks for ", size_bytes,
+          " bytes on ", spec->ToString(), "; every member must ask for the same"));
+    }
+    if (absl::Status st = check_quota(session, shared.buffer->size()); !st.ok()) return st;
+    if (session.buffers.count(shared.id) > 0) {
+      return absl::InternalError(absl::StrCat("shared buffer '", shared.id, "' already held"));
+    }
+    session.buffers.emplace(shared.id, shared.buffer);
+    session.buffer_bytes += shared.buffer->size();
+    ++mesh.shared_asked[index];
+    return InfoOf(shared.id, *shared.buffer);
   };
   {
     MutexLock lock(&mu_);
@@ -1058,16 +1146,23 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
       return absl::InvalidArgumentError(absl::StrCat(
           "size_bytes ", size_bytes, " exceeds the per-buffer limit of ", options_.max_buffer_size));
     }
-    if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session has ", session->buffers.size(), " buffers; the limit is ",
-          options_.max_buffers_per_session));
+    if (absl::Status st = check_quota(*session, static_cast<uint64_t>(size_bytes)); !st.ok()) {
+      return st;
     }
-    if (!fits(*session, static_cast<uint64_t>(size_bytes))) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session holds ", gpu ? session->gpu_buffer_bytes : session->buffer_bytes, " ",
-          gpu ? "GPU" : "host", " buffer bytes; ", size_bytes, " more exceeds the limit of ",
-          gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session));
+    if (!mesh_id.empty()) {
+      if (gpu) {
+        return absl::UnimplementedError(absl::StrCat(
+            "device ", spec->ToString(), ": buffers shared by a mesh are host memory so far"));
+      }
+      auto member = member_of(*session);
+      if (!member.ok()) return member.status();
+      auto [mesh, index] = *member;
+      if (mesh->shared_asked[index] < mesh->shared.size()) return attach(*session, *mesh, index);
+      if (static_cast<int>(mesh->shared.size()) >= options_.max_buffers_per_session) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "mesh '", mesh->name, "' has ", mesh->shared.size(),
+            " shared buffers; the limit is ", options_.max_buffers_per_session));
+      }
     }
   }
   // Allocate outside the lock: faulting in pages takes time.
@@ -1081,15 +1176,23 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
+  if (!mesh_id.empty()) {
+    auto member = member_of(*session);
+    if (!member.ok()) return member.status();
+    auto [mesh, index] = *member;
+    // Another member's call may have made it meanwhile: then this one's
+    // allocation is dropped.
+    if (mesh->shared_asked[index] >= mesh->shared.size()) {
+      mesh->shared.push_back(Mesh::Shared{
+          RandomId("b-"), std::make_shared<MeshSharedBuffer>(*std::move(buffer), mesh_id), index});
+    }
+    return attach(*session, *mesh, index);
+  }
   if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session ||
       !fits(*session, (*buffer)->size())) {
     return absl::ResourceExhaustedError("buffer quota exceeded by concurrent allocations");
   }
-  v1::BufferInfo info;
-  info.set_buffer_id(RandomId("b-"));
-  info.set_size_bytes(static_cast<int64_t>((*buffer)->size()));
-  info.set_kind(std::string((*buffer)->kind()));
-  info.set_device((*buffer)->device());
+  const v1::BufferInfo info = InfoOf(RandomId("b-"), **buffer);
   (gpu ? session->gpu_buffer_bytes : session->buffer_bytes) += (*buffer)->size();
   session->buffers.emplace(info.buffer_id(), *std::move(buffer));
   return info;
@@ -1410,8 +1513,69 @@ void Engine::OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs) {
         parts));
   } else {
     op.verdict = CheckMemory(mesh, op);
+    if (op.verdict.ok()) op.verdict = CheckSharedOutput(mesh, op);
   }
   MaybeStartNext(mesh, cbs);
+}
+
+absl::Status Engine::CheckSharedOutput(const Mesh& mesh, const PendingOp& op) const {
+  const Submission* first = nullptr;  // a member writing into a mesh-shared buffer
+  for (const auto& sub : op.subs) {
+    if (sub && sub->out_buf && !sub->out_buf->shared_mesh().empty()) {
+      first = &*sub;
+      break;
+    }
+  }
+  if (first == nullptr) return absl::OkStatus();
+  const OpPlan& plan = *first->plan;
+  const std::string what =
+      absl::StrCat("op ", op.sequence, " on mesh '", mesh.name, "' writes into shared buffer '",
+                   first->out_buf->shared_mesh() == mesh.id ? "of this mesh" : "of another mesh",
+                   "' at offset ", first->out_offset);
+  const std::string rule =
+      "a shared buffer may be the output of every member of an op whose result is the same for "
+      "all (psum, pmean, pmax, pmin, all_gather or broadcast over every axis of the mesh), "
+      "each naming the same region, which no input overlaps";
+  const bool same_for_all =
+      (plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean || plan.kind == OpKind::kPmax ||
+       plan.kind == OpKind::kPmin || plan.kind == OpKind::kAllGather ||
+       plan.kind == OpKind::kBroadcast) &&
+      plan.groups.size() == 1;
+  if (!same_for_all) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ", but ", OpKindName(plan.kind),
+        plan.groups.size() == 1 ? "" : " over some axes", " gives members different results; ",
+        rule));
+  }
+  if (mesh.cross) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ", but the mesh spans hosts: shared buffers are of one host"));
+  }
+  std::vector<int> elsewhere, overlapping;
+  for (size_t i = 0; i < op.subs.size(); ++i) {
+    if (!op.subs[i]) continue;
+    const Submission* sub = &*op.subs[i];
+    if (sub->out_buf != first->out_buf || sub->out_offset != first->out_offset) {
+      elsewhere.push_back(static_cast<int>(i));
+    }
+    if (sub->in_buf == first->out_buf && plan.in_bytes > 0 &&
+        sub->in_offset < first->out_offset + plan.out_bytes &&
+        first->out_offset < sub->in_offset + plan.in_bytes) {
+      overlapping.push_back(static_cast<int>(i));
+    }
+  }
+  if (!elsewhere.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ", but ", elsewhere.size() == 1 ? "member " : "members ",
+        absl::StrJoin(elsewhere, ","), elsewhere.size() == 1 ? " writes" : " write",
+        " its result elsewhere; ", rule));
+  }
+  if (!overlapping.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ", but the input of ", overlapping.size() == 1 ? "member " : "members ",
+        absl::StrJoin(overlapping, ","), " overlaps it; ", rule));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
@@ -1492,6 +1656,17 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
     if (sub.in_buf) {
       io[i].in = static_cast<const uint8_t*>(sub.in_buf->data()) + sub.in_offset;
       io[i].out = static_cast<uint8_t*>(sub.out_buf->data()) + sub.out_offset;
+      // Every member's output is one region of a mesh-shared buffer
+      // (CheckSharedOutput): the first member's result is written there,
+      // the others' are that one (out == nullptr: written elsewhere).
+      if (!sub.out_buf->shared_mesh().empty()) {
+        for (size_t j = 0; j < i; ++j) {
+          if (io[j].out == io[i].out) {
+            io[i].out = nullptr;
+            break;
+          }
+        }
+      }
       io[i].device = sub.in_buf->device_ordinal();
       kind = sub.in_buf->kind();
       keep.push_back(sub.in_buf);
@@ -1537,6 +1712,11 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
       const int64_t started_ns = fastq::MonotonicNs();
       Traffic traffic;
       absl::Status status = executor->Run(*plan, io, &traffic);
+      // Members sharing one output: the result was written once.
+      if (const int64_t outputs = OutputsWritten(io);
+          status.ok() && outputs < static_cast<int64_t>(io.size())) {
+        traffic = AccountTraffic(*plan, 0, 0, outputs);
+      }
       OnOpFinished(mesh_id, seq, status, started_ns, traffic);
     };
   }

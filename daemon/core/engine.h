@@ -148,9 +148,19 @@ class Engine {
   // memory, RESOURCE_EXHAUSTED past a quota (host and GPU bytes are counted
   // apart), and what the allocator says (e.g. NOT_FOUND for a GPU that does
   // not exist). A failed call changes nothing.
+  //
+  // With `mesh_id`: a buffer the members of that mesh share (the session
+  // must be a member). Each member's k-th such call gets the same buffer:
+  // the first caller's allocates it, the others' map it (same id, counted in
+  // every session's quota); a size or device that differs from the first
+  // caller's is FAILED_PRECONDITION naming it. Host memory only so far
+  // (UNIMPLEMENTED for GPU memory). Ops may name it as every member's
+  // output of an op whose result is the same for all (see CheckSharedOutput):
+  // the daemon then writes the result once.
   absl::StatusOr<v1::BufferInfo> AllocateBuffer(const std::string& session_id,
                                                 int64_t size_bytes,
-                                                const std::string& device = "");
+                                                const std::string& device = "",
+                                                const std::string& mesh_id = "");
   absl::Status FreeBuffer(const std::string& session_id, const std::string& buffer_id);
   // The buffer, for passing its descriptor to the owning session's process.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> GetBuffer(const std::string& session_id,
@@ -295,6 +305,16 @@ class Engine {
     MeshJoinInfo join_info;
     std::vector<std::string> member_host;
     std::shared_ptr<CrossHostMesh> cross;
+    // Buffers its members share (AllocateBuffer with a mesh id), in the
+    // order of their creation; by member index, how many of them that member
+    // has asked for.
+    struct Shared {
+      std::string id;
+      std::shared_ptr<SharedBuffer> buffer;
+      int creator = 0;  // the member whose call allocated it
+    };
+    std::vector<Shared> shared;
+    std::vector<size_t> shared_asked;
   };
 
   // All of these require mu_ held. Callbacks to run after unlocking are
@@ -308,6 +328,13 @@ class Engine {
   void CompleteJoin(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnJoinDeadline(const std::string& mesh_id, int index)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the op's outputs in mesh-shared buffers (SharedBuffer::
+  // shared_mesh) follow the rule: every member's output is the same region
+  // of one such buffer, no input overlaps it, the op's result is the same
+  // for every member (psum, pmean, pmax, pmin, all_gather, broadcast over
+  // every axis), on one host. FAILED_PRECONDITION naming what differs.
+  absl::Status CheckSharedOutput(const Mesh& mesh, const PendingOp& op) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the mesh's pending ops with ABORTED; `level` is that of the log

@@ -55,11 +55,24 @@ struct Traffic {
 // The Traffic of an op that reads every input it needs once (ppermute and
 // broadcast: a source once per destination) and writes every output once,
 // plus `extra_read` / `extra_written` bytes of staging. What every executor
-// reports, so that their figures compare.
-inline Traffic AccountTraffic(const OpPlan& plan, uint64_t extra_read, uint64_t extra_written) {
+// reports, so that their figures compare. `outputs`: the outputs written,
+// when fewer than one per member (members sharing one output, written once:
+// then a one-group op whose result is the same for all).
+inline Traffic AccountTraffic(const OpPlan& plan, uint64_t extra_read, uint64_t extra_written,
+                              int64_t outputs = -1) {
   Traffic t;
   if (plan.kind == OpKind::kBarrier) return t;
   const uint64_t members = plan.members();
+  if (outputs >= 0 && static_cast<uint64_t>(outputs) < members) {
+    // A shared result: every input it needs read once, the result written
+    // `outputs` times (broadcast: the root's input read once per output).
+    const uint64_t needed = plan.kind == OpKind::kBroadcast ? 1 : members;
+    const uint64_t out = static_cast<uint64_t>(outputs);
+    t.required = needed * plan.in_bytes + out * plan.out_bytes;
+    t.read = (plan.kind == OpKind::kBroadcast ? out : needed) * plan.in_bytes + extra_read;
+    t.written = out * plan.out_bytes + extra_written;
+    return t;
+  }
   // Inputs an op needs: all of them, except that a broadcast reads only its
   // root's and a ppermute only its sources'.
   uint64_t needed_inputs = members;
@@ -113,6 +126,13 @@ class HostLink {
   // The device the link is on.
   virtual int device() const = 0;
 };
+
+// The members of `io` whose output is written (out != nullptr).
+inline int64_t OutputsWritten(const std::vector<MemberIo>& io) {
+  int64_t n = 0;
+  for (const MemberIo& m : io) n += m.out != nullptr ? 1 : 0;
+  return n;
+}
 
 class Executor {
  public:

@@ -37,6 +37,9 @@ class SharedBuffer {
   // CUDA buffers: the device ordinal in this process (the one data() is
   // mapped on); -1 for host memory.
   virtual int device_ordinal() const { return -1; }
+  // The id of the mesh whose members share this buffer (Engine's mesh-shared
+  // buffers), "" for a buffer of one session.
+  virtual absl::string_view shared_mesh() const { return ""; }
 };
 
 // Creates a host buffer of at least `size` bytes (rounded up to the page

@@ -175,7 +175,8 @@ grpc::ServerUnaryReactor* CollectiveService::DescribeMesh(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* CollectiveService::AllocateBuffer(
     grpc::CallbackServerContext* ctx, const v1::AllocateBufferRequest* req,
     v1::AllocateBufferResponse* resp) {
-  auto info = engine_->AllocateBuffer(req->session_id(), req->size_bytes(), req->device());
+  auto info = engine_->AllocateBuffer(req->session_id(), req->size_bytes(), req->device(),
+                                      req->mesh_id());
   if (info.ok()) *resp->mutable_buffer() = *info;
   return FinishWith(ctx, info.status());
 }

@@ -403,6 +403,28 @@ class Mesh {
   // The stream set by set_stream (null: none).
   void* stream() const;
 
+  // A zeroed buffer of host memory that every member of this mesh maps:
+  // results written once for the whole mesh. Every member calls it the same
+  // number of times with the same sizes (it does not wait for the others);
+  // each member's k-th call returns the same memory (the first caller's
+  // allocates it; a different size is FAILED_PRECONDITION naming both).
+  // Use it as the output of every member of an op whose result is the same
+  // for all: psum, pmean, pmax, pmin, all_gather or broadcast over every
+  // axis of the mesh (AxisNames::All()), each member naming the same region,
+  // no input inside it. The daemon then writes the result once instead of
+  // once per member; any other op with it as output fails with
+  // FAILED_PRECONDITION. Who writes it and when to read it: the daemon
+  // writes the region while the op runs; every member may read it once its
+  // own future is ready (the op completes for all members at once), and
+  // until some member submits the next op writing into it, so order reads
+  // before that (e.g. by a barrier, or by each member reading before it
+  // submits its next op into the buffer, as the op waits for every member).
+  // Members may write it themselves like any shared memory; the daemon
+  // never reads it unless it is an op's input. Free it like any Buffer
+  // (Client::Free, or with the client); the memory goes when every member
+  // freed it.
+  absl::StatusOr<Buffer> AllocateShared(size_t bytes);
+
   // Leaves the mesh (it breaks for the other members). Also done by the
   // destructor. Waits at most ClientOptions::close_timeout (see there);
   // DEADLINE_EXCEEDED when the daemon did not answer in time, and then the
