@@ -204,6 +204,7 @@ struct Config {
   std::string device = "cpu";  // where the members' buffers live (Client::Allocate)
   int hosts = 1;               // private daemons forming a cluster
   bool in_runs = false;        // --placement=runs: member m on daemon m * hosts / members
+  bool shared_output = false;  // --output=shared: results into a mesh-shared buffer
   std::string echo_socket;     // grpc_echo: the parent's echo server
   // Member mode (hidden flags).
   int member = -1;
@@ -295,7 +296,11 @@ constexpr char kUsage[] =
     "                     only; not with --socket)\n"
     "  --placement=P      with --hosts: round_robin (member m on host m mod N, the\n"
     "                     default) or runs (member m on host m*N/members: each host a\n"
-    "                     contiguous run of members)\n";
+    "                     contiguous run of members)\n"
+    "  --output=O         where results go: member (each member's own buffer, the\n"
+    "                     default) or shared (one buffer the mesh's members share,\n"
+    "                     Mesh::AllocateShared: written once; psum, pmean, pmax, pmin,\n"
+    "                     all_gather and broadcast only, host memory)\n";
 
 [[noreturn]] void UsageError(const std::string& message) {
   std::fprintf(stderr, "collectived_perf: %s\n%s", message.c_str(), kUsage);
@@ -376,7 +381,7 @@ Config ParseFlags(int argc, char** argv) {
                                           "max-bytes", "step-factor", "iters", "warmup",
                                           "socket", "member",  "report-fd", "mesh",
                                           "path",   "spin-us", "daemon-args", "echo-socket",
-                                          "device", "hosts", "placement"};
+                                          "device", "hosts", "placement", "output"};
     if (std::none_of(std::begin(kValued), std::end(kValued),
                      [&](const char* f) { return name == f; })) {
       UsageError(absl::StrCat("unknown flag --", name));
@@ -426,6 +431,9 @@ Config ParseFlags(int argc, char** argv) {
         UsageError("--placement must be round_robin or runs");
       }
       cfg.in_runs = value == "runs";
+    } else if (name == "output") {
+      if (value != "member" && value != "shared") UsageError("--output must be member or shared");
+      cfg.shared_output = value == "shared";
     } else if (name == "echo-socket") {  // hidden
       cfg.echo_socket = value;
     } else if (name == "member") {  // hidden: member mode
@@ -509,6 +517,18 @@ Config ParseFlags(int argc, char** argv) {
   }
   if (cfg.member >= 0 && (cfg.report_fd < 0 || cfg.mesh.empty() || cfg.members.size() != 1)) {
     UsageError("--member needs --report-fd, --mesh and a single --members");
+  }
+  if (cfg.shared_output) {
+    for (Op op : cfg.ops) {
+      if (op != Op::kPsum && op != Op::kPmean && op != Op::kPmax && op != Op::kPmin &&
+          op != Op::kAllGather && op != Op::kBroadcast) {
+        UsageError(absl::StrCat("--output=shared: ", OpName(op),
+                                " gives members different results (psum, pmean, pmax, pmin, "
+                                "all_gather and broadcast only)"));
+      }
+    }
+    if (cfg.device != "cpu") UsageError("--output=shared: host memory only (--device=cpu)");
+    if (cfg.hosts > 1) UsageError("--output=shared: meshes of one host only (not with --hosts)");
   }
   if (cfg.hosts > 1 && cfg.member < 0) {
     if (!cfg.socket.empty()) UsageError("--hosts starts its own daemons: not with --socket");
@@ -963,8 +983,10 @@ int RunMember(const Config& cfg) {
     return MemberFail(fd, absl::StrCat("allocate ", max_in, " B on ", device, ": ",
                                        in.status().ToString()));
   }
-  auto out = (*client)->Allocate(max_out, device);
-  if (!out.ok()) {
+  absl::StatusOr<collectived::Buffer> out =
+      cfg.shared_output ? absl::StatusOr<collectived::Buffer>(absl::UnknownError("after the join"))
+                        : (*client)->Allocate(max_out, device);
+  if (!cfg.shared_output && !out.ok()) {
     return MemberFail(fd, absl::StrCat("allocate ", max_out, " B on ", device, ": ",
                                        out.status().ToString()));
   }
@@ -974,6 +996,13 @@ int RunMember(const Config& cfg) {
                                    .join_timeout = absl::Seconds(60)});
   if (!mesh.ok()) return MemberFail(fd, absl::StrCat("join mesh: ", mesh.status().ToString()));
   collectived::Mesh& m = **mesh;
+  if (cfg.shared_output) {
+    out = m.AllocateShared(max_out);
+    if (!out.ok()) {
+      return MemberFail(fd, absl::StrCat("allocate a shared ", max_out, " B: ",
+                                         out.status().ToString()));
+    }
+  }
   const bool on_gpu = in->device_ordinal() >= 0;
   // GPU buffers: the inputs are written and the results read through these.
   std::vector<unsigned char> staging_in(on_gpu ? max_in : 0), staging_out;
@@ -1458,6 +1487,7 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
         absl::StrCat("--breakdown=", cfg.breakdown ? "true" : "false"),
         "--echo-socket=" + cfg.echo_socket,
         "--device=" + cfg.device,
+        absl::StrCat("--output=", cfg.shared_output ? "shared" : "member"),
         absl::StrCat("--spin-us=", cfg.spin_us < 0 ? std::string("") : absl::StrCat(cfg.spin_us)),
     };
     if (cfg.spin_us < 0) argv.pop_back();

@@ -463,6 +463,25 @@ class Mesh:
 
     zeros = empty
 
+    def shared_empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
+        """A zeroed array in a buffer every member of this mesh maps: give it
+        as ``out=`` of psum, pmean, pmax, pmin, all_gather or broadcast over
+        every axis (``axes=None``), the same array on every member, and the
+        daemon writes the result once for the whole mesh. Every member calls
+        this the same number of times with the same shape and dtype (it does
+        not wait for the others); each member's k-th call gives the same
+        memory. Read it once your op's result is ready; the next op writing
+        into it overwrites it for everyone. Any other op with it as output
+        fails with FailedPrecondition."""
+        dt = _dtype(dtype)
+        _code(dt)
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        buf = self._ext.allocate_shared(max(n, 1))
+        return buf.view()[:n].view(dt).reshape(shape)
+
+    shared_zeros = shared_empty
+
     # -- the collectives ---------------------------------------------------
 
     def _submit(self, kind: int, x: Optional[np.ndarray], axes: Optional[Axes], *,

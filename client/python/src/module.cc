@@ -224,7 +224,7 @@ DType DTypeOfFormat(const char* format, Py_ssize_t itemsize) {
 class PyMesh {
  public:
   PyMesh(std::unique_ptr<Mesh> mesh, std::weak_ptr<Client> client, std::shared_ptr<Reclaim> reclaim)
-      : mesh_(std::move(mesh)), reclaim_(reclaim.get()) {
+      : mesh_(std::move(mesh)), reclaim_(reclaim.get()), reclaim_owner_(reclaim) {
     auto entry = std::make_shared<MeshEntry>();
     entry->mesh = mesh_;
     entry->client = std::move(client);
@@ -317,6 +317,17 @@ class PyMesh {
     return true;
   }
 
+  // Mesh::AllocateShared: a buffer every member of the mesh maps.
+  std::unique_ptr<PyBuffer> AllocateShared(size_t bytes) {
+    absl::StatusOr<Buffer> buffer;
+    {
+      nb::gil_scoped_release unlocked;
+      buffer = mesh_->AllocateShared(bytes);
+    }
+    Check(buffer.status());
+    return std::make_unique<PyBuffer>(std::move(*buffer), reclaim_owner_);
+  }
+
   void Leave() {
     absl::Status st;
     {
@@ -330,6 +341,7 @@ class PyMesh {
  private:
   std::shared_ptr<Mesh> mesh_;  // shared with the JAX FFI handler's table
   const Reclaim* reclaim_;      // identifies the client's buffers (Registry)
+  std::shared_ptr<Reclaim> reclaim_owner_;  // where its shared buffers go when dropped
   int64_t handle_ = 0;
 };
 
@@ -524,6 +536,7 @@ NB_MODULE(_collectived, m) {
       .def_prop_ro("handle", &PyMesh::handle)
       .def("run_in_place", &PyMesh::RunInPlace, nb::arg("kind"), nb::arg("x"),
            nb::arg("axes").none())
+      .def("allocate_shared", &PyMesh::AllocateShared, nb::arg("bytes"))
       .def("leave", &PyMesh::Leave);
 
   nb::class_<PyClient>(m, "Client")

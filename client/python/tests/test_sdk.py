@@ -115,6 +115,30 @@ def test_arrays_are_the_shared_buffer(daemon):
                      "fresh_shares": False}
 
 
+def test_a_shared_output_is_written_once_for_the_mesh(daemon):
+    code = """
+        with collectived.connect(socket=SOCK) as c:
+            mesh = c.join_mesh("shared-out", {"i": 4}, coordinate=[RANK], timeout=30)
+            x = c.empty(256, np.float32)
+            x[:] = np.arange(256, dtype=np.float32) * (RANK + 1)
+            total = mesh.shared_zeros(256, np.float32)
+            gathered = mesh.shared_zeros((4, 256), np.float32)
+            y = mesh.psum(x, None, out=total)
+            g = mesh.all_gather(x, None, out=gathered)
+            mesh.barrier()
+            try:
+                mesh.ppermute(x, None, [(0, 1), (1, 0)], out=total)
+                refused = ""
+            except collectived.FailedPrecondition as e:
+                refused = str(e)
+            emit(same=y is total, psum=total[:4].tolist(), g=bool(g is gathered),
+                 rows=[float(r[1]) for r in gathered], refused="different results" in refused)
+    """
+    for r in run_members(code, daemon, 4):
+        assert r == {"same": True, "psum": [0.0, 10.0, 20.0, 30.0], "g": True,
+                     "rows": [1.0, 2.0, 3.0, 4.0], "refused": True}
+
+
 def test_arrays_from_elsewhere_are_staged(daemon):
     code = """
         with collectived.connect(socket=SOCK) as c:
