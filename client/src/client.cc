@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <deque>
 #include <cstdlib>
 #include <limits>
 #include <map>
 #include <thread>
 
+#include <grpc/support/time.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
@@ -62,16 +64,25 @@ v1::BufferRef ToRef(const Array& a) {
 
 }  // namespace
 
-class FastQueue;
+class OpState;
+
+// What an op's waiter drives: the fast-path queue or the gRPC stream the op
+// went out on. Wait returns true once `state` completed, false at
+// `deadline` (InfinitePast: only what is there now, without blocking).
+class OpWaiter {
+ public:
+  virtual ~OpWaiter() = default;
+  virtual bool Wait(OpState* state, absl::Time deadline) = 0;
+};
 
 // Shared state of one op: written once (by the stream reader or the thread
 // reaping the fast-path queue), read by futures.
 class OpState {
  public:
-  // `queue`: the fast-path queue the op was submitted on (null: gRPC). A
-  // waiter on such an op reaps the queue itself.
+  // `queue`: the fast-path queue or the gRPC stream the op was submitted
+  // on (null: completed before it was sent). A waiter on it drives it.
   // `small`: a fast-path waiter may poll for it (fastq::kSpinOpBytes).
-  OpState(absl::Duration default_wait, std::shared_ptr<FastQueue> queue = nullptr,
+  OpState(absl::Duration default_wait, std::shared_ptr<OpWaiter> queue = nullptr,
           bool small = true)
       : default_wait_(default_wait), queue_(std::move(queue)), small_(small) {}
   bool small() const { return small_; }
@@ -148,7 +159,7 @@ class OpState {
 
  private:
   const absl::Duration default_wait_;
-  const std::shared_ptr<FastQueue> queue_;
+  const std::shared_ptr<OpWaiter> queue_;
   const bool small_;
   std::atomic<bool> done_flag_{false};
   Mutex mu_;
@@ -176,7 +187,7 @@ class OpState {
 // on turns ready. It polls only for the hang-up, never for input, so the
 // side socket's replies stay for SideRequest; it costs nothing while the
 // daemon lives and adds nothing to the op path.
-class FastQueue {
+class FastQueue final : public OpWaiter {
  public:
   // Takes ownership of the mapping of `base` and of `live_fd`, a descriptor
   // of the side socket, and starts the monitor.
@@ -235,7 +246,7 @@ class FastQueue {
 
   // Waits until `state` completes or `deadline` passes; false at the deadline.
   // Polls first only for small ops (fastq::kSpinOpBytes).
-  bool Wait(OpState* state, absl::Time deadline) {
+  bool Wait(OpState* state, absl::Time deadline) override {
     MutexLock lock(&mu_);
     return WaitLocked([state] { return state->Ready(); }, deadline,
                       state->small() ? spin_ : absl::ZeroDuration());
@@ -420,6 +431,248 @@ class FastQueue {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };
 
+// The session's gRPC Execute stream, on the asynchronous API with one
+// completion queue and no thread of its own: the threads that wait drive it.
+// One at a time takes the driver role (driving_), sleeps in the completion
+// queue until its own deadline and handles whatever arrives: a result
+// completes its op (whoever waits for it), a finished write sends the next
+// queued one, a failed read ends the stream (every pending op fails). So a
+// result wakes the thread that waits for it directly, with no reader thread
+// in between; the others wait on mu_ for their op or for the role.
+//
+// Writes go out one at a time (the API allows one in flight): Submit first
+// drives the stream until the stream has started and the previous write has
+// been handed to the transport (as a blocking Write would), then starts its
+// own; so every op is on its way when Submit returns, whether or not anyone
+// waits.
+class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<GrpcStream> {
+ public:
+  // Opens the stream (its start completes on the queue).
+  GrpcStream(v1::Collective::Stub* stub, const std::string& session_id) {
+    ctx_.AddMetadata(kSessionMetadataKey, session_id);
+    MutexLock lock(&mu_);
+    stream_ = stub->PrepareAsyncExecute(&ctx_, &cq_);
+    stream_->StartCall(TagOf(kStart));
+    ++outstanding_;
+  }
+  ~GrpcStream() { Close(); }
+  GrpcStream(const GrpcStream&) = delete;
+  GrpcStream& operator=(const GrpcStream&) = delete;
+
+  // Sends `op` for `state` (which completes with the daemon's result or the
+  // stream's failure, or at `deadline` with DEADLINE_EXCEEDED when the
+  // stream could not take it by then).
+  void Submit(const v1::OpSpec& op, const std::shared_ptr<OpState>& state, absl::Time deadline) {
+    MutexLock lock(&mu_);
+    const bool ready = DriveUntil(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return !failure_.ok() || (started_ && !writing_ && writes_.empty());
+        },
+        deadline);
+    if (!failure_.ok()) {
+      state->Complete(failure_, -1, {}, DType::kInvalid);
+      return;
+    }
+    if (!ready) {
+      state->Complete(absl::DeadlineExceededError(
+                          "the gRPC stream to the daemon took no op in time (earlier writes "
+                          "did not go out)"),
+                      -1, {}, DType::kInvalid);
+      return;
+    }
+    const int64_t tag = next_tag_++;
+    pending_[tag] = Pending{state, op.mesh_id()};
+    ++meshes_[op.mesh_id()];
+    v1::OpRequest& req = writes_.emplace_back();
+    req.set_tag(tag);
+    *req.mutable_op() = op;
+    WriteNextLocked();
+  }
+
+  bool Wait(OpState* state, absl::Time deadline) override {
+    MutexLock lock(&mu_);
+    return DriveUntil([state] { return state->Ready(); }, deadline);
+  }
+
+  // Waits (driving the stream) until every op sent for `mesh_id` completed:
+  // false at the deadline.
+  bool Idle(const std::string& mesh_id, absl::Time deadline) {
+    MutexLock lock(&mu_);
+    return DriveUntil(
+        [this, &mesh_id]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return meshes_.count(mesh_id) == 0; },
+        deadline);
+  }
+
+  // Cancels the stream, waits (driving it, at most kCloseDrain) until every
+  // operation in the queue came back, and fails what is pending with
+  // `status`. Idempotent.
+  void Close(const absl::Status& status = absl::CancelledError("client closed")) {
+    MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    ctx_.TryCancel();
+    // Cancelled locally, every operation comes back at once.
+    DriveUntil([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return outstanding_ == 0; },
+               absl::Now() + kCloseDrain);
+    FailLocked(status);
+    if (outstanding_ == 0) {
+      cq_.Shutdown();
+      void* tag;
+      bool ok;
+      while (cq_.Next(&tag, &ok)) {
+      }
+    }
+    // Else the queue still holds operations on ctx_ and stream_: the stream
+    // is leaked rather than destroyed under them (only if gRPC never
+    // answered a local cancellation).
+    if (outstanding_ != 0) {
+      if (std::shared_ptr<GrpcStream> self = weak_from_this().lock()) {
+        new std::shared_ptr<GrpcStream>(std::move(self));
+      }
+    }
+  }
+
+ private:
+  enum Op : intptr_t { kStart = 1, kRead, kWrite, kFinish };
+  static void* TagOf(Op op) { return reinterpret_cast<void*>(static_cast<intptr_t>(op)); }
+  static constexpr absl::Duration kCloseDrain = absl::Seconds(5);
+  struct Pending {
+    std::shared_ptr<OpState> state;
+    std::string mesh_id;
+  };
+
+  // Drives the stream until `done()` or `deadline` (InfinitePast: handles
+  // what is queued without blocking); returns done(). mu_ is held on entry
+  // and exit, released while sleeping in the queue or waiting for the role.
+  template <typename Done>
+  bool DriveUntil(Done done, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (;;) {
+      if (done()) return true;
+      if (outstanding_ == 0) return done();  // nothing can come any more
+      if (driving_) {
+        if (absl::Now() >= deadline) return done();
+        mu_.AwaitWithDeadline(
+            [this, &done]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return done() || !driving_; },
+            deadline);
+        continue;
+      }
+      driving_ = true;
+      void* tag = nullptr;
+      bool ok = false;
+      mu_.Unlock();
+      grpc::CompletionQueue::NextStatus r =
+          deadline == absl::InfinitePast()
+              ? cq_.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC))
+              : cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(deadline));
+      mu_.Lock();
+      driving_ = false;
+      if (r == grpc::CompletionQueue::GOT_EVENT) {
+        --outstanding_;
+        HandleLocked(static_cast<Op>(reinterpret_cast<intptr_t>(tag)), ok);
+        continue;
+      }
+      return done();  // the deadline, or the queue shut down
+    }
+  }
+
+  void HandleLocked(Op op, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    switch (op) {
+      case kStart:
+        if (!ok) {
+          EndLocked();
+          return;
+        }
+        started_ = true;
+        ReadLocked();
+        return;
+      case kRead:
+        if (!ok) {  // the stream ended: its status comes with Finish
+          EndLocked();
+          return;
+        }
+        CompleteLocked(result_);
+        ReadLocked();
+        return;
+      case kWrite:
+        // A failed write: the stream is broken, and the read fails too
+        // (its op fails with the stream).
+        writing_ = false;
+        writes_.pop_front();
+        return;
+      case kFinish:
+        FailLocked(closed_ ? absl::CancelledError("client closed")
+                           : absl::UnavailableError(absl::StrCat(
+                                 "connection to the daemon lost: ",
+                                 finish_status_.ok() ? "stream ended"
+                                                     : finish_status_.error_message())));
+        return;
+    }
+  }
+
+  void ReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    stream_->Read(&result_, TagOf(kRead));
+    ++outstanding_;
+  }
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    writing_ = true;
+    stream_->Write(writes_.front(), TagOf(kWrite));
+    ++outstanding_;
+  }
+  // The read side ended: ask for the stream's status (once).
+  void EndLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finishing_) return;
+    finishing_ = true;
+    stream_->Finish(&finish_status_, TagOf(kFinish));
+    ++outstanding_;
+  }
+
+  void CompleteLocked(const v1::OpResult& result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = pending_.find(result.tag());
+    if (it == pending_.end()) return;
+    std::shared_ptr<OpState> state = std::move(it->second.state);
+    ErasePendingLocked(it);
+    state->Complete(absl::Status(static_cast<absl::StatusCode>(result.code()), result.message()),
+                    result.sequence(),
+                    std::vector<int64_t>(result.out_shape().begin(), result.out_shape().end()),
+                    static_cast<DType>(result.out_dtype()));
+  }
+
+  void ErasePendingLocked(std::map<int64_t, Pending>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto m = meshes_.find(it->second.mesh_id);
+    if (m != meshes_.end() && --m->second == 0) meshes_.erase(m);
+    pending_.erase(it);
+  }
+
+  // Fails every pending and later op with `status` (the first failure stays).
+  void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (failure_.ok()) failure_ = status;
+    std::map<int64_t, Pending> orphans;
+    orphans.swap(pending_);
+    meshes_.clear();
+    for (auto& [tag, p] : orphans) p.state->Complete(failure_, -1, {}, DType::kInvalid);
+  }
+
+  grpc::CompletionQueue cq_;
+  grpc::ClientContext ctx_;
+  Mutex mu_;
+  std::unique_ptr<grpc::ClientAsyncReaderWriter<v1::OpRequest, v1::OpResult>> stream_
+      ABSL_GUARDED_BY(mu_);
+  bool driving_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // operations in the queue
+  std::deque<v1::OpRequest> writes_ ABSL_GUARDED_BY(mu_);  // front: in flight
+  v1::OpResult result_ ABSL_GUARDED_BY(mu_);               // the read in flight
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+  int64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<int64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> meshes_ ABSL_GUARDED_BY(mu_);  // mesh id -> ops pending
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
 bool OpState::Poll() {
   if (Ready()) return true;
   return queue_ != nullptr && queue_->Wait(this, absl::InfinitePast());
@@ -575,11 +828,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         NoteTeardownAnswer(stub_->CloseSession(ctx.get(), req, &resp)).IgnoreError();
       }
     }
-    {
-      MutexLock lock(&stream_mu_);
-      if (stream_) stream_ctx_->TryCancel();
-    }
-    if (reader_.joinable()) reader_.join();
+    if (std::shared_ptr<GrpcStream> stream = Stream(/*open=*/false)) stream->Close();
     if (fast_) fast_->Shutdown(absl::CancelledError("client closed"));
     MutexLock lock(&side_mu_);
     if (side_fd_ >= 0) close(side_fd_);
@@ -811,47 +1060,17 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // Whether every op sent on the stream for `mesh_id` has completed (waits
   // until then). Only the order within a mesh matters.
   bool StreamIdle(const std::string& mesh_id, absl::Time deadline) {
-    MutexLock lock(&stream_mu_);
-    return stream_mu_.AwaitWithDeadline(
-        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_meshes_.count(mesh_id) == 0; },
-        deadline);
+    std::shared_ptr<GrpcStream> stream = Stream(/*open=*/false);
+    return stream == nullptr || stream->Idle(mesh_id, deadline);
   }
 
   OpFuture SubmitStream(const v1::OpSpec& op, absl::Duration wait) {
-    auto state = std::make_shared<OpState>(wait);
-    // write_mu_ keeps writes in submission order; stream_mu_ is not held
-    // while writing, so Close can always cancel a write that blocks.
-    MutexLock write_lock(&write_mu_);
-    v1::OpRequest req;
-    {
-      MutexLock lock(&stream_mu_);
-      if (closed_.load()) {
-        state->Complete(absl::FailedPreconditionError("client is closed"), -1, {}, DType::kInvalid);
-        return OpFuture(state);
-      }
-      if (!stream_failure_.ok()) {
-        state->Complete(stream_failure_, -1, {}, DType::kInvalid);
-        return OpFuture(state);
-      }
-      if (!stream_) {
-        stream_ctx_ = std::make_unique<grpc::ClientContext>();
-        stream_ctx_->AddMetadata(kSessionMetadataKey, session_id_);
-        stream_ = stub_->Execute(stream_ctx_.get());
-        reader_ = std::thread([this] { ReadLoop(); });
-      }
-      const int64_t tag = next_tag_++;
-      pending_[tag] = PendingOp{state, op.mesh_id()};
-      ++stream_meshes_[op.mesh_id()];
-      req.set_tag(tag);
-    }
-    *req.mutable_op() = op;
-    if (!stream_->Write(req)) {
-      {
-        MutexLock lock(&stream_mu_);
-        ErasePending(req.tag());
-      }
-      state->Complete(absl::UnavailableError("connection to the daemon lost while submitting"),
-                      -1, {}, DType::kInvalid);
+    std::shared_ptr<GrpcStream> stream = closed_.load() ? nullptr : Stream(/*open=*/true);
+    auto state = std::make_shared<OpState>(wait, stream);
+    if (stream == nullptr) {
+      state->Complete(absl::FailedPreconditionError("client is closed"), -1, {}, DType::kInvalid);
+    } else {
+      stream->Submit(op, state, absl::Now() + wait);
     }
     return OpFuture(state);
   }
@@ -860,35 +1079,14 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   const std::string& socket_path() const { return options_.socket_path; }
 
  private:
-  void ReadLoop() {
-    v1::OpResult result;
-    while (stream_->Read(&result)) {
-      std::shared_ptr<OpState> state;
-      {
-        MutexLock lock(&stream_mu_);
-        auto it = pending_.find(result.tag());
-        if (it == pending_.end()) continue;
-        state = std::move(it->second.state);
-        ErasePending(result.tag());
-      }
-      state->Complete(absl::Status(static_cast<absl::StatusCode>(result.code()), result.message()),
-                      result.sequence(),
-                      std::vector<int64_t>(result.out_shape().begin(), result.out_shape().end()),
-                      static_cast<DType>(result.out_dtype()));
+  // The Execute stream; opened on first use when `open` (null once the
+  // client is closed, or not opened yet).
+  std::shared_ptr<GrpcStream> Stream(bool open) {
+    MutexLock lock(&stream_mu_);
+    if (stream_ == nullptr && open && !closed_.load()) {
+      stream_ = std::make_shared<GrpcStream>(stub_.get(), session_id_);
     }
-    grpc::Status st = stream_->Finish();
-    absl::Status failure = closed_.load()
-        ? absl::CancelledError("client closed")
-        : absl::UnavailableError(absl::StrCat("connection to the daemon lost: ",
-                                              st.ok() ? "stream ended" : st.error_message()));
-    std::map<int64_t, PendingOp> orphans;
-    {
-      MutexLock lock(&stream_mu_);
-      stream_failure_ = failure;
-      orphans.swap(pending_);
-      stream_meshes_.clear();
-    }
-    for (auto& [tag, p] : orphans) p.state->Complete(failure, -1, {}, DType::kInvalid);
+    return stream_;
   }
 
   ClientOptions options_;
@@ -903,27 +1101,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   int side_fd_ ABSL_GUARDED_BY(side_mu_) = -1;
   std::shared_ptr<FastQueue> fast_;  // set by Connect, then constant
 
-  Mutex write_mu_;  // serializes stream writes (taken before stream_mu_)
   Mutex stream_mu_;
-  std::unique_ptr<grpc::ClientContext> stream_ctx_ ABSL_GUARDED_BY(stream_mu_);
-  std::unique_ptr<grpc::ClientReaderWriter<v1::OpRequest, v1::OpResult>> stream_;
-  std::thread reader_;
-  int64_t next_tag_ ABSL_GUARDED_BY(stream_mu_) = 1;
-  struct PendingOp {
-    std::shared_ptr<OpState> state;
-    std::string mesh_id;
-  };
-  void ErasePending(int64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(stream_mu_) {
-    auto it = pending_.find(tag);
-    if (it == pending_.end()) return;
-    auto m = stream_meshes_.find(it->second.mesh_id);
-    if (m != stream_meshes_.end() && --m->second == 0) stream_meshes_.erase(m);
-    pending_.erase(it);
-  }
-  std::map<int64_t, PendingOp> pending_ ABSL_GUARDED_BY(stream_mu_);
-  // Mesh id -> ops on the stream not yet completed.
-  std::map<std::string, int> stream_meshes_ ABSL_GUARDED_BY(stream_mu_);
-  absl::Status stream_failure_ ABSL_GUARDED_BY(stream_mu_);
+  std::shared_ptr<GrpcStream> stream_ ABSL_GUARDED_BY(stream_mu_);
 };
 
 // ---------------------------------------------------------------------------
