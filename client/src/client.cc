@@ -466,11 +466,16 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
     MutexLock lock(&mu_);
     const bool ready = DriveUntil(
         [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return !failure_.ok() || (started_ && !writing_ && writes_.empty());
+          return !failure_.ok() || finishing_ || (started_ && !writing_ && writes_.empty());
         },
         deadline);
     if (!failure_.ok()) {
       state->Complete(failure_, -1, {}, DType::kInvalid);
+      return;
+    }
+    if (finishing_) {  // the stream ended; its status is on the way
+      state->Complete(absl::UnavailableError("connection to the daemon lost: stream ended"), -1,
+                      {}, DType::kInvalid);
       return;
     }
     if (!ready) {
@@ -813,10 +818,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   // and not at all after a teardown call went unanswered (TeardownContext).
   // Giving up is safe: the daemon closes the session, breaking its meshes
   // and freeing its buffers, when the side socket closes below. Everything
-  // else returns at once: the reader thread's Read ends when its call is
-  // cancelled (locally, whatever the daemon does), the fast-path monitor
-  // when told to stop; no lock taken here is held across a wait for the
-  // daemon. Callers must not use the client concurrently (see ~Client).
+  // else returns promptly: the Execute stream is cancelled locally (its
+  // operations come back whatever the daemon does; GrpcStream::Close waits
+  // for them at most kCloseDrain), the fast-path monitor stops when told;
+  // no lock taken here is held across a wait for the daemon. Callers must
+  // not use the client concurrently (see ~Client).
   void Close() {
     if (closed_.exchange(true)) return;
     if (stub_ && !session_id_.empty()) {

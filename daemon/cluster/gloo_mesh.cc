@@ -785,9 +785,10 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
   absl::Status status;
   if (link_ == nullptr) status = ConnectLink(op, device);
   if (status.ok()) {
+    // Lanes and replication: the CUDA kernels do not continue a fold from a
+    // partial result, which the chain needs.
     SpanningOptions options;
-    options.chain = true;
-    options.chain_chunk_bytes = options_.chunk_bytes;
+    options.chain = false;
     status = link_->Run(*op.plan, io, options, placeholder_base_, op.deadline, link_abort_,
                         &r.traffic);
   }

@@ -1100,30 +1100,53 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
                                              mesh.generation, " is broken: ",
                                              mesh.broken_reason));
     }
+    if (mesh.state != MeshState::kReady) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("mesh '", mesh.name, "' is still forming: shared buffers once it is ready"));
+    }
     mesh.shared_asked.resize(mesh.shape.num_members(), 0);
     return std::make_pair(&mesh, m->second);
   };
-  // Gives the session the mesh's k-th shared buffer (k: the member's count
-  // of calls), which exists.
+  // Gives the session buffer number shared_asked[index] of the mesh, which
+  // was made.
   auto attach = [&](Session& session, Mesh& mesh, int index) -> absl::StatusOr<v1::BufferInfo> {
-    const Mesh::Shared& shared = mesh.shared[mesh.shared_asked[index]];
-    const uint64_t page = PageSize();
-    const uint64_t rounded = (static_cast<uint64_t>(size_bytes) + page - 1) / page * page;
-    if (rounded != shared.buffer->size() || shared.buffer->device() != spec->ToString()) {
+    const size_t k = mesh.shared_asked[index];
+    auto e = mesh.shared.find(k);
+    if (e == mesh.shared.end()) return absl::InternalError(absl::StrCat("no shared buffer ", k));
+    const Mesh::Shared& shared = e->second;
+    // Once every member has asked for number k, nobody asks for it again.
+    auto asked = [&] {
+      ++mesh.shared_asked[index];
+      if (*std::min_element(mesh.shared_asked.begin(), mesh.shared_asked.end()) > k) {
+        mesh.shared.erase(e);
+      }
+    };
+    std::shared_ptr<SharedBuffer> buffer = shared.buffer.lock();
+    if (buffer == nullptr) {
+      // This member's k-th request is answered (the next one asks for k+1).
+      const int creator = shared.creator;
+      asked();
       return absl::FailedPreconditionError(absl::StrCat(
-          "shared buffer ", mesh.shared_asked[index], " of mesh '", mesh.name, "' is ",
-          shared.buffer->size(), " bytes on ", shared.buffer->device(), " (member ",
-          shared.creator, " asked first) but member ", index, " asks for ", size_bytes,
-          " bytes on ", spec->ToString(), "; every member must ask for the same"));
+          "shared buffer ", k, " of mesh '", mesh.name, "' (made by member ", creator,
+          ") was freed by every member that held it before member ", index,
+          " asked for it; its next request gets the next shared buffer"));
     }
-    if (absl::Status st = check_quota(session, shared.buffer->size()); !st.ok()) return st;
+    if (size_bytes != shared.size_bytes || buffer->device() != spec->ToString()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shared buffer ", k, " of mesh '", mesh.name, "' is ", shared.size_bytes,
+          " bytes on ", buffer->device(), " (member ", shared.creator,
+          " asked first) but member ", index, " asks for ", size_bytes, " bytes on ",
+          spec->ToString(), "; every member must ask for the same"));
+    }
+    if (absl::Status st = check_quota(session, buffer->size()); !st.ok()) return st;
     if (session.buffers.count(shared.id) > 0) {
       return absl::InternalError(absl::StrCat("shared buffer '", shared.id, "' already held"));
     }
-    session.buffers.emplace(shared.id, shared.buffer);
-    session.buffer_bytes += shared.buffer->size();
-    ++mesh.shared_asked[index];
-    return InfoOf(shared.id, *shared.buffer);
+    const v1::BufferInfo info = InfoOf(shared.id, *buffer);
+    session.buffers.emplace(shared.id, std::move(buffer));
+    session.buffer_bytes += static_cast<uint64_t>(info.size_bytes());
+    asked();
+    return info;
   };
   {
     MutexLock lock(&mu_);
@@ -1157,11 +1180,12 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
       auto member = member_of(*session);
       if (!member.ok()) return member.status();
       auto [mesh, index] = *member;
-      if (mesh->shared_asked[index] < mesh->shared.size()) return attach(*session, *mesh, index);
+      if (mesh->shared_asked[index] < mesh->shared_made) return attach(*session, *mesh, index);
       if (static_cast<int>(mesh->shared.size()) >= options_.max_buffers_per_session) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "mesh '", mesh->name, "' has ", mesh->shared.size(),
-            " shared buffers; the limit is ", options_.max_buffers_per_session));
+            " shared buffers not yet asked for by every member; the limit is ",
+            options_.max_buffers_per_session));
       }
     }
   }
@@ -1182,10 +1206,12 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
     auto [mesh, index] = *member;
     // Another member's call may have made it meanwhile: then this one's
     // allocation is dropped.
-    if (mesh->shared_asked[index] >= mesh->shared.size()) {
-      mesh->shared.push_back(Mesh::Shared{
-          RandomId("b-"), std::make_shared<MeshSharedBuffer>(*std::move(buffer), mesh_id), index});
-    }
+    if (mesh->shared_asked[index] < mesh->shared_made) return attach(*session, *mesh, index);
+    // Made only if this session can hold it: a failed call leaves nothing.
+    std::shared_ptr<SharedBuffer> shared =
+        std::make_shared<MeshSharedBuffer>(*std::move(buffer), mesh_id);
+    if (absl::Status st = check_quota(*session, shared->size()); !st.ok()) return st;
+    mesh->shared[mesh->shared_made++] = Mesh::Shared{RandomId("b-"), shared, size_bytes, index};
     return attach(*session, *mesh, index);
   }
   if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session ||
@@ -1528,10 +1554,15 @@ absl::Status Engine::CheckSharedOutput(const Mesh& mesh, const PendingOp& op) co
   }
   if (first == nullptr) return absl::OkStatus();
   const OpPlan& plan = *first->plan;
-  const std::string what =
-      absl::StrCat("op ", op.sequence, " on mesh '", mesh.name, "' writes into shared buffer '",
-                   first->out_buf->shared_mesh() == mesh.id ? "of this mesh" : "of another mesh",
-                   "' at offset ", first->out_offset);
+  if (first->out_buf->shared_mesh() != mesh.id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "op ", op.sequence, " on mesh '", mesh.name,
+        "' writes into a buffer shared by another mesh; a shared buffer may be the output of "
+        "ops of its own mesh only"));
+  }
+  const std::string what = absl::StrCat("op ", op.sequence, " on mesh '", mesh.name,
+                                        "' writes into a buffer the mesh shares, at offset ",
+                                        first->out_offset);
   const std::string rule =
       "a shared buffer may be the output of every member of an op whose result is the same for "
       "all (psum, pmean, pmax, pmin, all_gather or broadcast over every axis of the mesh), "

@@ -305,16 +305,20 @@ class Engine {
     MeshJoinInfo join_info;
     std::vector<std::string> member_host;
     std::shared_ptr<CrossHostMesh> cross;
-    // Buffers its members share (AllocateBuffer with a mesh id), in the
-    // order of their creation; by member index, how many of them that member
-    // has asked for.
+    // Buffers its members share (AllocateBuffer with a mesh id), by number
+    // k: member i's (shared_asked[i] + 1)-th request gets number
+    // shared_asked[i]. The mesh holds no buffer itself (the sessions that
+    // mapped it do: it goes when the last one frees it); an entry goes once
+    // every member has asked for its number.
     struct Shared {
       std::string id;
-      std::shared_ptr<SharedBuffer> buffer;
-      int creator = 0;  // the member whose call allocated it
+      std::weak_ptr<SharedBuffer> buffer;
+      int64_t size_bytes = 0;  // as the first request asked
+      int creator = 0;         // the member whose request allocated it
     };
-    std::vector<Shared> shared;
+    std::map<size_t, Shared> shared;
     std::vector<size_t> shared_asked;
+    size_t shared_made = 0;  // numbers given so far
   };
 
   // All of these require mu_ held. Callbacks to run after unlocking are

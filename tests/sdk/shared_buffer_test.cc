@@ -1,13 +1,14 @@
 // Buffers a mesh's members share (Mesh::AllocateShared, AllocateBuffer with
 // a mesh id) against a real daemon, each member its own SDK client:
-//  - every member's k-th call maps the same memory; sizes that differ, and
-//    sessions that are not members, are refused saying why;
+//  - every member's k-th call maps the same memory; sizes that differ,
+//    sessions that are not members and calls after every holder freed it
+//    are refused saying why;
 //  - psum, pmean, pmax, pmin, all_gather and broadcast into one region of
 //    it give every member the result, and the daemon writes it once
 //    (GetStats' bytes_written);
 //  - ops whose results differ between members, members naming different
-//    regions and inputs inside the region are refused on every member with
-//    FAILED_PRECONDITION, and the mesh goes on;
+//    regions, inputs inside the region and other meshes' ops are refused on
+//    every member with FAILED_PRECONDITION, and the mesh goes on;
 // on the fast path and over gRPC (COLLECTIVED_FAST_PATH=0, ctest's
 // grpc_path. prefix).
 #include <grpcpp/grpcpp.h>
@@ -104,14 +105,63 @@ TEST_F(SharedBufferTest, EveryMembersCallMapsTheSameMemory) {
   for (int i = 0; i < kMembers; ++i) {
     EXPECT_STREQ(static_cast<const char*>(a[i].data()), "written by member 1");
   }
-  // A member that frees it leaves it to the others.
-  ASSERT_TRUE(m_.clients[1]->Free(a[1]).ok());
-  EXPECT_STREQ(static_cast<const char*>(a[3].data()), "written by member 1");
+  // Each member frees its own mapping (the buffer goes with the last one).
+  for (int i = 0; i < kMembers; ++i) EXPECT_TRUE(m_.clients[i]->Free(a[i]).ok()) << i;
+}
+
+TEST_F(SharedBufferTest, ABufferEveryHolderFreedIsGoneForLaterMembers) {
+  auto first = m_.meshes[0]->AllocateShared(4096);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string id = first->id();
+  ASSERT_TRUE(m_.clients[0]->Free(*first).ok());
+  auto late = m_.meshes[1]->AllocateShared(4096);
+  ASSERT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
+  EXPECT_NE(late.status().message().find("was freed by every member that held it"),
+            std::string::npos)
+      << late.status();
+  // The numbering goes on: every member's next call shares a new buffer.
+  auto next0 = m_.meshes[0]->AllocateShared(4096);
+  auto next1 = m_.meshes[1]->AllocateShared(4096);
+  ASSERT_TRUE(next0.ok() && next1.ok()) << next0.status() << " " << next1.status();
+  EXPECT_EQ(next0->id(), next1->id());
+  EXPECT_NE(next0->id(), id);
+}
+
+TEST_F(SharedBufferTest, AnotherMeshsOpCannotWriteIntoIt) {
+  std::vector<Buffer> shared = SharedOnAll(kElems * 4);
+  ASSERT_EQ(shared.size(), static_cast<size_t>(kMembers));
+  // Members 0 and 1 also form a mesh of two, and name mesh "shared"'s buffer.
+  std::vector<std::unique_ptr<Mesh>> pair(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto m = m_.clients[i]->JoinMesh({.name = "pair", .axes = {{"y", 2}}, .coordinate = {i}});
+      if (m.ok()) pair[i] = *std::move(m);
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(pair[0] && pair[1]);
+  std::vector<absl::Status> st(2);
+  threads.clear();
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      st[i] = pair[i]->psum(In(i), AxisNames::All(), Array::Of<float>(shared[i], {kElems}));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(st[i].code(), absl::StatusCode::kFailedPrecondition) << st[i];
+    EXPECT_NE(st[i].message().find("a buffer shared by another mesh"), std::string::npos)
+        << st[i];
+  }
 }
 
 TEST_F(SharedBufferTest, ADifferentSizeOrANonMemberIsRefused) {
   auto first = m_.meshes[0]->AllocateShared(8192);
   ASSERT_TRUE(first.ok()) << first.status();
+  // Rounded to the same pages, but not the same request.
+  auto near = m_.meshes[2]->AllocateShared(8000);
+  ASSERT_EQ(near.status().code(), absl::StatusCode::kFailedPrecondition) << near.status();
   auto other = m_.meshes[1]->AllocateShared(65536);
   ASSERT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
   EXPECT_NE(other.status().message().find("member 0 asked first"), std::string::npos)

@@ -407,7 +407,8 @@ class Mesh {
   // results written once for the whole mesh. Every member calls it the same
   // number of times with the same sizes (it does not wait for the others);
   // each member's k-th call returns the same memory (the first caller's
-  // allocates it; a different size is FAILED_PRECONDITION naming both).
+  // allocates it; a different size is FAILED_PRECONDITION naming both, and
+  // so is a call that comes after every member holding it freed it).
   // Use it as the output of every member of an op whose result is the same
   // for all: psum, pmean, pmax, pmin, all_gather or broadcast over every
   // axis of the mesh (AxisNames::All()), each member naming the same region,

@@ -721,8 +721,9 @@ class NcclFabric final : public Fabric {
 // members, and a stream of its own.
 class NcclHostLink final : public HostLink {
  public:
-  NcclHostLink(int device, int rank, ncclComm_t comm, cudaStream_t stream)
-      : device_(device), rank_(rank), comm_(comm), stream_(stream) {}
+  // `device_mu`: the executor's lock of the device (its one launch order).
+  NcclHostLink(int device, int rank, ncclComm_t comm, cudaStream_t stream, Mutex* device_mu)
+      : device_(device), rank_(rank), comm_(comm), stream_(stream), device_mu_(device_mu) {}
   ~NcclHostLink() override {
     ScopedDevice scoped;
     if (!scoped.Set(device_).ok()) return;
@@ -751,6 +752,7 @@ class NcclHostLink final : public HostLink {
   const int rank_;
   ncclComm_t comm_;
   const cudaStream_t stream_;
+  Mutex* const device_mu_;
 };
 
 // This host's view of an op's schedule across hosts (partitions are host
@@ -815,6 +817,10 @@ class NcclHostLink::Fabric final : public collectived::Fabric {
     const absl::Status enqueued = AwaitComms({comm_}, "enqueueing the exchange between hosts",
                                              deadline_, "within the op timeout", &abort_);
     if (status.ok()) status = enqueued;
+    // Part of a failed group may be enqueued (a send whose receive never
+    // comes): Finish does not wait for it; the caller aborts the
+    // communicator before anything here is freed.
+    if (!status.ok()) failed_ = status;
     return status;
   }
 
@@ -840,6 +846,7 @@ class NcclHostLink::Fabric final : public collectived::Fabric {
   // Polls the stream until its work is done, the communicator reports an
   // error, `abort`, or the deadline.
   absl::Status Finish() override {
+    if (!failed_.ok()) return failed_;
     for (;;) {
       const cudaError_t e = cudaStreamQuery(stream_);
       if (e == cudaSuccess) break;
@@ -905,6 +912,7 @@ class NcclHostLink::Fabric final : public collectived::Fabric {
   std::vector<Scratched> scratch_;
   std::deque<Local> runs_;
   Traffic traffic_;
+  absl::Status failed_;  // a failed exchange
 };
 
 absl::Status NcclHostLink::Run(const OpPlan& plan, const std::vector<MemberIo>& io,
@@ -914,6 +922,9 @@ absl::Status NcclHostLink::Run(const OpPlan& plan, const std::vector<MemberIo>& 
   if (comm_ == nullptr) {
     return absl::AbortedError("cuda executor: the link between hosts broke in an earlier op");
   }
+  // One launch order per GPU, as for the executor's own ops (NCCL's rule
+  // for communicators sharing a device): the op holds the device.
+  MutexLock device_lock(device_mu_);
   ScopedDevice scoped;
   COLLECTIVED_RETURN_IF_ERROR(scoped.Set(device_));
   absl::Status status;
@@ -949,6 +960,13 @@ CudaExecutor::CudaExecutor() {
   }
   device_count_ = count;
   for (int d = 0; d < count; ++d) devices_.push_back(std::make_unique<Device>());
+  // Ranks in this process (RunAcrossGpus), where NCCL would otherwise read
+  // and write peers' buffers directly: the members' VMM buffers are mapped
+  // for their own GPU only (and scratch comes from per-device pools), so
+  // make it go through its own buffers. Set here, before any NCCL call
+  // (links between hosts call NCCL from other threads); a value the
+  // operator set is kept.
+  setenv("NCCL_P2P_DIRECT_DISABLE", "1", /*overwrite=*/0);
 }
 
 CudaExecutor::~CudaExecutor() {
@@ -1038,11 +1056,6 @@ absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<M
     streams[d] = devices_[d]->stream;
   }
   if (nccl_ == nullptr) {
-    // All ranks live in this process, where NCCL would otherwise read and
-    // write peers' buffers directly; the members' VMM buffers are mapped for
-    // their own GPU only (and scratch comes from per-device pools), so make
-    // it go through its own buffers. A value the operator set is kept.
-    setenv("NCCL_P2P_DIRECT_DISABLE", "1", /*overwrite=*/0);
     // Every GPU's communicator, created together in one group.
     auto nccl = std::make_unique<Nccl>();
     nccl->comms.assign(device_count_, nullptr);
@@ -1138,15 +1151,16 @@ absl::StatusOr<std::unique_ptr<HostLink>> CudaExecutor::ConnectHosts(
   if (r != ncclSuccess && r != ncclInProgress) {
     status = NcclError("ncclCommInitRankConfig", r);
   } else {
-    status = AwaitComms({comm}, "connecting the hosts (NCCL)", deadline, "by the join deadline",
-                        &abort);
+    status = AwaitComms({comm}, "connecting the hosts (NCCL)", deadline,
+                        "by the deadline of the op that needed it", &abort);
   }
   if (!status.ok()) {
     if (comm != nullptr) ncclCommAbort(comm);
     cudaStreamDestroy(stream);
     return status;
   }
-  return std::unique_ptr<HostLink>(new NcclHostLink(device, rank, comm, stream));
+  return std::unique_ptr<HostLink>(
+      new NcclHostLink(device, rank, comm, stream, &devices_[device]->mu));
 }
 
 std::unique_ptr<Executor> MakeCudaExecutor() { return std::make_unique<CudaExecutor>(); }
