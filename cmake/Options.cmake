@@ -1,5 +1,8 @@
 # Build options of collectived.
 option(COLLECTIVED_BUILD_TESTS "Build the unit, integration and conformance tests" ON)
+# The benchmarks (bench/): no test runs them; the sanitizer builds of
+# scripts/test.sh leave them out.
+option(COLLECTIVED_BUILD_BENCH "Build the benchmarks (bench/)" ON)
 # COLLECTIVED_WITH_CUDA (AUTO|ON|OFF): GPU buffers; see cmake/Cuda.cmake.
 set(COLLECTIVED_WITH_CUDA AUTO CACHE STRING
   "GPU (CUDA VMM) buffers and NCCL: AUTO (when the CUDA toolkit and NCCL are found), ON or OFF")
