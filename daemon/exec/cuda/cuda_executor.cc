@@ -119,6 +119,18 @@ absl::StatusOr<uint8_t*> AllocScratch(uint64_t bytes, cudaStream_t stream, bool*
   return static_cast<uint8_t*>(p);
 }
 
+// Frees scratch from AllocScratch once `stream` (on the current device) has
+// finished with it, and waits for the stream.
+void FreeScratch(void* p, bool stream_ordered, cudaStream_t stream) {
+  if (stream_ordered) {
+    cudaFreeAsync(p, stream);
+    cudaStreamSynchronize(stream);
+  } else {
+    cudaStreamSynchronize(stream);
+    cudaFree(p);
+  }
+}
+
 // One op on one device's stream: its scratch memory, its pointer tables and
 // the bytes its staging moved.
 class OpRun {
@@ -654,13 +666,7 @@ class NcclFabric final : public Fabric {
     for (const Scratched& s : scratch_) {
       ScopedDevice scoped;
       if (!scoped.Set(s.part).ok()) continue;
-      if (s.stream_ordered) {
-        cudaFreeAsync(s.p, streams_[s.part]);
-        cudaStreamSynchronize(streams_[s.part]);
-      } else {
-        cudaStreamSynchronize(streams_[s.part]);
-        cudaFree(s.p);
-      }
+      FreeScratch(s.p, s.stream_ordered, streams_[s.part]);
     }
     scratch_.clear();
   }
@@ -879,15 +885,7 @@ class NcclHostLink::Fabric final : public collectived::Fabric {
   // Frees the runs (each waits for the stream) and the scratch.
   void Release() {
     runs_.clear();
-    for (const Scratched& s : scratch_) {
-      if (s.stream_ordered) {
-        cudaFreeAsync(s.p, stream_);
-        cudaStreamSynchronize(stream_);
-      } else {
-        cudaStreamSynchronize(stream_);
-        cudaFree(s.p);
-      }
-    }
+    for (const Scratched& s : scratch_) FreeScratch(s.p, s.stream_ordered, stream_);
     scratch_.clear();
   }
 
