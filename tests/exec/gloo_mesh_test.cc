@@ -476,6 +476,21 @@ std::vector<Outcome> RunOn(Cluster& c, const std::vector<Executor*>& executors,
   return out;
 }
 
+// Every host's outcome has `code`, each of `texts` in its message, and
+// `broken`.
+void ExpectEveryHost(const std::vector<Outcome>& outcomes, absl::StatusCode code,
+                     const std::vector<std::string>& texts, bool broken) {
+  for (size_t h = 0; h < outcomes.size(); ++h) {
+    const Outcome& o = outcomes[h];
+    EXPECT_EQ(o.status.code(), code) << "host " << h << ": " << o.status;
+    for (const std::string& text : texts) {
+      EXPECT_NE(o.status.message().find(text), std::string::npos)
+          << "host " << h << ": " << o.status << " (expected \"" << text << "\")";
+    }
+    EXPECT_EQ(o.broken, broken) << "host " << h;
+  }
+}
+
 TEST(GlooMeshTest, MemoryNoTransportCanMoveFailsTheOpOnEveryHostAndTheMeshGoesOn) {
   const int hosts = 2, members = 4;
   auto c = ConnectOrDie(hosts, members);
@@ -483,14 +498,9 @@ TEST(GlooMeshTest, MemoryNoTransportCanMoveFailsTheOpOnEveryHostAndTheMeshGoesOn
   OtherMemoryExecutor a(false, "id", absl::OkStatus()), b(false, "id", absl::OkStatus());
   const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
   Regions r(members, plan);
-  for (const Outcome& o : RunOn(*c, {&a, &b}, plan, r.io)) {
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
-    EXPECT_NE(o.status.message().find("runs on other memory, which the other executor cannot "
-                                      "move between hosts"),
-              std::string::npos)
-        << o.status;
-    EXPECT_FALSE(o.broken);
-  }
+  ExpectEveryHost(RunOn(*c, {&a, &b}, plan, r.io), absl::StatusCode::kFailedPrecondition,
+                  {"runs on other memory, which the other executor cannot move between hosts"},
+                  /*broken=*/false);
   EXPECT_EQ(a.ids_made() + b.ids_made(), 0);
   for (const Outcome& o : c->RunAll(plan, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
 }
@@ -503,12 +513,8 @@ TEST(GlooMeshTest, HostsOnDifferentKindsOfMemoryFailTheOpAlike) {
   OtherMemoryExecutor other(true, "id", absl::OkStatus());
   const OpPlan plan = Plan(v1::PSUM, v1::INT32, {8}, members);
   Regions r(members, plan);
-  for (const Outcome& o : RunOn(*c, {&cpu, &other}, plan, r.io)) {
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
-    EXPECT_NE(o.status.message().find("kind of memory (other and memfd)"), std::string::npos)
-        << o.status;
-    EXPECT_FALSE(o.broken);
-  }
+  ExpectEveryHost(RunOn(*c, {&cpu, &other}, plan, r.io), absl::StatusCode::kFailedPrecondition,
+                  {"kind of memory (other and memfd)"}, /*broken=*/false);
   EXPECT_EQ(other.ids_made(), 0);
   for (const Outcome& o : c->RunAll(plan, r.io)) EXPECT_TRUE(o.status.ok()) << o.status;
 }
@@ -521,14 +527,10 @@ TEST(GlooMeshTest, AHostsMembersOnTwoDevicesAreRefusedOnEveryHost) {
   const OpPlan plan = Plan(v1::PMAX, v1::FLOAT32, {8}, members);
   Regions r(members, plan);
   // Host h0 holds members 0 and 2 (round robin): on devices 0 and 2.
-  const auto outcomes = RunOn(*c, {&a, &b}, plan, r.io,
-                              [](int h, size_t m) { return h == 0 ? static_cast<int>(m) : 1; });
-  for (const Outcome& o : outcomes) {
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
-    EXPECT_NE(o.status.message().find("host h0 refused it"), std::string::npos) << o.status;
-    EXPECT_NE(o.status.message().find("on devices 0, 2"), std::string::npos) << o.status;
-    EXPECT_FALSE(o.broken);
-  }
+  ExpectEveryHost(RunOn(*c, {&a, &b}, plan, r.io,
+                        [](int h, size_t m) { return h == 0 ? static_cast<int>(m) : 1; }),
+                  absl::StatusCode::kFailedPrecondition,
+                  {"host h0 refused it", "on devices 0, 2"}, /*broken=*/false);
   EXPECT_EQ(a.ids_made() + b.ids_made(), 0);
 }
 
@@ -574,13 +576,9 @@ TEST(GlooMeshTest, HostZeroWithoutALinkIdFailsTheOpOnEveryHost) {
   OtherMemoryExecutor b(true, "unused", absl::OkStatus());
   const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
   Regions r(members, plan);
-  for (const Outcome& o : RunOn(*c, {&a, &b}, plan, r.io)) {
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kAborted) << o.status;
-    EXPECT_NE(o.status.message().find("host h0 could not make the link between hosts: no ids left"),
-              std::string::npos)
-        << o.status;
-    EXPECT_TRUE(o.broken);
-  }
+  ExpectEveryHost(RunOn(*c, {&a, &b}, plan, r.io), absl::StatusCode::kAborted,
+                  {"host h0 could not make the link between hosts: no ids left"},
+                  /*broken=*/true);
   EXPECT_EQ(b.connected_with(), "");
 }
 
