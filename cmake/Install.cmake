@@ -5,7 +5,8 @@ include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/collectived
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-set(_collectived_sdk_targets collectived_client collectived_common collectived_proto collectived_warnings)
+set(_collectived_sdk_targets collectived_client collectived_common collectived_proto collectived_warnings
+    collectived_wire_plan collectived_plan collectived_exec)
 if(COLLECTIVED_HAVE_CUDA)
   # The SDK links it (GPU buffer import); it links CUDA::cudart_static.
   list(APPEND _collectived_sdk_targets collectived_cuda_driver)

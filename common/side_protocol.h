@@ -25,6 +25,13 @@ inline constexpr absl::string_view kAttach = "ATTACH";
 inline constexpr absl::string_view kFd = "FD";
 // "QUEUE" -> "OK <bytes> <version>" with the fast-path queue's descriptor.
 inline constexpr absl::string_view kQueue = "QUEUE";
+// "SEGMENT <mesh id>" -> "OK <bytes>" with the mesh's member-side segment
+// (common/member_ops.h), for members of that mesh generation only.
+inline constexpr absl::string_view kSegment = "SEGMENT";
+// "EXPIRED <mesh id> <d> <s>" -> "OK 1" when the mesh broke because a member
+// is missing at member-side place (d, s) (the segment says why), "OK 0" when
+// nobody is missing.
+inline constexpr absl::string_view kExpired = "EXPIRED";
 inline constexpr absl::string_view kOk = "OK";
 inline constexpr absl::string_view kErr = "ERR";
 

@@ -1,6 +1,7 @@
 #include "daemon/core/engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <set>
 
@@ -368,6 +369,7 @@ v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
   }
   info.set_op_timeout_ms(Millis(mesh.op_timeout));
   info.set_completed_ops(mesh.completed);
+  if (mesh.segment) info.set_member_op_bytes(mesh.seg.layout.payload_bytes);
   return info;
 }
 
@@ -612,6 +614,23 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
 
 void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
   mesh.state = MeshState::kReady;
+  if (options_.member_op_bytes > 0 && !mesh.cluster) {
+    const member_ops::Layout layout = member_ops::Layout::For(
+        static_cast<uint32_t>(mesh.shape.num_members()), options_.member_op_bytes);
+    if (layout.total_bytes > 0) {
+      auto segment = CreateMemfdBuffer(layout.total_bytes);
+      if (segment.ok()) {
+        mesh.segment = *std::move(segment);
+        mesh.seg = member_ops::View{static_cast<uint8_t*>(mesh.segment->data()), layout};
+        member_ops::Init(mesh.segment->data(), layout, Millis(mesh.op_timeout));
+      } else {
+        // Every member learns it from MeshInfo: the mesh works, through the
+        // daemon only.
+        LogEvent(LogLevel::kWarn, "member_segment_failed",
+                 {{"mesh", mesh.name}, {"error", std::string(segment.status().message())}});
+      }
+    }
+  }
   v1::MeshInfo info = MeshInfoOf(mesh);
   for (auto& [index, waiter] : mesh.join_waiters) {
     timer_->Cancel(waiter.timer);
@@ -921,6 +940,7 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
   if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
   absl::Status status = absl::AbortedError(absl::StrCat(
       "mesh '", mesh.name, "' generation ", mesh.generation, " is broken: ", reason));
+  MarkSegmentBroken(mesh, status);
   // Across hosts: the registry ends the generation, and closing the
   // connections fails the other hosts' ops in flight.
   TellCluster(mesh, {}, true, reason, cbs);
@@ -941,6 +961,17 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
   LogEvent(level, "mesh_broken",
            {{"mesh", mesh.name}, {"id", mesh.id}, {"generation", absl::StrCat(mesh.generation)},
             {"reason", reason}});
+}
+
+void Engine::MarkSegmentBroken(Mesh& mesh, const absl::Status& status) {
+  if (!mesh.segment) return;
+  member_ops::Header* h = mesh.seg.header();
+  if (h->broken.v.load(std::memory_order_seq_cst) != 0) return;
+  const size_t len = std::min(status.message().size(), member_ops::kMaxReason);
+  std::memcpy(h->reason, status.message().data(), len);
+  h->reason_len = static_cast<uint32_t>(len);
+  h->broken.v.store(static_cast<uint32_t>(status.code()), std::memory_order_seq_cst);
+  member_ops::RingAll(mesh.seg, -1);
 }
 
 void Engine::MaybeEraseMesh(const std::string& mesh_id) {
@@ -1253,6 +1284,82 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetBuffer(const std::strin
   return it->second;
 }
 
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetMemberSegment(
+    const std::string& session_id, const std::string& mesh_id) {
+  MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  if ((*s)->meshes.count(mesh_id) == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "mesh '", mesh_id, "' not found among this session's meshes (join it first)"));
+  }
+  const Mesh& mesh = *meshes_.at(mesh_id);
+  if (mesh.state == MeshState::kBroken) {
+    return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ", mesh.generation,
+                                           " is broken: ", mesh.broken_reason));
+  }
+  if (!mesh.segment) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mesh '", mesh.name, "' has no member-side segment (",
+        mesh.state == MeshState::kForming ? "it has not formed yet"
+        : mesh.cluster                    ? "it may span hosts"
+                                          : "member-side ops are off on this daemon",
+        ")"));
+  }
+  return mesh.segment;
+}
+
+absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
+                                             const std::string& mesh_id, uint32_t d,
+                                             uint32_t s) {
+  Callbacks cbs;
+  bool broke = false;
+  {
+    MutexLock lock(&mu_);
+    auto session = GetSession(session_id);
+    if (!session.ok()) return session.status();
+    auto member = (*session)->meshes.find(mesh_id);
+    if (member == (*session)->meshes.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "mesh '", mesh_id, "' not found among this session's meshes (join it first)"));
+    }
+    Mesh& mesh = *meshes_.at(mesh_id);
+    if (!mesh.segment) return absl::FailedPreconditionError("the mesh has no member-side segment");
+    if (mesh.state == MeshState::kBroken) return true;  // the segment says why
+    // Everything read here is the members' to write: only compared, and
+    // the signature's text is bounded and cleaned before it is shown.
+    const member_ops::View& v = mesh.seg;
+    const uint64_t key = member_ops::Key(d, s);
+    std::vector<std::string> waiting, missing;
+    for (uint32_t m = 0; m < v.layout.members; ++m) {
+      const uint32_t ops = v.slot(m)->daemon_ops.v.load(std::memory_order_seq_cst);
+      if (static_cast<int32_t>(ops - d) > 0) continue;  // took the daemon path
+      if (v.entry(m, s)->key.load(std::memory_order_seq_cst) == key) {
+        waiting.push_back(absl::StrCat(m));
+      } else {
+        missing.push_back(MemberLabel(mesh, static_cast<int>(m)));
+      }
+    }
+    if (missing.empty()) return false;
+    const member_ops::Entry* mine = v.entry(static_cast<uint32_t>(member->second), s);
+    std::string what(mine->signature,
+                     std::min<size_t>(mine->sig_len, member_ops::kMaxSignature));
+    for (char& c : what) {
+      if (c < 0x20 || c > 0x7e) c = '?';
+    }
+    const std::string reason = absl::StrCat(
+        "member-side op ", s, " after daemon op ", d, " timed out after ",
+        Millis(mesh.op_timeout), " ms: members ", absl::StrJoin(waiting, ","),
+        " are waiting in ", what, "; missing: ", absl::StrJoin(missing, "; "));
+    MarkSegmentBroken(mesh, absl::DeadlineExceededError(
+                                absl::StrCat("mesh '", mesh.name, "': ", reason)));
+    BreakMesh(mesh, reason, cbs);
+    broke = true;
+  }
+  Run(cbs);
+  return broke;
+}
+
 // ---------------------------------------------------------------------------
 // Ops
 // ---------------------------------------------------------------------------
@@ -1393,6 +1500,12 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     }
 
     const int64_t seq = mesh.next_sequence[index]++;
+    if (mesh.segment) {
+      // Members waiting member-side at this place take the daemon path too.
+      mesh.seg.slot(index)->daemon_ops.v.store(static_cast<uint32_t>(mesh.next_sequence[index]),
+                                              std::memory_order_seq_cst);
+      member_ops::RingAll(mesh.seg, index);
+    }
     PendingOp& pending = mesh.pending[seq];
     if (pending.subs.empty()) {
       pending.sequence = seq;
@@ -2080,6 +2193,7 @@ void Engine::Shutdown(const std::string& reason) {
         cbs.push_back([done = std::move(waiter.done), status] { done(status); });
       }
       mesh->join_waiters.clear();
+      MarkSegmentBroken(*mesh, status);  // members waiting member-side
       if (mesh->cross) {
         cbs.push_back([cross = mesh->cross, reason] {
           cross->Abort(absl::StrCat("daemon shutting down: ", reason));

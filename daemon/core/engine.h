@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "common/member_ops.h"
 #include "common/sync.h"
 #include "absl/time/time.h"
 #include "collectived/v1/collective.pb.h"
@@ -79,6 +80,11 @@ struct EngineOptions {
   // 40-70 us on a VM: as long as an op of a few MiB takes); bigger ones and
   // ops queued behind another op go to the runners.
   uint64_t inline_op_bytes = 16 * 1024 * 1024;
+  // Member-side small ops (common/member_ops.h): a mesh of this host gets a
+  // segment whose entries hold inputs of up to this many bytes (fewer for
+  // big meshes: the segment stays within member_ops::kMaxSegmentBytes).
+  // 0: no segments, every op goes through the daemon.
+  uint64_t member_op_bytes = 16 * 1024;
   // Meshes across hosts (daemon/core/rendezvous.h): with a rendezvous, every
   // mesh is a cluster mesh: its members may join on any daemon of the
   // cluster (with explicit coordinates), and it forms when the cluster's
@@ -173,6 +179,19 @@ class Engine {
   absl::StatusOr<v1::SubmitResponse> Submit(const std::string& session_id,
                                             const v1::OpSpec& op, bool retain,
                                             OpDone done);
+  // Member-side small ops (common/member_ops.h). The segment of a mesh the
+  // session is a member of: FAILED_PRECONDITION when the mesh has none (not
+  // formed, across hosts, or member_op_bytes is 0), ABORTED when broken.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> GetMemberSegment(const std::string& session_id,
+                                                                 const std::string& mesh_id);
+  // A member waiting member-side at place (d, s) passed its deadline. When
+  // some member has neither its entry there nor a daemon-path op past `d`,
+  // the mesh breaks with DEADLINE_EXCEEDED naming them (in the segment, for
+  // every waiter) and this returns true; false when nobody is missing (the
+  // caller looks again).
+  absl::StatusOr<bool> MemberOpExpired(const std::string& session_id, const std::string& mesh_id,
+                                       uint32_t d, uint32_t s);
+
   // Waits for a retained op; `done` gets the op's outcome, or
   // DEADLINE_EXCEEDED ("still running") when `timeout` (if > 0) passes first.
   void Wait(const std::string& session_id, int64_t op_id, absl::Duration timeout,
@@ -319,6 +338,10 @@ class Engine {
     std::map<size_t, Shared> shared;
     std::vector<size_t> shared_asked;
     size_t shared_made = 0;  // numbers given so far
+    // Member-side small ops: the segment (made when the mesh forms, for a
+    // mesh of this host) and the engine's view of it (its own layout).
+    std::shared_ptr<SharedBuffer> segment;
+    member_ops::View seg;
   };
 
   // All of these require mu_ held. Callbacks to run after unlocking are
@@ -345,6 +368,10 @@ class Engine {
   // line (a member leaving on purpose is not a warning).
   void BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs,
                  LogLevel level = LogLevel::kWarn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `status` into the mesh's segment (the first status only) and
+  // wakes every member waiting on it.
+  void MarkSegmentBroken(Mesh& mesh, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEraseMesh(const std::string& mesh_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a mesh from meshes_ (the only way one is removed), counting it
   // off its NameRecord.

@@ -77,6 +77,10 @@ ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
 ABSL_FLAG(int64_t, inline_op_bytes, 16 * 1024 * 1024,
           "Ops touching at most this many bytes (all members' inputs and outputs) run on "
           "the thread that completes them instead of a runner thread.");
+ABSL_FLAG(int64_t, member_op_bytes, 16 * 1024,
+          "Member-side small ops: the members of a mesh of this host run ops whose input "
+          "is at most this many bytes among themselves, through a segment the daemon "
+          "shares with them (0: every op goes through the daemon).");
 ABSL_FLAG(bool, fast_path, true,
           "Serve the shared-memory op queues (the SDK's default path); gRPC Execute "
           "works either way.");
@@ -416,6 +420,8 @@ int Main(int argc, char** argv) {
   options.max_buffer_size = static_cast<uint64_t>(absl::GetFlag(FLAGS_max_buffer_bytes));
   options.inline_op_bytes =
       static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_op_bytes)));
+  options.member_op_bytes =
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_member_op_bytes)));
   CpuExecutorOptions exec_options;
   exec_options.threads = absl::GetFlag(FLAGS_threads);
   exec_options.chunk_bytes = static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));

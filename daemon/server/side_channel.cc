@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/fast_queue.h"
@@ -261,6 +262,31 @@ void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) 
       return;
     }
     Reply(fd, absl::StrCat(side::kOk, " ", fastq::kQueueBytes, " ", fastq::kVersion), *queue_fd);
+    return;
+  }
+  if ((words.size() == 2 && words[0] == side::kSegment) ||
+      (words.size() == 4 && words[0] == side::kExpired)) {
+    if (conn.session_id.empty()) {
+      Reply(fd, ErrorReply(absl::FailedPreconditionError(
+                    "attach the session before asking for a mesh's segment")));
+      return;
+    }
+    if (words[0] == side::kSegment) {
+      auto segment = engine_->GetMemberSegment(conn.session_id, std::string(words[1]));
+      if (!segment.ok()) {
+        Reply(fd, ErrorReply(segment.status()));
+        return;
+      }
+      Reply(fd, absl::StrCat(side::kOk, " ", (*segment)->size()), (*segment)->fd());
+      return;
+    }
+    uint32_t d = 0, s = 0;
+    if (!absl::SimpleAtoi(words[2], &d) || !absl::SimpleAtoi(words[3], &s)) {
+      Reply(fd, ErrorReply(absl::InvalidArgumentError("EXPIRED needs <mesh id> <d> <s>")));
+      return;
+    }
+    auto broke = engine_->MemberOpExpired(conn.session_id, std::string(words[1]), d, s);
+    Reply(fd, broke.ok() ? absl::StrCat(side::kOk, " ", *broke ? 1 : 0) : ErrorReply(broke.status()));
     return;
   }
   Reply(fd, ErrorReply(absl::InvalidArgumentError(absl::StrCat(

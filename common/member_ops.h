@@ -1,0 +1,195 @@
+// Member-side small ops: the layout of a mesh generation's shared segment.
+//
+// For an op whose input is small (at most Header::payload_bytes), the
+// members of a mesh of one host exchange through a segment instead of
+// through the daemon: each publishes its op's signature and input in its
+// slot, and once every member's entry for that place in the mesh's op order
+// is there and the signatures agree, each computes the result itself, with
+// the daemon's own CPU executor code on the same plan, so every member gets
+// the bits the daemon would have written.
+//
+// The daemon creates the segment when the mesh forms (a sealed memfd), hands
+// it over the side socket ("SEGMENT <mesh id>") to members of that
+// generation only, and stays the authority:
+//  - it counts each member's accepted daemon-path ops (daemon_ops), so a
+//    member waiting for a peer's entry sees at once that the peer took the
+//    daemon path for this place, and takes it too;
+//  - it marks the segment broken (status and message) when the mesh breaks
+//    (a member died or left, a daemon-path op timed out), and wakes every
+//    waiter;
+//  - a waiter whose deadline passes asks it ("EXPIRED <mesh id>"): it reads
+//    the counters, names the members that are missing, and breaks the mesh.
+// The daemon writes the words it owns and reads the entries' keys and
+// signature text only, bounded and checked: a corrupt segment hurts only the
+// members of its mesh.
+//
+// Place in the op order. A member's next op is at (D, S): D its daemon-path
+// ops the daemon accepted (daemon_ops[member]), S its member-side ops done.
+// Every member makes the same choice at each place, so D and S agree among
+// members at the same place. A member publishes an entry keyed (D, S) only
+// for a synchronous op with no daemon-path op of its own in flight (so D is
+// exact), and then waits until, for every other member m, either
+// daemon_ops[m] > D (m took the daemon path here: so does the waiter) or m's
+// entry at (D, S) is there. With every entry there, equal signatures run the
+// op member-side; otherwise every member takes the daemon path, which
+// reports the mismatch as it always does.
+//
+// Two entries per member (S mod 2) are enough: a member publishes (D, S + 2)
+// only after completing (D', S + 1) member-side, which needed every member's
+// (D', S + 1) entry, published only after that member was done with S.
+//
+// Wake-ups: each member sleeps on its own bell (fast_queue.h's Ring /
+// SpinThenSleep); whoever publishes rings every other member's bell.
+#ifndef COLLECTIVED_COMMON_MEMBER_OPS_H_
+#define COLLECTIVED_COMMON_MEMBER_OPS_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "common/fast_queue.h"
+
+namespace collectived::member_ops {
+
+inline constexpr uint32_t kMagic = 0x3153434d;  // "MCS1"
+inline constexpr uint32_t kVersion = 1;
+// Signature text kept in an entry (longer ones take the daemon path).
+inline constexpr size_t kMaxSignature = 240;
+// The segment of a mesh is at most this big: the payload per entry shrinks
+// with the number of members (and a mesh too big for kMinPayload gets none).
+inline constexpr size_t kMaxSegmentBytes = size_t{16} << 20;
+inline constexpr size_t kMinPayload = 64;
+inline constexpr size_t kMaxReason = 1024;
+
+struct Header {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t members;
+  uint32_t payload_bytes;  // input bytes an entry holds
+  uint64_t entry_bytes;    // stride of entries
+  uint64_t slot_offset;    // of member 0's slot
+  uint64_t entry_offset;   // of member 0's first entry
+  int64_t op_timeout_ms;   // the mesh's op timeout when it formed
+  // Daemon: 0 while the mesh works; else the absl::StatusCode every waiter
+  // returns, with `reason` (written before `broken`).
+  alignas(64) fastq::Word broken;
+  uint32_t reason_len;
+  char reason[kMaxReason];
+};
+
+// Per member, on cache lines of its own.
+struct Slot {
+  fastq::Word bell;      // futex the member sleeps on
+  fastq::Word sleeping;  // nonzero while it sleeps (or is about to)
+  // Daemon: the member's daemon-path ops accepted so far (D), low 32 bits.
+  fastq::Word daemon_ops;
+};
+
+struct Entry {
+  // Member: (D + 1) << 24 | (S & 0xffffff), stored last (seq_cst); 0: none.
+  std::atomic<uint64_t> key;
+  uint32_t sig_len;
+  uint32_t in_bytes;
+  int64_t published_ns;  // CLOCK_MONOTONIC, when the member published it
+  char signature[kMaxSignature];
+  // `payload_bytes` of input follow, 64-byte aligned.
+};
+inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);
+
+static_assert(sizeof(Header) <= 2048);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+inline uint64_t Key(uint64_t d, uint64_t s) { return ((d + 1) << 24) | (s & 0xffffff); }
+
+// The layout of a segment for `members` members with `payload_bytes` of
+// input per entry (rounded up to 64). 0 bytes when it does not fit
+// kMaxSegmentBytes.
+struct Layout {
+  uint32_t members = 0;
+  uint32_t payload_bytes = 0;
+  uint64_t entry_bytes = 0;
+  uint64_t slot_offset = 0;
+  uint64_t entry_offset = 0;
+  uint64_t total_bytes = 0;
+
+  static Layout For(uint32_t members, uint64_t payload_bytes) {
+    Layout l;
+    if (members == 0 || members > 4096) return l;
+    payload_bytes = (payload_bytes + 63) / 64 * 64;
+    const uint64_t fixed = 2048 + uint64_t{members} * sizeof(Slot);
+    // Shrink the payload until the segment fits.
+    while (payload_bytes >= kMinPayload &&
+           fixed + uint64_t{members} * 2 * (kEntryHeaderBytes + payload_bytes) >
+               kMaxSegmentBytes) {
+      payload_bytes /= 2;
+      payload_bytes = payload_bytes / 64 * 64;
+    }
+    if (payload_bytes < kMinPayload) return l;
+    l.members = members;
+    l.payload_bytes = static_cast<uint32_t>(payload_bytes);
+    l.entry_bytes = kEntryHeaderBytes + payload_bytes;
+    l.slot_offset = 2048;
+    l.entry_offset = (fixed + 4095) / 4096 * 4096;
+    l.total_bytes = l.entry_offset + uint64_t{members} * 2 * l.entry_bytes;
+    l.total_bytes = (l.total_bytes + 4095) / 4096 * 4096;
+    return l;
+  }
+};
+
+// Views of a mapped segment, with the layout kept by the viewer: the
+// offsets in the header are never read back (any member can write them).
+struct View {
+  uint8_t* base = nullptr;
+  Layout layout;
+
+  Header* header() const { return reinterpret_cast<Header*>(base); }
+  Slot* slot(uint32_t m) const {
+    return reinterpret_cast<Slot*>(base + layout.slot_offset) + m;
+  }
+  Entry* entry(uint32_t m, uint64_t s) const {
+    return reinterpret_cast<Entry*>(base + layout.entry_offset +
+                                    (uint64_t{m} * 2 + (s & 1)) * layout.entry_bytes);
+  }
+  uint8_t* payload(uint32_t m, uint64_t s) const {
+    return reinterpret_cast<uint8_t*>(entry(m, s)) + kEntryHeaderBytes;
+  }
+};
+
+// Writes a fresh header into a zeroed region of l.total_bytes.
+inline void Init(void* base, const Layout& l, int64_t op_timeout_ms) {
+  auto* h = static_cast<Header*>(base);
+  h->magic = kMagic;
+  h->version = kVersion;
+  h->members = l.members;
+  h->payload_bytes = l.payload_bytes;
+  h->entry_bytes = l.entry_bytes;
+  h->slot_offset = l.slot_offset;
+  h->entry_offset = l.entry_offset;
+  h->op_timeout_ms = op_timeout_ms;
+}
+
+// Whether a mapped region of `bytes` holds a segment for `members` members
+// that this code can use (the layout it claims is the one For gives).
+inline bool Valid(const void* base, uint64_t bytes, uint32_t members) {
+  const auto* h = static_cast<const Header*>(base);
+  if (bytes < sizeof(Header) || h->magic != kMagic || h->version != kVersion ||
+      h->members != members) {
+    return false;
+  }
+  const Layout l = Layout::For(members, h->payload_bytes);
+  return l.total_bytes != 0 && l.total_bytes <= bytes && l.payload_bytes == h->payload_bytes &&
+         l.entry_bytes == h->entry_bytes && l.slot_offset == h->slot_offset &&
+         l.entry_offset == h->entry_offset;
+}
+
+// Rings every member's bell but `except` (-1: all).
+inline void RingAll(const View& v, int64_t except) {
+  for (uint32_t m = 0; m < v.layout.members; ++m) {
+    if (static_cast<int64_t>(m) == except) continue;
+    fastq::Ring(v.slot(m)->bell, v.slot(m)->sleeping);
+  }
+}
+
+}  // namespace collectived::member_ops
+
+#endif  // COLLECTIVED_COMMON_MEMBER_OPS_H_
