@@ -281,7 +281,8 @@ constexpr char kUsage[] =
     "                     gRPC Execute stream\n"
     "  --spin-us=N        microseconds a waiting member polls before sleeping\n"
     "                     (default: the SDK's)\n"
-    "  --breakdown        after each row, where each member's fast-path op time went\n"
+    "  --breakdown        after each row, where each member's fast-path op time went (the ops\n"
+    "                     are then asynchronous: the daemon path, never member-side)\n"
     "                     (medians: submit->taken by the daemon, taken->started,\n"
     "                     started->completed, completed->reaped by the member)\n"
     "  --daemon-args=STR  extra flags for the private daemon, space separated\n"
@@ -856,8 +857,23 @@ struct Profile {
   collectived::OpTraffic traffic;
 };
 
-// Runs one op; with `profile`, also reports its profile.
+// Runs one op; with `profile`, also reports its profile. Without, the ops
+// that have a synchronous form use it, as programs do: a small one may run
+// among the members (member-side small ops; --daemon-args=--member_op_bytes=0
+// sends every op through the daemon). A profiled op is asynchronous, so it
+// always goes through the daemon: the phases are the daemon path's.
 absl::Status RunOp(collectived::Mesh& m, const OpCall& c, Profile* profile = nullptr) {
+  if (profile == nullptr) {
+    switch (c.op) {
+      case Op::kPsum: return m.psum(c.x, "x", c.y);
+      case Op::kPmean: return m.pmean(c.x, "x", c.y);
+      case Op::kPmax: return m.pmax(c.x, "x", c.y);
+      case Op::kPmin: return m.pmin(c.x, "x", c.y);
+      case Op::kAllGather: return m.all_gather(c.x, "x", c.y, {.axis = 0, .tiled = true});
+      case Op::kBarrier: return m.barrier("x");
+      default: break;
+    }
+  }
   collectived::OpFuture f = StartOp(m, c);
   absl::Status st = f.Wait();
   if (profile != nullptr) *profile = Profile{f.timing(), f.traffic()};

@@ -30,6 +30,7 @@
 #include "common/socket_path.h"
 #include "common/status_util.h"
 #include "common/unix_socket.h"
+#include "client/src/member_ops.h"
 #ifdef COLLECTIVED_HAVE_CUDA
 #include <cuda.h>
 
@@ -715,6 +716,22 @@ DType OpFuture::out_dtype() const { return state_ ? state_->out_dtype() : DType:
 OpTiming OpFuture::timing() const { return state_ ? state_->timing() : OpTiming{}; }
 OpTraffic OpFuture::traffic() const { return state_ ? state_->traffic() : OpTraffic{}; }
 
+// Member-side small ops of one Mesh: the mapped segment, and this member's
+// ops in flight on the daemon path (a member runs an op member-side only
+// with none: then its count of daemon-path ops is the daemon's, and the op
+// cannot overtake one of them).
+struct Mesh::MemberSide {
+  Mutex mu;
+  std::unique_ptr<internal::MemberOps> ops ABSL_GUARDED_BY(mu);
+  std::vector<std::shared_ptr<OpState>> in_flight ABSL_GUARDED_BY(mu);
+
+  // Drops the ops that completed; whether none is left.
+  bool Idle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::erase_if(in_flight, [](const std::shared_ptr<OpState>& op) { return op->Poll(); });
+    return in_flight.empty();
+  }
+};
+
 // ---------------------------------------------------------------------------
 // ClientImpl
 // ---------------------------------------------------------------------------
@@ -1011,7 +1028,60 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     mesh->coordinate_.assign(resp.self().coordinate().begin(), resp.self().coordinate().end());
     mesh->op_deadline_ = absl::Milliseconds(resp.mesh().op_timeout_ms()) + kGrace;
+    if (resp.mesh().member_op_bytes() > 0) {
+      // Every member maps the segment or the mesh cannot run ops
+      // member-side: a member that cannot leaves, which breaks the mesh
+      // for the others at once.
+      auto member_ops = MapMemberSegment(resp.mesh(), mesh->index_);
+      if (!member_ops.ok()) {
+        absl::Status left = mesh->Leave();
+        return absl::Status(
+            member_ops.status().code(),
+            absl::StrCat("joined mesh '", mesh->name_, "' but could not map its member-side "
+                         "segment, so left it again: ",
+                         member_ops.status().message(), left.ok() ? "" : "; leaving failed: ",
+                         left.ok() ? "" : left.ToString()));
+      }
+      mesh->member_side_ = std::make_unique<Mesh::MemberSide>();
+      mesh->member_side_->ops = *std::move(member_ops);
+    }
     return mesh;
+  }
+
+  // The member-side segment of `mesh` (common/member_ops.h), mapped.
+  absl::StatusOr<std::unique_ptr<internal::MemberOps>> MapMemberSegment(const v1::MeshInfo& mesh,
+                                                                        int index) {
+    auto reply = SideRequest(absl::StrCat(side::kSegment, " ", mesh.mesh_id()));
+    if (!reply.ok()) return reply.status();
+    uint64_t bytes = 0;
+    std::vector<std::string> words = absl::StrSplit(reply->data, ' ');
+    if (!reply->fd.valid() || words.size() != 2 || !absl::SimpleAtoi(words[1], &bytes)) {
+      return absl::InternalError(absl::StrCat("malformed SEGMENT reply '", reply->data, "'"));
+    }
+    MeshShape shape;
+    for (const auto& a : mesh.axes()) {
+      shape.names.push_back(a.name());
+      shape.sizes.push_back(a.size());
+    }
+    std::weak_ptr<ClientImpl> self = weak_from_this();
+    const std::string mesh_id = mesh.mesh_id();
+    int live_fd = -1;  // a duplicate of the side socket, to watch the daemon
+    {
+      MutexLock lock(&side_mu_);
+      if (side_fd_ < 0) return absl::UnavailableError("the side socket to the daemon is closed");
+      live_fd = fcntl(side_fd_, F_DUPFD_CLOEXEC, 0);
+      if (live_fd < 0) return ErrnoStatus(errno, "duplicating the side socket");
+    }
+    return internal::MemberOps::Map(
+        reply->fd.release(), bytes, std::move(shape), index,
+        absl::Milliseconds(mesh.op_timeout_ms()), live_fd,
+        [self, mesh_id](uint32_t d, uint32_t s) -> absl::StatusOr<bool> {
+          std::shared_ptr<ClientImpl> client = self.lock();
+          if (client == nullptr) return absl::CancelledError("client closed");
+          auto answer = client->SideRequest(absl::StrCat(side::kExpired, " ", mesh_id, " ", d, " ", s));
+          if (!answer.ok()) return answer.status();
+          return answer->data == absl::StrCat(side::kOk, " 1");
+        });
   }
 
   // Waits at most options_.close_timeout (see TeardownContext). A leave
@@ -1120,7 +1190,7 @@ Buffer::~Buffer() { Reset(); }
 Buffer::Buffer(Buffer&& other) noexcept
     : id_(std::move(other.id_)), data_(other.data_), size_(other.size_),
       device_(std::move(other.device_)), device_ordinal_(other.device_ordinal_),
-      gpu_mapping_(std::move(other.gpu_mapping_)) {
+      mesh_shared_(other.mesh_shared_), gpu_mapping_(std::move(other.gpu_mapping_)) {
   other.data_ = nullptr;
   other.size_ = 0;
   other.device_ordinal_ = -1;
@@ -1134,6 +1204,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     size_ = other.size_;
     device_ = std::move(other.device_);
     device_ordinal_ = other.device_ordinal_;
+    mesh_shared_ = other.mesh_shared_;
     gpu_mapping_ = std::move(other.gpu_mapping_);
     other.data_ = nullptr;
     other.size_ = 0;
@@ -1186,6 +1257,57 @@ struct Mesh::OpRequest {
   absl::Status error;
 };
 
+namespace {
+
+// Whether `b` is host memory mapped in this process and only this member's.
+bool MemberHostBuffer(const Buffer* b) {
+  return b != nullptr && b->valid() && b->device_ordinal() < 0 && !b->mesh_shared();
+}
+
+}  // namespace
+
+absl::Status Mesh::Run(const OpRequest& request, const Array* x, const std::optional<Array>& out) {
+  if (!request.error.ok()) return request.error;
+  if (member_side_ != nullptr && stream() == nullptr) {
+    internal::MemberIoRegion io;
+    if (x != nullptr && MemberHostBuffer(x->buffer) && x->offset <= x->buffer->size()) {
+      io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
+      io.in_offset = x->offset;
+      io.in_avail = x->buffer->size() - x->offset;
+      io.in_place = !out.has_value();
+      if (out && MemberHostBuffer(out->buffer) && out->offset <= out->buffer->size()) {
+        io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
+        io.out_offset = out->offset;
+        io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
+        io.same_buffer = out->buffer == x->buffer;
+      }
+    }
+    MemberSide& side = *member_side_;
+    MutexLock lock(&side.mu);
+    if (side.Idle()) {
+      if (std::optional<absl::Status> st = side.ops->TryRun(request.spec, io)) return *st;
+    }
+  }
+  return Submit(request).Wait();
+}
+
+absl::Status Mesh::run(const Collective& op) {
+  const Array& x = op.x;
+  switch (op.kind) {
+    case CollectiveKind::kPsum: return psum(x, op.axes, op.out);
+    case CollectiveKind::kPmean: return pmean(x, op.axes, op.out);
+    case CollectiveKind::kPmax: return pmax(x, op.axes, op.out);
+    case CollectiveKind::kPmin: return pmin(x, op.axes, op.out);
+    case CollectiveKind::kBarrier: return barrier(op.axes);
+    case CollectiveKind::kAllGather:
+      if (op.out) return all_gather(x, op.axes, *op.out, {op.axis, op.tiled});
+      break;
+    default:
+      break;
+  }
+  return submit(op).Wait();
+}
+
 
 OpFuture Mesh::submit(const Collective& op) {
   const Array& x = op.x;
@@ -1216,7 +1338,9 @@ OpFuture Mesh::submit(const Collective& op) {
 
 absl::StatusOr<Buffer> Mesh::AllocateShared(size_t bytes) {
   if (left_.load()) return absl::FailedPreconditionError("left the mesh");
-  return client_->Allocate(bytes, "", id_);
+  absl::StatusOr<Buffer> b = client_->Allocate(bytes, "", id_);
+  if (b.ok()) b->mesh_shared_ = true;
+  return b;
 }
 
 absl::Status Mesh::Leave() {
@@ -1345,7 +1469,11 @@ OpFuture Mesh::FailedOp(absl::Status status) const {
 OpFuture Mesh::Submit(const OpRequest& request) {
   if (!request.error.ok()) return FailedOp(request.error);
   if (stream() != nullptr) return SubmitOnStream(request);
-  return client_->Submit(request.spec, op_deadline_);
+  if (member_side_ == nullptr) return client_->Submit(request.spec, op_deadline_);
+  MutexLock lock(&member_side_->mu);
+  OpFuture f = client_->Submit(request.spec, op_deadline_);
+  member_side_->in_flight.push_back(f.state_);
+  return f;
 }
 
 OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
@@ -1449,7 +1577,7 @@ absl::Status CheckOut(const std::optional<Array>& out) {
     return Submit(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckOut(out)});        \
   }                                                                                        \
   absl::Status Mesh::name(const Array& x, const AxisNames& axes, std::optional<Array> out) { \
-    return name##_async(x, axes, std::move(out)).Wait();                                   \
+    return Run(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckOut(out)}, &x, out);  \
   }
 COLLECTIVED_REDUCTION(psum, PSUM)
 COLLECTIVED_REDUCTION(pmean, PMEAN)
@@ -1457,16 +1585,25 @@ COLLECTIVED_REDUCTION(pmax, PMAX)
 COLLECTIVED_REDUCTION(pmin, PMIN)
 #undef COLLECTIVED_REDUCTION
 
+namespace {
+
+v1::OpSpec GatherSpec(const std::string& mesh_id, const Array& x, const AxisNames& axes,
+                      const Array& out, AllGatherOptions options) {
+  v1::OpSpec spec = MakeSpec(mesh_id, v1::ALL_GATHER, &x, axes, out);
+  spec.mutable_all_gather()->set_axis(options.axis);
+  spec.mutable_all_gather()->set_tiled(options.tiled);
+  return spec;
+}
+
+}  // namespace
+
 OpFuture Mesh::all_gather_async(const Array& x, const AxisNames& axes, const Array& out,
                                 AllGatherOptions options) {
-  OpRequest r{MakeSpec(id_, v1::ALL_GATHER, &x, axes, out), CheckOut(out)};
-  r.spec.mutable_all_gather()->set_axis(options.axis);
-  r.spec.mutable_all_gather()->set_tiled(options.tiled);
-  return Submit(r);
+  return Submit(OpRequest{GatherSpec(id_, x, axes, out, options), CheckOut(out)});
 }
 absl::Status Mesh::all_gather(const Array& x, const AxisNames& axes, const Array& out,
                               AllGatherOptions options) {
-  return all_gather_async(x, axes, out, options).Wait();
+  return Run(OpRequest{GatherSpec(id_, x, axes, out, options), CheckOut(out)}, &x, out);
 }
 
 OpFuture Mesh::ppermute_async(const Array& x, const AxisNames& axes,
@@ -1526,7 +1663,10 @@ absl::Status Mesh::broadcast(const Array& x, const AxisNames& axes, int root,
 OpFuture Mesh::barrier_async(const AxisNames& axes) {
   return Submit(OpRequest{MakeSpec(id_, v1::BARRIER, nullptr, axes, std::nullopt)});
 }
-absl::Status Mesh::barrier(const AxisNames& axes) { return barrier_async(axes).Wait(); }
+absl::Status Mesh::barrier(const AxisNames& axes) {
+  return Run(OpRequest{MakeSpec(id_, v1::BARRIER, nullptr, axes, std::nullopt)}, nullptr,
+             std::nullopt);
+}
 
 // ---------------------------------------------------------------------------
 // Client

@@ -100,6 +100,8 @@ class Buffer {
   // A GPU buffer's CUDA device ordinal in this process (found by the GPU's
   // UUID: ordinals differ between containers); -1 for host memory.
   int device_ordinal() const { return device_ordinal_; }
+  // A buffer a mesh's members share (Mesh::AllocateShared).
+  bool mesh_shared() const { return mesh_shared_; }
   bool valid() const { return data_ != nullptr; }
   // The whole buffer as elements of T.
   template <typename T>
@@ -109,6 +111,7 @@ class Buffer {
 
  private:
   friend class ClientImpl;
+  friend class Mesh;
   Buffer(std::string id, void* data, size_t size, std::string device)
       : id_(std::move(id)), data_(data), size_(size), device_(std::move(device)) {}
   void Reset();
@@ -118,6 +121,7 @@ class Buffer {
   size_t size_ = 0;
   std::string device_;
   int device_ordinal_ = -1;
+  bool mesh_shared_ = false;
   // GPU buffers: the imported mapping (unmapped when the last owner drops
   // it); host buffers: empty, data_ is an mmap.
   std::shared_ptr<void> gpu_mapping_;
@@ -372,6 +376,13 @@ class Mesh {
   // or all_gather/psum_scatter without `out`: a future failed with
   // INVALID_ARGUMENT.
   OpFuture submit(const Collective& op);
+  // The same op, waited for: submit(op).Wait(), except that a small op
+  // (psum, pmean, pmax, pmin, all_gather, barrier with an input of at most
+  // the mesh's member_op_bytes, in host memory) may run among the members
+  // themselves, without a round trip through the daemon; results, errors
+  // and failures are the daemon's (see README, "Member-side small ops").
+  // The synchronous methods above (psum, ..., barrier) do the same.
+  absl::Status run(const Collective& op);
 
   // Stream-ordered submission, for GPU buffers (an SDK built with CUDA).
   // After set_stream(s), every op this Mesh submits is ordered with the CUDA
@@ -437,8 +448,12 @@ class Mesh {
   Mesh() = default;
   struct OpRequest;  // defined in the implementation
   struct StreamOrder;  // set_stream's words and stream
+  struct MemberSide;  // member-side small ops: the segment, ops in flight
   OpFuture Submit(const OpRequest& request);
   OpFuture SubmitOnStream(const OpRequest& request);
+  // Runs `request` and waits for it: member-side when it can (x: its input
+  // array, null for a barrier; out: its output array, absent in place).
+  absl::Status Run(const OpRequest& request, const Array* x, const std::optional<Array>& out);
   // A future already failed with `status` (an op refused in this process).
   OpFuture FailedOp(absl::Status status) const;
 
@@ -454,6 +469,7 @@ class Mesh {
   std::atomic<bool> left_{false};
   // Shared with the failure hooks of stream-ordered ops still in flight.
   std::shared_ptr<StreamOrder> stream_order_;
+  std::unique_ptr<MemberSide> member_side_;  // null: every op goes through the daemon
 };
 
 // A session with the daemon. Create with Connect.

@@ -129,7 +129,8 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
   auto dims = [](ffi::AnyBuffer::Dimensions d) { return std::vector<int64_t>(d.begin(), d.end()); };
   args.x = Array{&entry->in, 0, in_dt, dims(x.dimensions())};
   if (!in_place) args.out = Array{&entry->out, 0, out_dt, dims(out->dimensions())};
-  if (absl::Status st = entry->mesh->submit(args).Wait(); !st.ok()) return FromStatus(st);
+  // Synchronous: a small op may run among the members (Mesh::run).
+  if (absl::Status st = entry->mesh->run(args); !st.ok()) return FromStatus(st);
   const Buffer& result = in_place ? entry->in : entry->out;
   if (out_bytes > 0) std::memcpy(out->untyped_data(), result.data(), out_bytes);
   return ffi::Error::Success();

@@ -1,0 +1,252 @@
+#include "client/src/member_ops.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fast_queue.h"
+#include "daemon/core/op_plan.h"
+
+namespace collectived::internal {
+
+using member_ops::Entry;
+using member_ops::Key;
+
+namespace {
+
+// Waiting: poll (yielding) this long, then sleep on the member's bell in
+// slices of this length; between slices the waiter checks that the daemon
+// is alive (a killed daemon cannot mark the segment broken).
+constexpr absl::Duration kSpin = absl::Microseconds(200);
+constexpr absl::Duration kSlice = absl::Milliseconds(10);
+
+bool KindRunsHere(OpKind kind) {
+  switch (kind) {
+    case OpKind::kPsum:
+    case OpKind::kPmean:
+    case OpKind::kPmax:
+    case OpKind::kPmin:
+    case OpKind::kAllGather:
+    case OpKind::kBarrier:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether the daemon would accept the op's regions (its CheckRange, the
+// in-place and overlap rules): only then can the op run here.
+bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
+  if (io.in == nullptr || plan.in_bytes > io.in_avail ||
+      io.in_offset % DTypeSize(plan.dtype) != 0) {
+    return false;
+  }
+  if (io.in_place) return plan.out_bytes == plan.in_bytes;
+  if (io.out == nullptr || plan.out_bytes > io.out_avail ||
+      io.out_offset % DTypeSize(plan.out_dtype) != 0) {
+    return false;
+  }
+  if (!io.same_buffer) return true;
+  const bool same = io.out_offset == io.in_offset && plan.out_bytes == plan.in_bytes;
+  const bool disjoint = io.out_offset >= io.in_offset + plan.in_bytes ||
+                        io.in_offset >= io.out_offset + plan.out_bytes;
+  return same || disjoint;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes, MeshShape shape,
+                                                          int index, absl::Duration op_timeout,
+                                                          int live_fd, ExpiredFn expired) {
+  const int members = shape.num_members();
+  if (bytes < sizeof(member_ops::Header) || bytes > member_ops::kMaxSegmentBytes ||
+      index < 0 || index >= members) {
+    close(fd);
+    close(live_fd);
+    return absl::InternalError(absl::StrCat("the daemon's member-side segment (", bytes,
+                                            " bytes) does not fit a mesh of ", members,
+                                            " members"));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (base == MAP_FAILED) {
+    close(live_fd);
+    return absl::InternalError(absl::StrCat("mapping the member-side segment: ", strerror(err)));
+  }
+  if (!member_ops::Valid(base, bytes, static_cast<uint32_t>(members))) {
+    munmap(base, bytes);
+    close(live_fd);
+    return absl::InternalError("the daemon's member-side segment has an unknown layout");
+  }
+  const auto* h = static_cast<const member_ops::Header*>(base);
+  const member_ops::Layout layout =
+      member_ops::Layout::For(static_cast<uint32_t>(members), h->payload_bytes);
+  return std::unique_ptr<MemberOps>(new MemberOps(base, bytes, layout, std::move(shape), index,
+                                                  op_timeout, live_fd, std::move(expired)));
+}
+
+MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape,
+                     int index, absl::Duration op_timeout, int live_fd, ExpiredFn expired)
+    : base_(base),
+      bytes_(bytes),
+      view_{static_cast<uint8_t*>(base), layout},
+      shape_(std::move(shape)),
+      index_(static_cast<uint32_t>(index)),
+      op_timeout_(op_timeout),
+      live_fd_(live_fd),
+      expired_(std::move(expired)),
+      // One thread (this one), and every op serial: they are small.
+      executor_(CpuExecutorOptions{.threads = 1,
+                                   .serial_bytes = std::numeric_limits<size_t>::max()}) {}
+
+MemberOps::~MemberOps() {
+  munmap(base_, bytes_);
+  close(live_fd_);
+}
+
+bool MemberOps::DaemonAlive() const {
+  pollfd p{live_fd_, POLLRDHUP, 0};
+  const int r = poll(&p, 1, 0);
+  return r == 0 || (r < 0 && errno == EINTR);
+}
+
+absl::Status MemberOps::Broken() const {
+  const member_ops::Header* h = view_.header();
+  const uint32_t code = h->broken.v.load(std::memory_order_seq_cst);
+  if (code == 0) return absl::OkStatus();
+  const size_t len = std::min<size_t>(h->reason_len, member_ops::kMaxReason);
+  std::string reason(h->reason, len);
+  // The daemon writes a status code; anything else is a corrupt segment.
+  const auto status_code =
+      code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
+          ? static_cast<absl::StatusCode>(code)
+          : absl::StatusCode::kInternal;
+  return absl::Status(status_code, reason.empty() ? "mesh broken" : reason);
+}
+
+std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const MemberIoRegion& io) {
+  // A broken mesh or a daemon that is gone: the daemon path says so, with
+  // its usual errors (one poll() here, well under a microsecond).
+  if (absl::Status b = Broken(); !b.ok() || !DaemonAlive()) return std::nullopt;
+  if (op.timeout_ms() < 0) return std::nullopt;
+  absl::StatusOr<OpPlan> planned = PlanOp(op, shape_);
+  // Refused here exactly as the daemon refuses it, without taking a place
+  // in the op order (the daemon would not give it one either).
+  if (!planned.ok()) return planned.status();
+  const OpPlan& plan = *planned;
+  if (!KindRunsHere(plan.kind) || plan.in_bytes > view_.layout.payload_bytes ||
+      plan.signature.size() > member_ops::kMaxSignature) {
+    return std::nullopt;
+  }
+  const bool moves_data = plan.kind != OpKind::kBarrier && (plan.in_bytes > 0 || plan.out_bytes > 0);
+  uint8_t* out = io.in_place ? const_cast<uint8_t*>(io.in) : io.out;
+  if (moves_data && !RegionsFit(plan, io)) return std::nullopt;  // the daemon says what is wrong
+
+  // Publish this member's entry at (D, S).
+  const uint32_t d = view_.slot(index_)->daemon_ops.v.load(std::memory_order_seq_cst);
+  const uint64_t s = s_;
+  const uint64_t key = Key(d, s);
+  Entry* mine = view_.entry(index_, s);
+  mine->sig_len = static_cast<uint32_t>(plan.signature.size());
+  std::memcpy(mine->signature, plan.signature.data(), plan.signature.size());
+  mine->in_bytes = static_cast<uint32_t>(plan.in_bytes);
+  if (moves_data && plan.in_bytes > 0) std::memcpy(view_.payload(index_, s), io.in, plan.in_bytes);
+  mine->published_ns = fastq::MonotonicNs();
+  mine->key.store(key, std::memory_order_seq_cst);
+  member_ops::RingAll(view_, index_);
+
+  // Wait until every member is here or took the daemon path.
+  const uint32_t members = view_.layout.members;
+  bool daemon_path = false;
+  // Whether every member's entry is here; sets daemon_path when a member
+  // took the daemon path at this place instead.
+  auto AllHere = [&] {
+    for (uint32_t m = 0; m < members; ++m) {
+      if (m == index_) continue;
+      // An entry here first: a member that ran this place member-side may
+      // already be on the daemon path for its next op.
+      if (view_.entry(m, s)->key.load(std::memory_order_seq_cst) == key) continue;
+      const uint32_t ops = view_.slot(m)->daemon_ops.v.load(std::memory_order_seq_cst);
+      if (static_cast<int32_t>(ops - d) > 0) daemon_path = true;  // m went to the daemon
+      return false;
+    }
+    return true;
+  };
+  bool all_here = false;
+  // Entries before the broken word: an op whose members all arrived
+  // completes even if one of them is gone by now (as on the daemon path,
+  // where it would have run).
+  auto ready = [&] {
+    all_here = AllHere();
+    return all_here || daemon_path ||
+           view_.header()->broken.v.load(std::memory_order_seq_cst) != 0;
+  };
+  const absl::Duration timeout =
+      op.timeout_ms() > 0 ? absl::Milliseconds(op.timeout_ms()) : op_timeout_;
+  absl::Time deadline = absl::Now() + timeout;
+  // The daemon answers for missing members; past this even its answers
+  // ("nobody is missing", from a segment a member corrupted) stop the wait.
+  const absl::Duration limit = 2 * timeout + absl::Seconds(10);
+  const absl::Time give_up = absl::Now() + limit;
+  member_ops::Slot& slot = *view_.slot(index_);
+  for (;;) {
+    // Between sleeps: is the daemon still there (it cannot mark the
+    // segment if it was killed)?
+    bool alive = true;
+    if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready,
+                             [&] { return alive = DaemonAlive(); }, kSpin, kSlice, deadline)) {
+      break;
+    }
+    if (!alive) {
+      return absl::UnavailableError(
+          "connection to the daemon lost (side socket closed) during a member-side op");
+    }
+    if (absl::Now() >= give_up) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "member-side ", plan.signature, ": the members' entries never agreed within ",
+          absl::FormatDuration(limit),
+          " although the daemon saw nobody missing (a corrupt segment?)"));
+    }
+    // Past the deadline: the daemon names the missing members and breaks
+    // the mesh, or says nobody is missing (then look again, briefly).
+    absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
+    if (!broke.ok()) {
+      return absl::Status(broke.status().code(),
+                          absl::StrCat("member-side op: asking the daemon about members that "
+                                       "did not arrive in time: ",
+                                       broke.status().message()));
+    }
+    deadline = absl::Now() + (*broke ? absl::Seconds(5) : kSlice);
+  }
+  if (!all_here) {
+    if (daemon_path) return std::nullopt;  // the daemon path says the rest
+    return Broken();
+  }
+  for (uint32_t m = 0; m < members; ++m) {
+    if (m == index_) continue;
+    const Entry* e = view_.entry(m, s);
+    if (e->sig_len != mine->sig_len ||
+        std::memcmp(e->signature, mine->signature, mine->sig_len) != 0 ||
+        e->in_bytes != mine->in_bytes) {
+      return std::nullopt;  // the daemon reports who submitted what
+    }
+  }
+
+  // Every member agrees: run this member's share with the daemon's code.
+  if (moves_data) {
+    std::vector<MemberIo> ios(members);
+    for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.payload(m, s);
+    ios[index_].out = out;
+    if (absl::Status st = executor_.Run(plan, ios); !st.ok()) return st;
+  }
+  ++s_;
+  return absl::OkStatus();
+}
+
+}  // namespace collectived::internal

@@ -1,0 +1,92 @@
+// The member's side of member-side small ops (common/member_ops.h): a mapped
+// mesh segment, and the op run among the members through it.
+//
+// Thread-safety: one op at a time per MemberOps (the Mesh serializes its
+// synchronous ops).
+#ifndef COLLECTIVED_CLIENT_SRC_MEMBER_OPS_H_
+#define COLLECTIVED_CLIENT_SRC_MEMBER_OPS_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "collectived/v1/collective.pb.h"
+#include "common/member_ops.h"
+#include "daemon/exec/cpu_executor.h"
+#include "daemon/plan/op_plan.h"
+
+namespace collectived::internal {
+
+// Where one member's op reads and writes in this process. The SDK fills it
+// from the op's arrays; an op it cannot describe goes to the daemon.
+struct MemberIoRegion {
+  const uint8_t* in = nullptr;  // null: not host memory this process maps
+  uint64_t in_offset = 0;       // in its buffer
+  uint64_t in_avail = 0;        // bytes from `in` to the end of its buffer
+  bool in_place = false;        // no output: the result replaces the input
+  uint8_t* out = nullptr;
+  uint64_t out_offset = 0;
+  uint64_t out_avail = 0;  // bytes from `out` to the end of the region the op may write
+  bool same_buffer = false;  // input and output are in one buffer
+};
+
+class MemberOps {
+ public:
+  // Asks the daemon "EXPIRED <mesh> <d> <s>": true when the mesh broke (the
+  // segment says why), false when nobody is missing.
+  using ExpiredFn = std::function<absl::StatusOr<bool>(uint32_t d, uint32_t s)>;
+
+  // Maps segment `fd` (`bytes` long; takes the descriptor) of a mesh of
+  // `shape` in which this member is `index`. `live_fd` (taken too): a
+  // duplicate of the session's side socket, watched while waiting: when it
+  // hangs up the daemon is gone. INTERNAL when the segment is not one this
+  // code can use.
+  static absl::StatusOr<std::unique_ptr<MemberOps>> Map(int fd, uint64_t bytes, MeshShape shape,
+                                                        int index, absl::Duration op_timeout,
+                                                        int live_fd, ExpiredFn expired);
+  ~MemberOps();
+  MemberOps(const MemberOps&) = delete;
+  MemberOps& operator=(const MemberOps&) = delete;
+
+  // Input bytes up to which an op can run member-side.
+  uint64_t payload_bytes() const { return view_.layout.payload_bytes; }
+
+  // Runs `op` among the members if it can. nullopt: it must go through the
+  // daemon (the op is not one for this path, or a member took the daemon
+  // path at this place, or the members' ops differ); otherwise the op's
+  // outcome (an invalid op is refused here as the daemon would, and a
+  // broken mesh or a missing member give the daemon's ABORTED or
+  // DEADLINE_EXCEEDED).
+  std::optional<absl::Status> TryRun(const v1::OpSpec& op, const MemberIoRegion& io);
+
+  // Member-side ops this member completed, for diagnostics.
+  uint64_t completed() const { return s_; }
+
+ private:
+  MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape, int index,
+            absl::Duration op_timeout, int live_fd, ExpiredFn expired);
+  // Whether the daemon's end of the side socket is still open.
+  bool DaemonAlive() const;
+  // The segment's status once the daemon marked it broken, else OK.
+  absl::Status Broken() const;
+
+  void* base_;
+  uint64_t bytes_;
+  member_ops::View view_;
+  const MeshShape shape_;
+  const uint32_t index_;
+  const absl::Duration op_timeout_;
+  const int live_fd_;  // duplicate of the side socket, polled for hangup
+  ExpiredFn expired_;
+  // Runs the op on this member's share: the daemon's own code.
+  CpuExecutor executor_;
+  uint64_t s_ = 0;  // member-side ops done (S)
+};
+
+}  // namespace collectived::internal
+
+#endif  // COLLECTIVED_CLIENT_SRC_MEMBER_OPS_H_

@@ -1,0 +1,402 @@
+// Member-side small ops (common/member_ops.h) against real daemons, each
+// member its own SDK client:
+//  - results are bit for bit the daemon path's (a daemon started with
+//    --member_op_bytes=0), for every kind this path runs, several dtypes and
+//    awkward values, groups over one axis of two; and the daemon ran none of
+//    them (GetStats);
+//  - small and big, synchronous and asynchronous ops interleave in one
+//    program and keep its order;
+//  - ops that differ fail on every member with the daemon's
+//    FAILED_PRECONDITION and the mesh goes on; an invalid op is refused
+//    without taking a place in the op order;
+//  - a member that does not come is named (DEADLINE_EXCEEDED) and a member
+//    that goes away breaks the mesh (ABORTED naming it), waking the waiters;
+//  - a member that scribbles over its segment hurts only its own mesh.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "collectived/client.h"
+#include "collectived/v1/collective.grpc.pb.h"
+#include "tests/ctl/sdk_members.h"
+#include "tests/harness/harness.h"
+#include "tests/harness/raw_session.h"
+
+namespace collectived::testing {
+namespace {
+
+// EXPECT_THAT(text, HasSubstr(part)) without gmock.
+#define EXPECT_CONTAINS(text, part) \
+  EXPECT_TRUE(absl::StrContains(text, part)) << "'" << (text) << "' lacks '" << (part) << "'"
+
+constexpr size_t kBufferBytes = 1 << 20;
+
+// Runs `op(i)` on every member at once; the statuses.
+std::vector<absl::Status> OnAll(int n, const std::function<absl::Status(int)>& op) {
+  std::vector<absl::Status> st(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back([&, i] { st[i] = op(i); });
+  for (auto& t : threads) t.join();
+  return st;
+}
+
+void ExpectAllOk(const std::vector<absl::Status>& st) {
+  for (size_t i = 0; i < st.size(); ++i) EXPECT_TRUE(st[i].ok()) << "member " << i << ": " << st[i];
+}
+
+// Ops the daemon completed, all kinds together (GetStats).
+int64_t DaemonOps(const Daemon& d) {
+  auto stub = Stub(d);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::GetStatsResponse resp;
+  grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return resp.ops_completed() + resp.ops_failed();
+}
+
+// One mesh of `n` members on a daemon, with in/out buffers per member.
+struct Members {
+  std::unique_ptr<Daemon> daemon;
+  SdkMembers m;
+  std::vector<Buffer> out;
+
+  static std::unique_ptr<Members> Start(int n, std::vector<std::string> flags,
+                                        const std::string& name = "mops") {
+    auto r = std::make_unique<Members>();
+    auto d = Daemon::Start(std::move(flags));
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return nullptr;
+    r->daemon = *std::move(d);
+    absl::Status st = MakeSdkMembers(r->daemon->socket(), name, n, kBufferBytes, &r->m);
+    EXPECT_TRUE(st.ok()) << st;
+    if (!st.ok()) return nullptr;
+    for (int i = 0; i < n; ++i) {
+      auto b = r->m.clients[i]->Allocate(kBufferBytes);
+      EXPECT_TRUE(b.ok()) << b.status();
+      if (!b.ok()) return nullptr;
+      r->out.push_back(*std::move(b));
+    }
+    return r;
+  }
+  Mesh& mesh(int i) { return *m.meshes[i]; }
+  uint8_t* in(int i) { return static_cast<uint8_t*>(m.buffers[i].data()); }
+  uint8_t* out_data(int i) { return static_cast<uint8_t*>(out[i].data()); }
+};
+
+// Bytes that exercise a dtype: NaNs, signed zeros, subnormals, extremes,
+// random patterns.
+void Fill(uint8_t* p, size_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
+  if (bytes >= 16) {
+    const float specials[4] = {-0.0f, std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::quiet_NaN(), 1e38f};
+    std::memcpy(p, specials, sizeof(specials));
+  }
+}
+
+struct Case {
+  CollectiveKind kind;
+  DType dtype;
+  int64_t elems;
+};
+
+absl::Status RunCase(Mesh& mesh, const Buffer& in, const Buffer& out, const Case& c,
+                     const AxisNames& axes) {
+  Collective op;
+  op.kind = c.kind;
+  op.x = Array{&in, 0, c.dtype, {c.elems}};
+  op.axes = axes;
+  if (c.kind == CollectiveKind::kAllGather) {
+    op.out = Array{&out, 0, c.dtype, {c.elems * mesh.axis_size(axes)}};
+    op.tiled = true;
+  } else if (c.kind != CollectiveKind::kBarrier) {
+    // Big enough for every result dtype (pmean of integers widens).
+    op.out = Array{&out, 0, DType::kU8, {c.elems * 8}};
+  }
+  return mesh.run(op);
+}
+
+TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
+  constexpr int kN = 4;
+  // Axes {a: 2, b: 2}: ops over one axis are groups of two.
+  auto start = [](std::vector<std::string> flags) {
+    auto r = std::make_unique<Members>();
+    auto d = Daemon::Start(std::move(flags));
+    EXPECT_TRUE(d.ok()) << d.status();
+    r->daemon = *std::move(d);
+    for (int i = 0; i < kN; ++i) {
+      auto c = Client::Connect({.socket_path = r->daemon->socket(),
+                                .client_name = absl::StrCat("eq-", i)});
+      EXPECT_TRUE(c.ok()) << c.status();
+      r->m.clients.push_back(*std::move(c));
+    }
+    std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(kN);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kN; ++i) {
+      threads.emplace_back([&, i] {
+        joined[i] = r->m.clients[i]->JoinMesh(
+            {.name = "eq", .axes = {{"a", 2}, {"b", 2}}, .coordinate = {i / 2, i % 2}});
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < kN; ++i) {
+      EXPECT_TRUE(joined[i].ok()) << joined[i].status();
+      r->m.meshes.push_back(*std::move(joined[i]));
+      r->m.buffers.push_back(*r->m.clients[i]->Allocate(kBufferBytes));
+      r->out.push_back(*r->m.clients[i]->Allocate(kBufferBytes));
+    }
+    return r;
+  };
+  auto member_side = start({});
+  auto daemon_side = start({"--member_op_bytes=0"});
+  ASSERT_NE(member_side, nullptr);
+  ASSERT_NE(daemon_side, nullptr);
+
+  std::vector<Case> cases;
+  for (CollectiveKind k : {CollectiveKind::kPsum, CollectiveKind::kPmean, CollectiveKind::kPmax,
+                           CollectiveKind::kPmin, CollectiveKind::kAllGather}) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32, DType::kI8,
+                     DType::kF64}) {
+      for (int64_t elems : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{1000}}) {
+        cases.push_back({k, dt, elems});
+      }
+    }
+  }
+  cases.push_back({CollectiveKind::kBarrier, DType::kF32, 0});
+  const std::vector<AxisNames> axes_list = {AxisNames::All(), AxisNames("b"), AxisNames{}};
+  const int64_t daemon_ops_before = DaemonOps(*member_side->daemon);
+  uint32_t seed = 1;
+  for (const Case& c : cases) {
+    for (const AxisNames& axes : axes_list) {
+      ++seed;
+      for (Members* r : {member_side.get(), daemon_side.get()}) {
+        for (int i = 0; i < kN; ++i) {
+          Fill(r->in(i), kBufferBytes / 64, seed * 31 + i);
+          std::memset(r->out_data(i), 0xAB, kBufferBytes / 8);
+        }
+        ExpectAllOk(OnAll(kN, [&](int i) {
+          return RunCase(r->mesh(i), r->m.buffers[i], r->out[i], c, axes);
+        }));
+      }
+      if (c.kind != CollectiveKind::kBarrier) {
+        // The result is there (not the fill the outputs started with).
+        const std::vector<uint8_t> fill(DTypeSize(c.dtype) * c.elems, 0xAB);
+        for (int i = 0; i < kN; ++i) {
+          ASSERT_NE(std::memcmp(member_side->out_data(i), fill.data(), fill.size()), 0)
+              << "kind " << static_cast<int>(c.kind) << " member " << i << ": nothing written";
+        }
+      }
+      for (int i = 0; i < kN; ++i) {
+        ASSERT_EQ(std::memcmp(member_side->out_data(i), daemon_side->out_data(i), kBufferBytes / 8),
+                  0)
+            << "kind " << static_cast<int>(c.kind) << " dtype " << static_cast<int>(c.dtype)
+            << " elems " << c.elems << " member " << i;
+      }
+    }
+  }
+  // Every op above fits the default 16 KiB: none went through the daemon.
+  EXPECT_EQ(DaemonOps(*member_side->daemon), daemon_ops_before);
+  EXPECT_GT(DaemonOps(*daemon_side->daemon), 0);
+}
+
+TEST(MemberOpsTest, SmallBigSyncAndAsyncOpsKeepTheProgramOrder) {
+  constexpr int kN = 3;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  // Each step adds the members' inputs in place; the next reads the result.
+  // Small (member-side), big (64 KiB: the daemon), and asynchronous ones
+  // (always the daemon); member 1 makes some steps asynchronous where the
+  // others do not, so at those places it goes to the daemon alone first.
+  constexpr int kSteps = 40;
+  for (int i = 0; i < kN; ++i) {
+    float* x = reinterpret_cast<float*>(r->in(i));
+    for (int e = 0; e < 16384; ++e) x[e] = 1.0f;
+  }
+  const std::vector<absl::Status> st = OnAll(kN, [&](int i) -> absl::Status {
+    Array small = Array::Of<float>(r->m.buffers[i], {16});
+    Array big = Array::Of<float>(r->m.buffers[i], {16384});
+    for (int step = 0; step < kSteps; ++step) {
+      const Array& x = step % 3 == 2 ? big : small;
+      absl::Status s;
+      if (step % 4 == 1 && (i == 1 || step % 8 == 1)) {
+        OpFuture f = r->mesh(i).psum_async(x, "x");
+        // A second op while the first is in flight: must go after it.
+        if (step % 8 == 5) {
+          s = r->mesh(i).psum(small, "x");
+          if (!s.ok()) return s;
+          s = f.Wait();
+        } else {
+          s = f.Wait();
+        }
+      } else {
+        s = r->mesh(i).psum(x, "x");
+        if (step % 8 == 5) {
+          if (s.ok()) s = r->mesh(i).psum(small, "x");
+        }
+      }
+      if (!s.ok()) return absl::Status(s.code(), absl::StrCat("step ", step, ": ", s.message()));
+    }
+    return absl::OkStatus();
+  });
+  ExpectAllOk(st);
+  // The value every member holds is the same program's, computed here.
+  std::vector<double> small(16, 1.0), big(16384, 1.0);
+  for (int step = 0; step < kSteps; ++step) {
+    if (step % 3 == 2) {
+      for (double& v : big) v *= kN;
+      for (int e = 0; e < 16; ++e) small[e] = big[e];
+    } else {
+      for (double& v : small) v *= kN;
+      for (int e = 0; e < 16; ++e) big[e] = small[e];
+    }
+    if (step % 8 == 5) {
+      for (double& v : small) v *= kN;
+      for (int e = 0; e < 16; ++e) big[e] = small[e];
+    }
+  }
+  for (int i = 0; i < kN; ++i) {
+    const float* x = reinterpret_cast<const float*>(r->in(i));
+    EXPECT_EQ(x[0], static_cast<float>(big[0])) << "member " << i;
+    EXPECT_EQ(x[15], static_cast<float>(big[15])) << "member " << i;
+    EXPECT_EQ(x[16383], static_cast<float>(big[16383])) << "member " << i;
+  }
+}
+
+TEST(MemberOpsTest, DifferingOpsFailEverywhereAndTheMeshGoesOn) {
+  constexpr int kN = 2;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  const std::vector<absl::Status> st = OnAll(kN, [&](int i) {
+    return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {i == 0 ? 4 : 8}), "x");
+  });
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(st[i].code(), absl::StatusCode::kFailedPrecondition) << st[i];
+    EXPECT_CONTAINS(st[i].message(), "f32[4]");
+    EXPECT_CONTAINS(st[i].message(), "f32[8]");
+  }
+  // An invalid op is refused on its own member without taking a place.
+  absl::Status bad = r->mesh(0).psum(Array::Of<float>(r->m.buffers[0], {4}), "no_such_axis");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  const int64_t before = DaemonOps(*r->daemon);
+  ExpectAllOk(OnAll(kN, [&](int i) {
+    float* x = reinterpret_cast<float*>(r->in(i));
+    for (int e = 0; e < 4; ++e) x[e] = static_cast<float>(i + 1);
+    return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {4}), "x");
+  }));
+  EXPECT_EQ(reinterpret_cast<float*>(r->in(0))[3], 3.0f);
+  EXPECT_EQ(reinterpret_cast<float*>(r->in(1))[0], 3.0f);
+  EXPECT_EQ(DaemonOps(*r->daemon), before) << "the last psum ran member-side";
+}
+
+TEST(MemberOpsTest, AMemberThatDoesNotComeIsNamed) {
+  constexpr int kN = 2;
+  auto r = Members::Start(kN, {"--op_timeout_ms=400"});
+  ASSERT_NE(r, nullptr);
+  const absl::Time start = absl::Now();
+  absl::Status st = r->mesh(0).psum(Array::Of<float>(r->m.buffers[0], {4}), "x");
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_CONTAINS(st.message(), "missing: 1 (1)");
+  EXPECT_CONTAINS(st.message(), "'mops-1'");
+  EXPECT_CONTAINS(st.message(), "psum f32[4]");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // The mesh is broken for the latecomer too.
+  absl::Status late = r->mesh(1).psum(Array::Of<float>(r->m.buffers[1], {4}), "x");
+  EXPECT_EQ(late.code(), absl::StatusCode::kAborted) << late;
+  EXPECT_CONTAINS(late.message(), "timed out");
+}
+
+TEST(MemberOpsTest, AMemberThatGoesAwayWakesTheWaitersNamingIt) {
+  constexpr int kN = 3;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  std::vector<absl::Status> st(2);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 2; ++i) {
+    waiters.emplace_back(
+        [&, i] { st[i] = r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {4}), "x"); });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time gone = absl::Now();
+  r->m.meshes[2].reset();  // leaves the mesh
+  for (auto& t : waiters) t.join();
+  EXPECT_LT(absl::Now() - gone, absl::Seconds(2));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(st[i].code(), absl::StatusCode::kAborted) << st[i];
+    EXPECT_CONTAINS(st[i].message(), "'mops-2'");
+  }
+}
+
+TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
+  auto d = Daemon::Start({"--op_timeout_ms=500"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  // A raw member and an SDK member of one mesh.
+  RawSession raw(**d, "raw");
+  ASSERT_OK(raw.Attach());
+  auto sdk = Client::Connect({.socket_path = (*d)->socket(), .client_name = "sdk"});
+  ASSERT_TRUE(sdk.ok()) << sdk.status();
+  absl::StatusOr<std::unique_ptr<Mesh>> mesh;
+  std::thread joiner([&] {
+    mesh = (*sdk)->JoinMesh({.name = "scribbled", .axes = {{"i", 2}}, .coordinate = {1}});
+  });
+  ASSERT_OK(raw.Join("scribbled", 2, 0));
+  joiner.join();
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  // A session that is not a member gets nothing.
+  RawSession stranger(**d, "stranger");
+  ASSERT_OK(stranger.Attach());
+  auto refused = stranger.Request(absl::StrCat("SEGMENT ", raw.mesh_id()));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_CONTAINS(refused->data, "ERR");
+  EXPECT_FALSE(refused->fd.valid());
+
+  auto reply = raw.Request(absl::StrCat("SEGMENT ", raw.mesh_id()));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->fd.valid()) << reply->data;
+  const size_t bytes = std::stoul(reply->data.substr(3));
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
+  ASSERT_NE(base, MAP_FAILED);
+  // Garbage everywhere, then questions about it.
+  std::mt19937 rng(7);
+  for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(rng());
+  for (const char* q : {"EXPIRED %s 0 0", "EXPIRED %s 4294967295 16777215", "EXPIRED %s 1 x"}) {
+    std::string text = q;
+    text.replace(text.find("%s"), 2, raw.mesh_id());
+    auto answer = raw.Request(text);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+  }
+  // The SDK member ends within its deadline, whatever the segment says.
+  Buffer b = *(*sdk)->Allocate(64);
+  const absl::Time start = absl::Now();
+  absl::Status st = (*mesh)->psum(Array::Of<float>(b, {4}), "i");
+  EXPECT_FALSE(st.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  munmap(base, bytes);
+  // The daemon and other meshes are unharmed.
+  auto r = Members::Start(2, {}, "fine");
+  ASSERT_NE(r, nullptr);
+  ExpectAllOk(OnAll(2, [&](int i) {
+    return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {4}), "x");
+  }));
+  SdkMembers others;
+  ASSERT_OK(MakeSdkMembers((*d)->socket(), "other", 2, 4096, &others));
+  ExpectAllOk(OnAll(2, [&](int i) {
+    return others.meshes[i]->psum(Array::Of<float>(others.buffers[i], {4}), "x");
+  }));
+}
+
+}  // namespace
+}  // namespace collectived::testing
