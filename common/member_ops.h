@@ -60,6 +60,8 @@ inline constexpr size_t kMaxSignature = 240;
 inline constexpr size_t kMaxSegmentBytes = size_t{16} << 20;
 inline constexpr size_t kMinPayload = 64;
 inline constexpr size_t kMaxReason = 1024;
+// Header::broken while its reason is being written.
+inline constexpr uint32_t kBrokenWriting = 0xffffffff;
 
 struct Header {
   uint32_t magic;
@@ -117,10 +119,13 @@ struct Layout {
     if (members == 0 || members > 4096) return l;
     payload_bytes = (payload_bytes + 63) / 64 * 64;
     const uint64_t fixed = 2048 + uint64_t{members} * sizeof(Slot);
-    // Shrink the payload until the segment fits.
-    while (payload_bytes >= kMinPayload &&
-           fixed + uint64_t{members} * 2 * (kEntryHeaderBytes + payload_bytes) >
-               kMaxSegmentBytes) {
+    // Shrink the payload until the segment (rounded to pages) fits.
+    const uint64_t entry_offset = (fixed + 4095) / 4096 * 4096;
+    auto total = [&](uint64_t payload) {
+      return (entry_offset + uint64_t{members} * 2 * (kEntryHeaderBytes + payload) + 4095) /
+             4096 * 4096;
+    };
+    while (payload_bytes >= kMinPayload && total(payload_bytes) > kMaxSegmentBytes) {
       payload_bytes /= 2;
       payload_bytes = payload_bytes / 64 * 64;
     }
@@ -129,9 +134,8 @@ struct Layout {
     l.payload_bytes = static_cast<uint32_t>(payload_bytes);
     l.entry_bytes = kEntryHeaderBytes + payload_bytes;
     l.slot_offset = 2048;
-    l.entry_offset = (fixed + 4095) / 4096 * 4096;
-    l.total_bytes = l.entry_offset + uint64_t{members} * 2 * l.entry_bytes;
-    l.total_bytes = (l.total_bytes + 4095) / 4096 * 4096;
+    l.entry_offset = entry_offset;
+    l.total_bytes = total(payload_bytes);
     return l;
   }
 };
@@ -168,18 +172,22 @@ inline void Init(void* base, const Layout& l, int64_t op_timeout_ms) {
   h->op_timeout_ms = op_timeout_ms;
 }
 
-// Whether a mapped region of `bytes` holds a segment for `members` members
-// that this code can use (the layout it claims is the one For gives).
-inline bool Valid(const void* base, uint64_t bytes, uint32_t members) {
+// The layout of a mapped region of `bytes` that holds a segment for
+// `members` members this code can use (the layout its header claims is the
+// one For gives), else a layout of 0 bytes. Reads each header word once: a
+// member may change them meanwhile.
+inline Layout ValidLayout(const void* base, uint64_t bytes, uint32_t members) {
+  if (bytes < sizeof(Header)) return {};
   const auto* h = static_cast<const Header*>(base);
-  if (bytes < sizeof(Header) || h->magic != kMagic || h->version != kVersion ||
-      h->members != members) {
-    return false;
+  if (h->magic != kMagic || h->version != kVersion || h->members != members) return {};
+  const uint32_t payload_bytes = h->payload_bytes;
+  const Layout l = Layout::For(members, payload_bytes);
+  if (l.total_bytes == 0 || l.total_bytes > bytes || l.payload_bytes != payload_bytes ||
+      l.entry_bytes != h->entry_bytes || l.slot_offset != h->slot_offset ||
+      l.entry_offset != h->entry_offset) {
+    return {};
   }
-  const Layout l = Layout::For(members, h->payload_bytes);
-  return l.total_bytes != 0 && l.total_bytes <= bytes && l.payload_bytes == h->payload_bytes &&
-         l.entry_bytes == h->entry_bytes && l.slot_offset == h->slot_offset &&
-         l.entry_offset == h->entry_offset;
+  return l;
 }
 
 // Rings every member's bell but `except` (-1: all).

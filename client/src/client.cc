@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -730,6 +731,13 @@ struct Mesh::MemberSide {
     std::erase_if(in_flight, [](const std::shared_ptr<OpState>& op) { return op->Poll(); });
     return in_flight.empty();
   }
+  // Keeps `f` (an op sent to the daemon, stream-ordered ones too) until it
+  // completed; drops those known to have (a program that never runs a
+  // synchronous op does not collect them all).
+  void Track(const OpFuture& f) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::erase_if(in_flight, [](const std::shared_ptr<OpState>& op) { return op->Ready(); });
+    if (f.state_ != nullptr) in_flight.push_back(f.state_);
+  }
 };
 
 // ---------------------------------------------------------------------------
@@ -787,7 +795,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
           absl::IsResourceExhausted(reply.status()) || absl::IsUnavailable(reply.status());
       {
         MutexLock lock(&side_mu_);
-        if (side_fd_ >= 0) close(side_fd_);
+        if (side_fd_ >= 0) {
+      // shutdown: the daemon sees the hang-up although duplicates of the
+      // socket (the fast path's and member-side ops' watchers) stay open.
+      shutdown(side_fd_, SHUT_RDWR);
+      close(side_fd_);
+    }
         side_fd_ = -1;
       }
       if (!refused || absl::Now() + backoff > deadline) return reply.status();
@@ -854,7 +867,12 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     if (std::shared_ptr<GrpcStream> stream = Stream(/*open=*/false)) stream->Close();
     if (fast_) fast_->Shutdown(absl::CancelledError("client closed"));
     MutexLock lock(&side_mu_);
-    if (side_fd_ >= 0) close(side_fd_);
+    if (side_fd_ >= 0) {
+      // shutdown: the daemon sees the hang-up although duplicates of the
+      // socket (the fast path's and member-side ops' watchers) stay open.
+      shutdown(side_fd_, SHUT_RDWR);
+      close(side_fd_);
+    }
     side_fd_ = -1;
   }
 
@@ -890,6 +908,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     absl::StatusOr<Packet> reply =
         sent.ok() ? ReceivePacket(side_fd_, options_.rpc_timeout) : absl::StatusOr<Packet>(sent);
     if (!reply.ok()) {
+      shutdown(side_fd_, SHUT_RDWR);  // see Close
       close(side_fd_);
       side_fd_ = -1;
       return reply.status();
@@ -940,7 +959,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
       FreeUnmapped(id, placed).IgnoreError();
       return mapped.status();
     }
-    return Buffer(id, *mapped, static_cast<size_t>(info.size_bytes()), placed);
+    Buffer buffer(id, *mapped, static_cast<size_t>(info.size_bytes()), placed);
+    buffer.owner_ = this;
+    return buffer;
   }
 
 #ifdef COLLECTIVED_HAVE_CUDA
@@ -1029,18 +1050,11 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     mesh->coordinate_.assign(resp.self().coordinate().begin(), resp.self().coordinate().end());
     mesh->op_deadline_ = absl::Milliseconds(resp.mesh().op_timeout_ms()) + kGrace;
     if (resp.mesh().member_op_bytes() > 0) {
-      // Every member maps the segment or the mesh cannot run ops
-      // member-side: a member that cannot leaves, which breaks the mesh
-      // for the others at once.
       auto member_ops = MapMemberSegment(resp.mesh(), mesh->index_);
       if (!member_ops.ok()) {
-        absl::Status left = mesh->Leave();
-        return absl::Status(
-            member_ops.status().code(),
-            absl::StrCat("joined mesh '", mesh->name_, "' but could not map its member-side "
-                         "segment, so left it again: ",
-                         member_ops.status().message(), left.ok() ? "" : "; leaving failed: ",
-                         left.ok() ? "" : left.ToString()));
+        // This member takes the daemon path for every op; the others see
+        // its daemon-path ops counted in the segment and follow it there.
+        return mesh;
       }
       mesh->member_side_ = std::make_unique<Mesh::MemberSide>();
       mesh->member_side_->ops = *std::move(member_ops);
@@ -1190,7 +1204,8 @@ Buffer::~Buffer() { Reset(); }
 Buffer::Buffer(Buffer&& other) noexcept
     : id_(std::move(other.id_)), data_(other.data_), size_(other.size_),
       device_(std::move(other.device_)), device_ordinal_(other.device_ordinal_),
-      mesh_shared_(other.mesh_shared_), gpu_mapping_(std::move(other.gpu_mapping_)) {
+      mesh_shared_(other.mesh_shared_), owner_(other.owner_),
+      gpu_mapping_(std::move(other.gpu_mapping_)) {
   other.data_ = nullptr;
   other.size_ = 0;
   other.device_ordinal_ = -1;
@@ -1205,6 +1220,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     device_ = std::move(other.device_);
     device_ordinal_ = other.device_ordinal_;
     mesh_shared_ = other.mesh_shared_;
+    owner_ = other.owner_;
     gpu_mapping_ = std::move(other.gpu_mapping_);
     other.data_ = nullptr;
     other.size_ = 0;
@@ -1257,38 +1273,41 @@ struct Mesh::OpRequest {
   absl::Status error;
 };
 
-namespace {
-
-// Whether `b` is host memory mapped in this process and only this member's.
-bool MemberHostBuffer(const Buffer* b) {
-  return b != nullptr && b->valid() && b->device_ordinal() < 0 && !b->mesh_shared();
-}
-
-}  // namespace
-
 absl::Status Mesh::Run(const OpRequest& request, const Array* x, const std::optional<Array>& out) {
   if (!request.error.ok()) return request.error;
-  if (member_side_ != nullptr && stream() == nullptr) {
-    internal::MemberIoRegion io;
-    if (x != nullptr && MemberHostBuffer(x->buffer) && x->offset <= x->buffer->size()) {
-      io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
-      io.in_offset = x->offset;
-      io.in_avail = x->buffer->size() - x->offset;
-      io.in_place = !out.has_value();
-      if (out && MemberHostBuffer(out->buffer) && out->offset <= out->buffer->size()) {
-        io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
-        io.out_offset = out->offset;
-        io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
-        io.same_buffer = out->buffer == x->buffer;
-      }
-    }
-    MemberSide& side = *member_side_;
-    MutexLock lock(&side.mu);
-    if (side.Idle()) {
-      if (std::optional<absl::Status> st = side.ops->TryRun(request.spec, io)) return *st;
+  if (member_side_ == nullptr) return Dispatch(request).Wait();
+  internal::MemberIoRegion io;
+  // Host memory of this client's session mapped in this process, and only
+  // this member's.
+  auto MemberHostBuffer = [this](const Buffer* b) {
+    return b != nullptr && b->valid() && b->owner_ == client_.get() && b->device_ordinal() < 0 &&
+           !b->mesh_shared();
+  };
+  if (x != nullptr && MemberHostBuffer(x->buffer) && x->offset <= x->buffer->size()) {
+    io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
+    io.in_offset = x->offset;
+    io.in_avail = x->buffer->size() - x->offset;
+    io.in_place = !out.has_value();
+    if (out && MemberHostBuffer(out->buffer) && out->offset <= out->buffer->size()) {
+      io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
+      io.out_offset = out->offset;
+      io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
+      io.same_buffer = out->buffer == x->buffer;
     }
   }
-  return Submit(request).Wait();
+  OpFuture f;
+  {
+    // Held until the op is member-side or submitted to the daemon: another
+    // thread's op must not take this place in between.
+    MemberSide& side = *member_side_;
+    MutexLock lock(&side.mu);
+    if (stream() == nullptr && side.Idle()) {
+      if (std::optional<absl::Status> st = side.ops->TryRun(request.spec, io)) return *st;
+    }
+    f = Dispatch(request);
+    side.Track(f);
+  }
+  return f.Wait();
 }
 
 absl::Status Mesh::run(const Collective& op) {
@@ -1468,12 +1487,16 @@ OpFuture Mesh::FailedOp(absl::Status status) const {
 
 OpFuture Mesh::Submit(const OpRequest& request) {
   if (!request.error.ok()) return FailedOp(request.error);
-  if (stream() != nullptr) return SubmitOnStream(request);
-  if (member_side_ == nullptr) return client_->Submit(request.spec, op_deadline_);
+  if (member_side_ == nullptr) return Dispatch(request);
   MutexLock lock(&member_side_->mu);
-  OpFuture f = client_->Submit(request.spec, op_deadline_);
-  member_side_->in_flight.push_back(f.state_);
+  OpFuture f = Dispatch(request);
+  member_side_->Track(f);
   return f;
+}
+
+OpFuture Mesh::Dispatch(const OpRequest& request) {
+  if (stream() != nullptr) return SubmitOnStream(request);
+  return client_->Submit(request.spec, op_deadline_);
 }
 
 OpFuture Mesh::SubmitOnStream(const OpRequest& request) {

@@ -5,8 +5,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <algorithm>
+#include <cfenv>
 #include <limits>
 #include <vector>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "common/fast_queue.h"
@@ -39,6 +44,18 @@ bool KindRunsHere(OpKind kind) {
   }
 }
 
+// Whether `a` and `b` (of a kind KindRunsHere) have the same plan: PlanOp
+// reads no other field for these kinds.
+bool SamePlan(const v1::OpSpec& a, const v1::OpSpec& b) {
+  auto same_list = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
+  };
+  return a.kind() == b.kind() && a.dtype() == b.dtype() && a.no_axes() == b.no_axes() &&
+         same_list(a.shape(), b.shape()) && same_list(a.axes(), b.axes()) &&
+         a.all_gather().axis() == b.all_gather().axis() &&
+         a.all_gather().tiled() == b.all_gather().tiled();
+}
+
 // Whether the daemon would accept the op's regions (its CheckRange, the
 // in-place and overlap rules): only then can the op run here.
 bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
@@ -57,6 +74,29 @@ bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
                         io.in_offset >= io.out_offset + plan.out_bytes;
   return same || disjoint;
 }
+
+// Round to nearest, every floating-point exception masked (the daemon's
+// threads run so), restored on destruction.
+class FpEnvironment {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  FpEnvironment() : saved_(_mm_getcsr()) { _mm_setcsr(kDefaultMxcsr); }
+  ~FpEnvironment() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kDefaultMxcsr = 0x1f80;
+  const unsigned saved_;
+#else
+  FpEnvironment() : saved_(std::fegetenv(&env_) == 0) { std::fesetenv(FE_DFL_ENV); }
+  ~FpEnvironment() {
+    if (saved_) std::fesetenv(&env_);
+  }
+
+ private:
+  std::fenv_t env_;
+  const bool saved_;
+#endif
+};
 
 }  // namespace
 
@@ -79,14 +119,13 @@ absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes
     close(live_fd);
     return absl::InternalError(absl::StrCat("mapping the member-side segment: ", strerror(err)));
   }
-  if (!member_ops::Valid(base, bytes, static_cast<uint32_t>(members))) {
+  const member_ops::Layout layout =
+      member_ops::ValidLayout(base, bytes, static_cast<uint32_t>(members));
+  if (layout.total_bytes == 0) {
     munmap(base, bytes);
     close(live_fd);
     return absl::InternalError("the daemon's member-side segment has an unknown layout");
   }
-  const auto* h = static_cast<const member_ops::Header*>(base);
-  const member_ops::Layout layout =
-      member_ops::Layout::For(static_cast<uint32_t>(members), h->payload_bytes);
   return std::unique_ptr<MemberOps>(new MemberOps(base, bytes, layout, std::move(shape), index,
                                                   op_timeout, live_fd, std::move(expired)));
 }
@@ -116,10 +155,34 @@ bool MemberOps::DaemonAlive() const {
   return r == 0 || (r < 0 && errno == EINTR);
 }
 
+absl::Status MemberOps::Abandon(absl::Status status) {
+  member_ops::Header* h = view_.header();
+  uint32_t expected = 0;
+  // Claim the word with a code that is no status, write the reason, then
+  // publish the real code (a reader that sees the code sees the reason).
+  if (h->broken.v.compare_exchange_strong(expected, member_ops::kBrokenWriting,
+                                          std::memory_order_seq_cst)) {
+    const std::string reason =
+        absl::StrCat("a member gave up on a member-side op: ", status.message());
+    const size_t len = std::min(reason.size(), member_ops::kMaxReason);
+    std::memcpy(h->reason, reason.data(), len);
+    h->reason_len = static_cast<uint32_t>(len);
+    h->broken.v.store(static_cast<uint32_t>(absl::StatusCode::kAborted),
+                      std::memory_order_seq_cst);
+    member_ops::RingAll(view_, -1);
+  }
+  return status;
+}
+
 absl::Status MemberOps::Broken() const {
   const member_ops::Header* h = view_.header();
-  const uint32_t code = h->broken.v.load(std::memory_order_seq_cst);
+  uint32_t code = h->broken.v.load(std::memory_order_seq_cst);
   if (code == 0) return absl::OkStatus();
+  // The reason is being written: a few microseconds.
+  for (int i = 0; i < 1000 && code == member_ops::kBrokenWriting; ++i) {
+    sched_yield();
+    code = h->broken.v.load(std::memory_order_seq_cst);
+  }
   const size_t len = std::min<size_t>(h->reason_len, member_ops::kMaxReason);
   std::string reason(h->reason, len);
   // The daemon writes a status code; anything else is a corrupt segment.
@@ -127,20 +190,31 @@ absl::Status MemberOps::Broken() const {
       code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
           ? static_cast<absl::StatusCode>(code)
           : absl::StatusCode::kInternal;
-  return absl::Status(status_code, reason.empty() ? "mesh broken" : reason);
+  return absl::Status(status_code,
+                      reason.empty() || code == member_ops::kBrokenWriting ? "mesh broken" : reason);
 }
 
 std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const MemberIoRegion& io) {
   // A broken mesh or a daemon that is gone: the daemon path says so, with
-  // its usual errors (one poll() here, well under a microsecond).
-  if (absl::Status b = Broken(); !b.ok() || !DaemonAlive()) return std::nullopt;
-  if (op.timeout_ms() < 0) return std::nullopt;
-  absl::StatusOr<OpPlan> planned = PlanOp(op, shape_);
-  // Refused here exactly as the daemon refuses it, without taking a place
-  // in the op order (the daemon would not give it one either).
-  if (!planned.ok()) return planned.status();
-  const OpPlan& plan = *planned;
-  if (!KindRunsHere(plan.kind) || plan.in_bytes > view_.layout.payload_bytes ||
+  // its usual errors. The daemon is looked at (one poll()) at most once a
+  // millisecond: ops complete member-side for at most that long after it
+  // died, as ops it completed just before dying would.
+  if (absl::Status b = Broken(); !b.ok()) return std::nullopt;
+  if (const int64_t now = fastq::MonotonicNs(); now - alive_checked_ns_ > 1'000'000) {
+    if (!DaemonAlive()) return std::nullopt;
+    alive_checked_ns_ = now;
+  }
+  if (op.timeout_ms() < 0 || !KindRunsHere(static_cast<OpKind>(op.kind()))) return std::nullopt;
+  if (!cached_plan_ || !SamePlan(op, cached_spec_)) {
+    absl::StatusOr<OpPlan> planned = PlanOp(op, shape_);
+    // Refused here exactly as the daemon refuses it, without taking a place
+    // in the op order (the daemon would not give it one either).
+    if (!planned.ok()) return planned.status();
+    cached_plan_ = *std::move(planned);
+    cached_spec_ = op;
+  }
+  const OpPlan& plan = *cached_plan_;
+  if (plan.in_bytes > view_.layout.payload_bytes ||
       plan.signature.size() > member_ops::kMaxSignature) {
     return std::nullopt;
   }
@@ -152,6 +226,12 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
   const uint32_t d = view_.slot(index_)->daemon_ops.v.load(std::memory_order_seq_cst);
   const uint64_t s = s_;
   const uint64_t key = Key(d, s);
+  // This member already published at this place and the op did not run
+  // member-side (the members went to the daemon, and this member's op
+  // there was refused before the daemon took it): the others are on the
+  // daemon path at this place, so this op goes there too.
+  if (key == unused_key_) return std::nullopt;
+  unused_key_ = key;  // until the op runs here
   Entry* mine = view_.entry(index_, s);
   mine->sig_len = static_cast<uint32_t>(plan.signature.size());
   std::memcpy(mine->signature, plan.signature.data(), plan.signature.size());
@@ -204,23 +284,23 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
       break;
     }
     if (!alive) {
-      return absl::UnavailableError(
-          "connection to the daemon lost (side socket closed) during a member-side op");
+      return Abandon(absl::UnavailableError(
+          "connection to the daemon lost (side socket closed) during a member-side op"));
     }
     if (absl::Now() >= give_up) {
-      return absl::DeadlineExceededError(absl::StrCat(
+      return Abandon(absl::DeadlineExceededError(absl::StrCat(
           "member-side ", plan.signature, ": the members' entries never agreed within ",
           absl::FormatDuration(limit),
-          " although the daemon saw nobody missing (a corrupt segment?)"));
+          " although the daemon saw nobody missing (a corrupt segment?)")));
     }
     // Past the deadline: the daemon names the missing members and breaks
     // the mesh, or says nobody is missing (then look again, briefly).
     absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
     if (!broke.ok()) {
-      return absl::Status(broke.status().code(),
-                          absl::StrCat("member-side op: asking the daemon about members that "
-                                       "did not arrive in time: ",
-                                       broke.status().message()));
+      return Abandon(absl::Status(
+          broke.status().code(), absl::StrCat("member-side op: asking the daemon about members "
+                                              "that did not arrive in time: ",
+                                              broke.status().message())));
     }
     deadline = absl::Now() + (*broke ? absl::Seconds(5) : kSlice);
   }
@@ -243,9 +323,17 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
     std::vector<MemberIo> ios(members);
     for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.payload(m, s);
     ios[index_].out = out;
-    if (absl::Status st = executor_.Run(plan, ios); !st.ok()) return st;
+    absl::Status st;
+    {
+      // The daemon's floating-point environment, whatever this thread's
+      // (rounding, exception masks); the kernels set flush-to-zero.
+      FpEnvironment daemon_env;
+      st = executor_.Run(plan, ios);
+    }
+    if (!st.ok()) return Abandon(st);
   }
   ++s_;
+  unused_key_ = 0;
   return absl::OkStatus();
 }
 

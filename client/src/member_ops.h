@@ -73,6 +73,10 @@ class MemberOps {
   bool DaemonAlive() const;
   // The segment's status once the daemon marked it broken, else OK.
   absl::Status Broken() const;
+  // Gives up on an op this member published and cannot finish: marks the
+  // segment broken (the other members must not wait for it, nor run its
+  // place without it) and returns `status`.
+  absl::Status Abandon(absl::Status status);
 
   void* base_;
   uint64_t bytes_;
@@ -85,6 +89,12 @@ class MemberOps {
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
   uint64_t s_ = 0;  // member-side ops done (S)
+  // The key this member published and has not run member-side (0: none).
+  uint64_t unused_key_ = 0;
+  // The last op's plan, and the op it is the plan of (a loop plans once).
+  std::optional<OpPlan> cached_plan_;
+  v1::OpSpec cached_spec_;
+  int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
 };
 
 }  // namespace collectived::internal

@@ -966,7 +966,13 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
 void Engine::MarkSegmentBroken(Mesh& mesh, const absl::Status& status) {
   if (!mesh.segment) return;
   member_ops::Header* h = mesh.seg.header();
-  if (h->broken.v.load(std::memory_order_seq_cst) != 0) return;
+  // As a member that gives up does (client/src/member_ops.cc): claim the
+  // word, write the reason, publish the code; the first status stays.
+  uint32_t expected = 0;
+  if (!h->broken.v.compare_exchange_strong(expected, member_ops::kBrokenWriting,
+                                           std::memory_order_seq_cst)) {
+    return;
+  }
   const size_t len = std::min(status.message().size(), member_ops::kMaxReason);
   std::memcpy(h->reason, status.message().data(), len);
   h->reason_len = static_cast<uint32_t>(len);
@@ -1504,7 +1510,11 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
       // Members waiting member-side at this place take the daemon path too.
       mesh.seg.slot(index)->daemon_ops.v.store(static_cast<uint32_t>(mesh.next_sequence[index]),
                                               std::memory_order_seq_cst);
-      member_ops::RingAll(mesh.seg, index);
+      // The wake-ups (system calls) after unlocking; the callback holds the
+      // segment.
+      cbs.push_back([segment = mesh.segment, view = mesh.seg, index] {
+        member_ops::RingAll(view, index);
+      });
     }
     PendingOp& pending = mesh.pending[seq];
     if (pending.subs.empty()) {

@@ -84,7 +84,7 @@ struct EngineOptions {
   // segment whose entries hold inputs of up to this many bytes (fewer for
   // big meshes: the segment stays within member_ops::kMaxSegmentBytes).
   // 0: no segments, every op goes through the daemon.
-  uint64_t member_op_bytes = 16 * 1024;
+  uint64_t member_op_bytes = 64 * 1024;
   // Meshes across hosts (daemon/core/rendezvous.h): with a rendezvous, every
   // mesh is a cluster mesh: its members may join on any daemon of the
   // cluster (with explicit coordinates), and it forms when the cluster's

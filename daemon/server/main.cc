@@ -77,7 +77,7 @@ ABSL_FLAG(int64_t, chunk_bytes, 256 * 1024, "Bytes per executor work item.");
 ABSL_FLAG(int64_t, inline_op_bytes, 16 * 1024 * 1024,
           "Ops touching at most this many bytes (all members' inputs and outputs) run on "
           "the thread that completes them instead of a runner thread.");
-ABSL_FLAG(int64_t, member_op_bytes, 16 * 1024,
+ABSL_FLAG(int64_t, member_op_bytes, 64 * 1024,
           "Member-side small ops: the members of a mesh of this host run ops whose input "
           "is at most this many bytes among themselves, through a segment the daemon "
           "shares with them (0: every op goes through the daemon).");

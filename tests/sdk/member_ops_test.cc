@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "collectived/client.h"
 #include "collectived/v1/collective.grpc.pb.h"
+#include "common/member_ops.h"
 #include "tests/ctl/sdk_members.h"
 #include "tests/harness/harness.h"
 #include "tests/harness/raw_session.h"
@@ -208,9 +210,33 @@ TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
       }
     }
   }
-  // Every op above fits the default 16 KiB: none went through the daemon.
+  // Every op above fits the default 64 KiB: none went through the daemon.
   EXPECT_EQ(DaemonOps(*member_side->daemon), daemon_ops_before);
   EXPECT_GT(DaemonOps(*daemon_side->daemon), 0);
+}
+
+TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
+  std::vector<uint8_t> region(member_ops::kMaxSegmentBytes);
+  for (uint32_t members : {1u, 2u, 3u, 17u, 255u, 1000u, 3404u, 4096u}) {
+    for (uint64_t payload : {uint64_t{64}, uint64_t{4096}, uint64_t{16384}, uint64_t{65536},
+                             uint64_t{1} << 24}) {
+      const member_ops::Layout l = member_ops::Layout::For(members, payload);
+      if (l.total_bytes == 0) continue;  // too many members for any payload
+      EXPECT_LE(l.total_bytes, member_ops::kMaxSegmentBytes) << members << " x " << payload;
+      EXPECT_GE(l.payload_bytes, member_ops::kMinPayload);
+      EXPECT_LE(l.payload_bytes, payload);
+      EXPECT_GE(l.entry_offset, l.slot_offset + members * sizeof(member_ops::Slot));
+      std::fill(region.begin(), region.begin() + 4096, 0);
+      member_ops::Init(region.data(), l, 1000);
+      const member_ops::Layout back = member_ops::ValidLayout(region.data(), l.total_bytes, members);
+      EXPECT_EQ(back.total_bytes, l.total_bytes) << members << " x " << payload;
+      // A header that claims another layout, or another mesh size, is refused.
+      EXPECT_EQ(member_ops::ValidLayout(region.data(), l.total_bytes, members + 1).total_bytes, 0u);
+      reinterpret_cast<member_ops::Header*>(region.data())->entry_offset += 64;
+      EXPECT_EQ(member_ops::ValidLayout(region.data(), l.total_bytes, members).total_bytes, 0u);
+    }
+  }
+  EXPECT_GT(member_ops::Layout::For(3404, 16384).total_bytes, 0u);
 }
 
 TEST(MemberOpsTest, SmallBigSyncAndAsyncOpsKeepTheProgramOrder) {
@@ -218,17 +244,17 @@ TEST(MemberOpsTest, SmallBigSyncAndAsyncOpsKeepTheProgramOrder) {
   auto r = Members::Start(kN, {});
   ASSERT_NE(r, nullptr);
   // Each step adds the members' inputs in place; the next reads the result.
-  // Small (member-side), big (64 KiB: the daemon), and asynchronous ones
+  // Small (member-side), big (128 KiB: the daemon), and asynchronous ones
   // (always the daemon); member 1 makes some steps asynchronous where the
   // others do not, so at those places it goes to the daemon alone first.
   constexpr int kSteps = 40;
   for (int i = 0; i < kN; ++i) {
     float* x = reinterpret_cast<float*>(r->in(i));
-    for (int e = 0; e < 16384; ++e) x[e] = 1.0f;
+    for (int e = 0; e < 32768; ++e) x[e] = 1.0f;
   }
   const std::vector<absl::Status> st = OnAll(kN, [&](int i) -> absl::Status {
     Array small = Array::Of<float>(r->m.buffers[i], {16});
-    Array big = Array::Of<float>(r->m.buffers[i], {16384});
+    Array big = Array::Of<float>(r->m.buffers[i], {32768});
     for (int step = 0; step < kSteps; ++step) {
       const Array& x = step % 3 == 2 ? big : small;
       absl::Status s;
@@ -253,8 +279,9 @@ TEST(MemberOpsTest, SmallBigSyncAndAsyncOpsKeepTheProgramOrder) {
     return absl::OkStatus();
   });
   ExpectAllOk(st);
+  EXPECT_GT(DaemonOps(*r->daemon), 0) << "the big and asynchronous ops went through the daemon";
   // The value every member holds is the same program's, computed here.
-  std::vector<double> small(16, 1.0), big(16384, 1.0);
+  std::vector<double> small(16, 1.0), big(32768, 1.0);
   for (int step = 0; step < kSteps; ++step) {
     if (step % 3 == 2) {
       for (double& v : big) v *= kN;
@@ -272,7 +299,7 @@ TEST(MemberOpsTest, SmallBigSyncAndAsyncOpsKeepTheProgramOrder) {
     const float* x = reinterpret_cast<const float*>(r->in(i));
     EXPECT_EQ(x[0], static_cast<float>(big[0])) << "member " << i;
     EXPECT_EQ(x[15], static_cast<float>(big[15])) << "member " << i;
-    EXPECT_EQ(x[16383], static_cast<float>(big[16383])) << "member " << i;
+    EXPECT_EQ(x[32767], static_cast<float>(big[32767])) << "member " << i;
   }
 }
 
@@ -291,6 +318,10 @@ TEST(MemberOpsTest, DifferingOpsFailEverywhereAndTheMeshGoesOn) {
   // An invalid op is refused on its own member without taking a place.
   absl::Status bad = r->mesh(0).psum(Array::Of<float>(r->m.buffers[0], {4}), "no_such_axis");
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  // So is an op on a buffer of another client's session (the daemon's
+  // NOT_FOUND, not a member-side result).
+  bad = r->mesh(0).psum(Array::Of<float>(r->m.buffers[1], {4}), "x");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kNotFound) << bad;
   const int64_t before = DaemonOps(*r->daemon);
   ExpectAllOk(OnAll(kN, [&](int i) {
     float* x = reinterpret_cast<float*>(r->in(i));

@@ -122,6 +122,7 @@ class Buffer {
   std::string device_;
   int device_ordinal_ = -1;
   bool mesh_shared_ = false;
+  const ClientImpl* owner_ = nullptr;  // the client whose session holds it
   // GPU buffers: the imported mapping (unmapped when the last owner drops
   // it); host buffers: empty, data_ is an mmap.
   std::shared_ptr<void> gpu_mapping_;
@@ -450,6 +451,8 @@ class Mesh {
   struct StreamOrder;  // set_stream's words and stream
   struct MemberSide;  // member-side small ops: the segment, ops in flight
   OpFuture Submit(const OpRequest& request);
+  // Sends `request` to the daemon, stream-ordered or not.
+  OpFuture Dispatch(const OpRequest& request);
   OpFuture SubmitOnStream(const OpRequest& request);
   // Runs `request` and waits for it: member-side when it can (x: its input
   // array, null for a barrier; out: its output array, absent in place).
