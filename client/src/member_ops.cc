@@ -155,6 +155,11 @@ bool MemberOps::DaemonAlive() const {
   return r == 0 || (r < 0 && errno == EINTR);
 }
 
+absl::Status MemberOps::DaemonLost() {
+  return absl::UnavailableError(
+      "connection to the daemon lost (side socket closed) during a member-side op");
+}
+
 absl::Status MemberOps::Abandon(absl::Status status) {
   member_ops::Header* h = view_.header();
   uint32_t expected = 0;
@@ -283,10 +288,9 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
                              [&] { return alive = DaemonAlive(); }, kSpin, kSlice, deadline)) {
       break;
     }
-    if (!alive) {
-      return Abandon(absl::UnavailableError(
-          "connection to the daemon lost (side socket closed) during a member-side op"));
-    }
+    // A dead daemon: every waiter finds out by itself (no mark, which
+    // would turn the others' UNAVAILABLE into ABORTED).
+    if (!alive) return DaemonLost();
     if (absl::Now() >= give_up) {
       return Abandon(absl::DeadlineExceededError(absl::StrCat(
           "member-side ", plan.signature, ": the members' entries never agreed within ",
@@ -297,6 +301,7 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
     // the mesh, or says nobody is missing (then look again, briefly).
     absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
     if (!broke.ok()) {
+      if (!DaemonAlive()) return DaemonLost();
       return Abandon(absl::Status(
           broke.status().code(), absl::StrCat("member-side op: asking the daemon about members "
                                               "that did not arrive in time: ",

@@ -77,6 +77,8 @@ class MemberOps {
   // segment broken (the other members must not wait for it, nor run its
   // place without it) and returns `status`.
   absl::Status Abandon(absl::Status status);
+  // UNAVAILABLE: the daemon went away while this member waited.
+  static absl::Status DaemonLost();
 
   void* base_;
   uint64_t bytes_;
