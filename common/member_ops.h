@@ -46,6 +46,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common/fast_queue.h"
 
@@ -196,6 +197,35 @@ inline void RingAll(const View& v, int64_t except) {
     if (static_cast<int64_t>(m) == except) continue;
     fastq::Ring(v.slot(m)->bell, v.slot(m)->sleeping);
   }
+}
+
+// Where member `m` stands at place (d, s) (key Key(d, s)): its entry is
+// there, it took the daemon path at this place (its D is past d), or
+// neither yet. The entry is looked at first: a member that ran this place
+// member-side may already be on the daemon path for its next op.
+enum class Presence { kHere, kDaemonPath, kNotYet };
+inline Presence PresenceAt(const View& v, uint32_t m, uint32_t d, uint64_t s, uint64_t key) {
+  if (v.entry(m, s)->key.load(std::memory_order_seq_cst) == key) return Presence::kHere;
+  const uint32_t ops = v.slot(m)->daemon_ops.v.load(std::memory_order_seq_cst);
+  return static_cast<int32_t>(ops - d) > 0 ? Presence::kDaemonPath : Presence::kNotYet;
+}
+
+// Marks the segment broken with status code `code` and `reason` unless it
+// already is (the first status stays), and wakes every member: claims the
+// word with kBrokenWriting, writes the reason, then publishes the code, so
+// a reader that sees the code sees the reason. Used by the daemon and by a
+// member that gives up on an op.
+inline void MarkBroken(const View& v, uint32_t code, const char* reason, size_t reason_len) {
+  Header* h = v.header();
+  uint32_t expected = 0;
+  if (!h->broken.v.compare_exchange_strong(expected, kBrokenWriting, std::memory_order_seq_cst)) {
+    return;
+  }
+  const size_t len = reason_len < kMaxReason ? reason_len : kMaxReason;
+  std::memcpy(h->reason, reason, len);
+  h->reason_len = static_cast<uint32_t>(len);
+  h->broken.v.store(code, std::memory_order_seq_cst);
+  RingAll(v, -1);
 }
 
 }  // namespace collectived::member_ops

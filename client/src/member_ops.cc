@@ -68,11 +68,8 @@ bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
       io.out_offset % DTypeSize(plan.out_dtype) != 0) {
     return false;
   }
-  if (!io.same_buffer) return true;
-  const bool same = io.out_offset == io.in_offset && plan.out_bytes == plan.in_bytes;
-  const bool disjoint = io.out_offset >= io.in_offset + plan.in_bytes ||
-                        io.in_offset >= io.out_offset + plan.out_bytes;
-  return same || disjoint;
+  return !io.same_buffer ||
+         SameOrDisjoint(io.in_offset, plan.in_bytes, io.out_offset, plan.out_bytes);
 }
 
 // Round to nearest, every floating-point exception masked (the daemon's
@@ -161,21 +158,10 @@ absl::Status MemberOps::DaemonLost() {
 }
 
 absl::Status MemberOps::Abandon(absl::Status status) {
-  member_ops::Header* h = view_.header();
-  uint32_t expected = 0;
-  // Claim the word with a code that is no status, write the reason, then
-  // publish the real code (a reader that sees the code sees the reason).
-  if (h->broken.v.compare_exchange_strong(expected, member_ops::kBrokenWriting,
-                                          std::memory_order_seq_cst)) {
-    const std::string reason =
-        absl::StrCat("a member gave up on a member-side op: ", status.message());
-    const size_t len = std::min(reason.size(), member_ops::kMaxReason);
-    std::memcpy(h->reason, reason.data(), len);
-    h->reason_len = static_cast<uint32_t>(len);
-    h->broken.v.store(static_cast<uint32_t>(absl::StatusCode::kAborted),
-                      std::memory_order_seq_cst);
-    member_ops::RingAll(view_, -1);
-  }
+  const std::string reason =
+      absl::StrCat("a member gave up on a member-side op: ", status.message());
+  member_ops::MarkBroken(view_, static_cast<uint32_t>(absl::StatusCode::kAborted), reason.data(),
+                         reason.size());
   return status;
 }
 
@@ -254,11 +240,9 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
   auto AllHere = [&] {
     for (uint32_t m = 0; m < members; ++m) {
       if (m == index_) continue;
-      // An entry here first: a member that ran this place member-side may
-      // already be on the daemon path for its next op.
-      if (view_.entry(m, s)->key.load(std::memory_order_seq_cst) == key) continue;
-      const uint32_t ops = view_.slot(m)->daemon_ops.v.load(std::memory_order_seq_cst);
-      if (static_cast<int32_t>(ops - d) > 0) daemon_path = true;  // m went to the daemon
+      const member_ops::Presence p = member_ops::PresenceAt(view_, m, d, s, key);
+      if (p == member_ops::Presence::kHere) continue;
+      if (p == member_ops::Presence::kDaemonPath) daemon_path = true;
       return false;
     }
     return true;
@@ -325,7 +309,9 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
 
   // Every member agrees: run this member's share with the daemon's code.
   if (moves_data) {
-    std::vector<MemberIo> ios(members);
+    // ios_[m].in is m's payload; only this member's out is set.
+    std::vector<MemberIo>& ios = ios_;
+    ios.assign(members, MemberIo{});
     for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.payload(m, s);
     ios[index_].out = out;
     absl::Status st;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -90,6 +91,7 @@ class MemberOps {
   ExpiredFn expired_;
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
+  std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
   uint64_t s_ = 0;  // member-side ops done (S)
   // The key this member published and has not run member-side (0: none).
   uint64_t unused_key_ = 0;

@@ -965,19 +965,8 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
 
 void Engine::MarkSegmentBroken(Mesh& mesh, const absl::Status& status) {
   if (!mesh.segment) return;
-  member_ops::Header* h = mesh.seg.header();
-  // As a member that gives up does (client/src/member_ops.cc): claim the
-  // word, write the reason, publish the code; the first status stays.
-  uint32_t expected = 0;
-  if (!h->broken.v.compare_exchange_strong(expected, member_ops::kBrokenWriting,
-                                           std::memory_order_seq_cst)) {
-    return;
-  }
-  const size_t len = std::min(status.message().size(), member_ops::kMaxReason);
-  std::memcpy(h->reason, status.message().data(), len);
-  h->reason_len = static_cast<uint32_t>(len);
-  h->broken.v.store(static_cast<uint32_t>(status.code()), std::memory_order_seq_cst);
-  member_ops::RingAll(mesh.seg, -1);
+  member_ops::MarkBroken(mesh.seg, static_cast<uint32_t>(status.code()),
+                         status.message().data(), status.message().size());
 }
 
 void Engine::MaybeEraseMesh(const std::string& mesh_id) {
@@ -1338,12 +1327,12 @@ absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
     const uint64_t key = member_ops::Key(d, s);
     std::vector<std::string> waiting, missing;
     for (uint32_t m = 0; m < v.layout.members; ++m) {
-      const uint32_t ops = v.slot(m)->daemon_ops.v.load(std::memory_order_seq_cst);
-      if (static_cast<int32_t>(ops - d) > 0) continue;  // took the daemon path
-      if (v.entry(m, s)->key.load(std::memory_order_seq_cst) == key) {
-        waiting.push_back(absl::StrCat(m));
-      } else {
-        missing.push_back(MemberLabel(mesh, static_cast<int>(m)));
+      switch (member_ops::PresenceAt(v, m, d, s, key)) {
+        case member_ops::Presence::kHere: waiting.push_back(absl::StrCat(m)); break;
+        case member_ops::Presence::kDaemonPath: break;
+        case member_ops::Presence::kNotYet:
+          missing.push_back(MemberLabel(mesh, static_cast<int>(m)));
+          break;
       }
     }
     if (missing.empty()) return false;
@@ -1483,10 +1472,7 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
               sub.out_buf->device(), "; an op's input and output must be on the same device"));
         }
         if (sub.out_buf == sub.in_buf) {
-          const bool same = sub.out_offset == sub.in_offset && plan->out_bytes == plan->in_bytes;
-          const bool disjoint = sub.out_offset >= sub.in_offset + plan->in_bytes ||
-                                sub.in_offset >= sub.out_offset + plan->out_bytes;
-          if (!same && !disjoint) {
+          if (!SameOrDisjoint(sub.in_offset, plan->in_bytes, sub.out_offset, plan->out_bytes)) {
             return absl::InvalidArgumentError(
                 "input and output regions overlap without being the same region");
           }

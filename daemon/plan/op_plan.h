@@ -114,6 +114,15 @@ struct OpPlan {
   std::string signature;
 };
 
+// The rule for an op's input and output regions in one buffer: the same
+// region (an op in place) or regions that do not overlap.
+inline bool SameOrDisjoint(uint64_t in_offset, uint64_t in_bytes, uint64_t out_offset,
+                           uint64_t out_bytes) {
+  const bool same = out_offset == in_offset && out_bytes == in_bytes;
+  const bool disjoint = out_offset >= in_offset + in_bytes || in_offset >= out_offset + out_bytes;
+  return same || disjoint;
+}
+
 // The element-wise reduction of a reducing op kind (kSum for psum and
 // psum_scatter).
 ReduceKind ToReduceKind(OpKind kind);
