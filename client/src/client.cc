@@ -1273,43 +1273,6 @@ struct Mesh::OpRequest {
   absl::Status error;
 };
 
-absl::Status Mesh::Run(const OpRequest& request, const Array* x, const std::optional<Array>& out) {
-  if (!request.error.ok()) return request.error;
-  if (member_side_ == nullptr) return Dispatch(request).Wait();
-  internal::MemberIoRegion io;
-  // Host memory of this client's session mapped in this process, and only
-  // this member's.
-  auto MemberHostBuffer = [this](const Buffer* b) {
-    return b != nullptr && b->valid() && b->owner_ == client_.get() && b->device_ordinal() < 0 &&
-           !b->mesh_shared();
-  };
-  if (x != nullptr && MemberHostBuffer(x->buffer) && x->offset <= x->buffer->size()) {
-    io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
-    io.in_offset = x->offset;
-    io.in_avail = x->buffer->size() - x->offset;
-    io.in_place = !out.has_value();
-    if (out && MemberHostBuffer(out->buffer) && out->offset <= out->buffer->size()) {
-      io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
-      io.out_offset = out->offset;
-      io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
-      io.same_buffer = out->buffer == x->buffer;
-    }
-  }
-  OpFuture f;
-  {
-    // Held until the op is member-side or submitted to the daemon: another
-    // thread's op must not take this place in between.
-    MemberSide& side = *member_side_;
-    MutexLock lock(&side.mu);
-    if (stream() == nullptr && side.Idle()) {
-      if (std::optional<absl::Status> st = side.ops->TryRun(request.spec, io)) return *st;
-    }
-    f = Dispatch(request);
-    side.Track(f);
-  }
-  return f.Wait();
-}
-
 absl::Status Mesh::run(const Collective& op) {
   const Array& x = op.x;
   switch (op.kind) {
@@ -1581,8 +1544,8 @@ v1::OpSpec MakeSpec(const std::string& mesh_id, v1::OpKind kind, const Array* x,
 
 // Why the SDK refuses `out` without asking the daemon: a shape that has no
 // byte size (negative, or overflowing).
-absl::Status CheckOut(const std::optional<Array>& out) {
-  if (!out || out->num_bytes() <= static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
+absl::Status CheckOut(const Array* out) {
+  if (out == nullptr || out->num_bytes() <= static_cast<size_t>(std::numeric_limits<int64_t>::max())) {
     return absl::OkStatus();
   }
   std::string shape;
@@ -1591,8 +1554,88 @@ absl::Status CheckOut(const std::optional<Array>& out) {
       "out array of shape [", shape,
       "] has a negative dimension or a byte size that overflows int64"));
 }
+absl::Status CheckOut(const Array& out) { return CheckOut(&out); }
+absl::Status CheckOut(const std::optional<Array>& out) { return CheckOut(out ? &*out : nullptr); }
 
 }  // namespace
+
+// A synchronous op's arguments. The OpSpec is built only when the op goes
+// to the daemon or needs planning: a loop of small ops run member-side
+// builds none.
+struct Mesh::OpCall {
+  v1::OpKind kind;
+  const Array* x;  // null for a barrier
+  const AxisNames& axes;
+  const Array* out;  // null: in place
+  std::optional<AllGatherOptions> gather = std::nullopt;
+
+  v1::OpSpec Spec(const std::string& mesh_id) const {
+    v1::OpSpec spec =
+        MakeSpec(mesh_id, kind, x, axes, out ? std::optional<Array>(*out) : std::nullopt);
+    if (gather) {
+      spec.mutable_all_gather()->set_axis(gather->axis);
+      spec.mutable_all_gather()->set_tiled(gather->tiled);
+    }
+    return spec;
+  }
+  // What the op's plan depends on, as the spec would say it.
+  internal::MemberOpKey Key() const {
+    internal::MemberOpKey key;
+    key.kind = kind;
+    if (x != nullptr) {
+      key.dtype = static_cast<int>(static_cast<v1::DType>(x->dtype));
+      key.shape = x->shape;
+    }
+    key.axes = axes.names();
+    key.no_axes = !axes.all() && axes.names().empty();
+    if (gather) {
+      key.gather_axis = gather->axis;
+      key.gather_tiled = gather->tiled;
+    }
+    return key;
+  }
+};
+
+absl::Status Mesh::Run(const OpCall& call) {
+  const Array* x = call.x;
+  const Array* out = call.out;
+  if (absl::Status st = CheckOut(out); !st.ok()) return st;
+  if (member_side_ == nullptr) return Dispatch(OpRequest{call.Spec(id_)}).Wait();
+  internal::MemberIoRegion io;
+  // Host memory of this client's session mapped in this process, and only
+  // this member's.
+  auto MemberHostBuffer = [this](const Buffer* b) {
+    return b != nullptr && b->valid() && b->owner_ == client_.get() && b->device_ordinal() < 0 &&
+           !b->mesh_shared();
+  };
+  if (x != nullptr && MemberHostBuffer(x->buffer) && x->offset <= x->buffer->size()) {
+    io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
+    io.in_offset = x->offset;
+    io.in_avail = x->buffer->size() - x->offset;
+    io.in_place = out == nullptr;
+    if (out && MemberHostBuffer(out->buffer) && out->offset <= out->buffer->size()) {
+      io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
+      io.out_offset = out->offset;
+      io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
+      io.same_buffer = out->buffer == x->buffer;
+    }
+  }
+  OpFuture f;
+  {
+    // Held until the op is member-side or submitted to the daemon: another
+    // thread's op must not take this place in between.
+    MemberSide& side = *member_side_;
+    MutexLock lock(&side.mu);
+    if (stream() == nullptr && side.Idle()) {
+      std::optional<absl::Status> st =
+          side.ops->TryRun(call.Key(), [&] { return call.Spec(id_); }, io);
+      if (st) return *st;
+    }
+    f = Dispatch(OpRequest{call.Spec(id_)});
+    side.Track(f);
+  }
+  return f.Wait();
+}
 
 #define COLLECTIVED_REDUCTION(name, KIND)                                                  \
   OpFuture Mesh::name##_async(const Array& x, const AxisNames& axes,                       \
@@ -1600,7 +1643,7 @@ absl::Status CheckOut(const std::optional<Array>& out) {
     return Submit(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckOut(out)});        \
   }                                                                                        \
   absl::Status Mesh::name(const Array& x, const AxisNames& axes, std::optional<Array> out) { \
-    return Run(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckOut(out)}, &x, out);  \
+    return Run(OpCall{v1::KIND, &x, axes, out ? &*out : nullptr});                         \
   }
 COLLECTIVED_REDUCTION(psum, PSUM)
 COLLECTIVED_REDUCTION(pmean, PMEAN)
@@ -1620,13 +1663,15 @@ v1::OpSpec GatherSpec(const std::string& mesh_id, const Array& x, const AxisName
 
 }  // namespace
 
+
+
 OpFuture Mesh::all_gather_async(const Array& x, const AxisNames& axes, const Array& out,
                                 AllGatherOptions options) {
   return Submit(OpRequest{GatherSpec(id_, x, axes, out, options), CheckOut(out)});
 }
 absl::Status Mesh::all_gather(const Array& x, const AxisNames& axes, const Array& out,
                               AllGatherOptions options) {
-  return Run(OpRequest{GatherSpec(id_, x, axes, out, options), CheckOut(out)}, &x, out);
+  return Run(OpCall{v1::ALL_GATHER, &x, axes, &out, options});
 }
 
 OpFuture Mesh::ppermute_async(const Array& x, const AxisNames& axes,
@@ -1687,8 +1732,7 @@ OpFuture Mesh::barrier_async(const AxisNames& axes) {
   return Submit(OpRequest{MakeSpec(id_, v1::BARRIER, nullptr, axes, std::nullopt)});
 }
 absl::Status Mesh::barrier(const AxisNames& axes) {
-  return Run(OpRequest{MakeSpec(id_, v1::BARRIER, nullptr, axes, std::nullopt)}, nullptr,
-             std::nullopt);
+  return Run(OpCall{v1::BARRIER, nullptr, axes, nullptr});
 }
 
 // ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #include "client/src/member_ops.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -24,11 +25,51 @@ using member_ops::Key;
 
 namespace {
 
-// Waiting: poll (yielding) this long, then sleep on the member's bell in
+// Waiting: poll without yielding for up to kBusyPoll when every member can
+// have a CPU of its own (the peers' entries then arrive within a cache-line
+// transfer, and a sched_yield between looks would cost more than that),
+// then poll (yielding) for kSpin, then sleep on the member's bell in
 // slices of this length; between slices the waiter checks that the daemon
 // is alive (a killed daemon cannot mark the segment broken).
+constexpr int64_t kBusyPollNs = 20'000;
 constexpr absl::Duration kSpin = absl::Microseconds(200);
 constexpr absl::Duration kSlice = absl::Milliseconds(10);
+
+// A spin-wait hint to the CPU (lets a sibling hyperthread run, saves power).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Looks at `ready` without yielding the CPU, for at most kBusyPollNs;
+// whether it became true.
+template <typename Ready>
+bool BusyPoll(Ready ready) {
+  int64_t end = 0;
+  for (int i = 1; !ready(); ++i) {
+    CpuRelax();
+    if ((i & 255) == 0) {
+      const int64_t now = fastq::MonotonicNs();
+      if (end == 0) {
+        end = now + kBusyPollNs;
+      } else if (now >= end) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The CPUs this thread may run on.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
 
 bool KindRunsHere(OpKind kind) {
   switch (kind) {
@@ -42,18 +83,6 @@ bool KindRunsHere(OpKind kind) {
     default:
       return false;
   }
-}
-
-// Whether `a` and `b` (of a kind KindRunsHere) have the same plan: PlanOp
-// reads no other field for these kinds.
-bool SamePlan(const v1::OpSpec& a, const v1::OpSpec& b) {
-  auto same_list = [](const auto& x, const auto& y) {
-    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
-  };
-  return a.kind() == b.kind() && a.dtype() == b.dtype() && a.no_axes() == b.no_axes() &&
-         same_list(a.shape(), b.shape()) && same_list(a.axes(), b.axes()) &&
-         a.all_gather().axis() == b.all_gather().axis() &&
-         a.all_gather().tiled() == b.all_gather().tiled();
 }
 
 // Whether the daemon would accept the op's regions (its CheckRange, the
@@ -137,6 +166,7 @@ MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, Mesh
       op_timeout_(op_timeout),
       live_fd_(live_fd),
       expired_(std::move(expired)),
+      busy_poll_(shape_.num_members() <= UsableCpus()),
       // One thread (this one), and every op serial: they are small.
       executor_(CpuExecutorOptions{.threads = 1,
                                    .serial_bytes = std::numeric_limits<size_t>::max()}) {}
@@ -185,24 +215,44 @@ absl::Status MemberOps::Broken() const {
                       reason.empty() || code == member_ops::kBrokenWriting ? "mesh broken" : reason);
 }
 
-std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const MemberIoRegion& io) {
+bool MemberOps::HasPlanFor(const MemberOpKey& key) const {
+  const CachedKey& c = cached_key_;
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
+  };
+  return cached_plan_.has_value() && c.kind == key.kind && c.dtype == key.dtype &&
+         c.no_axes == key.no_axes && c.gather_axis == key.gather_axis &&
+         c.gather_tiled == key.gather_tiled && same(c.shape, key.shape) && same(c.axes, key.axes);
+}
+
+std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
+                                              absl::FunctionRef<v1::OpSpec()> spec,
+                                              const MemberIoRegion& io) {
   // A broken mesh or a daemon that is gone: the daemon path says so, with
   // its usual errors. The daemon is looked at (one poll()) at most once a
   // millisecond: ops complete member-side for at most that long after it
   // died, as ops it completed just before dying would.
   if (absl::Status b = Broken(); !b.ok()) return std::nullopt;
-  if (const int64_t now = fastq::MonotonicNs(); now - alive_checked_ns_ > 1'000'000) {
+  const int64_t now = fastq::MonotonicNs();
+  if (now - alive_checked_ns_ > 1'000'000) {
     if (!DaemonAlive()) return std::nullopt;
     alive_checked_ns_ = now;
   }
-  if (op.timeout_ms() < 0 || !KindRunsHere(static_cast<OpKind>(op.kind()))) return std::nullopt;
-  if (!cached_plan_ || !SamePlan(op, cached_spec_)) {
-    absl::StatusOr<OpPlan> planned = PlanOp(op, shape_);
+  if (!KindRunsHere(static_cast<OpKind>(op.kind))) return std::nullopt;
+  if (!HasPlanFor(op)) {
+    cached_plan_.reset();
+    absl::StatusOr<OpPlan> planned = PlanOp(spec(), shape_);
     // Refused here exactly as the daemon refuses it, without taking a place
     // in the op order (the daemon would not give it one either).
     if (!planned.ok()) return planned.status();
     cached_plan_ = *std::move(planned);
-    cached_spec_ = op;
+    cached_key_ = CachedKey{op.kind,
+                            op.dtype,
+                            {op.shape.begin(), op.shape.end()},
+                            {op.axes.begin(), op.axes.end()},
+                            op.no_axes,
+                            op.gather_axis,
+                            op.gather_tiled};
   }
   const OpPlan& plan = *cached_plan_;
   if (plan.in_bytes > view_.layout.payload_bytes ||
@@ -228,7 +278,7 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
   std::memcpy(mine->signature, plan.signature.data(), plan.signature.size());
   mine->in_bytes = static_cast<uint32_t>(plan.in_bytes);
   if (moves_data && plan.in_bytes > 0) std::memcpy(view_.payload(index_, s), io.in, plan.in_bytes);
-  mine->published_ns = fastq::MonotonicNs();
+  mine->published_ns = now;
   mine->key.store(key, std::memory_order_seq_cst);
   member_ops::RingAll(view_, index_);
 
@@ -256,42 +306,45 @@ std::optional<absl::Status> MemberOps::TryRun(const v1::OpSpec& op, const Member
     return all_here || daemon_path ||
            view_.header()->broken.v.load(std::memory_order_seq_cst) != 0;
   };
-  const absl::Duration timeout =
-      op.timeout_ms() > 0 ? absl::Milliseconds(op.timeout_ms()) : op_timeout_;
-  absl::Time deadline = absl::Now() + timeout;
-  // The daemon answers for missing members; past this even its answers
-  // ("nobody is missing", from a segment a member corrupted) stop the wait.
-  const absl::Duration limit = 2 * timeout + absl::Seconds(10);
-  const absl::Time give_up = absl::Now() + limit;
-  member_ops::Slot& slot = *view_.slot(index_);
-  for (;;) {
-    // Between sleeps: is the daemon still there (it cannot mark the
-    // segment if it was killed)?
-    bool alive = true;
-    if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready,
-                             [&] { return alive = DaemonAlive(); }, kSpin, kSlice, deadline)) {
-      break;
+  // The peers are usually here within a microsecond: the deadlines are
+  // computed only when they are not.
+  if (!(busy_poll_ && BusyPoll(ready))) {
+    const absl::Duration timeout = op_timeout_;
+    absl::Time deadline = absl::Now() + timeout;
+    // The daemon answers for missing members; past this even its answers
+    // ("nobody is missing", from a segment a member corrupted) stop the wait.
+    const absl::Duration limit = 2 * timeout + absl::Seconds(10);
+    const absl::Time give_up = absl::Now() + limit;
+    member_ops::Slot& slot = *view_.slot(index_);
+    for (;;) {
+      // Between sleeps: is the daemon still there (it cannot mark the
+      // segment if it was killed)?
+      bool alive = true;
+      if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready,
+                               [&] { return alive = DaemonAlive(); }, kSpin, kSlice, deadline)) {
+        break;
+      }
+      // A dead daemon: every waiter finds out by itself (no mark, which
+      // would turn the others' UNAVAILABLE into ABORTED).
+      if (!alive) return DaemonLost();
+      if (absl::Now() >= give_up) {
+        return Abandon(absl::DeadlineExceededError(absl::StrCat(
+            "member-side ", plan.signature, ": the members' entries never agreed within ",
+            absl::FormatDuration(limit),
+            " although the daemon saw nobody missing (a corrupt segment?)")));
+      }
+      // Past the deadline: the daemon names the missing members and breaks
+      // the mesh, or says nobody is missing (then look again, briefly).
+      absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
+      if (!broke.ok()) {
+        if (!DaemonAlive()) return DaemonLost();
+        return Abandon(absl::Status(
+            broke.status().code(), absl::StrCat("member-side op: asking the daemon about members "
+                                                "that did not arrive in time: ",
+                                                broke.status().message())));
+      }
+      deadline = absl::Now() + (*broke ? absl::Seconds(5) : kSlice);
     }
-    // A dead daemon: every waiter finds out by itself (no mark, which
-    // would turn the others' UNAVAILABLE into ABORTED).
-    if (!alive) return DaemonLost();
-    if (absl::Now() >= give_up) {
-      return Abandon(absl::DeadlineExceededError(absl::StrCat(
-          "member-side ", plan.signature, ": the members' entries never agreed within ",
-          absl::FormatDuration(limit),
-          " although the daemon saw nobody missing (a corrupt segment?)")));
-    }
-    // Past the deadline: the daemon names the missing members and breaks
-    // the mesh, or says nobody is missing (then look again, briefly).
-    absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
-    if (!broke.ok()) {
-      if (!DaemonAlive()) return DaemonLost();
-      return Abandon(absl::Status(
-          broke.status().code(), absl::StrCat("member-side op: asking the daemon about members "
-                                              "that did not arrive in time: ",
-                                              broke.status().message())));
-    }
-    deadline = absl::Now() + (*broke ? absl::Seconds(5) : kSlice);
   }
   if (!all_here) {
     if (daemon_path) return std::nullopt;  // the daemon path says the rest

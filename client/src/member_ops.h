@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "collectived/v1/collective.pb.h"
 #include "common/member_ops.h"
 #include "daemon/exec/cpu_executor.h"
@@ -33,6 +35,19 @@ struct MemberIoRegion {
   uint64_t out_offset = 0;
   uint64_t out_avail = 0;  // bytes from `out` to the end of the region the op may write
   bool same_buffer = false;  // input and output are in one buffer
+};
+
+// What an op's plan depends on, as the SDK's call gives it (PlanOp reads no
+// other field of an OpSpec for the kinds that run member-side): a loop's ops
+// are matched to the last op's plan without building an OpSpec.
+struct MemberOpKey {
+  int kind = 0;   // v1::OpKind
+  int dtype = 0;  // v1::DType; 0 without an input
+  absl::Span<const int64_t> shape;
+  absl::Span<const std::string> axes;
+  bool no_axes = false;  // the empty tuple (axes is then empty)
+  int64_t gather_axis = 0;
+  bool gather_tiled = false;
 };
 
 class MemberOps {
@@ -62,7 +77,10 @@ class MemberOps {
   // outcome (an invalid op is refused here as the daemon would, and a
   // broken mesh or a missing member give the daemon's ABORTED or
   // DEADLINE_EXCEEDED).
-  std::optional<absl::Status> TryRun(const v1::OpSpec& op, const MemberIoRegion& io);
+  // `spec` builds the op's OpSpec (with the fields `key` describes): called
+  // only when the op has not the last op's plan.
+  std::optional<absl::Status> TryRun(const MemberOpKey& key, absl::FunctionRef<v1::OpSpec()> spec,
+                                     const MemberIoRegion& io);
 
   // Member-side ops this member completed, for diagnostics.
   uint64_t completed() const { return s_; }
@@ -89,15 +107,30 @@ class MemberOps {
   const absl::Duration op_timeout_;
   const int live_fd_;  // duplicate of the side socket, polled for hangup
   ExpiredFn expired_;
+  // Whether a waiter polls without yielding first: when this process may
+  // use at least as many CPUs as the mesh has members (else a busy peer
+  // could hold the CPU another member needs).
+  const bool busy_poll_;
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
   uint64_t s_ = 0;  // member-side ops done (S)
   // The key this member published and has not run member-side (0: none).
   uint64_t unused_key_ = 0;
-  // The last op's plan, and the op it is the plan of (a loop plans once).
+  // The last op's plan, and the key it is the plan of (a loop plans once).
+  struct CachedKey {
+    int kind = 0;
+    int dtype = 0;
+    std::vector<int64_t> shape;
+    std::vector<std::string> axes;
+    bool no_axes = false;
+    int64_t gather_axis = 0;
+    bool gather_tiled = false;
+  };
+  // Whether the cached plan is `key`'s.
+  bool HasPlanFor(const MemberOpKey& key) const;
   std::optional<OpPlan> cached_plan_;
-  v1::OpSpec cached_spec_;
+  CachedKey cached_key_;
   int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
 };
 

@@ -448,15 +448,16 @@ class Mesh {
   friend class ClientImpl;
   Mesh() = default;
   struct OpRequest;  // defined in the implementation
+  struct OpCall;     // a synchronous op's arguments, before any OpSpec is built
   struct StreamOrder;  // set_stream's words and stream
   struct MemberSide;  // member-side small ops: the segment, ops in flight
   OpFuture Submit(const OpRequest& request);
   // Sends `request` to the daemon, stream-ordered or not.
   OpFuture Dispatch(const OpRequest& request);
   OpFuture SubmitOnStream(const OpRequest& request);
-  // Runs `request` and waits for it: member-side when it can (x: its input
-  // array, null for a barrier; out: its output array, absent in place).
-  absl::Status Run(const OpRequest& request, const Array* x, const std::optional<Array>& out);
+  // Runs `call` and waits for it: member-side when it can, else through the
+  // daemon.
+  absl::Status Run(const OpCall& call);
   // A future already failed with `status` (an op refused in this process).
   OpFuture FailedOp(absl::Status status) const;
 
