@@ -1204,7 +1204,7 @@ Buffer::~Buffer() { Reset(); }
 Buffer::Buffer(Buffer&& other) noexcept
     : id_(std::move(other.id_)), data_(other.data_), size_(other.size_),
       device_(std::move(other.device_)), device_ordinal_(other.device_ordinal_),
-      mesh_shared_(other.mesh_shared_), owner_(other.owner_),
+      shared_mesh_(std::move(other.shared_mesh_)), owner_(other.owner_),
       gpu_mapping_(std::move(other.gpu_mapping_)) {
   other.data_ = nullptr;
   other.size_ = 0;
@@ -1219,7 +1219,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     size_ = other.size_;
     device_ = std::move(other.device_);
     device_ordinal_ = other.device_ordinal_;
-    mesh_shared_ = other.mesh_shared_;
+    shared_mesh_ = std::move(other.shared_mesh_);
     owner_ = other.owner_;
     gpu_mapping_ = std::move(other.gpu_mapping_);
     other.data_ = nullptr;
@@ -1321,7 +1321,7 @@ OpFuture Mesh::submit(const Collective& op) {
 absl::StatusOr<Buffer> Mesh::AllocateShared(size_t bytes) {
   if (left_.load()) return absl::FailedPreconditionError("left the mesh");
   absl::StatusOr<Buffer> b = client_->Allocate(bytes, "", id_);
-  if (b.ok()) b->mesh_shared_ = true;
+  if (b.ok()) b->shared_mesh_ = id_;
   return b;
 }
 
@@ -1613,11 +1613,18 @@ absl::Status Mesh::Run(const OpCall& call) {
     io.in_offset = x->offset;
     io.in_avail = x->buffer->size() - x->offset;
     io.in_place = out == nullptr;
-    if (out && MemberHostBuffer(out->buffer) && out->offset <= out->buffer->size()) {
+    // The output: this member's own, or (an all_gather) a buffer this mesh
+    // shares, which each member writes its own block of.
+    const bool own_out = out && MemberHostBuffer(out->buffer);
+    const bool shared_out = out && call.kind == v1::ALL_GATHER && out->buffer != nullptr &&
+                            out->buffer->valid() && out->buffer->owner_ == client_.get() &&
+                            out->buffer->shared_mesh_ == id_ && out->buffer->device_ordinal() < 0;
+    if ((own_out || shared_out) && out->offset <= out->buffer->size()) {
       io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
       io.out_offset = out->offset;
       io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
       io.same_buffer = out->buffer == x->buffer;
+      if (shared_out) io.shared_out = &out->buffer->id();
     }
   }
   OpFuture f;

@@ -225,44 +225,8 @@ bool MemberOps::HasPlanFor(const MemberOpKey& key) const {
          c.gather_tiled == key.gather_tiled && same(c.shape, key.shape) && same(c.axes, key.axes);
 }
 
-std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
-                                              absl::FunctionRef<v1::OpSpec()> spec,
-                                              const MemberIoRegion& io) {
-  // A broken mesh or a daemon that is gone: the daemon path says so, with
-  // its usual errors. The daemon is looked at (one poll()) at most once a
-  // millisecond: ops complete member-side for at most that long after it
-  // died, as ops it completed just before dying would.
-  if (absl::Status b = Broken(); !b.ok()) return std::nullopt;
-  const int64_t now = fastq::MonotonicNs();
-  if (now - alive_checked_ns_ > 1'000'000) {
-    if (!DaemonAlive()) return std::nullopt;
-    alive_checked_ns_ = now;
-  }
-  if (!KindRunsHere(static_cast<OpKind>(op.kind))) return std::nullopt;
-  if (!HasPlanFor(op)) {
-    cached_plan_.reset();
-    absl::StatusOr<OpPlan> planned = PlanOp(spec(), shape_);
-    // Refused here exactly as the daemon refuses it, without taking a place
-    // in the op order (the daemon would not give it one either).
-    if (!planned.ok()) return planned.status();
-    cached_plan_ = *std::move(planned);
-    cached_key_ = CachedKey{op.kind,
-                            op.dtype,
-                            {op.shape.begin(), op.shape.end()},
-                            {op.axes.begin(), op.axes.end()},
-                            op.no_axes,
-                            op.gather_axis,
-                            op.gather_tiled};
-  }
-  const OpPlan& plan = *cached_plan_;
-  if (plan.in_bytes > view_.layout.payload_bytes ||
-      plan.signature.size() > member_ops::kMaxSignature) {
-    return std::nullopt;
-  }
-  const bool moves_data = plan.kind != OpKind::kBarrier && (plan.in_bytes > 0 || plan.out_bytes > 0);
-  uint8_t* out = io.in_place ? const_cast<uint8_t*>(io.in) : io.out;
-  if (moves_data && !RegionsFit(plan, io)) return std::nullopt;  // the daemon says what is wrong
-
+std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const uint8_t* payload,
+                                            uint64_t payload_bytes, int64_t now) {
   // Publish this member's entry at (D, S).
   const uint32_t d = view_.slot(index_)->daemon_ops.v.load(std::memory_order_seq_cst);
   const uint64_t s = s_;
@@ -274,10 +238,10 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   if (key == unused_key_) return std::nullopt;
   unused_key_ = key;  // until the op runs here
   Entry* mine = view_.entry(index_, s);
-  mine->sig_len = static_cast<uint32_t>(plan.signature.size());
-  std::memcpy(mine->signature, plan.signature.data(), plan.signature.size());
-  mine->in_bytes = static_cast<uint32_t>(plan.in_bytes);
-  if (moves_data && plan.in_bytes > 0) std::memcpy(view_.payload(index_, s), io.in, plan.in_bytes);
+  mine->sig_len = static_cast<uint32_t>(signature.size());
+  std::memcpy(mine->signature, signature.data(), signature.size());
+  mine->in_bytes = static_cast<uint32_t>(payload_bytes);
+  if (payload_bytes > 0) std::memcpy(view_.payload(index_, s), payload, payload_bytes);
   mine->published_ns = now;
   mine->key.store(key, std::memory_order_seq_cst);
   member_ops::RingAll(view_, index_);
@@ -329,7 +293,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
       if (!alive) return DaemonLost();
       if (absl::Now() >= give_up) {
         return Abandon(absl::DeadlineExceededError(absl::StrCat(
-            "member-side ", plan.signature, ": the members' entries never agreed within ",
+            "member-side ", signature, ": the members' entries never agreed within ",
             absl::FormatDuration(limit),
             " although the daemon saw nobody missing (a corrupt segment?)")));
       }
@@ -359,8 +323,56 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
       return std::nullopt;  // the daemon reports who submitted what
     }
   }
+  return absl::OkStatus();
+}
 
+std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
+                                              absl::FunctionRef<v1::OpSpec()> spec,
+                                              const MemberIoRegion& io) {
+  // A broken mesh or a daemon that is gone: the daemon path says so, with
+  // its usual errors. The daemon is looked at (one poll()) at most once a
+  // millisecond: ops complete member-side for at most that long after it
+  // died, as ops it completed just before dying would.
+  if (absl::Status b = Broken(); !b.ok()) return std::nullopt;
+  const int64_t now = fastq::MonotonicNs();
+  if (now - alive_checked_ns_ > 1'000'000) {
+    if (!DaemonAlive()) return std::nullopt;
+    alive_checked_ns_ = now;
+  }
+  if (!KindRunsHere(static_cast<OpKind>(op.kind))) return std::nullopt;
+  if (!HasPlanFor(op)) {
+    cached_plan_.reset();
+    absl::StatusOr<OpPlan> planned = PlanOp(spec(), shape_);
+    // Refused here exactly as the daemon refuses it, without taking a place
+    // in the op order (the daemon would not give it one either).
+    if (!planned.ok()) return planned.status();
+    cached_plan_ = *std::move(planned);
+    cached_key_ = CachedKey{op.kind,
+                            op.dtype,
+                            {op.shape.begin(), op.shape.end()},
+                            {op.axes.begin(), op.axes.end()},
+                            op.no_axes,
+                            op.gather_axis,
+                            op.gather_tiled};
+  }
+  const OpPlan& plan = *cached_plan_;
+  if (io.shared_out != nullptr) return RunIntoShared(plan, io, now);
+  if (plan.in_bytes > view_.layout.payload_bytes ||
+      plan.signature.size() > member_ops::kMaxSignature) {
+    return std::nullopt;
+  }
+  const bool moves_data = plan.kind != OpKind::kBarrier && (plan.in_bytes > 0 || plan.out_bytes > 0);
+  uint8_t* out = io.in_place ? const_cast<uint8_t*>(io.in) : io.out;
+  if (moves_data && !RegionsFit(plan, io)) return std::nullopt;  // the daemon says what is wrong
+
+  if (std::optional<absl::Status> met =
+          Meet(plan.signature, io.in, moves_data ? plan.in_bytes : 0, now);
+      !met || !met->ok()) {
+    return met;
+  }
   // Every member agrees: run this member's share with the daemon's code.
+  const uint32_t members = view_.layout.members;
+  const uint64_t s = s_;
   if (moves_data) {
     // ios_[m].in is m's payload; only this member's out is set.
     std::vector<MemberIo>& ios = ios_;
@@ -376,6 +388,50 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
     }
     if (!st.ok()) return Abandon(st);
   }
+  ++s_;
+  unused_key_ = 0;
+  return absl::OkStatus();
+}
+
+std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
+                                                     int64_t now) {
+  // Each member's block is one contiguous run of the output at its index in
+  // the group when the gather is along the first dimension over every
+  // member (one group, which the daemon requires of a shared output too).
+  // Anything else, or a region the daemon would refuse, goes to the daemon.
+  if (plan.kind != OpKind::kAllGather || plan.groups.size() != 1 || plan.axis != 0 ||
+      !RegionsFit(plan, io) || io.in_place) {
+    return std::nullopt;
+  }
+  // The members agree on the region by its buffer and offset: a member
+  // naming another region makes the signatures differ, and the daemon then
+  // reports who writes elsewhere, before anything is written.
+  signature_.clear();
+  absl::StrAppend(&signature_, "written: ", plan.signature, " into shared buffer ",
+                  *io.shared_out, " at ", io.out_offset);
+  constexpr size_t kWritten = 9;  // "written: "
+  if (signature_.size() > member_ops::kMaxSignature) return std::nullopt;
+  const absl::string_view agree = absl::string_view(signature_).substr(kWritten);
+  if (std::optional<absl::Status> met = Meet(agree, nullptr, 0, now); !met || !met->ok()) {
+    return met;
+  }
+  // This place ran member-side: every member writes its block now.
+  ++s_;
+  unused_key_ = 0;
+  const uint64_t block = plan.in_bytes;
+  if (block > 0) {
+    std::memcpy(io.out + static_cast<uint64_t>(plan.index_in_group[index_]) * block, io.in, block);
+  }
+  // The next place: every block is written once every member is there.
+  std::optional<absl::Status> written = Meet(signature_, nullptr, 0, fastq::MonotonicNs());
+  if (!written) {
+    // Only a member that does not follow the protocol (or a corrupt
+    // segment) takes another path at this place.
+    return Abandon(absl::InternalError(absl::StrCat(
+        "member-side ", plan.signature, " into a shared buffer: a member did not confirm its "
+        "block at the place after the op's (a corrupt segment?)")));
+  }
+  if (!written->ok()) return *written;
   ++s_;
   unused_key_ = 0;
   return absl::OkStatus();

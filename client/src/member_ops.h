@@ -35,6 +35,9 @@ struct MemberIoRegion {
   uint64_t out_offset = 0;
   uint64_t out_avail = 0;  // bytes from `out` to the end of the region the op may write
   bool same_buffer = false;  // input and output are in one buffer
+  // Set when `out` is in a buffer the mesh shares (Mesh::AllocateShared):
+  // its id, the same for every member.
+  const std::string* shared_out = nullptr;
 };
 
 // What an op's plan depends on, as the SDK's call gives it (PlanOp reads no
@@ -88,6 +91,20 @@ class MemberOps {
  private:
   MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape, int index,
             absl::Duration op_timeout, int live_fd, ExpiredFn expired);
+  // Publishes this member's entry at its next place (D, S) with `signature`
+  // and `payload_bytes` of `payload`, and waits until every member's entry
+  // for that place is there. OK: every entry is there with the same
+  // signature and payload size (S is not advanced: the caller does once the
+  // op ran). nullopt: the op goes to the daemon (a member took the daemon
+  // path at this place, or the entries differ). Otherwise the op's error (a
+  // broken mesh, a missing member, the daemon gone). `now`: MonotonicNs.
+  std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
+                                   uint64_t payload_bytes, int64_t now);
+  // An all_gather whose output is in a buffer the mesh shares: each member
+  // copies its own input into its block, at its place, and a second place
+  // tells every member that every block is written.
+  std::optional<absl::Status> RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
+                                            int64_t now);
   // Whether the daemon's end of the side socket is still open.
   bool DaemonAlive() const;
   // The segment's status once the daemon marked it broken, else OK.
@@ -114,6 +131,7 @@ class MemberOps {
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
+  std::string signature_;      // RunIntoShared's signatures, kept to reuse
   uint64_t s_ = 0;  // member-side ops done (S)
   // The key this member published and has not run member-side (0: none).
   uint64_t unused_key_ = 0;

@@ -11,6 +11,9 @@
 //    without taking a place in the op order;
 //  - a member that does not come is named (DEADLINE_EXCEEDED) and a member
 //    that goes away breaks the mesh (ABORTED naming it), waking the waiters;
+//  - an all_gather into a buffer the mesh shares is written by each member
+//    once, at any size; a member naming another region sends every member
+//    to the daemon, which refuses it before anything is written;
 //  - a member that scribbles over its segment hurts only its own mesh.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -331,6 +334,103 @@ TEST(MemberOpsTest, DifferingOpsFailEverywhereAndTheMeshGoesOn) {
   EXPECT_EQ(reinterpret_cast<float*>(r->in(0))[3], 3.0f);
   EXPECT_EQ(reinterpret_cast<float*>(r->in(1))[0], 3.0f);
   EXPECT_EQ(DaemonOps(*r->daemon), before) << "the last psum ran member-side";
+}
+
+// An all_gather into a buffer the mesh shares runs member-side at any size
+// (nothing goes through the segment): each member writes its own block, and
+// every member's op returns once every block is written.
+TEST(MemberOpsTest, AllGatherIntoASharedBufferIsWrittenByEachMemberOnce) {
+  constexpr int kN = 4;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  constexpr size_t kOffset = 64;  // the region starts inside the buffer
+  constexpr size_t kSharedBytes = kOffset + kN * kBufferBytes + 4096;
+  std::vector<Buffer> shared;
+  for (int i = 0; i < kN; ++i) {
+    auto b = r->mesh(i).AllocateShared(kSharedBytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    shared.push_back(*std::move(b));
+  }
+  auto shared_bytes = [&](int i) { return static_cast<const uint8_t*>(shared[i].data()); };
+  // Whether the shared buffer holds only the fill outside [from, to).
+  auto untouched_outside = [&](size_t from, size_t to) {
+    for (size_t k = 0; k < kSharedBytes; ++k) {
+      if ((k < from || k >= to) && shared_bytes(0)[k] != 0x5A) return false;
+    }
+    return true;
+  };
+  const int64_t daemon_ops_before = DaemonOps(*r->daemon);
+  uint32_t seed = 7;
+  // Up to the whole 1 MiB input: far past the segment's 64 KiB payload.
+  for (int64_t elems : {int64_t{1}, int64_t{1000}, int64_t{kBufferBytes / 4}}) {
+    for (bool tiled : {true, false}) {
+      for (int i = 0; i < kN; ++i) Fill(r->in(i), elems * 4, ++seed);
+      std::memset(shared[0].data(), 0x5A, kSharedBytes);
+      ExpectAllOk(OnAll(kN, [&](int i) {
+        const std::vector<int64_t> shape =
+            tiled ? std::vector<int64_t>{kN * elems} : std::vector<int64_t>{kN, elems};
+        return r->mesh(i).all_gather(Array::Of<float>(r->m.buffers[i], {elems}),
+                                     AxisNames::All(),
+                                     Array{&shared[i], kOffset, DType::kF32, shape},
+                                     {.axis = 0, .tiled = tiled});
+      }));
+      // Every member sees every block, bit for bit its owner's input.
+      for (int reader = 0; reader < kN; ++reader) {
+        for (int i = 0; i < kN; ++i) {
+          ASSERT_EQ(std::memcmp(shared_bytes(reader) + kOffset + i * elems * 4, r->in(i),
+                                elems * 4),
+                    0)
+              << "elems " << elems << " tiled " << tiled << " block " << i;
+        }
+      }
+      EXPECT_TRUE(untouched_outside(kOffset, kOffset + kN * elems * 4)) << elems;
+    }
+  }
+  EXPECT_EQ(DaemonOps(*r->daemon), daemon_ops_before) << "the daemon ran some of them";
+
+  // Member 3 names another region: every member goes to the daemon, which
+  // refuses the op before anything is written.
+  std::memset(shared[0].data(), 0x5A, kSharedBytes);
+  const std::vector<absl::Status> st = OnAll(kN, [&](int i) {
+    return r->mesh(i).all_gather(Array::Of<float>(r->m.buffers[i], {16}), AxisNames::All(),
+                                 Array{&shared[i], i == 3 ? kOffset + 4096 : kOffset,
+                                       DType::kF32, {kN * 16}},
+                                 {.axis = 0, .tiled = true});
+  });
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(st[i].code(), absl::StatusCode::kFailedPrecondition) << st[i];
+    EXPECT_CONTAINS(st[i].message(), "member 3 writes its result elsewhere");
+  }
+  EXPECT_TRUE(untouched_outside(0, 0));
+
+  // Gathered along the second dimension, the blocks interleave: the daemon
+  // writes it, as the result shows.
+  for (int i = 0; i < kN; ++i) {
+    float* x = reinterpret_cast<float*>(r->in(i));
+    for (int e = 0; e < 6; ++e) x[e] = static_cast<float>(10 * i + e);
+  }
+  const int64_t before = DaemonOps(*r->daemon);
+  ExpectAllOk(OnAll(kN, [&](int i) {
+    return r->mesh(i).all_gather(Array::Of<float>(r->m.buffers[i], {2, 3}), AxisNames::All(),
+                                 Array{&shared[i], kOffset, DType::kF32, {2, kN * 3}},
+                                 {.axis = 1, .tiled = true});
+  }));
+  EXPECT_EQ(DaemonOps(*r->daemon), before + 1);
+  const float* out = reinterpret_cast<const float*>(shared_bytes(2) + kOffset);
+  for (int row = 0; row < 2; ++row) {
+    for (int i = 0; i < kN; ++i) {
+      for (int c = 0; c < 3; ++c) {
+        EXPECT_EQ(out[row * kN * 3 + i * 3 + c], static_cast<float>(10 * i + row * 3 + c));
+      }
+    }
+  }
+  // And the mesh goes on member-side.
+  ExpectAllOk(OnAll(kN, [&](int i) {
+    return r->mesh(i).all_gather(Array::Of<float>(r->m.buffers[i], {4}), AxisNames::All(),
+                                 Array{&shared[i], 0, DType::kF32, {kN * 4}},
+                                 {.axis = 0, .tiled = true});
+  }));
+  EXPECT_EQ(DaemonOps(*r->daemon), before + 1);
 }
 
 TEST(MemberOpsTest, AMemberThatDoesNotComeIsNamed) {

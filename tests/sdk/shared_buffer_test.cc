@@ -252,8 +252,12 @@ TEST_F(SharedBufferTest, AllGatherIntoASharedRegionIsWrittenOnce) {
   ASSERT_EQ(shared.size(), static_cast<size_t>(kMembers));
   const int64_t before = BytesWritten("all_gather");
   for (const absl::Status& st : OnAll([&](int i) {
-         return m_.meshes[i]->all_gather(In(i), AxisNames::All(),
-                                         Array::Of<float>(shared[i], {kMembers, kElems}));
+         // Asynchronous: the daemon writes it (a synchronous one would run
+         // member-side, each member writing its block; member_ops_test).
+         return m_.meshes[i]
+             ->all_gather_async(In(i), AxisNames::All(),
+                                Array::Of<float>(shared[i], {kMembers, kElems}))
+             .Wait();
        })) {
     ASSERT_TRUE(st.ok()) << st;
   }

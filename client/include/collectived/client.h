@@ -101,7 +101,7 @@ class Buffer {
   // UUID: ordinals differ between containers); -1 for host memory.
   int device_ordinal() const { return device_ordinal_; }
   // A buffer a mesh's members share (Mesh::AllocateShared).
-  bool mesh_shared() const { return mesh_shared_; }
+  bool mesh_shared() const { return !shared_mesh_.empty(); }
   bool valid() const { return data_ != nullptr; }
   // The whole buffer as elements of T.
   template <typename T>
@@ -121,7 +121,7 @@ class Buffer {
   size_t size_ = 0;
   std::string device_;
   int device_ordinal_ = -1;
-  bool mesh_shared_ = false;
+  std::string shared_mesh_;  // the id of the mesh that shares it; empty: none
   const ClientImpl* owner_ = nullptr;  // the client whose session holds it
   // GPU buffers: the imported mapping (unmapped when the last owner drops
   // it); host buffers: empty, data_ is an mmap.
@@ -426,9 +426,11 @@ class Mesh {
   // axis of the mesh (AxisNames::All()), each member naming the same region,
   // no input inside it. The daemon then writes the result once instead of
   // once per member; any other op with it as output fails with
-  // FAILED_PRECONDITION. Who writes it and when to read it: the daemon
-  // writes the region while the op runs; every member may read it once its
-  // own future is ready (the op completes for all members at once), and
+  // FAILED_PRECONDITION. Who writes it and when to read it: the op writes
+  // the region while it runs (the daemon; for a synchronous all_gather along
+  // the first dimension, each member its own block); every member may read
+  // it once its own future is ready (the op completes for all members at
+  // once), and
   // until some member submits the next op writing into it, so order reads
   // before that (e.g. by a barrier, or by each member reading before it
   // submits its next op into the buffer, as the op waits for every member).
