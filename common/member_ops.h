@@ -47,13 +47,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 
 #include "common/fast_queue.h"
 
 namespace collectived::member_ops {
 
 inline constexpr uint32_t kMagic = 0x3153434d;  // "MCS1"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;
+// Header::code: which code plans and computes the ops (the daemon's
+// COLLECTIVED_MEMBER_OPS_CODE, cmake/MemberOpsCode.cmake). A member runs
+// ops member-side only when its SDK's is the same: the daemon and every
+// member then compute with the same code, so the bits cannot differ.
+inline constexpr size_t kCodeBytes = 64;
 // Signature text kept in an entry (longer ones take the daemon path).
 inline constexpr size_t kMaxSignature = 240;
 // The segment of a mesh is at most this big: the payload per entry shrinks
@@ -73,6 +79,7 @@ struct Header {
   uint64_t slot_offset;    // of member 0's slot
   uint64_t entry_offset;   // of member 0's first entry
   int64_t op_timeout_ms;   // the mesh's op timeout when it formed
+  char code[kCodeBytes];   // NUL-terminated (see kCodeBytes)
   // Daemon: 0 while the mesh works; else the absl::StatusCode every waiter
   // returns, with `reason` (written before `broken`).
   alignas(64) fastq::Word broken;
@@ -160,8 +167,9 @@ struct View {
   }
 };
 
-// Writes a fresh header into a zeroed region of l.total_bytes.
-inline void Init(void* base, const Layout& l, int64_t op_timeout_ms) {
+// Writes a fresh header into a zeroed region of l.total_bytes; `code`
+// (truncated to kCodeBytes - 1) is the daemon's code identity.
+inline void Init(void* base, const Layout& l, int64_t op_timeout_ms, std::string_view code) {
   auto* h = static_cast<Header*>(base);
   h->magic = kMagic;
   h->version = kVersion;
@@ -171,6 +179,18 @@ inline void Init(void* base, const Layout& l, int64_t op_timeout_ms) {
   h->slot_offset = l.slot_offset;
   h->entry_offset = l.entry_offset;
   h->op_timeout_ms = op_timeout_ms;
+  const size_t n = code.size() < kCodeBytes ? code.size() : kCodeBytes - 1;
+  std::memcpy(h->code, code.data(), n);
+  h->code[n] = '\0';
+}
+
+// The code identity in the header of a mapped region of `bytes` (empty when
+// the region is too small for a header), copied once: a member may change it.
+inline std::string_view CodeOf(const void* base, uint64_t bytes, char (&copy)[kCodeBytes]) {
+  if (bytes < sizeof(Header)) return {};
+  std::memcpy(copy, static_cast<const Header*>(base)->code, kCodeBytes);
+  copy[kCodeBytes - 1] = '\0';
+  return std::string_view(copy, std::strlen(copy));
 }
 
 // The layout of a mapped region of `bytes` that holds a segment for

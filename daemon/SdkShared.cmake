@@ -28,3 +28,33 @@ add_library(collectived_wire_plan STATIC ${_collectived_daemon_dir}/core/op_plan
 target_link_libraries(collectived_wire_plan
   PUBLIC collectived_plan collectived_proto absl::statusor PRIVATE collectived_warnings)
 
+
+# The identity of the code above, for member-side ops: a header with
+# COLLECTIVED_MEMBER_OPS_CODE (cmake/MemberOpsCode.cmake), regenerated when
+# any of these sources changes. The daemon and the SDK compile it in; use
+# collectived_use_member_ops_code(target) on a target that includes
+# "collectived/member_ops_code.h".
+file(GLOB _collectived_member_ops_sources CONFIGURE_DEPENDS
+  ${_collectived_daemon_dir}/plan/*.h ${_collectived_daemon_dir}/plan/*.cc
+  ${_collectived_daemon_dir}/exec/*.h ${_collectived_daemon_dir}/exec/*.cc
+  ${_collectived_daemon_dir}/core/op_plan.h ${_collectived_daemon_dir}/core/op_plan.cc
+  ${_collectived_daemon_dir}/../common/*.h)
+list(FILTER _collectived_member_ops_sources EXCLUDE REGEX "_test\\.cc$")
+list(JOIN _collectived_member_ops_sources "|" _collectived_member_ops_files)
+set(_collectived_member_ops_dir ${CMAKE_BINARY_DIR}/generated)
+set(_collectived_member_ops_header ${_collectived_member_ops_dir}/collectived/member_ops_code.h)
+add_custom_command(
+  OUTPUT ${_collectived_member_ops_header}
+  COMMAND ${CMAKE_COMMAND} -DOUT=${_collectived_member_ops_header} -DVERSION=${PROJECT_VERSION}
+          -DFILES=${_collectived_member_ops_files}
+          -P ${_collectived_daemon_dir}/../cmake/MemberOpsCode.cmake
+  DEPENDS ${_collectived_member_ops_sources} ${_collectived_daemon_dir}/../cmake/MemberOpsCode.cmake
+  COMMENT "Hashing the member-side ops code"
+  VERBATIM)
+add_custom_target(collectived_member_ops_code DEPENDS ${_collectived_member_ops_header})
+function(collectived_use_member_ops_code target)
+  # CMAKE_BINARY_DIR, not a variable of this file: the function is called
+  # from other directories.
+  target_include_directories(${target} PRIVATE $<BUILD_INTERFACE:${CMAKE_BINARY_DIR}/generated>)
+  add_dependencies(${target} collectived_member_ops_code)
+endfunction()

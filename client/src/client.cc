@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cerrno>
 #include <deque>
 #include <cstdlib>
@@ -1049,11 +1050,23 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     }
     mesh->coordinate_.assign(resp.self().coordinate().begin(), resp.self().coordinate().end());
     mesh->op_deadline_ = absl::Milliseconds(resp.mesh().op_timeout_ms()) + kGrace;
-    if (resp.mesh().member_op_bytes() > 0) {
+    if (resp.mesh().member_op_bytes() == 0) {
+      mesh->member_side_status_ = absl::UnavailableError(
+          "the daemon offers no member-side segment for this mesh (a mesh across hosts, or a "
+          "daemon run with --member_op_bytes=0): every op goes through the daemon");
+    } else {
       auto member_ops = MapMemberSegment(resp.mesh(), mesh->index_);
       if (!member_ops.ok()) {
         // This member takes the daemon path for every op; the others see
         // its daemon-path ops counted in the segment and follow it there.
+        mesh->member_side_status_ = member_ops.status();
+        // Code that differs is a deployment to fix (an SDK and a daemon
+        // of different versions): said once per process, not only here.
+        static std::atomic<bool> said{false};
+        if (absl::IsFailedPrecondition(member_ops.status()) && !said.exchange(true)) {
+          std::fprintf(stderr, "collectived: mesh '%s': %s\n", mesh->name_.c_str(),
+                       std::string(member_ops.status().message()).c_str());
+        }
         return mesh;
       }
       mesh->member_side_ = std::make_unique<Mesh::MemberSide>();

@@ -14,7 +14,9 @@
 #include <xmmintrin.h>
 #endif
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "collectived/member_ops_code.h"
 #include "common/fast_queue.h"
 #include "daemon/core/op_plan.h"
 
@@ -144,6 +146,18 @@ absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes
   if (base == MAP_FAILED) {
     close(live_fd);
     return absl::InternalError(absl::StrCat("mapping the member-side segment: ", strerror(err)));
+  }
+  // The daemon computes with other code than this SDK (another version, or
+  // another build): the members must not compute its ops themselves.
+  char code_copy[member_ops::kCodeBytes];
+  const std::string_view code = member_ops::CodeOf(base, bytes, code_copy);
+  if (code != COLLECTIVED_MEMBER_OPS_CODE) {
+    munmap(base, bytes);
+    close(live_fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the daemon's member-side code is '", absl::CHexEscape(absl::string_view(code.data(), code.size())), "' and this SDK's is '",
+        COLLECTIVED_MEMBER_OPS_CODE,
+        "' (different versions or builds): every op of this member goes through the daemon"));
   }
   const member_ops::Layout layout =
       member_ops::ValidLayout(base, bytes, static_cast<uint32_t>(members));

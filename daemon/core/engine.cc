@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "collectived/member_ops_code.h"
 #include "common/fast_queue.h"
 #include "daemon/util/log.h"
 #include "daemon/util/random_id.h"
@@ -622,7 +623,8 @@ void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
       if (segment.ok()) {
         mesh.segment = *std::move(segment);
         mesh.seg = member_ops::View{static_cast<uint8_t*>(mesh.segment->data()), layout};
-        member_ops::Init(mesh.segment->data(), layout, Millis(mesh.op_timeout));
+        member_ops::Init(mesh.segment->data(), layout, Millis(mesh.op_timeout),
+                         COLLECTIVED_MEMBER_OPS_CODE);
       } else {
         // Every member learns it from MeshInfo: the mesh works, through the
         // daemon only.

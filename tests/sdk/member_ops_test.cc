@@ -18,6 +18,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "collectived/client.h"
 #include "collectived/v1/collective.grpc.pb.h"
+#include "client/src/member_ops.h"
 #include "common/member_ops.h"
 #include "tests/ctl/sdk_members.h"
 #include "tests/harness/harness.h"
@@ -170,6 +173,11 @@ TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
   auto daemon_side = start({"--member_op_bytes=0"});
   ASSERT_NE(member_side, nullptr);
   ASSERT_NE(daemon_side, nullptr);
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_TRUE(member_side->mesh(i).member_side().ok()) << member_side->mesh(i).member_side();
+    EXPECT_EQ(daemon_side->mesh(i).member_side().code(), absl::StatusCode::kUnavailable);
+    EXPECT_CONTAINS(daemon_side->mesh(i).member_side().message(), "--member_op_bytes=0");
+  }
 
   std::vector<Case> cases;
   for (CollectiveKind k : {CollectiveKind::kPsum, CollectiveKind::kPmean, CollectiveKind::kPmax,
@@ -230,7 +238,7 @@ TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
       EXPECT_LE(l.payload_bytes, payload);
       EXPECT_GE(l.entry_offset, l.slot_offset + members * sizeof(member_ops::Slot));
       std::fill(region.begin(), region.begin() + 4096, 0);
-      member_ops::Init(region.data(), l, 1000);
+      member_ops::Init(region.data(), l, 1000, "code");
       const member_ops::Layout back = member_ops::ValidLayout(region.data(), l.total_bytes, members);
       EXPECT_EQ(back.total_bytes, l.total_bytes) << members << " x " << payload;
       // A header that claims another layout, or another mesh size, is refused.
@@ -240,6 +248,34 @@ TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
     }
   }
   EXPECT_GT(member_ops::Layout::For(3404, 16384).total_bytes, 0u);
+}
+
+// A segment whose code identity is not this SDK's (a daemon of another
+// version or build) is not used: the member takes the daemon path, and says
+// why, naming both.
+TEST(MemberOpsLayoutTest, ASegmentOfOtherCodeIsNotUsed) {
+  const member_ops::Layout l = member_ops::Layout::For(2, 4096);
+  ASSERT_GT(l.total_bytes, 0u);
+  const int fd = memfd_create("other-code", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(l.total_bytes)), 0);
+  void* base = mmap(nullptr, l.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(base, MAP_FAILED);
+  member_ops::Init(base, l, 1000, "0.0.0-someoneelse");
+  munmap(base, l.total_bytes);
+  int pair[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+  MeshShape shape;
+  shape.names = {"x"};
+  shape.sizes = {2};
+  auto ops = internal::MemberOps::Map(
+      fd, l.total_bytes, shape, 0, absl::Seconds(1), pair[0],
+      [](uint32_t, uint32_t) -> absl::StatusOr<bool> { return false; });
+  close(pair[1]);
+  ASSERT_FALSE(ops.ok());
+  EXPECT_EQ(ops.status().code(), absl::StatusCode::kFailedPrecondition) << ops.status();
+  EXPECT_CONTAINS(ops.status().message(), "0.0.0-someoneelse");
+  EXPECT_CONTAINS(ops.status().message(), "goes through the daemon");
 }
 
 TEST(MemberOpsTest, SmallBigSyncAndAsyncOpsKeepTheProgramOrder) {

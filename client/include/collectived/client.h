@@ -329,6 +329,11 @@ class Mesh {
   int axis_size(const AxisNames& axes) const;
   const std::vector<std::pair<std::string, int>>& axes() const { return axes_; }
   const std::vector<int>& coordinate() const { return coordinate_; }
+  // OK when this member runs small synchronous ops among the members
+  // (member-side small ops, README "How an op travels"); otherwise why every
+  // op of this member goes through the daemon (the daemon offers no segment
+  // for the mesh, or its member-side code is not this SDK's).
+  const absl::Status& member_side() const { return member_side_status_; }
 
   // Collectives. `out` absent: the result replaces `x` in place (only when it
   // has x's byte size). Each returns when the op completed on this member.
@@ -476,6 +481,7 @@ class Mesh {
   // Shared with the failure hooks of stream-ordered ops still in flight.
   std::shared_ptr<StreamOrder> stream_order_;
   std::unique_ptr<MemberSide> member_side_;  // null: every op goes through the daemon
+  absl::Status member_side_status_;          // why member_side_ is null
 };
 
 // A session with the daemon. Create with Connect.
