@@ -93,6 +93,9 @@ struct Slot {
   fastq::Word sleeping;  // nonzero while it sleeps (or is about to)
   // Daemon: the member's daemon-path ops accepted so far (D), low 32 bits.
   fastq::Word daemon_ops;
+  // Member: its member-side ops completed (S), low 32 bits; the daemon only
+  // shows it (diagnostics), never acts on it.
+  fastq::Word member_ops;
 };
 
 struct Entry {

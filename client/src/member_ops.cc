@@ -402,9 +402,14 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
     }
     if (!st.ok()) return Abandon(st);
   }
+  Advance();
+  return absl::OkStatus();
+}
+
+void MemberOps::Advance() {
   ++s_;
   unused_key_ = 0;
-  return absl::OkStatus();
+  view_.slot(index_)->member_ops.v.store(static_cast<uint32_t>(s_), std::memory_order_relaxed);
 }
 
 std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
@@ -430,8 +435,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
     return met;
   }
   // This place ran member-side: every member writes its block now.
-  ++s_;
-  unused_key_ = 0;
+  Advance();
   const uint64_t block = plan.in_bytes;
   if (block > 0) {
     std::memcpy(io.out + static_cast<uint64_t>(plan.index_in_group[index_]) * block, io.in, block);
@@ -446,8 +450,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
         "block at the place after the op's (a corrupt segment?)")));
   }
   if (!written->ok()) return *written;
-  ++s_;
-  unused_key_ = 0;
+  Advance();
   return absl::OkStatus();
 }
 

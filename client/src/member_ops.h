@@ -105,6 +105,9 @@ class MemberOps {
   // tells every member that every block is written.
   std::optional<absl::Status> RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
                                             int64_t now);
+  // This member is past its place: S moves on (and is shown to the daemon,
+  // for its diagnostics).
+  void Advance();
   // Whether the daemon's end of the side socket is still open.
   bool DaemonAlive() const;
   // The segment's status once the daemon marked it broken, else OK.

@@ -349,6 +349,26 @@ v1::Member Engine::MemberInfo(const Mesh& mesh, int index) {
   return m;
 }
 
+namespace {
+
+// The member-side ops member `index` reports in segment `seg` (0 for an
+// index outside it): shown, never acted on.
+int64_t ReportedMemberSideOps(const member_ops::View& seg, int index) {
+  if (index < 0 || static_cast<uint32_t>(index) >= seg.layout.members) return 0;
+  return seg.slot(static_cast<uint32_t>(index))->member_ops.v.load(std::memory_order_relaxed);
+}
+
+// The most member-side ops any member of `seg` reports.
+int64_t MostMemberSideOps(const member_ops::View& seg) {
+  int64_t most = 0;
+  for (uint32_t m = 0; m < seg.layout.members; ++m) {
+    most = std::max(most, ReportedMemberSideOps(seg, static_cast<int>(m)));
+  }
+  return most;
+}
+
+}  // namespace
+
 v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
   v1::MeshInfo info;
   info.set_mesh_id(mesh.id);
@@ -370,7 +390,13 @@ v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
   }
   info.set_op_timeout_ms(Millis(mesh.op_timeout));
   info.set_completed_ops(mesh.completed);
-  if (mesh.segment) info.set_member_op_bytes(mesh.seg.layout.payload_bytes);
+  if (mesh.segment) {
+    info.set_member_op_bytes(mesh.seg.layout.payload_bytes);
+    for (v1::Member& m : *info.mutable_members()) {
+      m.set_member_side_ops(ReportedMemberSideOps(mesh.seg, m.index()));
+    }
+    info.set_member_side_ops(MostMemberSideOps(mesh.seg));
+  }
   return info;
 }
 
@@ -2144,6 +2170,11 @@ v1::GetStatsResponse Engine::GetStats() {
   resp.set_uptime_ms(Millis(absl::Now() - started_));
   resp.set_sessions(static_cast<int32_t>(sessions_.size()));
   resp.set_meshes(static_cast<int32_t>(meshes_.size()));
+  int64_t member_side = 0;
+  for (const auto& [id, mesh] : meshes_) {
+    if (mesh->segment) member_side += MostMemberSideOps(mesh->seg);
+  }
+  resp.set_member_side_ops(member_side);
   int64_t buffers = 0, bytes = 0;
   std::map<std::string, v1::DeviceBufferStats> by_device;
   for (const auto& [id, s] : sessions_) {

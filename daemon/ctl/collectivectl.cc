@@ -285,6 +285,7 @@ class Ctl {
     t.Add({"buffers", absl::StrCat(s.buffers(), " (", Bytes(s.buffer_bytes()), ")")});
     t.Add({"ops completed", absl::StrCat(s.ops_completed())});
     t.Add({"ops failed", absl::StrCat(s.ops_failed())});
+    t.Add({"member-side ops", absl::StrCat(s.member_side_ops(), " (reported by the members)")});
     t.Add({"submitted by path",
            absl::StrCat("fast path ", s.submitted_fast_path(), ", Execute stream ",
                         s.submitted_execute(), ", Submit RPC ", s.submitted_unary())});
@@ -335,7 +336,8 @@ class Ctl {
       PrintJson(r);
       return 0;
     }
-    Table t({"mesh", "scope", "id", "axes", "gen", "state", "members", "ops done", "op timeout"});
+    Table t({"mesh", "scope", "id", "axes", "gen", "state", "members", "ops done", "member-side",
+             "op timeout"});
     for (const auto& m : r.meshes()) {
       std::vector<std::string> axes, members;
       for (const auto& a : m.axes()) axes.push_back(absl::StrCat(a.name(), "=", a.size()));
@@ -346,7 +348,9 @@ class Ctl {
       t.Add({m.name(), m.scope().empty() ? "-" : m.scope(), m.mesh_id(),
              absl::StrJoin(axes, ","), absl::StrCat(m.generation()), m.state(),
              members.empty() ? "-" : absl::StrJoin(members, " "),
-             absl::StrCat(m.completed_ops()), Duration(m.op_timeout_ms())});
+             absl::StrCat(m.completed_ops()),
+             m.member_op_bytes() > 0 ? absl::StrCat(m.member_side_ops()) : "off",
+             Duration(m.op_timeout_ms())});
     }
     t.Print();
     return 0;

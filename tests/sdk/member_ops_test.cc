@@ -64,15 +64,20 @@ void ExpectAllOk(const std::vector<absl::Status>& st) {
   for (size_t i = 0; i < st.size(); ++i) EXPECT_TRUE(st[i].ok()) << "member " << i << ": " << st[i];
 }
 
-// Ops the daemon completed, all kinds together (GetStats).
-int64_t DaemonOps(const Daemon& d) {
+v1::GetStatsResponse Stats(const Daemon& d) {
   auto stub = Stub(d);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::GetStatsResponse resp;
   grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &resp);
   EXPECT_TRUE(st.ok()) << st.error_message();
-  return resp.ops_completed() + resp.ops_failed();
+  return resp;
+}
+
+// Ops the daemon completed, all kinds together (GetStats).
+int64_t DaemonOps(const Daemon& d) {
+  const v1::GetStatsResponse s = Stats(d);
+  return s.ops_completed() + s.ops_failed();
 }
 
 // One mesh of `n` members on a daemon, with in/out buffers per member.
@@ -224,6 +229,22 @@ TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
   // Every op above fits the default 64 KiB: none went through the daemon.
   EXPECT_EQ(DaemonOps(*member_side->daemon), daemon_ops_before);
   EXPECT_GT(DaemonOps(*daemon_side->daemon), 0);
+  // The daemon shows what the members report: every op, on every member.
+  const int64_t ran = static_cast<int64_t>(cases.size() * axes_list.size());
+  EXPECT_EQ(Stats(*member_side->daemon).member_side_ops(), ran);
+  EXPECT_EQ(Stats(*daemon_side->daemon).member_side_ops(), 0);
+  {
+    auto stub = Stub(*member_side->daemon);
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::DescribeMeshRequest req;
+    req.set_mesh_id(member_side->mesh(0).id());
+    v1::MeshInfo info;
+    ASSERT_TRUE(stub->DescribeMesh(&ctx, req, &info).ok());
+    EXPECT_EQ(info.member_side_ops(), ran);
+    ASSERT_EQ(info.members_size(), kN);
+    for (const v1::Member& m : info.members()) EXPECT_EQ(m.member_side_ops(), ran) << m.index();
+  }
 }
 
 TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
