@@ -1626,10 +1626,10 @@ absl::Status Mesh::Run(const OpCall& call) {
     io.in_offset = x->offset;
     io.in_avail = x->buffer->size() - x->offset;
     io.in_place = out == nullptr;
-    // The output: this member's own, or (an all_gather) a buffer this mesh
-    // shares, which each member writes its own block of.
+    // The output: this member's own, or a buffer this mesh shares, which
+    // the op writes once (MemberOps::RunIntoShared).
     const bool own_out = out && MemberHostBuffer(out->buffer);
-    const bool shared_out = out && call.kind == v1::ALL_GATHER && out->buffer != nullptr &&
+    const bool shared_out = out && call.kind != v1::BARRIER && out->buffer != nullptr &&
                             out->buffer->valid() && out->buffer->owner_ == client_.get() &&
                             out->buffer->shared_mesh_ == id_ && out->buffer->device_ordinal() < 0;
     if ((own_out || shared_out) && out->offset <= out->buffer->size()) {

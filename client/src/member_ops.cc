@@ -385,25 +385,24 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
     return met;
   }
   // Every member agrees: run this member's share with the daemon's code.
-  const uint32_t members = view_.layout.members;
-  const uint64_t s = s_;
   if (moves_data) {
-    // ios_[m].in is m's payload; only this member's out is set.
-    std::vector<MemberIo>& ios = ios_;
-    ios.assign(members, MemberIo{});
-    for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.payload(m, s);
-    ios[index_].out = out;
-    absl::Status st;
-    {
-      // The daemon's floating-point environment, whatever this thread's
-      // (rounding, exception masks); the kernels set flush-to-zero.
-      FpEnvironment daemon_env;
-      st = executor_.Run(plan, ios);
-    }
-    if (!st.ok()) return Abandon(st);
+    if (absl::Status st = Compute(plan, out); !st.ok()) return Abandon(st);
   }
   Advance();
   return absl::OkStatus();
+}
+
+absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
+  // ios_[m].in is m's payload; only this member's out is set.
+  const uint32_t members = view_.layout.members;
+  std::vector<MemberIo>& ios = ios_;
+  ios.assign(members, MemberIo{});
+  for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.payload(m, s_);
+  ios[index_].out = out;
+  // The daemon's floating-point environment, whatever this thread's
+  // (rounding, exception masks); the kernels set flush-to-zero.
+  FpEnvironment daemon_env;
+  return executor_.Run(plan, ios);
 }
 
 void MemberOps::Advance() {
@@ -414,12 +413,18 @@ void MemberOps::Advance() {
 
 std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
                                                      int64_t now) {
-  // Each member's block is one contiguous run of the output at its index in
-  // the group when the gather is along the first dimension over every
-  // member (one group, which the daemon requires of a shared output too).
-  // Anything else, or a region the daemon would refuse, goes to the daemon.
-  if (plan.kind != OpKind::kAllGather || plan.groups.size() != 1 || plan.axis != 0 ||
-      !RegionsFit(plan, io) || io.in_place) {
+  // Written once means by one member for a reduction (the first of the
+  // group, from the inputs in the segment: a small op), and by each member
+  // its own block for an all_gather along the first dimension (its block is
+  // then one contiguous run, at its index in the group; any size, nothing
+  // goes through the segment). Over every member (one group), as the daemon
+  // requires of a shared output too. Anything else, or a region the daemon
+  // would refuse, goes to the daemon.
+  const bool reduction = plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean ||
+                         plan.kind == OpKind::kPmax || plan.kind == OpKind::kPmin;
+  const bool gather = plan.kind == OpKind::kAllGather && plan.axis == 0;
+  if (!(gather || (reduction && plan.in_bytes <= view_.layout.payload_bytes)) ||
+      plan.groups.size() != 1 || !RegionsFit(plan, io) || io.in_place) {
     return std::nullopt;
   }
   // The members agree on the region by its buffer and offset: a member
@@ -431,23 +436,32 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   constexpr size_t kWritten = 9;  // "written: "
   if (signature_.size() > member_ops::kMaxSignature) return std::nullopt;
   const absl::string_view agree = absl::string_view(signature_).substr(kWritten);
-  if (std::optional<absl::Status> met = Meet(agree, nullptr, 0, now); !met || !met->ok()) {
+  if (std::optional<absl::Status> met =
+          Meet(agree, io.in, reduction ? plan.in_bytes : 0, now);
+      !met || !met->ok()) {
     return met;
   }
-  // This place ran member-side: every member writes its block now.
-  Advance();
-  const uint64_t block = plan.in_bytes;
-  if (block > 0) {
-    std::memcpy(io.out + static_cast<uint64_t>(plan.index_in_group[index_]) * block, io.in, block);
+  if (gather) {
+    const uint64_t block = plan.in_bytes;
+    if (block > 0) {
+      std::memcpy(io.out + static_cast<uint64_t>(plan.index_in_group[index_]) * block, io.in,
+                  block);
+    }
+  } else if (plan.index_in_group[index_] == 0) {
+    // The inputs stay in the segment until every member is past the next
+    // place, which waits for this member.
+    if (absl::Status st = Compute(plan, io.out); !st.ok()) return Abandon(st);
   }
-  // The next place: every block is written once every member is there.
+  // This place ran member-side.
+  Advance();
+  // The next place: the result is written once every member is there.
   std::optional<absl::Status> written = Meet(signature_, nullptr, 0, fastq::MonotonicNs());
   if (!written) {
     // Only a member that does not follow the protocol (or a corrupt
     // segment) takes another path at this place.
     return Abandon(absl::InternalError(absl::StrCat(
-        "member-side ", plan.signature, " into a shared buffer: a member did not confirm its "
-        "block at the place after the op's (a corrupt segment?)")));
+        "member-side ", plan.signature, " into a shared buffer: a member did not confirm the "
+        "result written at the place after the op's (a corrupt segment?)")));
   }
   if (!written->ok()) return *written;
   Advance();

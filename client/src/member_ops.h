@@ -100,11 +100,16 @@ class MemberOps {
   // broken mesh, a missing member, the daemon gone). `now`: MonotonicNs.
   std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
                                    uint64_t payload_bytes, int64_t now);
-  // An all_gather whose output is in a buffer the mesh shares: each member
-  // copies its own input into its block, at its place, and a second place
-  // tells every member that every block is written.
+  // An op whose output is in a buffer the mesh shares: at its place, each
+  // member copies its own input into its block (all_gather) or the first
+  // member computes the result (a small reduction), and a second place tells
+  // every member that the result is written.
   std::optional<absl::Status> RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
                                             int64_t now);
+  // Runs `plan` on the inputs in the segment at place S, writing this
+  // member's result to `out` (the daemon's code and floating-point
+  // environment).
+  absl::Status Compute(const OpPlan& plan, uint8_t* out);
   // This member is past its place: S moves on (and is shown to the daemon,
   // for its diagnostics).
   void Advance();

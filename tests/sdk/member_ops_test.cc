@@ -490,6 +490,66 @@ TEST(MemberOpsTest, AllGatherIntoASharedBufferIsWrittenByEachMemberOnce) {
   EXPECT_EQ(DaemonOps(*r->daemon), before + 1);
 }
 
+// A small reduction into a buffer the mesh shares runs member-side too: the
+// first member of the group writes the result, bit for bit the daemon's
+// (the same op run asynchronously, through the daemon, into each member's
+// own output), and every member's op returns once it is written.
+TEST(MemberOpsTest, SmallReductionsIntoASharedBufferAreWrittenOnce) {
+  constexpr int kN = 3;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  constexpr size_t kOffset = 128;
+  constexpr size_t kSharedBytes = 256 * 1024;
+  std::vector<Buffer> shared;
+  for (int i = 0; i < kN; ++i) {
+    auto b = r->mesh(i).AllocateShared(kSharedBytes);
+    ASSERT_TRUE(b.ok()) << b.status();
+    shared.push_back(*std::move(b));
+  }
+  const uint8_t* region = static_cast<const uint8_t*>(shared[1].data());
+  int64_t daemon_ops = DaemonOps(*r->daemon);
+  uint32_t seed = 11;
+  for (CollectiveKind k : {CollectiveKind::kPsum, CollectiveKind::kPmean, CollectiveKind::kPmax,
+                           CollectiveKind::kPmin}) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kI32}) {
+      // Up to 64 KiB of input: the segment's default payload.
+      for (int64_t elems : {int64_t{1}, int64_t{333}, int64_t{16384}}) {
+        // The result's bytes (pmean of int32 gives float32: the same size).
+        const size_t out_bytes = DTypeSize(dt) * elems;
+        for (int i = 0; i < kN; ++i) Fill(r->in(i), DTypeSize(dt) * elems, ++seed);
+        std::memset(shared[0].data(), 0x5A, kSharedBytes);
+        auto op = [&](int i, const Buffer& out, size_t offset) {
+          Collective c;
+          c.kind = k;
+          c.x = Array{&r->m.buffers[i], 0, dt, {elems}};
+          c.axes = AxisNames::All();
+          c.out = Array{&out, offset, DType::kU8, {static_cast<int64_t>(out_bytes)}};
+          return c;
+        };
+        ExpectAllOk(OnAll(kN, [&](int i) { return r->mesh(i).run(op(i, shared[i], kOffset)); }));
+        EXPECT_EQ(DaemonOps(*r->daemon), daemon_ops) << "the daemon ran it";
+        // The daemon's result for the same inputs, into each member's own output.
+        ExpectAllOk(OnAll(kN, [&](int i) { return r->mesh(i).submit(op(i, r->out[i], 0)).Wait(); }));
+        daemon_ops = DaemonOps(*r->daemon);
+        ASSERT_EQ(std::memcmp(region + kOffset, r->out_data(0), out_bytes), 0)
+            << "kind " << static_cast<int>(k) << " dtype " << static_cast<int>(dt) << " elems "
+            << elems;
+        for (size_t b = 0; b < kSharedBytes; ++b) {
+          if (b < kOffset || b >= kOffset + out_bytes) {
+            ASSERT_EQ(region[b], 0x5A) << b;
+          }
+        }
+      }
+    }
+  }
+  // Bigger than the payload: the daemon writes it.
+  ExpectAllOk(OnAll(kN, [&](int i) {
+    return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {32768}), AxisNames::All(),
+                           Array::Of<float>(shared[i], {32768}));
+  }));
+  EXPECT_EQ(DaemonOps(*r->daemon), daemon_ops + 1);
+}
+
 TEST(MemberOpsTest, AMemberThatDoesNotComeIsNamed) {
   constexpr int kN = 2;
   auto r = Members::Start(kN, {"--op_timeout_ms=400"});
