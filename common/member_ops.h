@@ -96,6 +96,9 @@ struct Slot {
   // Member: its member-side ops completed (S), low 32 bits; the daemon only
   // shows it (diagnostics), never acts on it.
   fastq::Word member_ops;
+  // Member: 1 + the CPU it last published from (0: unknown); a waiter does
+  // not spin while a member it waits for last ran on its own CPU.
+  fastq::Word cpu;
 };
 
 struct Entry {

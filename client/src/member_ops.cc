@@ -28,9 +28,10 @@ using member_ops::Key;
 namespace {
 
 // Waiting: poll without yielding for up to kBusyPoll when every member can
-// have a CPU of its own (the peers' entries then arrive within a cache-line
-// transfer, and a sched_yield between looks would cost more than that),
-// then poll (yielding) for kSpin, then sleep on the member's bell in
+// have a CPU of its own and none it waits for last ran on this CPU (the
+// peers' entries then arrive within a cache-line transfer, and a
+// sched_yield between looks would cost more than that), then poll
+// (yielding) for kSpin, then sleep on the member's bell in
 // slices of this length; between slices the waiter checks that the daemon
 // is alive (a killed daemon cannot mark the segment broken).
 constexpr int64_t kBusyPollNs = 20'000;
@@ -46,14 +47,16 @@ inline void CpuRelax() {
 #endif
 }
 
-// Looks at `ready` without yielding the CPU, for at most kBusyPollNs;
-// whether it became true.
-template <typename Ready>
-bool BusyPoll(Ready ready) {
+// Looks at `ready` without yielding the CPU, for at most kBusyPollNs and
+// while `yield` is false (looked at now and then); whether `ready` became
+// true.
+template <typename Ready, typename Yield>
+bool BusyPoll(Ready ready, Yield yield) {
   int64_t end = 0;
   for (int i = 1; !ready(); ++i) {
     CpuRelax();
     if ((i & 255) == 0) {
+      if (yield()) return false;
       const int64_t now = fastq::MonotonicNs();
       if (end == 0) {
         end = now + kBusyPollNs;
@@ -257,6 +260,13 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   mine->in_bytes = static_cast<uint32_t>(payload_bytes);
   if (payload_bytes > 0) std::memcpy(view_.payload(index_, s), payload, payload_bytes);
   mine->published_ns = now;
+  // Where this member runs, for the others' choice to spin (0: unknown);
+  // stored when it changed only, so the line stays in the others' caches.
+  const uint32_t cpu = static_cast<uint32_t>(sched_getcpu() + 1);
+  if (cpu != last_cpu_) {
+    view_.slot(index_)->cpu.v.store(cpu, std::memory_order_relaxed);
+    last_cpu_ = cpu;
+  }
   mine->key.store(key, std::memory_order_seq_cst);
   member_ops::RingAll(view_, index_);
 
@@ -284,9 +294,24 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
     return all_here || daemon_path ||
            view_.header()->broken.v.load(std::memory_order_seq_cst) != 0;
   };
+  // Whether a member last ran on this CPU: it cannot come while this one
+  // spins. This one then sleeps at once, so that the wake-up the other's
+  // ring brings places it on an idle CPU: the two are apart from then on
+  // (spinning or yielding would keep them together, each op a slice).
+  auto peer_on_this_cpu = [&] {
+    for (uint32_t m = 0; m < members; ++m) {
+      if (m != index_ && view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == cpu) return true;
+    }
+    return false;
+  };
+  bool here = ready();
+  if (!here && busy_poll_ && !peer_on_this_cpu()) here = BusyPoll(ready, peer_on_this_cpu);
   // The peers are usually here within a microsecond: the deadlines are
   // computed only when they are not.
-  if (!(busy_poll_ && BusyPoll(ready))) {
+  if (!here) {
+    // (With more members than CPUs they cannot all be apart: yield then.)
+    const absl::Duration spin =
+        busy_poll_ && peer_on_this_cpu() ? absl::ZeroDuration() : kSpin;
     const absl::Duration timeout = op_timeout_;
     absl::Time deadline = absl::Now() + timeout;
     // The daemon answers for missing members; past this even its answers
@@ -299,7 +324,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
       // segment if it was killed)?
       bool alive = true;
       if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready,
-                               [&] { return alive = DaemonAlive(); }, kSpin, kSlice, deadline)) {
+                               [&] { return alive = DaemonAlive(); }, spin, kSlice, deadline)) {
         break;
       }
       // A dead daemon: every waiter finds out by itself (no mark, which

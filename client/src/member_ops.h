@@ -158,6 +158,7 @@ class MemberOps {
   std::optional<OpPlan> cached_plan_;
   CachedKey cached_key_;
   int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
+  uint32_t last_cpu_ = 0;         // the CPU last stored in this member's slot
 };
 
 }  // namespace collectived::internal
