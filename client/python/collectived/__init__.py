@@ -432,6 +432,11 @@ class Mesh:
     index = property(lambda self: self._ext.index, doc="Row-major index of this member.")
     size = property(lambda self: self._ext.size, doc="The number of members.")
     coordinate = property(lambda self: tuple(self._ext.coordinate))
+    member_side_status = property(
+        lambda self: self._ext.member_side_status,
+        doc="None when small synchronous ops of this member can run among the members "
+            "(member-side small ops: the JAX FFI handler's, and the C++ SDK's); otherwise "
+            "why every op goes through the daemon. Python's own calls always do.")
 
     @property
     def axes(self) -> Dict[str, int]:

@@ -521,6 +521,12 @@ NB_MODULE(_collectived, m) {
       .def_prop_ro("size", [](PyMesh& m) { return m.mesh().size(); })
       .def_prop_ro("axes", [](PyMesh& m) { return m.mesh().axes(); })
       .def_prop_ro("coordinate", [](PyMesh& m) { return m.mesh().coordinate(); })
+      .def_prop_ro("member_side_status",
+                   [](PyMesh& m) -> std::optional<std::string> {
+                     const absl::Status& st = m.mesh().member_side();
+                     if (st.ok()) return std::nullopt;
+                     return std::string(st.message());
+                   })
       .def(
           "axis_index",
           [](PyMesh& m, nb::handle axes) { return m.mesh().axis_index(AxesOf(axes)); },

@@ -132,11 +132,12 @@ def test_a_shared_output_is_written_once_for_the_mesh(daemon):
             except collectived.FailedPrecondition as e:
                 refused = str(e)
             emit(same=y is total, psum=total[:4].tolist(), g=bool(g is gathered),
-                 rows=[float(r[1]) for r in gathered], refused="different results" in refused)
+                 rows=[float(r[1]) for r in gathered], refused="different results" in refused,
+                 member_side=mesh.member_side_status)
     """
     for r in run_members(code, daemon, 4):
         assert r == {"same": True, "psum": [0.0, 10.0, 20.0, 30.0], "g": True,
-                     "rows": [1.0, 2.0, 3.0, 4.0], "refused": True}
+                     "rows": [1.0, 2.0, 3.0, 4.0], "refused": True, "member_side": None}
 
 
 def test_arrays_from_elsewhere_are_staged(daemon):
