@@ -1,12 +1,13 @@
 # Writes OUT, a header defining COLLECTIVED_MEMBER_OPS_CODE: the project
-# version and a hash of the code that plans and computes member-side ops
-# (FILES, '|'-separated). The daemon writes it into each mesh's member-side
+# version and a hash of the code that plans and computes member-side ops and
+# of the members' protocol (FILES, '|'-separated), and of the compiler
+# (COMPILER). The daemon writes it into each mesh's member-side
 # segment and the SDK runs ops member-side only when its own is the same, so
 # an SDK and a daemon built from different sources never mix their results.
 # Run with cmake -P at build time (the hash follows the sources).
 string(REPLACE "|" ";" files "${FILES}")
 list(SORT files)
-set(all "")
+set(all "compiler:${COMPILER}\n")
 foreach(f IN LISTS files)
   file(SHA256 "${f}" h)
   get_filename_component(name "${f}" NAME)

@@ -29,16 +29,20 @@ target_link_libraries(collectived_wire_plan
   PUBLIC collectived_plan collectived_proto absl::statusor PRIVATE collectived_warnings)
 
 
-# The identity of the code above, for member-side ops: a header with
-# COLLECTIVED_MEMBER_OPS_CODE (cmake/MemberOpsCode.cmake), regenerated when
-# any of these sources changes. The daemon and the SDK compile it in; use
+# The identity of the code above and of the SDK's member-side protocol, for
+# member-side ops: a header with COLLECTIVED_MEMBER_OPS_CODE
+# (cmake/MemberOpsCode.cmake), regenerated when any of these sources
+# changes. The daemon and the SDK compile it in; use
 # collectived_use_member_ops_code(target) on a target that includes
 # "collectived/member_ops_code.h".
 file(GLOB _collectived_member_ops_sources CONFIGURE_DEPENDS
   ${_collectived_daemon_dir}/plan/*.h ${_collectived_daemon_dir}/plan/*.cc
   ${_collectived_daemon_dir}/exec/*.h ${_collectived_daemon_dir}/exec/*.cc
   ${_collectived_daemon_dir}/core/op_plan.h ${_collectived_daemon_dir}/core/op_plan.cc
-  ${_collectived_daemon_dir}/../common/*.h)
+  ${_collectived_daemon_dir}/../common/*.h
+  # The members' protocol (places per op, signatures, who writes a result).
+  ${_collectived_daemon_dir}/../client/src/member_ops.h
+  ${_collectived_daemon_dir}/../client/src/member_ops.cc)
 list(FILTER _collectived_member_ops_sources EXCLUDE REGEX "_test\\.cc$")
 list(JOIN _collectived_member_ops_sources "|" _collectived_member_ops_files)
 set(_collectived_member_ops_dir ${CMAKE_BINARY_DIR}/generated)
@@ -46,6 +50,7 @@ set(_collectived_member_ops_header ${_collectived_member_ops_dir}/collectived/me
 add_custom_command(
   OUTPUT ${_collectived_member_ops_header}
   COMMAND ${CMAKE_COMMAND} -DOUT=${_collectived_member_ops_header} -DVERSION=${PROJECT_VERSION}
+          "-DCOMPILER=${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}"
           -DFILES=${_collectived_member_ops_files}
           -P ${_collectived_daemon_dir}/../cmake/MemberOpsCode.cmake
   DEPENDS ${_collectived_member_ops_sources} ${_collectived_daemon_dir}/../cmake/MemberOpsCode.cmake

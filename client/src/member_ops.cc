@@ -70,10 +70,14 @@ bool BusyPoll(Ready ready, Yield yield) {
 
 // The CPUs this thread may run on.
 int UsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return CPU_COUNT(&set);
+  constexpr int kMaxCpus = 8192;  // hosts with more than cpu_set_t's 1024
+  cpu_set_t* set = CPU_ALLOC(kMaxCpus);
+  if (set == nullptr) return 1;
+  const size_t bytes = CPU_ALLOC_SIZE(kMaxCpus);
+  CPU_ZERO_S(bytes, set);
+  const int n = sched_getaffinity(0, bytes, set) == 0 ? CPU_COUNT_S(bytes, set) : 1;
+  CPU_FREE(set);
+  return n;
 }
 
 bool KindRunsHere(OpKind kind) {
@@ -150,6 +154,13 @@ absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes
     close(live_fd);
     return absl::InternalError(absl::StrCat("mapping the member-side segment: ", strerror(err)));
   }
+  const member_ops::Layout layout =
+      member_ops::ValidLayout(base, bytes, static_cast<uint32_t>(members));
+  if (layout.total_bytes == 0) {
+    munmap(base, bytes);
+    close(live_fd);
+    return absl::InternalError("the daemon's member-side segment has an unknown layout");
+  }
   // The daemon computes with other code than this SDK (another version, or
   // another build): the members must not compute its ops themselves.
   char code_copy[member_ops::kCodeBytes];
@@ -158,16 +169,10 @@ absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes
     munmap(base, bytes);
     close(live_fd);
     return absl::FailedPreconditionError(absl::StrCat(
-        "the daemon's member-side code is '", absl::CHexEscape(absl::string_view(code.data(), code.size())), "' and this SDK's is '",
+        "the daemon's member-side code is '",
+        absl::CHexEscape(absl::string_view(code.data(), code.size())), "' and this SDK's is '",
         COLLECTIVED_MEMBER_OPS_CODE,
         "' (different versions or builds): every op of this member goes through the daemon"));
-  }
-  const member_ops::Layout layout =
-      member_ops::ValidLayout(base, bytes, static_cast<uint32_t>(members));
-  if (layout.total_bytes == 0) {
-    munmap(base, bytes);
-    close(live_fd);
-    return absl::InternalError("the daemon's member-side segment has an unknown layout");
   }
   return std::unique_ptr<MemberOps>(new MemberOps(base, bytes, layout, std::move(shape), index,
                                                   op_timeout, live_fd, std::move(expired)));
@@ -243,7 +248,8 @@ bool MemberOps::HasPlanFor(const MemberOpKey& key) const {
 }
 
 std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const uint8_t* payload,
-                                            uint64_t payload_bytes, int64_t now) {
+                                            uint64_t payload_bytes, int64_t now,
+                                            absl::Duration timeout) {
   // Publish this member's entry at (D, S).
   const uint32_t d = view_.slot(index_)->daemon_ops.v.load(std::memory_order_seq_cst);
   const uint64_t s = s_;
@@ -299,6 +305,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   // ring brings places it on an idle CPU: the two are apart from then on
   // (spinning or yielding would keep them together, each op a slice).
   auto peer_on_this_cpu = [&] {
+    if (cpu == 0) return false;  // unknown
     for (uint32_t m = 0; m < members; ++m) {
       if (m != index_ && view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == cpu) return true;
     }
@@ -312,7 +319,6 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
     // (With more members than CPUs they cannot all be apart: yield then.)
     const absl::Duration spin =
         busy_poll_ && peer_on_this_cpu() ? absl::ZeroDuration() : kSpin;
-    const absl::Duration timeout = op_timeout_;
     absl::Time deadline = absl::Now() + timeout;
     // The daemon answers for missing members; past this even its answers
     // ("nobody is missing", from a segment a member corrupted) stop the wait.
@@ -405,7 +411,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   if (moves_data && !RegionsFit(plan, io)) return std::nullopt;  // the daemon says what is wrong
 
   if (std::optional<absl::Status> met =
-          Meet(plan.signature, io.in, moves_data ? plan.in_bytes : 0, now);
+          Meet(plan.signature, io.in, moves_data ? plan.in_bytes : 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
@@ -414,6 +420,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
     if (absl::Status st = Compute(plan, out); !st.ok()) return Abandon(st);
   }
   Advance();
+  Completed();
   return absl::OkStatus();
 }
 
@@ -433,7 +440,11 @@ absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
 void MemberOps::Advance() {
   ++s_;
   unused_key_ = 0;
-  view_.slot(index_)->member_ops.v.store(static_cast<uint32_t>(s_), std::memory_order_relaxed);
+}
+
+void MemberOps::Completed() {
+  ++ops_;
+  view_.slot(index_)->member_ops.v.store(static_cast<uint32_t>(ops_), std::memory_order_relaxed);
 }
 
 std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
@@ -462,7 +473,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   if (signature_.size() > member_ops::kMaxSignature) return std::nullopt;
   const absl::string_view agree = absl::string_view(signature_).substr(kWritten);
   if (std::optional<absl::Status> met =
-          Meet(agree, io.in, reduction ? plan.in_bytes : 0, now);
+          Meet(agree, io.in, reduction ? plan.in_bytes : 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
@@ -480,7 +491,14 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // This place ran member-side.
   Advance();
   // The next place: the result is written once every member is there.
-  std::optional<absl::Status> written = Meet(signature_, nullptr, 0, fastq::MonotonicNs());
+  // The others are writing meanwhile: on the daemon path the op would be
+  // running, which no op timeout bounds. Here the wait is bounded all the
+  // same, by the op timeout plus a second per 64 MiB of the result (a floor
+  // of 64 MiB/s for writing it), before the daemon is asked who is missing.
+  const absl::Duration write_time =
+      absl::Seconds(static_cast<double>(plan.out_bytes) / static_cast<double>(64 << 20));
+  std::optional<absl::Status> written =
+      Meet(signature_, nullptr, 0, fastq::MonotonicNs(), op_timeout_ + write_time);
   if (!written) {
     // Only a member that does not follow the protocol (or a corrupt
     // segment) takes another path at this place.
@@ -490,6 +508,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   }
   if (!written->ok()) return *written;
   Advance();
+  Completed();
   return absl::OkStatus();
 }
 

@@ -86,7 +86,7 @@ class MemberOps {
                                      const MemberIoRegion& io);
 
   // Member-side ops this member completed, for diagnostics.
-  uint64_t completed() const { return s_; }
+  uint64_t completed() const { return ops_; }
 
  private:
   MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape, int index,
@@ -97,9 +97,10 @@ class MemberOps {
   // signature and payload size (S is not advanced: the caller does once the
   // op ran). nullopt: the op goes to the daemon (a member took the daemon
   // path at this place, or the entries differ). Otherwise the op's error (a
-  // broken mesh, a missing member, the daemon gone). `now`: MonotonicNs.
+  // broken mesh, a missing member, the daemon gone). `now`: MonotonicNs;
+  // `timeout`: how long to wait before asking the daemon who is missing.
   std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
-                                   uint64_t payload_bytes, int64_t now);
+                                   uint64_t payload_bytes, int64_t now, absl::Duration timeout);
   // An op whose output is in a buffer the mesh shares: at its place, each
   // member copies its own input into its block (all_gather) or the first
   // member computes the result (a small reduction), and a second place tells
@@ -110,9 +111,11 @@ class MemberOps {
   // member's result to `out` (the daemon's code and floating-point
   // environment).
   absl::Status Compute(const OpPlan& plan, uint8_t* out);
-  // This member is past its place: S moves on (and is shown to the daemon,
-  // for its diagnostics).
+  // This member is past its place: S moves on.
   void Advance();
+  // An op completed member-side: counted, and shown to the daemon (for its
+  // diagnostics).
+  void Completed();
   // Whether the daemon's end of the side socket is still open.
   bool DaemonAlive() const;
   // The segment's status once the daemon marked it broken, else OK.
@@ -140,7 +143,8 @@ class MemberOps {
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
   std::string signature_;      // RunIntoShared's signatures, kept to reuse
-  uint64_t s_ = 0;  // member-side ops done (S)
+  uint64_t s_ = 0;    // member-side places done (S)
+  uint64_t ops_ = 0;  // member-side ops done (an op into a shared buffer takes two places)
   // The key this member published and has not run member-side (0: none).
   uint64_t unused_key_ = 0;
   // The last op's plan, and the key it is the plan of (a loop plans once).

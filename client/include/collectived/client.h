@@ -329,10 +329,11 @@ class Mesh {
   int axis_size(const AxisNames& axes) const;
   const std::vector<std::pair<std::string, int>>& axes() const { return axes_; }
   const std::vector<int>& coordinate() const { return coordinate_; }
-  // OK when this member runs small synchronous ops among the members
-  // (member-side small ops, README "How an op travels"); otherwise why every
-  // op of this member goes through the daemon (the daemon offers no segment
-  // for the mesh, or its member-side code is not this SDK's).
+  // OK when this member can run small synchronous ops among the members
+  // (member-side small ops, README "How an op travels"; whether an op does
+  // depends on the op and on what the other members do); otherwise why
+  // every op of this member goes through the daemon (the daemon offers no
+  // segment for the mesh, or its member-side code is not this SDK's).
   const absl::Status& member_side() const { return member_side_status_; }
 
   // Collectives. `out` absent: the result replaces `x` in place (only when it
@@ -429,16 +430,17 @@ class Mesh {
   // Use it as the output of every member of an op whose result is the same
   // for all: psum, pmean, pmax, pmin, all_gather or broadcast over every
   // axis of the mesh (AxisNames::All()), each member naming the same region,
-  // no input inside it. The daemon then writes the result once instead of
-  // once per member; any other op with it as output fails with
+  // no input inside it. The result is then written once instead of once
+  // per member; any other op with it as output fails with
   // FAILED_PRECONDITION. Who writes it and when to read it: the op writes
-  // the region while it runs (the daemon; for a synchronous all_gather along
-  // the first dimension, each member its own block); every member may read
-  // it once its own future is ready (the op completes for all members at
-  // once), and
-  // until some member submits the next op writing into it, so order reads
-  // before that (e.g. by a barrier, or by each member reading before it
-  // submits its next op into the buffer, as the op waits for every member).
+  // the region while it runs (the daemon; for synchronous ops run among the
+  // members, the group's first member for a small reduction, each member
+  // its own block for an all_gather along the first dimension); every
+  // member may read it once its own op is complete (the op completes for
+  // all members at once), and until some member submits the next op writing
+  // into it, so order reads before that (e.g. by a barrier, or by each
+  // member reading before it submits its next op into the buffer, as the op
+  // waits for every member).
   // Members may write it themselves like any shared memory; the daemon
   // never reads it unless it is an op's input. Free it like any Buffer
   // (Client::Free, or with the client); the memory goes when every member
