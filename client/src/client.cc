@@ -1615,23 +1615,21 @@ absl::Status Mesh::Run(const OpCall& call) {
   if (absl::Status st = CheckOut(out); !st.ok()) return st;
   if (member_side_ == nullptr) return Dispatch(OpRequest{call.Spec(id_)}).Wait();
   internal::MemberIoRegion io;
-  // Host memory of this client's session mapped in this process, and only
-  // this member's.
-  auto MemberHostBuffer = [this](const Buffer* b) {
-    return b != nullptr && b->valid() && b->owner_ == client_.get() && b->device_ordinal() < 0 &&
-           !b->mesh_shared();
+  // Host memory of this client's session mapped in this process.
+  auto MappedHost = [this](const Buffer* b) {
+    return b != nullptr && b->valid() && b->owner_ == client_.get() && b->device_ordinal() < 0;
   };
-  if (x != nullptr && MemberHostBuffer(x->buffer) && x->offset <= x->buffer->size()) {
+  // The input: only this member's own buffer.
+  if (x != nullptr && MappedHost(x->buffer) && !x->buffer->mesh_shared() &&
+      x->offset <= x->buffer->size()) {
     io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
     io.in_offset = x->offset;
     io.in_avail = x->buffer->size() - x->offset;
     io.in_place = out == nullptr;
     // The output: this member's own, or a buffer this mesh shares, which
     // the op writes once (MemberOps::RunIntoShared).
-    const bool own_out = out && MemberHostBuffer(out->buffer);
-    const bool shared_out = out && call.kind != v1::BARRIER && out->buffer != nullptr &&
-                            out->buffer->valid() && out->buffer->owner_ == client_.get() &&
-                            out->buffer->shared_mesh_ == id_ && out->buffer->device_ordinal() < 0;
+    const bool shared_out = out && MappedHost(out->buffer) && out->buffer->shared_mesh_ == id_;
+    const bool own_out = out && MappedHost(out->buffer) && !out->buffer->mesh_shared();
     if ((own_out || shared_out) && out->offset <= out->buffer->size()) {
       io.out = static_cast<uint8_t*>(out->buffer->data()) + out->offset;
       io.out_offset = out->offset;

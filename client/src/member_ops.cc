@@ -466,12 +466,14 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // The members agree on the region by its buffer and offset: a member
   // naming another region makes the signatures differ, and the daemon then
   // reports who writes elsewhere, before anything is written.
+  // signature_ is the second place's signature: the first place's with
+  // this prefix.
+  constexpr absl::string_view kWritten = "written: ";
   signature_.clear();
-  absl::StrAppend(&signature_, "written: ", plan.signature, " into shared buffer ",
+  absl::StrAppend(&signature_, kWritten, plan.signature, " into shared buffer ",
                   *io.shared_out, " at ", io.out_offset);
-  constexpr size_t kWritten = 9;  // "written: "
   if (signature_.size() > member_ops::kMaxSignature) return std::nullopt;
-  const absl::string_view agree = absl::string_view(signature_).substr(kWritten);
+  const absl::string_view agree = absl::string_view(signature_).substr(kWritten.size());
   if (std::optional<absl::Status> met =
           Meet(agree, io.in, reduction ? plan.in_bytes : 0, now, op_timeout_);
       !met || !met->ok()) {
