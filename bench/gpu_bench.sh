@@ -50,16 +50,20 @@ if ! compgen -G '/dev/nvidia[0-9]*' > /dev/null && ! command -v nvidia-smi > /de
 fi
 command -v nvidia-smi > /dev/null && nvidia-smi -L 2>&1 | head -8
 
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WITH_CUDA=ON \
-    > "$out/configure.log" 2>&1 || { tail -20 "$out/configure.log" >&2; echo "gpu_bench: configure failed" >&2; exit 1; }
+# GPU_BENCH_PREBUILT=1: BUILD_DIR holds binaries built elsewhere (a bundle
+# from scripts/gpu-bundle.sh); nothing is configured or built.
+if [[ "${GPU_BENCH_PREBUILT:-0}" != 1 ]]; then
+  if [[ ! -f "$build/CMakeCache.txt" ]]; then
+    cmake -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WITH_CUDA=ON \
+      > "$out/configure.log" 2>&1 || { tail -20 "$out/configure.log" >&2; echo "gpu_bench: configure failed" >&2; exit 1; }
+  fi
+  if ! grep -q '^COLLECTIVED_WITH_CUDA:.*=\(ON\|AUTO\)' "$build/CMakeCache.txt"; then
+    echo "gpu_bench: $build is not a CUDA build (COLLECTIVED_WITH_CUDA is OFF there)" >&2
+    exit 1
+  fi
+  cmake --build "$build" -j"$(nproc)" --target collectived collectived_perf nccl_perf cuda_copy_perf \
+    > "$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; echo "gpu_bench: build failed" >&2; exit 1; }
 fi
-if ! grep -q '^COLLECTIVED_WITH_CUDA:.*=\(ON\|AUTO\)' "$build/CMakeCache.txt"; then
-  echo "gpu_bench: $build is not a CUDA build (COLLECTIVED_WITH_CUDA is OFF there)" >&2
-  exit 1
-fi
-cmake --build "$build" -j"$(nproc)" --target collectived collectived_perf nccl_perf cuda_copy_perf \
-  > "$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; echo "gpu_bench: build failed" >&2; exit 1; }
 bin="$build/bench"
 
 # The runtime's own verdict: 77 means no usable GPU (e.g. a driver without a device).

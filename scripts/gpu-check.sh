@@ -21,10 +21,15 @@
 #                         CMake and a GPU allow it, else 90)
 #   GPU_CHECK_JOBS        build and test parallelism (default: nproc)
 #   GPU_CHECK_CMAKE_ARGS  more configure arguments (split on spaces)
+#   GPU_CHECK_BUNDLE      run the binaries of this bundle (scripts/gpu-bundle.sh)
+#                         instead of building: for a GPU machine without the
+#                         development packages (it still needs ctest and xz)
 #   GPU_CHECK_DEADLINE_S  seconds from the start by which every test must
 #                         have ended (default 380: the benchmarks get what
 #                         is left of 470 s, so the whole check stays under 8
 #                         minutes; tests still running then fail as timed out)
+#   GPU_CHECK_TOTAL_S     seconds from the start by which the benchmarks must
+#                         have ended too (default 470)
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here" || exit 2
@@ -165,90 +170,174 @@ else
   echo "none: nvidia-smi -L failed: ${listed:-(no output)}"
 fi
 
-echo "== prerequisites =="
-have() { command -v "$1" >/dev/null 2>&1; }
-# A file matching one of the globs exists.
-exists() {
-  local g f
-  for g in "$@"; do
-    for f in $g; do [ -e "$f" ] && return 0; done
-  done
-  return 1
-}
-have cmake || missing+=("cmake (Debian: cmake)")
-have g++ || have c++ || missing+=("a C++ compiler (Debian: g++)")
-if ! have grpc_cpp_plugin ||
-   ! exists /usr/lib/*/cmake/grpc/gRPCConfig.cmake /usr/lib/cmake/grpc/gRPCConfig.cmake \
-            /usr/local/lib*/cmake/grpc/gRPCConfig.cmake /opt/*/lib*/cmake/grpc/gRPCConfig.cmake; then
-  missing+=("gRPC C++ (grpc_cpp_plugin and gRPCConfig.cmake; Debian: libgrpc++-dev protobuf-compiler-grpc)")
-fi
-have protoc || missing+=("protoc (Debian: protobuf-compiler, libprotobuf-dev)")
-exists /usr/lib/*/cmake/absl/abslConfig.cmake /usr/local/lib*/cmake/absl/abslConfig.cmake ||
-  missing+=("Abseil (abslConfig.cmake; Debian: libabsl-dev)")
-exists /usr/include/gtest/gtest.h /usr/local/include/gtest/gtest.h ||
-  missing+=("GoogleTest (Debian: libgtest-dev libgmock-dev)")
-nvcc="$(command -v nvcc || true)"
-[ -n "$nvcc" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc; }
-[ -n "$nvcc" ] || missing+=("the CUDA toolkit (nvcc not on PATH nor in /usr/local/cuda/bin)")
-exists "${NCCL_ROOT:-/nonexistent}/include/nccl.h" /usr/include/nccl.h /usr/local/cuda/include/nccl.h \
-       /usr/local/cuda/targets/*/include/nccl.h /usr/local/include/nccl.h ||
-  missing+=("NCCL (nccl.h; set NCCL_ROOT, or Debian/NVIDIA: libnccl-dev)")
-if ((${#missing[@]})); then
-  for m in "${missing[@]}"; do echo "missing: $m"; done
-  echo "cannot build the CUDA variant here; nothing was installed (this script needs no network:"
-  echo "install those, e.g. with scripts/install-deps.sh where there is a network)"
-  build_state="missing prerequisites"
-  finish 2
-fi
-echo "cmake, C++ compiler, gRPC, protoc, Abseil, GoogleTest, nvcc ($nvcc), NCCL: found"
-
-echo "== build ($build) =="
-archs="${GPU_CHECK_CUDA_ARCHS:-}"
-if [ -z "$archs" ]; then
-  # "native" (CMake 3.24+) asks the GPU; without one it cannot work.
-  cmake_version="$(cmake --version | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')"
-  if [ -n "$gpus" ] && printf '%s\n3.24\n' "$cmake_version" | sort -V -C -r 2>/dev/null; then
-    archs=native
-  else
-    archs=90
+# A bundle from scripts/gpu-bundle.sh: binaries built elsewhere, put back
+# at the paths they were built at, with the shared libraries they bring.
+use_bundle() {
+  local bundle="$GPU_CHECK_BUNDLE" manifest source_dir build_dir libs nccl_dir f
+  echo "== bundle ($bundle) =="
+  [[ "$bundle" = /* ]] || bundle="$here/$bundle"
+  if [ ! -f "$bundle" ]; then
+    missing+=("the bundle $bundle (GPU_CHECK_BUNDLE; made by scripts/gpu-bundle.sh)")
   fi
-fi
-[ -n "$nvcc" ] && export CUDACXX="${CUDACXX:-$nvcc}"
-launcher=()
-if have ccache; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
-fi
-# shellcheck disable=SC2206
-extra=(${GPU_CHECK_CMAKE_ARGS:-})
-configure() {
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WITH_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="$1" "${launcher[@]+"${launcher[@]}"}" \
-    "${extra[@]+"${extra[@]}"}" >"$out/configure.log" 2>&1
-}
-echo "CUDA architectures: $archs"
-if ! configure "$archs"; then
-  if [ "$archs" = native ]; then
-    echo "configuring with native failed (see below); again with 90"
-    tail -n 5 "$out/configure.log"
-    rm -f "$build/CMakeCache.txt"
-    rm -rf "$build/CMakeFiles"
-    archs=90
-    configure "$archs" || { tail -n 30 "$out/configure.log"; build_state="configure failed"; finish 2; }
-  else
-    tail -n 30 "$out/configure.log"
-    build_state="configure failed"
+  command -v ctest >/dev/null 2>&1 || missing+=("ctest (CMake)")
+  command -v xz >/dev/null 2>&1 || missing+=("xz")
+  if ((${#missing[@]})); then
+    for m in "${missing[@]}"; do echo "missing: $m"; done
+    build_state="missing prerequisites"
     finish 2
   fi
+  manifest="$(tar -xJOf "$bundle" MANIFEST)" || { build_state="unreadable bundle"; finish 2; }
+  echo "$manifest"
+  source_dir="$(sed -n 's/^source_dir=//p' <<<"$manifest")"
+  build_dir="$(sed -n 's/^build_dir=//p' <<<"$manifest")"
+  if [ "$(sed -n 's/^commit=//p' <<<"$manifest")" != "$(git -C "$here" rev-parse HEAD 2>/dev/null)" ]; then
+    echo "note: the bundle was built from another commit than this checkout's"
+  fi
+  # The binaries name their helpers and the test data by the paths they
+  # were built at: make the source directory's path lead here.
+  if [ "$source_dir" != "$here" ] && ! [ "$source_dir" -ef "$here" ]; then
+    if [ -e "$source_dir" ] || [ -L "$source_dir" ]; then
+      echo "the bundle was built in $source_dir, which exists here and is not this checkout"
+      build_state="bundle path taken"
+      finish 2
+    fi
+    mkdir -p "$(dirname "$source_dir")" && ln -s "$here" "$source_dir" ||
+      { build_state="cannot link $source_dir"; finish 2; }
+    echo "linked $source_dir -> $here"
+  fi
+  build="$build_dir"
+  mkdir -p "$build/.bundle" &&
+    tar -xJf "$bundle" -C "$build" --strip-components=1 build &&
+    tar -xJf "$bundle" -C "$build/.bundle" lib fallback ||
+    { build_state="bundle unpack failed"; finish 2; }
+  libs="$build/.bundle/lib"
+  # The C++ runtime built against, where the machine's is older.
+  f="$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/{print $NF; exit}')"
+  if [ -z "$f" ] || ! grep -q GLIBCXX_3.4.30 "$f" 2>/dev/null; then
+    libs="$libs:$build/.bundle/fallback"
+    echo "using the bundle's C++ runtime (the machine's: ${f:-none})"
+  fi
+  # NCCL: the machine's own (a system package, CUDA's folder, or the Python
+  # wheel next to PyTorch or JAX).
+  nccl_dir=""
+  for f in $(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 /{print $NF}') \
+           /usr/local/cuda/lib64/libnccl.so.2 /usr/local/cuda/targets/*/lib/libnccl.so.2; do
+    [ -e "$f" ] && { nccl_dir="$(dirname "$f")"; break; }
+  done
+  if [ -z "$nccl_dir" ] && command -v python3 >/dev/null 2>&1; then
+    nccl_dir="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
+  fi
+  if [ -z "$nccl_dir" ]; then
+    f="$(find /usr /opt -name 'libnccl.so.2*' -type f 2>/dev/null | head -n 1)"
+    [ -n "$f" ] && nccl_dir="$(dirname "$f")"
+  fi
+  [ -n "$nccl_dir" ] && libs="$libs:$nccl_dir"
+  [ -d /usr/local/nvidia/lib64 ] && libs="$libs:/usr/local/nvidia/lib64"
+  export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "NCCL from: ${nccl_dir:-not found}"
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  for f in $(find "$build" -path "$build/.bundle" -prune -o -type f -perm -u+x -print); do
+    if ldd "$f" 2>&1 | grep -q 'not found'; then
+      missing+=("libraries of $(basename "$f"): $(ldd "$f" 2>&1 | awk '/not found/{print $1}' | tr '\n' ' ')")
+    fi
+  done
+  if ((${#missing[@]})); then
+    for m in "${missing[@]}"; do echo "missing: $m"; done
+    build_state="missing libraries"
+    finish 2
+  fi
+  build_state="ok"
+  export GPU_BENCH_PREBUILT=1
+}
+
+if [ -n "${GPU_CHECK_BUNDLE:-}" ]; then
+  use_bundle
+else
+  echo "== prerequisites =="
+  have() { command -v "$1" >/dev/null 2>&1; }
+  # A file matching one of the globs exists.
+  exists() {
+    local g f
+    for g in "$@"; do
+      for f in $g; do [ -e "$f" ] && return 0; done
+    done
+    return 1
+  }
+  have cmake || missing+=("cmake (Debian: cmake)")
+  have g++ || have c++ || missing+=("a C++ compiler (Debian: g++)")
+  if ! have grpc_cpp_plugin ||
+     ! exists /usr/lib/*/cmake/grpc/gRPCConfig.cmake /usr/lib/cmake/grpc/gRPCConfig.cmake \
+              /usr/local/lib*/cmake/grpc/gRPCConfig.cmake /opt/*/lib*/cmake/grpc/gRPCConfig.cmake; then
+    missing+=("gRPC C++ (grpc_cpp_plugin and gRPCConfig.cmake; Debian: libgrpc++-dev protobuf-compiler-grpc)")
+  fi
+  have protoc || missing+=("protoc (Debian: protobuf-compiler, libprotobuf-dev)")
+  exists /usr/lib/*/cmake/absl/abslConfig.cmake /usr/local/lib*/cmake/absl/abslConfig.cmake ||
+    missing+=("Abseil (abslConfig.cmake; Debian: libabsl-dev)")
+  exists /usr/include/gtest/gtest.h /usr/local/include/gtest/gtest.h ||
+    missing+=("GoogleTest (Debian: libgtest-dev libgmock-dev)")
+  nvcc="$(command -v nvcc || true)"
+  [ -n "$nvcc" ] || { [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc; }
+  [ -n "$nvcc" ] || missing+=("the CUDA toolkit (nvcc not on PATH nor in /usr/local/cuda/bin)")
+  exists "${NCCL_ROOT:-/nonexistent}/include/nccl.h" /usr/include/nccl.h /usr/local/cuda/include/nccl.h \
+         /usr/local/cuda/targets/*/include/nccl.h /usr/local/include/nccl.h ||
+    missing+=("NCCL (nccl.h; set NCCL_ROOT, or Debian/NVIDIA: libnccl-dev)")
+  if ((${#missing[@]})); then
+    for m in "${missing[@]}"; do echo "missing: $m"; done
+    echo "cannot build the CUDA variant here; nothing was installed (this script needs no network:"
+    echo "install those, e.g. with scripts/install-deps.sh where there is a network)"
+    build_state="missing prerequisites"
+    finish 2
+  fi
+  echo "cmake, C++ compiler, gRPC, protoc, Abseil, GoogleTest, nvcc ($nvcc), NCCL: found"
+
+  echo "== build ($build) =="
+  archs="${GPU_CHECK_CUDA_ARCHS:-}"
+  if [ -z "$archs" ]; then
+    # "native" (CMake 3.24+) asks the GPU; without one it cannot work.
+    cmake_version="$(cmake --version | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')"
+    if [ -n "$gpus" ] && printf '%s\n3.24\n' "$cmake_version" | sort -V -C -r 2>/dev/null; then
+      archs=native
+    else
+      archs=90
+    fi
+  fi
+  [ -n "$nvcc" ] && export CUDACXX="${CUDACXX:-$nvcc}"
+  launcher=()
+  if have ccache; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  fi
+  # shellcheck disable=SC2206
+  extra=(${GPU_CHECK_CMAKE_ARGS:-})
+  configure() {
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLECTIVED_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES="$1" "${launcher[@]+"${launcher[@]}"}" \
+      "${extra[@]+"${extra[@]}"}" >"$out/configure.log" 2>&1
+  }
+  echo "CUDA architectures: $archs"
+  if ! configure "$archs"; then
+    if [ "$archs" = native ]; then
+      echo "configuring with native failed (see below); again with 90"
+      tail -n 5 "$out/configure.log"
+      rm -f "$build/CMakeCache.txt"
+      rm -rf "$build/CMakeFiles"
+      archs=90
+      configure "$archs" || { tail -n 30 "$out/configure.log"; build_state="configure failed"; finish 2; }
+    else
+      tail -n 30 "$out/configure.log"
+      build_state="configure failed"
+      finish 2
+    fi
+  fi
+  grep -E 'GPU buffers|CUDA' "$out/configure.log" | head -n 5
+  if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
+    grep -E 'error|Error' "$out/build.log" | head -n 30
+    tail -n 10 "$out/build.log"
+    build_state="build failed"
+    finish 2
+  fi
+  build_state="ok"
+  echo "built ${targets[*]} in $((SECONDS - start)) s"
 fi
-grep -E 'GPU buffers|CUDA' "$out/configure.log" | head -n 5
-if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
-  grep -E 'error|Error' "$out/build.log" | head -n 30
-  tail -n 10 "$out/build.log"
-  build_state="build failed"
-  finish 2
-fi
-build_state="ok"
-echo "built ${targets[*]} in $((SECONDS - start)) s"
 
 echo "== ctest -L gpu (COLLECTIVED_REQUIRE_GPU=1) =="
 (cd "$build" && ctest -L gpu --show-only=json-v1 >"$out/tests.json" 2>/dev/null)
@@ -268,7 +357,7 @@ grep -E '^[0-9]+% tests passed|tests failed out of|^Total Test time' "$out/ctest
 # for K = 2, 4, 8 members, bare NCCL and the device copy ceiling, side by side
 # (bench/README.md, "GPU rows"). Run whatever the tests said, within what is
 # left of the 8 minutes.
-bench_left=$(( 470 - (SECONDS - start) ))
+bench_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
 if ((bench_left >= 30)); then
   echo "== GPU benchmarks (bench/gpu_bench.sh, at most $bench_left s) =="
   if ! timeout "$bench_left" "$here/bench/gpu_bench.sh" "$out/bench" "$build"; then
@@ -276,7 +365,7 @@ if ((bench_left >= 30)); then
   fi
   [ -s "$out/bench/summary.txt" ] && cat "$out/bench/summary.txt"
 else
-  echo "GPU benchmarks: not run, only $bench_left s left of the 8 minutes"
+  echo "GPU benchmarks: not run, only $bench_left s left of GPU_CHECK_TOTAL_S"
 fi
 
 if [ $ctest_status -ne 0 ]; then
