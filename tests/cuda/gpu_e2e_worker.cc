@@ -172,7 +172,11 @@ class Member {
       return "";
     }
     cudaError_t err = cudaMemcpy(Device(offset), host.data(), host.size(), cudaMemcpyHostToDevice);
-    return err == cudaSuccess ? "" : CudaError(err, "cudaMemcpy to the device");
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpy to the device");
+    // A copy from pageable memory may return before its bytes land: the
+    // ordering contract wants the writes complete when the op is submitted.
+    err = cudaDeviceSynchronize();
+    return err == cudaSuccess ? "" : CudaError(err, "cudaDeviceSynchronize");
   }
   // Reads `size` bytes and the guard after them.
   std::string Get(size_t offset, size_t size, std::vector<unsigned char>* host) {

@@ -76,7 +76,14 @@ struct CudaBackend {
   static void Free(void* p) { cudaFree(p); }
   static absl::Status CopyIn(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();
-    return CudaOk(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+    if (auto st = CudaOk(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
+                         "cudaMemcpy to device");
+        !st.ok()) {
+      return st;
+    }
+    // A copy from pageable memory may return before its bytes land, and the
+    // executor's stream does not wait for the legacy default stream.
+    return CudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   static absl::Status CopyOut(void* dst, const void* src, size_t bytes) {
     if (bytes == 0) return absl::OkStatus();

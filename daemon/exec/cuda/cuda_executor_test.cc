@@ -652,6 +652,9 @@ class CudaGpuTest : public ::testing::Test {
       io[m].out = static_cast<uint8_t*>(in_place ? in : out);
       io[m].device = 0;
     }
+    // The copies above are from pageable memory: they may return before
+    // their bytes land, and the executor's stream does not wait for them.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const absl::Status st = ex_->Run(plan, io, traffic);
     EXPECT_TRUE(st.ok()) << st;
     std::vector<std::vector<uint8_t>> result(io.size(), std::vector<uint8_t>(plan.out_bytes));
