@@ -22,6 +22,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -246,7 +247,6 @@ class GlooCrossHostMesh final : public CrossHostMesh {
       if (aborted_) return;
       aborted_ = true;
       abort_reason_ = reason;
-      link_abort_.store(true, std::memory_order_release);
       for (gloo::transport::UnboundBuffer* b : outstanding_) {
         b->abortWaitRecv();
         b->abortWaitSend();
@@ -258,6 +258,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   // --- Used by the op in flight (the worker thread) ---
 
   int self() const { return topology_.self; }
+  int size() const { return static_cast<int>(topology_.hosts.size()); }
   const std::string& host(int rank) const { return topology_.hosts[rank]; }
 
   // Posts a send of [p, p + bytes) to `rank` (or a receive into it from
@@ -447,8 +448,9 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   // move), connecting it first if this is the mesh's first such op.
   Result RunOverLink(const Op& op, const std::vector<MemberIo>& io, int device);
   // Connects link_: rank 0 makes the id and sends it to the other hosts
-  // over the Gloo context; every host then connects on `device`.
-  absl::Status ConnectLink(const Op& op, int device);
+  // over the Gloo context; every host then connects on `device` (until
+  // the deadline, or `abort`).
+  absl::Status ConnectLink(const Op& op, int device, const std::atomic<bool>& abort);
   // The device of this host's members of `op` (on the link), or why the op
   // cannot run over the link.
   absl::Status LinkDevice(const Op& op, const std::vector<int>& rank_of, int* device) const;
@@ -464,9 +466,8 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   uint8_t* placeholder_base_ = nullptr;
   // The executor's link between the hosts (GPU ops), made by the first op
   // that needs it; only the worker uses it. Dropped when an op over it
-  // fails, and after an Abort; link_abort_ stops a link's waits.
+  // fails, and after an Abort (an op's LinkWatch stops a link's waits).
   std::unique_ptr<HostLink> link_;
-  std::atomic<bool> link_abort_{false};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -729,7 +730,8 @@ absl::Status GlooCrossHostMesh::LinkDevice(const Op& op, const std::vector<int>&
   return absl::OkStatus();
 }
 
-absl::Status GlooCrossHostMesh::ConnectLink(const Op& op, int device) {
+absl::Status GlooCrossHostMesh::ConnectLink(const Op& op, int device,
+                                            const std::atomic<bool>& abort) {
   // What rank 0 sends every other host: the link's id, or why it has none.
   struct LinkId {
     int32_t ok;
@@ -772,26 +774,151 @@ absl::Status GlooCrossHostMesh::ConnectLink(const Op& op, int device) {
                                            Text(msg.error, sizeof(msg.error))));
   }
   absl::StatusOr<std::unique_ptr<HostLink>> link = op.executor->ConnectHosts(
-      std::string(msg.id, msg.size), topology_.self, size, device, op.deadline, link_abort_);
+      std::string(msg.id, msg.size), topology_.self, size, device, op.deadline, abort);
   if (!link.ok()) return link.status();
   link_ = *std::move(link);
   return absl::OkStatus();
 }
 
+// While an op runs over the executor's link (NCCL), nothing of it is posted
+// on the Gloo connections, and NCCL itself notices a host that went away
+// late or never (a connect in progress waits for it): the op would wait for
+// its deadline. So each host posts a receive of every other host's fence
+// for the op, a thread waits for them, and a connection lost (the other
+// host's daemon died, or its mesh broke and it closed the connections)
+// stops the link's waits at once. A host sends its fence when its part of
+// the op is done; every host then waits for the others' fences, so every
+// posted receive is matched before the op ends.
+class LinkWatch {
+ public:
+  LinkWatch(GlooCrossHostMesh* mesh, int64_t sequence, absl::Time deadline)
+      : mesh_(mesh),
+        slot_((static_cast<uint64_t>(sequence) << kSlotShift) | ((uint64_t{1} << kSlotShift) - 2)),
+        deadline_(deadline),
+        fences_in_(static_cast<size_t>(mesh->size())) {
+    absl::Status status;
+    for (int rank = 0; rank < mesh_->size() && status.ok(); ++rank) {
+      if (rank == mesh_->self()) continue;
+      status = mesh_->Post(recvs_, /*send=*/false, rank, &fences_in_[rank], 1, slot_);
+    }
+    if (!status.ok()) {
+      Stopped(std::move(status));
+      return;
+    }
+    // One thread per other host: a Gloo receive waits on one connection, and
+    // a wait that times out breaks the whole context, so none is polled.
+    for (Posted& x : recvs_) threads_.emplace_back([this, &x] { Watch(x); });
+  }
+  ~LinkWatch() { Stop(); }
+  LinkWatch(const LinkWatch&) = delete;
+  LinkWatch& operator=(const LinkWatch&) = delete;
+
+  // True once a connection is lost, the mesh is aborted, or the deadline
+  // passed: what the link's waits watch.
+  const std::atomic<bool>& stop() const { return stop_; }
+
+  // Ends the watch: after this host's part of the op ended with `status`.
+  // OK: sends the fence to every other host and waits for theirs (until the
+  // deadline), and returns why the watch stopped, if it did. Not OK: the
+  // reason the watch saw, when it saw one (a lost connection names its
+  // host; the link's own error then only says it was stopped), else
+  // `status`.
+  absl::Status Finish(absl::Status status) {
+    if (status.ok() && !stop_.load(std::memory_order_acquire)) {
+      std::vector<Posted> sends;
+      uint8_t fence = 1;
+      for (int rank = 0; rank < mesh_->size() && status.ok(); ++rank) {
+        if (rank == mesh_->self()) continue;
+        status = mesh_->Post(sends, /*send=*/true, rank, &fence, 1, slot_);
+      }
+      status = status.ok() ? mesh_->WaitAll(sends, deadline_) : mesh_->Forget(sends, status);
+      if (status.ok()) {
+        for (std::thread& t : threads_) t.join();
+        threads_.clear();
+      }
+    }
+    Stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!why_.ok() && (!status.ok() || stop_.load(std::memory_order_acquire))) return why_;
+    return status;
+  }
+
+ private:
+  void Watch(Posted& x) {
+    const absl::Duration left = std::max(deadline_ - absl::Now(), absl::Milliseconds(1));
+    const auto timeout = std::chrono::milliseconds(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Microseconds(999))));
+    try {
+      if (x.buffer->waitRecv(timeout)) return;
+      // Stop() ends a watch that is no longer needed; else the mesh's Abort
+      // ended it.
+      if (!stopping_.load(std::memory_order_acquire)) {
+        Stopped(absl::AbortedError("the mesh was aborted"));
+      }
+    } catch (const std::exception& e) {
+      if (std::strstr(e.what(), "Timed out") != nullptr || absl::Now() >= deadline_) {
+        Stopped(absl::DeadlineExceededError(
+            absl::StrCat("host ", mesh_->host(x.rank), " did not finish its part within the op ",
+                         "timeout (", e.what(), ")")));
+      } else {
+        Stopped(absl::AbortedError(
+            absl::StrCat("host ", mesh_->host(x.rank), ": connection lost (", e.what(), ")")));
+      }
+    }
+  }
+
+  // The first reason stands.
+  void Stopped(absl::Status why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (why_.ok()) why_ = std::move(why);
+    }
+    stop_.store(true, std::memory_order_release);
+  }
+
+  // Stops the threads (their receives' waits aborted) and forgets the
+  // receives.
+  void Stop() {
+    if (!threads_.empty()) {
+      stopping_.store(true, std::memory_order_release);
+      for (Posted& x : recvs_) x.buffer->abortWaitRecv();
+      for (std::thread& t : threads_) t.join();
+      threads_.clear();
+    }
+    mesh_->Forget(recvs_, absl::OkStatus()).IgnoreError();
+  }
+
+  GlooCrossHostMesh* const mesh_;
+  const uint64_t slot_;
+  const absl::Time deadline_;
+  std::vector<uint8_t> fences_in_;  // by rank
+  std::vector<Posted> recvs_;
+  std::vector<std::thread> threads_;  // one per entry of recvs_
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> stopping_{false};  // Stop() is ending the threads
+  std::mutex mu_;
+  absl::Status why_ ABSL_GUARDED_BY(mu_);  // why the watch stopped
+};
+
 GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
                                                          const std::vector<MemberIo>& io,
                                                          int device) {
   Result r;
+  LinkWatch watch(this, op.sequence, op.deadline);
   absl::Status status;
-  if (link_ == nullptr) status = ConnectLink(op, device);
+  if (watch.stop().load(std::memory_order_acquire)) {
+    status = absl::AbortedError("cannot watch the connections between the hosts");
+  }
+  if (status.ok() && link_ == nullptr) status = ConnectLink(op, device, watch.stop());
   if (status.ok()) {
     // Lanes and replication: the CUDA kernels do not continue a fold from a
     // partial result, which the chain needs.
     SpanningOptions options;
     options.chain = false;
-    status = link_->Run(*op.plan, io, options, placeholder_base_, op.deadline, link_abort_,
+    status = link_->Run(*op.plan, io, options, placeholder_base_, op.deadline, watch.stop(),
                         &r.traffic);
   }
+  status = watch.Finish(std::move(status));
   if (status.ok()) return r;
   // The hosts may be at different points of the schedule: the link and the
   // connections cannot be trusted any more.

@@ -658,6 +658,117 @@ void ExpectAbortedWith(const Outcome& o, const std::string& text) {
   EXPECT_LT(o.took, absl::Seconds(10));
 }
 
+// An executor whose link between hosts behaves as NCCL's can: a connect
+// that waits for its peers until it is stopped (`stuck`), or a link that
+// connects at once and whose runs succeed without moving anything (the
+// data path is the CUDA executor's, tested on a GPU machine). For the
+// cross-host mesh's watch of the connections while an op is on the link.
+class LinkExecutor final : public Executor {
+ public:
+  explicit LinkExecutor(bool stuck) : stuck_(stuck) {}
+  absl::string_view name() const override { return "linked"; }
+  absl::string_view buffer_kind() const override { return "linked"; }
+  bool IsViable() const override { return true; }
+  int threads() const override { return 1; }
+  absl::Status Run(const OpPlan&, const std::vector<MemberIo>&, Traffic*) override {
+    return absl::UnimplementedError("only across hosts");
+  }
+  bool ConnectsHosts() const override { return true; }
+  absl::StatusOr<std::string> NewHostLinkId() override { return std::string("id"); }
+  absl::StatusOr<std::unique_ptr<HostLink>> ConnectHosts(const std::string&, int, int, int device,
+                                                         absl::Time deadline,
+                                                         const std::atomic<bool>& abort) override {
+    connects_.fetch_add(1);
+    if (stuck_) {
+      absl::Status st = WaitForStop(deadline, abort);
+      return st;
+    }
+    return std::unique_ptr<HostLink>(new Link(this, device));
+  }
+  int connects() const { return connects_.load(); }
+  int runs() const { return runs_.load(); }
+
+ private:
+  class Link final : public HostLink {
+   public:
+    Link(LinkExecutor* owner, int device) : owner_(owner), device_(device) {}
+    absl::Status Run(const OpPlan&, const std::vector<MemberIo>&, const SpanningOptions&, uint8_t*,
+                     absl::Time, const std::atomic<bool>&, Traffic*) override {
+      owner_->runs_.fetch_add(1);
+      return absl::OkStatus();
+    }
+    int device() const override { return device_; }
+
+   private:
+    LinkExecutor* const owner_;
+    const int device_;
+  };
+  static absl::Status WaitForStop(absl::Time deadline, const std::atomic<bool>& abort) {
+    while (!abort.load()) {
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("connect: peers never came");
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return absl::AbortedError("connect stopped");
+  }
+  const bool stuck_;
+  std::atomic<int> connects_{0};
+  std::atomic<int> runs_{0};
+};
+
+TEST(GlooMeshTest, OpsOverALinkEndTogetherAndTheLinkIsKept) {
+  const int hosts = 3, members = 3;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::unique_ptr<LinkExecutor>> execs;
+  std::vector<Executor*> ptrs;
+  for (int h = 0; h < hosts; ++h) {
+    execs.push_back(std::make_unique<LinkExecutor>(/*stuck=*/false));
+    ptrs.push_back(execs.back().get());
+  }
+  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
+  Regions r(members, plan);
+  for (int op = 0; op < 3; ++op) {
+    for (const Outcome& o : RunOn(*c, ptrs, plan, r.io)) {
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      EXPECT_FALSE(o.broken);
+    }
+  }
+  for (int h = 0; h < hosts; ++h) {
+    EXPECT_EQ(execs[h]->connects(), 1) << "host " << h;
+    EXPECT_EQ(execs[h]->runs(), 3) << "host " << h;
+  }
+}
+
+// A host whose mesh breaks while the others wait for the link to connect
+// (a member killed there): they are told at once, naming it, not at the
+// deadline.
+TEST(GlooMeshTest, AHostLeavingWhileTheLinkConnectsFailsTheOthersAtOnce) {
+  const int hosts = 3, members = 3;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::unique_ptr<LinkExecutor>> execs;
+  for (int h = 0; h < hosts; ++h) execs.push_back(std::make_unique<LinkExecutor>(/*stuck=*/true));
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {8}, members));
+  Regions r(members, *plan);
+  auto dones = Dones::Make(hosts);
+  const int64_t seq = c->NextSequence();
+  const absl::Time start = absl::Now();
+  for (int h = 0; h < hosts; ++h) {
+    c->mesh(h).Start(plan, seq, c->IoOf(h, r.io), execs[h].get(), absl::OkStatus(),
+                     absl::Now() + absl::Seconds(60), dones->For(h));
+  }
+  // Every host is in the connect.
+  for (int h = 0; h < hosts; ++h) {
+    for (int i = 0; i < 5000 && execs[h]->connects() == 0; ++i) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(execs[h]->connects(), 1) << "host " << h;
+  }
+  c->mesh(2).Abort("member 2 died");
+  ASSERT_TRUE(dones->Wait({0, 1, 2}, absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ExpectAbortedWith(dones->Get(2), "member 2 died");
+  for (int h : {0, 1}) ExpectAbortedWith(dones->Get(h), "host h2: connection lost");
+}
+
 TEST(GlooMeshTest, AbortFailsTheOpInFlightWithTheReasonAndThePeersFindTheConnectionClosed) {
   const int hosts = 2, members = 2;
   auto c = ConnectOrDie(hosts, members);
