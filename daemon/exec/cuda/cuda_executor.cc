@@ -39,6 +39,7 @@ struct CudaExecutor::Nccl {
 
 namespace {
 
+using cuda_kernels::Aligned16;
 using cuda_kernels::AllToAllDims;
 using cuda_kernels::kInlineMembers;
 using cuda_kernels::MemberTable;
@@ -342,7 +343,7 @@ class OpRun {
       COLLECTIVED_CUDA_RETURN_IF_ERROR(
           "LaunchAllReduce",
           cuda_kernels::LaunchAllReduce(kind, plan_.dtype, *table, n_eff, num_groups(), n_eff,
-                                        count, stream_));
+                                        count, Aligned16(ins) && Aligned16(outs), stream_));
       return absl::OkStatus();
     }
     // A result wider than the input, in place: an output element covers
@@ -359,7 +360,7 @@ class OpRun {
     COLLECTIVED_CUDA_RETURN_IF_ERROR(
         "LaunchAllReduce",
         cuda_kernels::LaunchAllReduce(kind, plan_.dtype, *table, n_eff, num_groups(), 1, count,
-                                      stream_));
+                                      Aligned16(ins) && Aligned16(staged), stream_));
     extra_written_ += static_cast<uint64_t>(num_groups()) * plan_.out_bytes;
     for (int g = 0; g < num_groups(); ++g) {
       for (int i = 0; i < n_eff; ++i) {

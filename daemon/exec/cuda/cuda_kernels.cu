@@ -8,7 +8,8 @@
 // result and is built without FTZ and without FMA contraction, see
 // CMakeLists.txt).
 //
-// Kernel instances: 52 reductions (13 dtypes x 4 kinds), 12 reduce-scatters
+// Kernel instances: 52 reductions (13 dtypes x 4 kinds; those whose result
+// is as wide as the input also in a 16-byte vector form), 12 reduce-scatters
 // (the sums), 1 bfloat16 and 1 float8_e5m2 canonicalization, 5 gather and 4
 // all_to_all copy widths.
 #include "daemon/exec/cuda/cuda_kernels.h"
@@ -53,6 +54,61 @@ __global__ void AllReduceKernel(MemberTable table, int n, int num_groups, int nu
       for (int k = 0; k < num_outs; ++k) {
         Out* out = reinterpret_cast<Out*>(table.Out(base + k));
         if (out != nullptr) out[q] = r;  // null: written on another GPU
+      }
+    }
+  }
+}
+
+// AllReduceKernel with 16-byte loads and stores: each thread reduces V
+// consecutive elements (one 16-byte vector of every member), the elements
+// past the last whole vector one at a time. Every address is 16-byte
+// aligned and the result is as wide as the input (the launcher checks).
+template <typename Codec, typename Combiner>
+__global__ void AllReduceVectorKernel(MemberTable table, int n, int num_groups, int num_outs,
+                                      uint64_t count, Codec codec, Combiner op) {
+  using In = typename Codec::In;
+  using Out = typename Codec::Out;
+  using Acc = typename Codec::Acc;
+  constexpr int V = 16 / sizeof(In);
+  static_assert(sizeof(Out) == sizeof(In) && 16 % sizeof(In) == 0);
+  struct alignas(16) InVec {
+    In v[V];
+  };
+  struct alignas(16) OutVec {
+    Out v[V];
+  };
+  const uint64_t vectors = count / V;
+  for (int g = blockIdx.y; g < num_groups; g += gridDim.y) {
+    const int64_t base = static_cast<int64_t>(g) * n;
+    for (uint64_t q = FirstIndex(); q < vectors; q += Stride()) {
+      // Every input of these elements is read before any output of them is
+      // written.
+      Acc acc[V];
+      {
+        const InVec x = reinterpret_cast<const InVec*>(table.In(base))[q];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = op.First(codec.Load(x.v[j]));
+      }
+      for (int k = 1; k < n; ++k) {
+        const InVec x = reinterpret_cast<const InVec*>(table.In(base + k))[q];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = op(acc[j], codec.Load(x.v[j]));
+      }
+      OutVec r;
+#pragma unroll
+      for (int j = 0; j < V; ++j) r.v[j] = codec.Store(acc[j]);
+      for (int k = 0; k < num_outs; ++k) {
+        OutVec* out = reinterpret_cast<OutVec*>(table.Out(base + k));
+        if (out != nullptr) out[q] = r;  // null: written on another GPU
+      }
+    }
+    for (uint64_t q = vectors * V + FirstIndex(); q < count; q += Stride()) {
+      const Out r = reduce_ops::ReduceElement(codec, op, n, [&](int k) {
+        return reinterpret_cast<const In*>(table.In(base + k))[q];
+      });
+      for (int k = 0; k < num_outs; ++k) {
+        Out* out = reinterpret_cast<Out*>(table.Out(base + k));
+        if (out != nullptr) out[q] = r;
       }
     }
   }
@@ -163,12 +219,24 @@ struct IsMean<reduce_ops::BoolMean> : std::true_type {};
 }  // namespace
 
 cudaError_t LaunchAllReduce(ReduceKind kind, DType dt, const MemberTable& table, int n,
-                            int num_groups, int num_outs, uint64_t count, cudaStream_t stream) {
+                            int num_groups, int num_outs, uint64_t count, bool aligned16,
+                            cudaStream_t stream) {
   if (count == 0 || num_groups == 0) return cudaSuccess;
-  const dim3 grid = Grid(count, num_groups);
   const bool known = reduce_ops::VisitReduce<SoftwareEnv>(kind, dt, n, [&](auto codec, auto op) {
-    AllReduceKernel<<<grid, kThreads, 0, stream>>>(table, n, num_groups, num_outs, count, codec,
-                                                   op);
+    using Codec = decltype(codec);
+    constexpr size_t in_size = sizeof(typename Codec::In);
+    if constexpr (sizeof(typename Codec::Out) == in_size && 16 % in_size == 0) {
+      const uint64_t per_vector = 16 / in_size;
+      if (aligned16 && count >= per_vector) {
+        // One thread per vector; the tail (fewer than per_vector elements)
+        // goes to the first threads.
+        AllReduceVectorKernel<<<Grid(count / per_vector, num_groups), kThreads, 0, stream>>>(
+            table, n, num_groups, num_outs, count, codec, op);
+        return;
+      }
+    }
+    AllReduceKernel<<<Grid(count, num_groups), kThreads, 0, stream>>>(
+        table, n, num_groups, num_outs, count, codec, op);
   });
   if (!known) return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -54,9 +54,22 @@ struct MemberTable {
 // written to the outputs of the group's first `num_outs` entries (n, or 1
 // for a staging buffer). Each element's inputs are read before its outputs
 // are written, so an output may be its member's input when the result
-// dtype is no wider than the input dtype.
+// dtype is no wider than the input dtype. `aligned16`: every input and
+// output address of the table is a multiple of 16 bytes; then, where the
+// result is as wide as the input, each thread moves 16 bytes per load and
+// store (the same arithmetic, element by element).
 cudaError_t LaunchAllReduce(ReduceKind kind, DType dt, const MemberTable& table, int n,
-                            int num_groups, int num_outs, uint64_t count, cudaStream_t stream);
+                            int num_groups, int num_outs, uint64_t count, bool aligned16,
+                            cudaStream_t stream);
+
+// Whether every non-null address of `ptrs` is a multiple of 16 bytes.
+template <typename P>
+inline bool Aligned16(const P& ptrs) {
+  for (const auto* p : ptrs) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  return true;
+}
 
 // psum_scatter: inputs viewed as [outer, n, inner] elements of dt; member j
 // of each group gets [outer, inner], the kSum reduction of block [:, j, :]
