@@ -38,6 +38,15 @@ constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
 constexpr uint32_t kVersion = 3;
 constexpr int kSlotShift = 24;
 
+// The chain's chunk for an op of `bytes`: the configured one, but small
+// enough for four chunks down to 1 MiB, since an op of one chunk crosses
+// each link one way at a time (every host computes the same from the same
+// configuration, which the header exchange checks).
+uint64_t ChainChunkBytes(uint64_t configured, uint64_t bytes) {
+  constexpr uint64_t kSmallest = uint64_t{1} << 20;
+  return std::min(configured, std::max(std::min(configured, kSmallest), bytes / 4));
+}
+
 // The fixed-size signature of an op every host sends every other.
 struct WireHeader {
   uint32_t magic;
@@ -202,6 +211,69 @@ class Placeholder {
   }
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+};
+
+// Host scratch kept from one op of a mesh to the next (only the mesh's
+// worker uses it). Fresh memory costs a page fault and zeroing per page
+// (for a 64 MiB op, a good part of its time); the blocks of the last ops
+// are reused when big enough, up to `keep` bytes kept between ops.
+class ScratchPool {
+ public:
+  explicit ScratchPool(uint64_t keep) : keep_(keep) {}
+  ~ScratchPool() {
+    for (const Block& b : used_) std::free(b.p);
+    for (const Block& b : free_) std::free(b.p);
+  }
+  ScratchPool(const ScratchPool&) = delete;
+  ScratchPool& operator=(const ScratchPool&) = delete;
+
+  // At least `bytes` bytes, 64-byte aligned, until Release; null when the
+  // allocation fails.
+  uint8_t* Get(uint64_t bytes) {
+    const uint64_t size = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->size >= size && (best == free_.end() || it->size < best->size)) best = it;
+    }
+    Block b;
+    if (best != free_.end()) {
+      b = *best;
+      free_.erase(best);
+      free_bytes_ -= b.size;
+    } else {
+      b.p = std::aligned_alloc(64, size);
+      if (b.p == nullptr) return nullptr;
+      b.size = size;
+    }
+    used_.push_back(b);
+    return static_cast<uint8_t*>(b.p);
+  }
+
+  // Every block is free again; beyond `keep` bytes, the largest are freed.
+  void Release() {
+    for (const Block& b : used_) {
+      free_.push_back(b);
+      free_bytes_ += b.size;
+    }
+    used_.clear();
+    while (free_bytes_ > keep_) {
+      auto largest = std::max_element(free_.begin(), free_.end(),
+                                      [](const Block& a, const Block& b) { return a.size < b.size; });
+      free_bytes_ -= largest->size;
+      std::free(largest->p);
+      free_.erase(largest);
+    }
+  }
+
+ private:
+  struct Block {
+    void* p = nullptr;
+    uint64_t size = 0;
+  };
+  const uint64_t keep_;
+  std::vector<Block> used_;
+  std::vector<Block> free_;
+  uint64_t free_bytes_ = 0;
 };
 
 class GlooCrossHostMesh;
@@ -373,6 +445,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   }
 
   uint8_t* placeholder() const { return placeholder_base_; }
+  ScratchPool& scratch() { return scratch_; }
 
  private:
   struct Op {
@@ -464,6 +537,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   std::string last_gloo_error_;  // the message of the last Gloo exception
   Placeholder placeholder_;
   uint8_t* placeholder_base_ = nullptr;
+  ScratchPool scratch_{options_.scratch_keep_bytes};  // the host ops' scratch
   // The executor's link between the hosts (GPU ops), made by the first op
   // that needs it; only the worker uses it. Dropped when an op over it
   // fails, and after an Abort (an op's LinkWatch stops a link's waits).
@@ -491,10 +565,9 @@ class GlooFabric final : public Fabric {
 
   absl::StatusOr<uint8_t*> Scratch(int part, uint64_t bytes) override {
     if (part != mesh_->self()) return mesh_->placeholder();
-    void* p = std::aligned_alloc(64, std::max<uint64_t>(64, (bytes + 63) / 64 * 64));
+    uint8_t* p = mesh_->scratch().Get(bytes);
     if (p == nullptr) return absl::ResourceExhaustedError("gloo mesh: scratch allocation");
-    scratch_.push_back(p);
-    return static_cast<uint8_t*>(p);
+    return p;
   }
 
   absl::Status Exchange(const std::vector<Transfer>& transfers) override {
@@ -554,17 +627,13 @@ class GlooFabric final : public Fabric {
   const Traffic& traffic() const { return traffic_; }
 
  private:
-  void FreeScratch() {
-    for (void* p : scratch_) std::free(p);
-    scratch_.clear();
-  }
+  void FreeScratch() { mesh_->scratch().Release(); }
 
   GlooCrossHostMesh* const mesh_;
   Executor* const executor_;
   const int64_t sequence_;
   const absl::Time deadline_;
   uint64_t counter_ = 1;  // 0: the header
-  std::vector<void*> scratch_;
   absl::Status first_error_;
   Traffic traffic_;
 };
@@ -692,7 +761,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
   SpanningTraffic moved;
   SpanningOptions options;
   options.chain = true;
-  options.chain_chunk_bytes = options_.chunk_bytes;
+  options.chain_chunk_bytes = ChainChunkBytes(options_.chunk_bytes, plan.in_bytes);
   r.status = RunSpanning(plan, io, &fabric, &moved, options);
   r.traffic = fabric.traffic();
   // Any failure after the headers matched leaves the hosts at different

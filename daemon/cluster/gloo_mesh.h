@@ -73,6 +73,9 @@ struct GlooMeshOptions {
   // with few cores large chunks are fastest (each chunk is a round trip of
   // every host's worker); on a network smaller ones overlap more.
   uint64_t chunk_bytes = uint64_t{4} << 20;
+  // Host scratch an idle mesh keeps for its next op (fresh pages cost a
+  // fault and zeroing each).
+  uint64_t scratch_keep_bytes = uint64_t{128} << 20;
 };
 
 // Creates the mesh's Gloo context: rank topology.self of
