@@ -39,16 +39,12 @@ if [[ ! -f "$build/tests/collectived_cuda_exec_tests" ]] &&
   exit 2
 fi
 
-# The same targets scripts/gpu-check.sh builds, plus what its benchmarks run.
-targets=(
-  collectived collectivectl
-  collectived_cuda_tests collectived_cuda_import_helper
-  collectived_cuda_exec_tests collectived_cuda_executor_suite
-  collectived_gpu_e2e_tests collectived_gpu_e2e_worker
-  collectived_integration_tests collectived_test_worker
-  collectived_conformance_tests collectived_conformance_worker
-  collectived_perf nccl_perf cuda_copy_perf
-)
+# What scripts/gpu-check.sh builds (the SDK library is linked in, not
+# packed), and collectivectl for looking at the daemons by hand.
+# shellcheck source=scripts/gpu-targets.sh
+. "$here/scripts/gpu-targets.sh"
+targets=(collectivectl)
+for t in "${gpu_targets[@]}"; do [[ "$t" == collectived_client ]] || targets+=("$t"); done
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 stage="$(mktemp -d)"

@@ -44,15 +44,9 @@ rm -f "$out/junit.xml" "$out/summary.json" "$out/tests.json"
 
 # What the GPU tests need built: the test binaries and their helpers, plus
 # the daemon and the SDK.
-targets=(
-  collectived collectived_client
-  collectived_cuda_tests collectived_cuda_import_helper
-  collectived_cuda_exec_tests collectived_cuda_executor_suite
-  collectived_gpu_e2e_tests collectived_gpu_e2e_worker
-  collectived_integration_tests collectived_test_worker
-  collectived_conformance_tests collectived_conformance_worker
-  collectived_perf nccl_perf cuda_copy_perf
-)
+# shellcheck source=scripts/gpu-targets.sh
+. "$here/scripts/gpu-targets.sh"
+targets=("${gpu_targets[@]}")
 # Checks that cannot run here: what they need is missing on this machine.
 not_run=(
   "members on different GPUs (NCCL): needs two GPUs; the cases skip on one"
