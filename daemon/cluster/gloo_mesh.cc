@@ -9,8 +9,10 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -221,8 +223,9 @@ class ScratchPool {
  public:
   explicit ScratchPool(uint64_t keep) : keep_(keep) {}
   ~ScratchPool() {
-    for (const Block& b : used_) std::free(b.p);
-    for (const Block& b : free_) std::free(b.p);
+    for (const std::vector<Block>* blocks : {&used_, &free_, &held_}) {
+      for (const Block& b : *blocks) std::free(b.p);
+    }
   }
   ScratchPool(const ScratchPool&) = delete;
   ScratchPool& operator=(const ScratchPool&) = delete;
@@ -249,8 +252,15 @@ class ScratchPool {
     return static_cast<uint8_t*>(b.p);
   }
 
-  // Every block is free again; beyond `keep` bytes, the largest are freed.
-  void Release() {
+  // Every block is free again (`reuse`), beyond `keep` bytes the largest
+  // freed; or, after a failed op, whose transfers may still be posted into
+  // them until the connections close, held until the pool goes.
+  void Release(bool reuse) {
+    if (!reuse) {
+      held_.insert(held_.end(), used_.begin(), used_.end());
+      used_.clear();
+      return;
+    }
     for (const Block& b : used_) {
       free_.push_back(b);
       free_bytes_ += b.size;
@@ -273,6 +283,7 @@ class ScratchPool {
   const uint64_t keep_;
   std::vector<Block> used_;
   std::vector<Block> free_;
+  std::vector<Block> held_;  // of failed ops
   uint64_t free_bytes_ = 0;
 };
 
@@ -323,6 +334,9 @@ class GlooCrossHostMesh final : public CrossHostMesh {
         b->abortWaitRecv();
         b->abortWaitSend();
       }
+      // An op on the link waits on the link's flag, not on Gloo (its watch
+      // may have received every fence already).
+      if (stop_link_) stop_link_(reason);
     }
     cv_.notify_all();
   }
@@ -446,6 +460,10 @@ class GlooCrossHostMesh final : public CrossHostMesh {
 
   uint8_t* placeholder() const { return placeholder_base_; }
   ScratchPool& scratch() { return scratch_; }
+  // Where the fence of an op on the link from `rank` lands (the mesh's, not
+  // the op's: a receive forgotten after a failure may still complete
+  // until the connections are closed).
+  uint8_t* fence_in(int rank) { return &fence_in_[static_cast<size_t>(rank)]; }
 
  private:
   struct Op {
@@ -538,6 +556,9 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   Placeholder placeholder_;
   uint8_t* placeholder_base_ = nullptr;
   ScratchPool scratch_{options_.scratch_keep_bytes};  // the host ops' scratch
+  std::vector<uint8_t> fence_in_ = std::vector<uint8_t>(topology_.hosts.size());
+  // Set (under mu_) while an op runs over the link: stops its waits.
+  std::function<void(const std::string&)> stop_link_;
   // The executor's link between the hosts (GPU ops), made by the first op
   // that needs it; only the worker uses it. Dropped when an op over it
   // fails, and after an Abort (an op's LinkWatch stops a link's waits).
@@ -627,7 +648,7 @@ class GlooFabric final : public Fabric {
   const Traffic& traffic() const { return traffic_; }
 
  private:
-  void FreeScratch() { mesh_->scratch().Release(); }
+  void FreeScratch() { mesh_->scratch().Release(/*reuse=*/first_error_.ok()); }
 
   GlooCrossHostMesh* const mesh_;
   Executor* const executor_;
@@ -863,20 +884,26 @@ class LinkWatch {
   LinkWatch(GlooCrossHostMesh* mesh, int64_t sequence, absl::Time deadline)
       : mesh_(mesh),
         slot_((static_cast<uint64_t>(sequence) << kSlotShift) | ((uint64_t{1} << kSlotShift) - 2)),
-        deadline_(deadline),
-        fences_in_(static_cast<size_t>(mesh->size())) {
+        deadline_(deadline) {
     absl::Status status;
     for (int rank = 0; rank < mesh_->size() && status.ok(); ++rank) {
       if (rank == mesh_->self()) continue;
-      status = mesh_->Post(recvs_, /*send=*/false, rank, &fences_in_[rank], 1, slot_);
+      status = mesh_->Post(recvs_, /*send=*/false, rank, mesh_->fence_in(rank), 1, slot_);
     }
     if (!status.ok()) {
-      Stopped(std::move(status));
+      StopFor(std::move(status));
       return;
     }
     // One thread per other host: a Gloo receive waits on one connection, and
     // a wait that times out breaks the whole context, so none is polled.
-    for (Posted& x : recvs_) threads_.emplace_back([this, &x] { Watch(x); });
+    try {
+      for (Posted& x : recvs_) threads_.emplace_back([this, &x] { Watch(x); });
+    } catch (const std::system_error& e) {
+      // The threads started are stopped and joined with the rest (Stop).
+      StopFor(absl::ResourceExhaustedError(
+          absl::StrCat("cannot start a thread to watch the connections between the hosts: ",
+                       e.what())));
+    }
   }
   ~LinkWatch() { Stop(); }
   LinkWatch(const LinkWatch&) = delete;
@@ -886,16 +913,28 @@ class LinkWatch {
   // passed: what the link's waits watch.
   const std::atomic<bool>& stop() const { return stop_; }
 
+  // Stops the link's waits, for `why` (the first reason stands).
+  void StopFor(absl::Status why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (why_.ok()) why_ = std::move(why);
+    }
+    stop_.store(true, std::memory_order_release);
+  }
+
   // Ends the watch: after this host's part of the op ended with `status`.
   // OK: sends the fence to every other host and waits for theirs (until the
-  // deadline), and returns why the watch stopped, if it did. Not OK: the
-  // reason the watch saw, when it saw one (a lost connection names its
-  // host; the link's own error then only says it was stopped), else
-  // `status`.
+  // deadline), and returns why the watch stopped, if it did. Not OK: why the
+  // watch had stopped the link before it returned, if it had (a lost
+  // connection names its host; the link's error then only says it was
+  // stopped), else the link's own error.
   absl::Status Finish(absl::Status status) {
-    if (status.ok() && !stop_.load(std::memory_order_acquire)) {
+    const bool stopped_first = stop_.load(std::memory_order_acquire);
+    if (status.ok() && !stopped_first) {
+      // Only read by Gloo; static, so that a send forgotten after a failure
+      // never reads freed memory.
+      static uint8_t fence = 1;
       std::vector<Posted> sends;
-      uint8_t fence = 1;
       for (int rank = 0; rank < mesh_->size() && status.ok(); ++rank) {
         if (rank == mesh_->self()) continue;
         status = mesh_->Post(sends, /*send=*/true, rank, &fence, 1, slot_);
@@ -908,8 +947,10 @@ class LinkWatch {
     }
     Stop();
     std::lock_guard<std::mutex> lock(mu_);
-    if (!why_.ok() && (!status.ok() || stop_.load(std::memory_order_acquire))) return why_;
-    return status;
+    if (why_.ok()) return status;
+    // The link failed on its own before the watch stopped it: its error.
+    if (!status.ok() && !stopped_first && !absl::IsAborted(status)) return status;
+    return why_;
   }
 
  private:
@@ -922,27 +963,18 @@ class LinkWatch {
       // Stop() ends a watch that is no longer needed; else the mesh's Abort
       // ended it.
       if (!stopping_.load(std::memory_order_acquire)) {
-        Stopped(absl::AbortedError("the mesh was aborted"));
+        StopFor(absl::AbortedError("the mesh was aborted"));
       }
     } catch (const std::exception& e) {
       if (std::strstr(e.what(), "Timed out") != nullptr || absl::Now() >= deadline_) {
-        Stopped(absl::DeadlineExceededError(
+        StopFor(absl::DeadlineExceededError(
             absl::StrCat("host ", mesh_->host(x.rank), " did not finish its part within the op ",
                          "timeout (", e.what(), ")")));
       } else {
-        Stopped(absl::AbortedError(
+        StopFor(absl::AbortedError(
             absl::StrCat("host ", mesh_->host(x.rank), ": connection lost (", e.what(), ")")));
       }
     }
-  }
-
-  // The first reason stands.
-  void Stopped(absl::Status why) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (why_.ok()) why_ = std::move(why);
-    }
-    stop_.store(true, std::memory_order_release);
   }
 
   // Stops the threads (their receives' waits aborted) and forgets the
@@ -960,7 +992,6 @@ class LinkWatch {
   GlooCrossHostMesh* const mesh_;
   const uint64_t slot_;
   const absl::Time deadline_;
-  std::vector<uint8_t> fences_in_;  // by rank
   std::vector<Posted> recvs_;
   std::vector<std::thread> threads_;  // one per entry of recvs_
   std::atomic<bool> stop_{false};
@@ -974,9 +1005,16 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
                                                          int device) {
   Result r;
   LinkWatch watch(this, op.sequence, op.deadline);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) watch.StopFor(absl::AbortedError(abort_reason_));
+    stop_link_ = [&watch](const std::string& reason) {
+      watch.StopFor(absl::AbortedError(reason));
+    };
+  }
   absl::Status status;
   if (watch.stop().load(std::memory_order_acquire)) {
-    status = absl::AbortedError("cannot watch the connections between the hosts");
+    status = absl::AbortedError("the link's op was stopped before it started");
   }
   if (status.ok() && link_ == nullptr) status = ConnectLink(op, device, watch.stop());
   if (status.ok()) {
@@ -988,6 +1026,10 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
                         &r.traffic);
   }
   status = watch.Finish(std::move(status));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_link_ = nullptr;
+  }
   if (status.ok()) return r;
   // The hosts may be at different points of the schedule: the link and the
   // connections cannot be trusted any more.

@@ -658,14 +658,17 @@ void ExpectAbortedWith(const Outcome& o, const std::string& text) {
   EXPECT_LT(o.took, absl::Seconds(10));
 }
 
-// An executor whose link between hosts behaves as NCCL's can: a connect
-// that waits for its peers until it is stopped (`stuck`), or a link that
-// connects at once and whose runs succeed without moving anything (the
-// data path is the CUDA executor's, tested on a GPU machine). For the
-// cross-host mesh's watch of the connections while an op is on the link.
+// An executor whose link between hosts behaves as NCCL's can, for the
+// cross-host mesh's watch of the connections while an op is on the link
+// (the data path is the CUDA executor's, tested on a GPU machine):
+//   kConnectWaits  the connect waits for its peers until it is stopped
+//   kRunsOk        the link connects at once; its runs succeed, moving nothing
+//   kRunWaits      its runs wait until they are stopped (a peer's data never comes)
+//   kRunFails      its runs fail on their own ("the device broke")
 class LinkExecutor final : public Executor {
  public:
-  explicit LinkExecutor(bool stuck) : stuck_(stuck) {}
+  enum class Mode { kConnectWaits, kRunsOk, kRunWaits, kRunFails };
+  explicit LinkExecutor(Mode mode) : mode_(mode) {}
   absl::string_view name() const override { return "linked"; }
   absl::string_view buffer_kind() const override { return "linked"; }
   bool IsViable() const override { return true; }
@@ -679,10 +682,7 @@ class LinkExecutor final : public Executor {
                                                          absl::Time deadline,
                                                          const std::atomic<bool>& abort) override {
     connects_.fetch_add(1);
-    if (stuck_) {
-      absl::Status st = WaitForStop(deadline, abort);
-      return st;
-    }
+    if (mode_ == Mode::kConnectWaits) return WaitForStop(deadline, abort);
     return std::unique_ptr<HostLink>(new Link(this, device));
   }
   int connects() const { return connects_.load(); }
@@ -693,9 +693,16 @@ class LinkExecutor final : public Executor {
    public:
     Link(LinkExecutor* owner, int device) : owner_(owner), device_(device) {}
     absl::Status Run(const OpPlan&, const std::vector<MemberIo>&, const SpanningOptions&, uint8_t*,
-                     absl::Time, const std::atomic<bool>&, Traffic*) override {
+                     absl::Time deadline, const std::atomic<bool>& abort, Traffic*) override {
       owner_->runs_.fetch_add(1);
-      return absl::OkStatus();
+      switch (owner_->mode_) {
+        case Mode::kRunWaits:
+          return WaitForStop(deadline, abort);
+        case Mode::kRunFails:
+          return absl::InternalError("the device broke");
+        default:
+          return absl::OkStatus();
+      }
     }
     int device() const override { return device_; }
 
@@ -705,12 +712,12 @@ class LinkExecutor final : public Executor {
   };
   static absl::Status WaitForStop(absl::Time deadline, const std::atomic<bool>& abort) {
     while (!abort.load()) {
-      if (absl::Now() > deadline) return absl::DeadlineExceededError("connect: peers never came");
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("the peers never came");
       absl::SleepFor(absl::Milliseconds(1));
     }
-    return absl::AbortedError("connect stopped");
+    return absl::AbortedError("stopped");
   }
-  const bool stuck_;
+  const Mode mode_;
   std::atomic<int> connects_{0};
   std::atomic<int> runs_{0};
 };
@@ -722,7 +729,7 @@ TEST(GlooMeshTest, OpsOverALinkEndTogetherAndTheLinkIsKept) {
   std::vector<std::unique_ptr<LinkExecutor>> execs;
   std::vector<Executor*> ptrs;
   for (int h = 0; h < hosts; ++h) {
-    execs.push_back(std::make_unique<LinkExecutor>(/*stuck=*/false));
+    execs.push_back(std::make_unique<LinkExecutor>(LinkExecutor::Mode::kRunsOk));
     ptrs.push_back(execs.back().get());
   }
   const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {8}, members);
@@ -747,7 +754,9 @@ TEST(GlooMeshTest, AHostLeavingWhileTheLinkConnectsFailsTheOthersAtOnce) {
   auto c = ConnectOrDie(hosts, members);
   ASSERT_NE(c, nullptr);
   std::vector<std::unique_ptr<LinkExecutor>> execs;
-  for (int h = 0; h < hosts; ++h) execs.push_back(std::make_unique<LinkExecutor>(/*stuck=*/true));
+  for (int h = 0; h < hosts; ++h) {
+    execs.push_back(std::make_unique<LinkExecutor>(LinkExecutor::Mode::kConnectWaits));
+  }
   auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {8}, members));
   Regions r(members, *plan);
   auto dones = Dones::Make(hosts);
@@ -767,6 +776,61 @@ TEST(GlooMeshTest, AHostLeavingWhileTheLinkConnectsFailsTheOthersAtOnce) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   ExpectAbortedWith(dones->Get(2), "member 2 died");
   for (int h : {0, 1}) ExpectAbortedWith(dones->Get(h), "host h2: connection lost");
+}
+
+// Starts `plan` on both hosts of `c`, host 0 on e0 and host 1 on e1; waits
+// until both links run it.
+std::shared_ptr<Dones> StartOnLinks(Cluster& c, std::shared_ptr<const OpPlan> plan,
+                                    const std::vector<MemberIo>& io, LinkExecutor& e0,
+                                    LinkExecutor& e1) {
+  auto dones = Dones::Make(2);
+  const int64_t seq = c.NextSequence();
+  LinkExecutor* execs[] = {&e0, &e1};
+  for (int h = 0; h < 2; ++h) {
+    c.mesh(h).Start(plan, seq, c.IoOf(h, io), execs[h], absl::OkStatus(),
+                    absl::Now() + absl::Seconds(60), dones->For(h));
+  }
+  for (int i = 0; i < 5000 && (e0.runs() == 0 || e1.runs() == 0); ++i) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return dones;
+}
+
+// An Abort stops an op on the link even after the other host finished its
+// part (its fence has arrived: no Gloo receive of the op is left to abort).
+TEST(GlooMeshTest, AbortStopsALinkRunAfterTheOtherHostFinished) {
+  auto c = ConnectOrDie(2, 2);
+  ASSERT_NE(c, nullptr);
+  LinkExecutor waits(LinkExecutor::Mode::kRunWaits), ok(LinkExecutor::Mode::kRunsOk);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {8}, 2));
+  Regions r(2, *plan);
+  const absl::Time start = absl::Now();
+  auto dones = StartOnLinks(*c, plan, r.io, waits, ok);
+  ASSERT_EQ(waits.runs(), 1);
+  ASSERT_EQ(ok.runs(), 1);
+  absl::SleepFor(absl::Milliseconds(300));  // host 1's fence reaches host 0
+  c->mesh(0).Abort("closing");
+  ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ExpectAbortedWith(dones->Get(0), "closing");
+  ExpectAbortedWith(dones->Get(1), "host h0: connection lost");
+}
+
+// A link that fails on its own reports its own error; the other host, whose
+// run waits for it, is stopped once the broken mesh closes its connections
+// (the engine aborts a mesh whose op says it broke).
+TEST(GlooMeshTest, ALinkThatFailsOnItsOwnSaysWhyAndStopsTheOtherHost) {
+  auto c = ConnectOrDie(2, 2);
+  ASSERT_NE(c, nullptr);
+  LinkExecutor fails(LinkExecutor::Mode::kRunFails), waits(LinkExecutor::Mode::kRunWaits);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {8}, 2));
+  Regions r(2, *plan);
+  auto dones = StartOnLinks(*c, plan, r.io, fails, waits);
+  ASSERT_TRUE(dones->Wait({0}, absl::Seconds(20)));
+  ExpectAbortedWith(dones->Get(0), "the device broke");
+  c->mesh(0).Abort("broken");
+  ASSERT_TRUE(dones->Wait({1}, absl::Seconds(20)));
+  ExpectAbortedWith(dones->Get(1), "host h0: connection lost");
 }
 
 TEST(GlooMeshTest, AbortFailsTheOpInFlightWithTheReasonAndThePeersFindTheConnectionClosed) {
