@@ -54,7 +54,7 @@ mkdir -p "$stage/build" "$stage/lib" "$stage/fallback"
 # The binaries, by the paths CTest and the tests' compiled-in names use.
 binaries=()
 for t in "${targets[@]}"; do
-  f="$(cd "$build" && find . -path ./CMakeFiles -prune -o -type f -name "$t" -perm -u+x -print | head -n 1)"
+  f="$(cd "$build" && find . -path ./CMakeFiles -prune -o -type f -name "$t" -perm -u+x -print -quit)"
   if [[ -z "$f" ]]; then
     echo "gpu-bundle: $t was not built in $build" >&2
     exit 1
@@ -109,7 +109,7 @@ fi
 {
   echo "source_dir=$here"
   echo "build_dir=$build"
-  echo "commit=$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "commit=$(git -C "$here" describe --always --dirty --abbrev=40 2>/dev/null || echo unknown)"
   echo "nccl_compiled=$nccl_version"
   echo "cuda_architectures=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:STRING=//p' "$build/CMakeCache.txt")"
 } > "$stage/MANIFEST"

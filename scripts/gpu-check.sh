@@ -23,7 +23,9 @@
 #   GPU_CHECK_CMAKE_ARGS  more configure arguments (split on spaces)
 #   GPU_CHECK_BUNDLE      run the binaries of this bundle (scripts/gpu-bundle.sh)
 #                         instead of building: for a GPU machine without the
-#                         development packages (it still needs ctest and xz)
+#                         development packages (it still needs ctest and xz).
+#                         It must be of this checkout's commit (with --dirty)
+#                         unless GPU_CHECK_ALLOW_OTHER_COMMIT=1
 #   GPU_CHECK_DEADLINE_S  seconds from the start by which every test must
 #                         have ended (default 380: the benchmarks get what
 #                         is left of 470 s, so the whole check stays under 8
@@ -184,8 +186,20 @@ use_bundle() {
   echo "$manifest"
   source_dir="$(sed -n 's/^source_dir=//p' <<<"$manifest")"
   build_dir="$(sed -n 's/^build_dir=//p' <<<"$manifest")"
-  if [ "$(sed -n 's/^commit=//p' <<<"$manifest")" != "$(git -C "$here" rev-parse HEAD 2>/dev/null)" ]; then
-    echo "note: the bundle was built from another commit than this checkout's"
+  # The tests read their data from this checkout: it must be what the
+  # binaries were built from.
+  local built here_rev
+  built="$(sed -n 's/^commit=//p' <<<"$manifest")"
+  here_rev="$(git -C "$here" describe --always --dirty --abbrev=40 2>/dev/null || true)"
+  if [ -z "$here_rev" ]; then
+    echo "note: cannot tell this checkout's commit (no git); the bundle is of $built"
+  elif [ "$built" != "$here_rev" ]; then
+    echo "the bundle was built from $built, this checkout is $here_rev"
+    if [ "${GPU_CHECK_ALLOW_OTHER_COMMIT:-0}" != 1 ]; then
+      echo "(GPU_CHECK_ALLOW_OTHER_COMMIT=1 runs it anyway)"
+      build_state="bundle of another commit"
+      finish 2
+    fi
   fi
   # The binaries name their helpers and the test data by the paths they
   # were built at: make the source directory's path lead here.
@@ -230,11 +244,13 @@ use_bundle() {
   export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   echo "NCCL from: ${nccl_dir:-not found}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  for f in $(find "$build" -path "$build/.bundle" -prune -o -type f -perm -u+x -print); do
-    if ldd "$f" 2>&1 | grep -q 'not found'; then
-      missing+=("libraries of $(basename "$f"): $(ldd "$f" 2>&1 | awk '/not found/{print $1}' | tr '\n' ' ')")
+  local deps
+  while IFS= read -r -d '' f; do
+    deps="$(ldd "$f" 2>&1 || true)"
+    if grep -q 'not found' <<<"$deps"; then
+      missing+=("libraries of $(basename "$f"): $(awk '/not found/{print $1}' <<<"$deps" | tr '\n' ' ')")
     fi
-  done
+  done < <(find "$build" -path "$build/.bundle" -prune -o -type f -perm -u+x -print0)
   if ((${#missing[@]})); then
     for m in "${missing[@]}"; do echo "missing: $m"; done
     build_state="missing libraries"
