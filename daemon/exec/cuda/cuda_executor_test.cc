@@ -15,11 +15,13 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "daemon/core/op_plan.h"
@@ -631,25 +633,27 @@ class CudaGpuTest : public ::testing::Test {
 
   // Runs `plan` on the GPU with the members' inputs from `h`; returns each
   // member's result bytes.
-  // `offset`: each region starts that many bytes into its allocation (the
-  // kernels' paths for addresses that are not 16-byte aligned).
+  // `in_offset`, `out_offset`: each input (output) region starts that many
+  // bytes into its allocation (the kernels' paths for addresses that are not
+  // 16-byte aligned); in place, the input's.
   std::vector<std::vector<uint8_t>> RunOnGpu(const OpPlan& plan, const HostMembers& h,
                                              bool in_place, Traffic* traffic,
-                                             uint64_t offset = 0) {
+                                             uint64_t in_offset = 0, uint64_t out_offset = 0) {
     std::vector<MemberIo> io(h.in.size());
     std::vector<void*> allocations;
     for (size_t m = 0; m < io.size(); ++m) {
       void* in = nullptr;
       void* out = nullptr;
-      EXPECT_EQ(cudaMalloc(&in, std::max<uint64_t>(plan.in_bytes + offset, 1)), cudaSuccess);
+      EXPECT_EQ(cudaMalloc(&in, std::max<uint64_t>(plan.in_bytes + in_offset, 1)), cudaSuccess);
       allocations.push_back(in);
-      in = static_cast<uint8_t*>(in) + offset;
+      in = static_cast<uint8_t*>(in) + in_offset;
       EXPECT_EQ(cudaMemcpy(in, h.in[m].data(), plan.in_bytes, cudaMemcpyHostToDevice),
                 cudaSuccess);
       if (!in_place) {
-        EXPECT_EQ(cudaMalloc(&out, std::max<uint64_t>(plan.out_bytes + offset, 1)), cudaSuccess);
+        EXPECT_EQ(cudaMalloc(&out, std::max<uint64_t>(plan.out_bytes + out_offset, 1)),
+                  cudaSuccess);
         allocations.push_back(out);
-        out = static_cast<uint8_t*>(out) + offset;
+        out = static_cast<uint8_t*>(out) + out_offset;
         EXPECT_EQ(cudaMemcpy(out, h.out[m].data(), plan.out_bytes, cudaMemcpyHostToDevice),
                   cudaSuccess);
       }
@@ -701,7 +705,8 @@ TEST_F(CudaGpuTest, EveryOpAndDtypeMatchesCpuExecutor) {
 }
 
 // Regions whose addresses are not 16-byte aligned take the kernels'
-// element-at-a-time path: the same bits.
+// element-at-a-time path: the same bits, whether the inputs, the outputs or
+// both are off.
 TEST_F(CudaGpuTest, UnalignedRegionsMatchCpuExecutor) {
   uint32_t seed = 7000;
   for (int n : {2, 3}) {
@@ -719,12 +724,17 @@ TEST_F(CudaGpuTest, UnalignedRegionsMatchCpuExecutor) {
           const auto want = RunOnCpu(*plan, h, in_place);
           // Aligned for the input's and the result's elements (pmean of
           // integers gives floats), not for 16 bytes.
-          const uint64_t offset = std::max(DTypeSize(dt), DTypeSize(plan->out_dtype));
-          const auto got = RunOnGpu(*plan, h, in_place, nullptr, offset);
-          for (size_t m = 0; m < want.size(); ++m) {
-            EXPECT_EQ(want[m], got[m])
-                << plan->signature << (in_place ? " in place" : "") << " member " << m << ": "
-                << FirstDifference(want[m], got[m], DTypeSize(plan->out_dtype));
+          const uint64_t off = std::max(DTypeSize(dt), DTypeSize(plan->out_dtype));
+          const std::pair<uint64_t, uint64_t> offsets[] = {{off, off}, {0, off}, {off, 0}};
+          for (const auto& [in_off, out_off] : offsets) {
+            if (in_place && in_off != out_off) continue;
+            const auto got = RunOnGpu(*plan, h, in_place, nullptr, in_off, out_off);
+            for (size_t m = 0; m < want.size(); ++m) {
+              EXPECT_EQ(want[m], got[m])
+                  << plan->signature << (in_place ? " in place" : "") << " input at +" << in_off
+                  << ", output at +" << out_off << ", member " << m << ": "
+                  << FirstDifference(want[m], got[m], DTypeSize(plan->out_dtype));
+            }
           }
         }
       }
