@@ -219,10 +219,17 @@ class Placeholder {
 // worker uses it). Fresh memory costs a page fault and zeroing per page
 // (for a 64 MiB op, a good part of its time); the blocks of the last ops
 // are reused when big enough, up to `keep` bytes kept between ops.
+// Free scratch kept by all the meshes of the process; past
+// kScratchKeptPerProcess, a mesh that ends an op frees what it keeps, so idle
+// meshes together never keep more than that.
+std::atomic<uint64_t> g_scratch_kept{0};
+constexpr uint64_t kScratchKeptPerProcess = uint64_t{1} << 30;
+
 class ScratchPool {
  public:
   explicit ScratchPool(uint64_t keep) : keep_(keep) {}
   ~ScratchPool() {
+    g_scratch_kept.fetch_sub(free_bytes_);
     for (const std::vector<Block>* blocks : {&used_, &free_, &held_}) {
       for (const Block& b : *blocks) std::free(b.p);
     }
@@ -243,6 +250,7 @@ class ScratchPool {
       b = *best;
       free_.erase(best);
       free_bytes_ -= b.size;
+      g_scratch_kept.fetch_sub(b.size);
     } else {
       b.p = std::aligned_alloc(64, size);
       if (b.p == nullptr) return nullptr;
@@ -252,9 +260,10 @@ class ScratchPool {
     return static_cast<uint8_t*>(b.p);
   }
 
-  // Every block is free again (`reuse`), beyond `keep` bytes the largest
-  // freed; or, after a failed op, whose transfers may still be posted into
-  // them until the connections close, held until the pool goes.
+  // Every block is free again (`reuse`), the largest freed beyond `keep`
+  // bytes (or while the process keeps more than kScratchKeptPerProcess);
+  // or, after a failed op, whose transfers may still be posted into them
+  // until the connections close, held until the pool goes.
   void Release(bool reuse) {
     if (!reuse) {
       held_.insert(held_.end(), used_.begin(), used_.end());
@@ -264,12 +273,15 @@ class ScratchPool {
     for (const Block& b : used_) {
       free_.push_back(b);
       free_bytes_ += b.size;
+      g_scratch_kept.fetch_add(b.size);
     }
     used_.clear();
-    while (free_bytes_ > keep_) {
+    while (!free_.empty() &&
+           (free_bytes_ > keep_ || g_scratch_kept.load() > kScratchKeptPerProcess)) {
       auto largest = std::max_element(free_.begin(), free_.end(),
                                       [](const Block& a, const Block& b) { return a.size < b.size; });
       free_bytes_ -= largest->size;
+      g_scratch_kept.fetch_sub(largest->size);
       std::free(largest->p);
       free_.erase(largest);
     }
