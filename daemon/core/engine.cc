@@ -1162,8 +1162,9 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
     return std::make_pair(&mesh, m->second);
   };
   // Gives the session buffer number shared_asked[index] of the mesh, which
-  // was made.
-  auto attach = [&](Session& session, Mesh& mesh, int index) -> absl::StatusOr<v1::BufferInfo> {
+  // was made (`made_now`: by this call).
+  auto attach = [&](Session& session, Mesh& mesh, int index,
+                    bool made_now) -> absl::StatusOr<v1::BufferInfo> {
     const size_t k = mesh.shared_asked[index];
     auto e = mesh.shared.find(k);
     if (e == mesh.shared.end()) return absl::InternalError(absl::StrCat("no shared buffer ", k));
@@ -1176,7 +1177,16 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
       }
     };
     std::shared_ptr<SharedBuffer> buffer = shared.buffer.lock();
-    if (buffer == nullptr) {
+    // Gone once no member's session holds it: a reference the daemon keeps a
+    // moment longer (a descriptor on its way) does not keep it for later
+    // members.
+    bool held = made_now;
+    for (size_t i = 0; buffer != nullptr && !held && i < mesh.member_session.size(); ++i) {
+      const std::string& sid = mesh.member_session[i];
+      Session* holder = sid.empty() ? nullptr : FindSession(sid);
+      held = holder != nullptr && holder->buffers.count(shared.id) > 0;
+    }
+    if (buffer == nullptr || !held) {
       // This member's k-th request is answered (the next one asks for k+1).
       const int creator = shared.creator;
       asked();
@@ -1234,7 +1244,9 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
       auto member = member_of(*session);
       if (!member.ok()) return member.status();
       auto [mesh, index] = *member;
-      if (mesh->shared_asked[index] < mesh->shared_made) return attach(*session, *mesh, index);
+      if (mesh->shared_asked[index] < mesh->shared_made) {
+        return attach(*session, *mesh, index, /*made_now=*/false);
+      }
       if (static_cast<int>(mesh->shared.size()) >= options_.max_buffers_per_session) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "mesh '", mesh->name, "' has ", mesh->shared.size(),
@@ -1260,13 +1272,15 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
     auto [mesh, index] = *member;
     // Another member's call may have made it meanwhile: then this one's
     // allocation is dropped.
-    if (mesh->shared_asked[index] < mesh->shared_made) return attach(*session, *mesh, index);
+    if (mesh->shared_asked[index] < mesh->shared_made) {
+      return attach(*session, *mesh, index, /*made_now=*/false);
+    }
     // Made only if this session can hold it: a failed call leaves nothing.
     std::shared_ptr<SharedBuffer> shared =
         std::make_shared<MeshSharedBuffer>(*std::move(buffer), mesh_id);
     if (absl::Status st = check_quota(*session, shared->size()); !st.ok()) return st;
     mesh->shared[mesh->shared_made++] = Mesh::Shared{RandomId("b-"), shared, size_bytes, index};
-    return attach(*session, *mesh, index);
+    return attach(*session, *mesh, index, /*made_now=*/true);
   }
   if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session ||
       !fits(*session, (*buffer)->size())) {
