@@ -367,7 +367,81 @@ int64_t MostMemberSideOps(const member_ops::View& seg) {
   return most;
 }
 
+// The signature text of a member's entry, bounded and printable (a member
+// may write anything there).
+std::string EntrySignature(const member_ops::Entry& e) {
+  std::string what(e.signature, std::min<size_t>(e.sig_len, member_ops::kMaxSignature));
+  for (char& c : what) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return what;
+}
+
+// Whether place key `a` is after place key `b` (member_ops::Key: D first,
+// then S, whose 24 bits wrap: compared modulo 2^24).
+bool KeyAfter(uint64_t a, uint64_t b) {
+  if ((a >> 24) != (b >> 24)) return (a >> 24) > (b >> 24);
+  const uint32_t ds = static_cast<uint32_t>((a - b) & 0xffffff);
+  return ds != 0 && ds < (1u << 23);
+}
+
 }  // namespace
+
+void Engine::AddMemberSidePending(const Mesh& mesh, v1::ListPendingOpsResponse* resp) {
+  // Everything read here is the members' to write: keys are only compared,
+  // text is bounded and cleaned, times are clamped.
+  const member_ops::View& v = mesh.seg;
+  const uint32_t n = v.layout.members;
+  std::vector<uint64_t> latest(n, 0);  // each member's last place published
+  std::vector<uint64_t> keys;
+  for (uint32_t m = 0; m < n; ++m) {
+    for (uint64_t parity = 0; parity < 2; ++parity) {
+      const uint64_t key = v.entry(m, parity)->key.load(std::memory_order_seq_cst);
+      if (key == 0 || (key & 1) != parity) continue;  // none, or not written by this layout
+      if (latest[m] == 0 || KeyAfter(key, latest[m])) latest[m] = key;
+    }
+    if (latest[m] != 0 && std::find(keys.begin(), keys.end(), latest[m]) == keys.end()) {
+      keys.push_back(latest[m]);
+    }
+  }
+  std::sort(keys.begin(), keys.end(), [](uint64_t a, uint64_t b) { return KeyAfter(b, a); });
+  const int64_t now_ns = fastq::MonotonicNs();
+  for (const uint64_t key : keys) {
+    const uint32_t d = static_cast<uint32_t>((key >> 24) - 1);
+    const uint64_t s = key & 0xffffff;
+    std::vector<int32_t> here, missing;
+    int64_t first_ns = now_ns;
+    std::string what;
+    for (uint32_t m = 0; m < n; ++m) {
+      if (latest[m] != 0 && KeyAfter(latest[m], key)) continue;  // past this place
+      switch (member_ops::PresenceAt(v, m, d, s, key)) {
+        case member_ops::Presence::kHere: {
+          here.push_back(static_cast<int32_t>(m));
+          const member_ops::Entry& e = *v.entry(m, s);
+          first_ns = std::min(first_ns, std::max<int64_t>(e.published_ns, 0));
+          if (what.empty()) what = EntrySignature(e);
+          break;
+        }
+        case member_ops::Presence::kDaemonPath: break;
+        case member_ops::Presence::kNotYet: missing.push_back(static_cast<int32_t>(m)); break;
+      }
+    }
+    if (here.empty() || missing.empty()) continue;  // done, or nobody waits at it
+    auto* p = resp->add_ops();
+    p->set_mesh_id(mesh.id);
+    p->set_mesh_name(mesh.name);
+    p->set_sequence(-1);
+    p->set_member_side(true);
+    p->set_member_op(static_cast<int64_t>(s));
+    p->set_description(what);
+    for (int32_t m : here) p->add_submitted(m);
+    for (int32_t m : missing) p->add_missing(m);
+    p->set_state("waiting");
+    const int64_t age_ms = std::max<int64_t>(0, (now_ns - first_ns) / 1000000);
+    p->set_age_ms(age_ms);
+    p->set_deadline_ms(std::max<int64_t>(0, Millis(mesh.op_timeout) - age_ms));
+  }
+}
 
 v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
   v1::MeshInfo info;
@@ -1378,12 +1452,7 @@ absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
       }
     }
     if (missing.empty()) return false;
-    const member_ops::Entry* mine = v.entry(static_cast<uint32_t>(member->second), s);
-    std::string what(mine->signature,
-                     std::min<size_t>(mine->sig_len, member_ops::kMaxSignature));
-    for (char& c : what) {
-      if (c < 0x20 || c > 0x7e) c = '?';
-    }
+    const std::string what = EntrySignature(*v.entry(static_cast<uint32_t>(member->second), s));
     const std::string reason = absl::StrCat(
         "member-side op ", s, " after daemon op ", d, " timed out after ",
         Millis(mesh.op_timeout), " ms: members ", absl::StrJoin(waiting, ","),
@@ -2155,6 +2224,7 @@ absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::str
       p->set_age_ms(Millis(now - op.first_submit));
       p->set_deadline_ms(std::max<int64_t>(0, Millis(op.deadline - now)));
     }
+    if (mesh->segment && mesh->state == MeshState::kReady) AddMemberSidePending(*mesh, &resp);
   }
   return resp;
 }

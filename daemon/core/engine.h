@@ -199,6 +199,8 @@ class Engine {
 
   v1::ListSessionsResponse ListSessions();
   v1::ListMeshesResponse ListMeshes();
+  // Ops of one mesh (every mesh: empty id) not yet done: daemon-path ops
+  // (submitted, waiting or running) and member-side ops some members wait in.
   absl::StatusOr<v1::ListPendingOpsResponse> ListPendingOps(const std::string& mesh_id);
   v1::GetStatsResponse GetStats();
   // How an op reached the daemon: the server counts each submission before
@@ -417,6 +419,11 @@ class Engine {
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member MemberInfo(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::MeshInfo MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The member-side ops of `mesh` some members wait in while others have
+  // not come (read from its segment, which only shows what the members
+  // wrote): one PendingOp each, member_side set.
+  void AddMemberSidePending(const Mesh& mesh, v1::ListPendingOpsResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when the members' buffers of a matched op are of one kind of memory

@@ -374,7 +374,11 @@ class Ctl {
         // A mesh across hosts: those members' hosts list them.
         absl::StrAppend(&missing, " (on other hosts: ", Ints(p.elsewhere()), ")");
       }
-      t.Add({p.mesh_name(), absl::StrCat(p.sequence()), p.description(), p.state(),
+      // A member-side op has no daemon sequence: its place among the
+      // mesh's member-side ops instead.
+      t.Add({p.mesh_name(),
+             p.member_side() ? absl::StrCat("m", p.member_op()) : absl::StrCat(p.sequence()),
+             p.description(), p.member_side() ? p.state() + " (member-side)" : p.state(),
              Duration(p.age_ms()), Duration(p.deadline_ms()), Ints(p.submitted()), missing});
     }
     t.Print();

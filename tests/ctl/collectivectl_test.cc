@@ -117,6 +117,37 @@ TEST_F(CollectivectlTest, ShowsSessionsMeshesPendingOpsAndStats) {
   EXPECT_TRUE(absl::StrContains(health.output, "SERVING")) << health.output;
 }
 
+// A synchronous small op runs member-side: while member 0 waits in it for
+// member 1, `pending` lists it from the mesh's segment.
+TEST_F(CollectivectlTest, PendingShowsAMemberSideOpAndWhoIsMissing) {
+  const std::string socket = daemon_->socket();
+  testing::SdkMembers m;
+  ASSERT_TRUE(testing::MakeSdkMembers(socket, "ctl-side", 2, 1024, &m).ok());
+  ASSERT_TRUE(m.meshes[0]->member_side().ok()) << m.meshes[0]->member_side();
+  absl::Status first;
+  std::thread waiter(
+      [&] { first = m.meshes[0]->psum(Array::Of<float>(m.buffers[0], {8}), "x"); });
+  ChildResult pending;
+  for (absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until;) {
+    pending = Ctl(socket, {"pending"});
+    if (absl::StrContains(pending.output, "member-side")) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(pending.exit_code, 0) << pending.output;
+  // Its place among the mesh's member-side ops, not a daemon sequence.
+  EXPECT_TRUE(absl::StrContains(pending.output, " m0 ")) << pending.output;
+  EXPECT_TRUE(absl::StrContains(pending.output, "psum f32[8]")) << pending.output;
+  EXPECT_TRUE(absl::StrContains(pending.output, "waiting (member-side)")) << pending.output;
+  ChildResult json = Ctl(socket, {"--json", "pending", m.meshes[0]->id()});
+  EXPECT_TRUE(absl::StrContains(json.output, "\"member_side\":true")) << json.output;
+  EXPECT_TRUE(absl::StrContains(json.output, "\"submitted\":[0]")) << json.output;
+  EXPECT_TRUE(absl::StrContains(json.output, "\"missing\":[1]")) << json.output;
+  ASSERT_TRUE(m.meshes[1]->psum(Array::Of<float>(m.buffers[1], {8}), "x").ok());
+  waiter.join();
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(absl::StrContains(Ctl(socket, {"pending"}).output, "(none)"));
+}
+
 TEST_F(CollectivectlTest, FindsTheDaemonThroughTheEnvironmentAsTheSdkDoes) {
   std::vector<std::string> argv = {"/usr/bin/env", "COLLECTIVED_SOCKET=" + daemon_->socket(),
                                    CtlBinary(), "health"};

@@ -80,6 +80,19 @@ int64_t DaemonOps(const Daemon& d) {
   return s.ops_completed() + s.ops_failed();
 }
 
+// The daemon's pending ops (every mesh: empty id).
+v1::ListPendingOpsResponse Pending(const Daemon& d, const std::string& mesh_id = "") {
+  auto stub = Stub(d);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::ListPendingOpsRequest req;
+  req.set_mesh_id(mesh_id);
+  v1::ListPendingOpsResponse resp;
+  grpc::Status st = stub->ListPendingOps(&ctx, req, &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return resp;
+}
+
 // One mesh of `n` members on a daemon, with in/out buffers per member.
 struct Members {
   std::unique_ptr<Daemon> daemon;
@@ -587,6 +600,58 @@ TEST(MemberOpsTest, AMemberThatDoesNotComeIsNamed) {
   EXPECT_CONTAINS(late.message(), "timed out");
 }
 
+// A member-side op some members wait in is listed with the daemon's pending
+// ops: who published it, who is missing; once every member came it is gone.
+TEST(MemberOpsTest, AnOpSomeMembersWaitInIsListedWithWhoIsMissing) {
+  constexpr int kN = 3;
+  auto r = Members::Start(kN, {"--op_timeout_ms=30000"});
+  ASSERT_NE(r, nullptr);
+  // Two rounds: members 0 and 1 wait for 2, then 1 and 2 for 0 (the second
+  // place's entries are in the other half of each member's pair).
+  const std::vector<std::vector<int>> rounds = {{0, 1}, {1, 2}};
+  for (size_t round = 0; round < rounds.size(); ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    const std::vector<int>& early = rounds[round];
+    std::vector<absl::Status> st(kN);
+    std::vector<std::thread> waiters;
+    for (int i : early) {
+      waiters.emplace_back(
+          [&, i] { st[i] = r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {4}), "x"); });
+    }
+    // Until both have published (at most 10 s).
+    v1::PendingOp seen;
+    for (absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until;) {
+      const v1::ListPendingOpsResponse p = Pending(*r->daemon);
+      if (p.ops_size() == 1 && p.ops(0).submitted_size() == 2) {
+        seen = p.ops(0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    EXPECT_TRUE(seen.member_side()) << seen.DebugString();
+    EXPECT_EQ(seen.sequence(), -1);
+    EXPECT_EQ(seen.member_op(), static_cast<int64_t>(round));
+    EXPECT_EQ(seen.mesh_id(), r->mesh(0).id());
+    EXPECT_EQ(seen.mesh_name(), "mops");
+    EXPECT_CONTAINS(seen.description(), "psum f32[4]");
+    EXPECT_EQ(seen.state(), "waiting");
+    ASSERT_EQ(seen.submitted_size(), 2);
+    EXPECT_EQ(seen.submitted(0), early[0]);
+    EXPECT_EQ(seen.submitted(1), early[1]);
+    ASSERT_EQ(seen.missing_size(), 1);
+    const int late = 3 - early[0] - early[1];
+    EXPECT_EQ(seen.missing(0), late);
+    EXPECT_GT(seen.deadline_ms(), 0);
+    EXPECT_LE(seen.deadline_ms(), 30000);
+    EXPECT_EQ(Pending(*r->daemon, r->mesh(0).id()).ops_size(), 1);
+    // The latecomer: every member's op completes, and nothing is pending.
+    st[late] = r->mesh(late).psum(Array::Of<float>(r->m.buffers[late], {4}), "x");
+    for (auto& t : waiters) t.join();
+    ExpectAllOk(st);
+    EXPECT_EQ(Pending(*r->daemon).ops_size(), 0) << Pending(*r->daemon).DebugString();
+  }
+}
+
 TEST(MemberOpsTest, AMemberThatGoesAwayWakesTheWaitersNamingIt) {
   constexpr int kN = 3;
   auto r = Members::Start(kN, {});
@@ -637,9 +702,19 @@ TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
   const size_t bytes = std::stoul(reply->data.substr(3));
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
   ASSERT_NE(base, MAP_FAILED);
+  const member_ops::View view{static_cast<uint8_t*>(base), member_ops::ValidLayout(base, bytes, 2)};
+  ASSERT_GT(view.layout.total_bytes, 0u);
   // Garbage everywhere, then questions about it.
   std::mt19937 rng(7);
   for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(rng());
+  // Listing pending ops reads the garbage (as member-side waits) and lives.
+  Pending(**d);
+  for (int k = 0; k < 100; ++k) {
+    // Keys that decode to places (in either half of a member's pair, the
+    // rest of the entry garbage).
+    view.entry(rng() % 2, rng() % 2)->key.store(member_ops::Key(rng() % 4, rng() % 4));
+    Pending(**d);
+  }
   for (const char* q : {"EXPIRED %s 0 0", "EXPIRED %s 4294967295 16777215", "EXPIRED %s 1 x"}) {
     std::string text = q;
     text.replace(text.find("%s"), 2, raw.mesh_id());
