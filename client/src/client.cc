@@ -1052,8 +1052,9 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     mesh->op_deadline_ = absl::Milliseconds(resp.mesh().op_timeout_ms()) + kGrace;
     if (resp.mesh().member_op_bytes() == 0) {
       mesh->member_side_status_ = absl::UnavailableError(
-          "the daemon offers no member-side segment for this mesh (a mesh across hosts, or a "
-          "daemon run with --member_op_bytes=0): every op goes through the daemon");
+          "the daemon offers no member-side segment for this mesh (a mesh across hosts, a "
+          "daemon run with --member_op_bytes=0, or one whose segments were at "
+          "--member_segment_total_bytes): every op goes through the daemon");
     } else {
       auto member_ops = MapMemberSegment(resp.mesh(), mesh->index_);
       if (!member_ops.ok()) {

@@ -718,10 +718,20 @@ void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
   if (options_.member_op_bytes > 0 && !mesh.cluster) {
     const member_ops::Layout layout = member_ops::Layout::For(
         static_cast<uint32_t>(mesh.shape.num_members()), options_.member_op_bytes);
-    if (layout.total_bytes > 0) {
+    if (layout.total_bytes > 0 &&
+        segment_bytes_ + layout.total_bytes > options_.member_segment_total_bytes) {
+      // Its members learn it from MeshInfo (member_op_bytes 0): the mesh
+      // works, through the daemon only.
+      LogEvent(LogLevel::kWarn, "member_segment_refused",
+               {{"mesh", mesh.name},
+                {"segment_bytes", absl::StrCat(layout.total_bytes)},
+                {"in_use", absl::StrCat(segment_bytes_)},
+                {"limit", absl::StrCat(options_.member_segment_total_bytes)}});
+    } else if (layout.total_bytes > 0) {
       auto segment = CreateMemfdBuffer(layout.total_bytes);
       if (segment.ok()) {
         mesh.segment = *std::move(segment);
+        segment_bytes_ += layout.total_bytes;
         mesh.seg = member_ops::View{static_cast<uint8_t*>(mesh.segment->data()), layout};
         member_ops::Init(mesh.segment->data(), layout, Millis(mesh.op_timeout),
                          COLLECTIVED_MEMBER_OPS_CODE);
@@ -1097,6 +1107,7 @@ void Engine::EraseMesh(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::
   if (--name.meshes == 0) name.idle_since = absl::Now();
   RetireCross(*it->second);
   if (it->second->form_cancel) it->second->form_cancel->store(true);
+  if (it->second->segment) segment_bytes_ -= it->second->seg.layout.total_bytes;
   meshes_.erase(it);
 }
 
@@ -2259,6 +2270,7 @@ v1::GetStatsResponse Engine::GetStats() {
     if (mesh->segment) member_side += MostMemberSideOps(mesh->seg);
   }
   resp.set_member_side_ops(member_side);
+  resp.set_member_segment_bytes(static_cast<int64_t>(segment_bytes_));
   int64_t buffers = 0, bytes = 0;
   std::map<std::string, v1::DeviceBufferStats> by_device;
   for (const auto& [id, s] : sessions_) {

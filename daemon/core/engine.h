@@ -85,6 +85,10 @@ struct EngineOptions {
   // big meshes: the segment stays within member_ops::kMaxSegmentBytes).
   // 0: no segments, every op goes through the daemon.
   uint64_t member_op_bytes = 64 * 1024;
+  // The most bytes all meshes' segments take together: a mesh that forms
+  // past it gets none (its ops go through the daemon), so that meshes a
+  // local user makes cannot pin more than this in segments.
+  uint64_t member_segment_total_bytes = uint64_t{1} << 30;
   // Meshes across hosts (daemon/core/rendezvous.h): with a rendezvous, every
   // mesh is a cluster mesh: its members may join on any daemon of the
   // cluster (with explicit coordinates), and it forms when the cluster's
@@ -454,6 +458,8 @@ class Engine {
   std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Mesh>> meshes_ ABSL_GUARDED_BY(mu_);
+  // Bytes of the segments of the meshes in meshes_ (member_segment_total_bytes).
+  uint64_t segment_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Key (scope and name) -> id of the mesh that currently holds the name
   // (forming or ready).
   absl::flat_hash_map<std::string, std::string> mesh_by_name_ ABSL_GUARDED_BY(mu_);

@@ -81,6 +81,9 @@ ABSL_FLAG(int64_t, member_op_bytes, 64 * 1024,
           "Member-side small ops: the members of a mesh of this host run ops whose input "
           "is at most this many bytes among themselves, through a segment the daemon "
           "shares with them (0: every op goes through the daemon).");
+ABSL_FLAG(int64_t, member_segment_total_bytes, int64_t{1} << 30,
+          "The most bytes the member-side segments of all meshes take together; a mesh "
+          "that forms past it gets none and runs every op through the daemon.");
 ABSL_FLAG(bool, fast_path, true,
           "Serve the shared-memory op queues (the SDK's default path); gRPC Execute "
           "works either way.");
@@ -422,6 +425,8 @@ int Main(int argc, char** argv) {
       static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_inline_op_bytes)));
   options.member_op_bytes =
       static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_member_op_bytes)));
+  options.member_segment_total_bytes = static_cast<uint64_t>(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_member_segment_total_bytes)));
   CpuExecutorOptions exec_options;
   exec_options.threads = absl::GetFlag(FLAGS_threads);
   exec_options.chunk_bytes = static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));

@@ -652,6 +652,50 @@ TEST(MemberOpsTest, AnOpSomeMembersWaitInIsListedWithWhoIsMissing) {
   }
 }
 
+// The daemon's segments together stay within --member_segment_total_bytes:
+// a mesh that forms past it runs every op through the daemon, and a mesh
+// that is gone gives its bytes back.
+TEST(MemberOpsTest, MeshesPastTheSegmentLimitGetNoneAndUseTheDaemon) {
+  const uint64_t one = member_ops::Layout::For(2, 64 * 1024).total_bytes;
+  ASSERT_GT(one, 0u);
+  auto d = Daemon::Start({absl::StrCat("--member_segment_total_bytes=", one)});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto psum_all = [](SdkMembers& m) {
+    return OnAll(2, [&](int i) {
+      return m.meshes[i]->psum(Array::Of<float>(m.buffers[i], {4}), "x");
+    });
+  };
+  SdkMembers first;
+  ASSERT_OK(MakeSdkMembers((*d)->socket(), "first", 2, 4096, &first));
+  EXPECT_TRUE(first.meshes[0]->member_side().ok()) << first.meshes[0]->member_side();
+  EXPECT_EQ(Stats(**d).member_segment_bytes(), static_cast<int64_t>(one));
+
+  SdkMembers second;
+  ASSERT_OK(MakeSdkMembers((*d)->socket(), "second", 2, 4096, &second));
+  for (int i = 0; i < 2; ++i) {
+    const absl::Status side = second.meshes[i]->member_side();
+    EXPECT_FALSE(side.ok());
+    EXPECT_CONTAINS(side.message(), "--member_segment_total_bytes");
+  }
+  EXPECT_EQ(Stats(**d).member_segment_bytes(), static_cast<int64_t>(one));
+  // Both meshes work: the first member-side, the second through the daemon.
+  int64_t before = DaemonOps(**d);
+  ExpectAllOk(psum_all(first));
+  EXPECT_EQ(DaemonOps(**d), before);
+  ExpectAllOk(psum_all(second));
+  EXPECT_EQ(DaemonOps(**d), before + 1);
+
+  // The first mesh goes (both members leave): its bytes are free again.
+  first.meshes.clear();
+  EXPECT_EQ(Stats(**d).member_segment_bytes(), 0);
+  SdkMembers third;
+  ASSERT_OK(MakeSdkMembers((*d)->socket(), "third", 2, 4096, &third));
+  EXPECT_TRUE(third.meshes[0]->member_side().ok()) << third.meshes[0]->member_side();
+  before = DaemonOps(**d);
+  ExpectAllOk(psum_all(third));
+  EXPECT_EQ(DaemonOps(**d), before);
+}
+
 TEST(MemberOpsTest, AMemberThatGoesAwayWakesTheWaitersNamingIt) {
   constexpr int kN = 3;
   auto r = Members::Start(kN, {});
