@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -391,20 +392,29 @@ void Engine::AddMemberSidePending(const Mesh& mesh, v1::ListPendingOpsResponse* 
   // Everything read here is the members' to write: keys are only compared,
   // text is bounded and cleaned, times are clamped.
   const member_ops::View& v = mesh.seg;
+  // A member that gave up marked the segment: nobody waits in it any more.
+  if (v.header()->broken.v.load(std::memory_order_seq_cst) != 0) return;
   const uint32_t n = v.layout.members;
   std::vector<uint64_t> latest(n, 0);  // each member's last place published
-  std::vector<uint64_t> keys;
+  std::map<uint64_t, int> standing;    // place -> members whose last place it is
   for (uint32_t m = 0; m < n; ++m) {
     for (uint64_t parity = 0; parity < 2; ++parity) {
       const uint64_t key = v.entry(m, parity)->key.load(std::memory_order_seq_cst);
       if (key == 0 || (key & 1) != parity) continue;  // none, or not written by this layout
       if (latest[m] == 0 || KeyAfter(key, latest[m])) latest[m] = key;
     }
-    if (latest[m] != 0 && std::find(keys.begin(), keys.end(), latest[m]) == keys.end()) {
-      keys.push_back(latest[m]);
-    }
+    if (latest[m] != 0) ++standing[latest[m]];
   }
-  std::sort(keys.begin(), keys.end(), [](uint64_t a, uint64_t b) { return KeyAfter(b, a); });
+  // Honest members stand at one or two places; a segment a member scribbled
+  // on may show one per member. Only the places most members stand at are
+  // looked at, so the work under mu_ and the answer stay bounded.
+  constexpr size_t kMostPlaces = 4;
+  std::vector<std::pair<int, uint64_t>> ranked;
+  for (const auto& [key, count] : standing) ranked.emplace_back(-count, key);
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<uint64_t> keys;
+  for (size_t i = 0; i < ranked.size() && i < kMostPlaces; ++i) keys.push_back(ranked[i].second);
+  std::sort(keys.begin(), keys.end());  // shown in key order
   const int64_t now_ns = fastq::MonotonicNs();
   for (const uint64_t key : keys) {
     const uint32_t d = static_cast<uint32_t>((key >> 24) - 1);

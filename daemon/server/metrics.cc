@@ -62,8 +62,8 @@ class Metrics::Collector final : public prometheus::Collectable {
       }
       prometheus::MetricFamily f{
           "collectived_pending_ops",
-          "Ops not completed, by state: waiting (some members have not submitted), queued "
-          "(all have; an earlier op of the mesh runs), running.",
+          "Ops not completed, by state: waiting (some members have not submitted; member-side "
+          "ops included), queued (all have; an earlier op of the mesh runs), running.",
           prometheus::MetricType::Gauge, {}};
       for (const auto& [state, v] : by_state) {
         prometheus::ClientMetric m;

@@ -142,7 +142,7 @@ TEST_F(CollectivectlTest, PendingShowsAMemberSideOpAndWhoIsMissing) {
   EXPECT_TRUE(absl::StrContains(json.output, "\"member_side\":true")) << json.output;
   EXPECT_TRUE(absl::StrContains(json.output, "\"submitted\":[0]")) << json.output;
   EXPECT_TRUE(absl::StrContains(json.output, "\"missing\":[1]")) << json.output;
-  ASSERT_TRUE(m.meshes[1]->psum(Array::Of<float>(m.buffers[1], {8}), "x").ok());
+  EXPECT_TRUE(m.meshes[1]->psum(Array::Of<float>(m.buffers[1], {8}), "x").ok());
   waiter.join();
   EXPECT_TRUE(first.ok()) << first;
   EXPECT_TRUE(absl::StrContains(Ctl(socket, {"pending"}).output, "(none)"));
