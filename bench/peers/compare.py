@@ -117,6 +117,11 @@ def parse_args(argv):
     p.add_argument("--placement", choices=("round_robin", "runs"), default="round_robin",
                    help="with --hosts: collectived's member m on host m mod H (round_robin) or "
                         "m*H/N (runs: each host a contiguous run of members)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run every system this many rounds, the systems' order rotating "
+                        "each round; times are the median over rounds, ratios the median "
+                        "of the rounds' ratios with their range (this machine is noisy: "
+                        "one round's ratio can be off by 40%%)")
     p.add_argument("--json-out", metavar="FILE", help="also write the merged rows to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as a Markdown table")
     p.add_argument("--gpu-rows", nargs="+", metavar="FILE",
@@ -143,8 +148,8 @@ def parse_args(argv):
             p.error("--systems: unknown system %r (%s)" % (s, ", ".join(SYSTEMS)))
     if args.hosts < 1:
         p.error("--hosts must be >= 1")
-    if args.iters < 1 or args.warmup < 0 or args.timeout <= 0:
-        p.error("--iters must be >= 1, --warmup >= 0, --timeout > 0")
+    if args.iters < 1 or args.warmup < 0 or args.timeout <= 0 or args.repeat < 1:
+        p.error("--iters and --repeat must be >= 1, --warmup >= 0, --timeout > 0")
     peers_dir = os.path.join(os.path.dirname(os.path.abspath(args.collectived_perf)), "peers")
     if args.mpi_perf is None:
         args.mpi_perf = os.path.join(peers_dir, "mpi_perf")
@@ -324,6 +329,55 @@ def merge(all_rows, systems):
     return [merged[k] for k in keys]
 
 
+def median(values):
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def combine_rounds(rounds, systems):
+    """One merged list from the merged lists of several rounds: each system's row
+    with the median time over rounds (busbw from it), each ratio the median of the
+    rounds' ratios, with the rounds' values in "rounds"."""
+    if len(rounds) == 1:
+        return rounds[0]
+    by_key = {}
+    order = []
+    for merged in rounds:
+        for m in merged:
+            key = (m["op"], m["members"], m["bytes"])
+            if key not in by_key:
+                order.append(key)
+            by_key.setdefault(key, []).append(m)
+    out = []
+    for key in order:
+        ms = by_key[key]
+        c = {k: v for k, v in ms[0].items() if k not in ("systems", "ratios")}
+        c["systems"] = {}
+        for s in systems:
+            rows = [m["systems"][s] for m in ms if s in m["systems"]]
+            if not rows:
+                continue
+            row = dict(rows[0])
+            row["time_us"] = median(r["time_us"] for r in rows)
+            row["busbw_gbps"] = busbw(row)
+            if any(r.get("check") == "fail" for r in rows):
+                row["check"] = "fail"
+            row["rounds_time_us"] = [r["time_us"] for r in rows]
+            c["systems"][s] = row
+        c["ratios"] = {}
+        for peer in ms[0]["ratios"]:
+            c["ratios"][peer] = {}
+            for name in ("time_peer_over_collectived", "busbw_collectived_over_peer"):
+                values = [m["ratios"][peer][name] for m in ms if peer in m["ratios"]]
+                c["ratios"][peer][name] = median(values)
+                c["ratios"][peer][name + "_rounds"] = values
+        out.append(c)
+    return out
+
+
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -337,6 +391,15 @@ def fmt_ratio(v):
     if v >= 1:
         return "%.2f" % v
     return "%.3g" % v
+
+
+def fmt_ratio_range(rr, name):
+    """The ratio, and over several rounds its range: 1.02 (0.78-1.31)."""
+    cell = fmt_ratio(rr[name])
+    values = [v for v in rr.get(name + "_rounds", []) if v is not None]
+    if len(values) > 1:
+        cell += " (%s-%s)" % (fmt_ratio(min(values)), fmt_ratio(max(values)))
+    return cell
 
 
 def build_table(merged, systems):
@@ -359,8 +422,8 @@ def build_table(merged, systems):
             line += [fmt(r and r["time_us"], ".2f") + mark, fmt(r and r["busbw_gbps"], ".3f")]
         for p in ratio_peers:
             rr = m["ratios"][p]
-            line += [fmt_ratio(rr["time_peer_over_collectived"]),
-                     fmt_ratio(rr["busbw_collectived_over_peer"])]
+            line += [fmt_ratio_range(rr, "time_peer_over_collectived"),
+                     fmt_ratio_range(rr, "busbw_collectived_over_peer")]
         body.append(line)
     return header, body, failed_checks
 
@@ -494,23 +557,32 @@ def main(argv):
     if args.gpu_rows:
         return gpu_main(args)
     notes = []
-    all_rows = []
+    round_rows = []
     ran = []
     all_ok = True
-    for system in args.system_list:
-        rows, ok = run_system(system, args, notes)
-        all_ok = all_ok and ok
-        if rows:
-            all_rows += rows
-            ran.append(system)
+    for r in range(args.repeat):
+        rows_now = []
+        # Each round starts with the next system, so none always runs first.
+        k = r % len(args.system_list)
+        for system in args.system_list[k:] + args.system_list[:k]:
+            rows, ok = run_system(system, args, notes)
+            all_ok = all_ok and ok
+            if rows:
+                rows_now += rows
+                if system not in ran:
+                    ran.append(system)
+        round_rows.append(rows_now)
     systems = [s for s in SYSTEMS if s in ran]
-    merged = merge(all_rows, systems)
+    merged = combine_rounds([merge(rows, systems) for rows in round_rows], systems)
     header, body, failed_checks = build_table(merged, systems)
 
     title = ("%s, dtype %s, members %s, %s..%s B, iters %d, warmup %d; us = median over "
              "iterations of the slowest member's time; busbw in GB/s"
              % (",".join(args.ops), args.dtype, ",".join(map(str, args.member_counts)),
                 args.min_bytes, args.max_bytes, args.iters, args.warmup))
+    if args.repeat > 1:
+        title += ("; %d rounds: us = median over rounds, ratios = median of the rounds' "
+                  "ratios (min-max)" % args.repeat)
     if args.markdown:
         print(title + "\n")
     else:
@@ -534,6 +606,7 @@ def main(argv):
                                   "dtype": args.dtype, "min_bytes": args.min_bytes,
                                   "max_bytes": args.max_bytes, "step_factor": args.step_factor,
                                   "iters": args.iters, "warmup": args.warmup,
+                                  "repeat": args.repeat,
                                   "systems": systems},
                        "notes": notes, "rows": merged}, f, indent=1)
             f.write("\n")
