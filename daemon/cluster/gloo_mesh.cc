@@ -36,8 +36,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
 // 2: the chain schedule (its chunk size in the header). 3: the kind of
-// memory (GPU ops across hosts).
-constexpr uint32_t kVersion = 3;
+// memory (GPU ops across hosts). 4: the replication threshold.
+constexpr uint32_t kVersion = 4;
 constexpr int kSlotShift = 24;
 
 // The chain's chunk for an op of `bytes`: the configured one, but small
@@ -65,8 +65,10 @@ struct WireHeader {
   uint64_t in_bytes;
   uint64_t out_bytes;
   uint64_t hash;
-  // The chain's chunk (GlooMeshOptions): it sets the transfers' sizes.
+  // The chain's chunk and the replication threshold (GlooMeshOptions):
+  // they set the schedule and the transfers' sizes.
   uint64_t chunk_bytes;
+  uint64_t replicate_below_bytes;
   // The kind of memory the op runs on (Executor::buffer_kind: "memfd",
   // "cuda"): it picks the transport (Gloo, or the executor's HostLink).
   char memory[16];
@@ -137,7 +139,7 @@ uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
 }
 
 WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t sequence,
-                      size_t members, uint64_t chunk_bytes, absl::string_view memory,
+                      size_t members, const GlooMeshOptions& options, absl::string_view memory,
                       const absl::Status& verdict) {
   WireHeader h;
   std::memset(&h, 0, sizeof(h));
@@ -155,7 +157,8 @@ WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t 
   h.in_bytes = plan.in_bytes;
   h.out_bytes = plan.out_bytes;
   h.hash = PlanHash(plan, topology);
-  h.chunk_bytes = chunk_bytes;
+  h.chunk_bytes = options.chunk_bytes;
+  h.replicate_below_bytes = options.replicate_below_bytes;
   CopyText(h.memory, sizeof(h.memory), memory);
   CopyText(h.signature, sizeof(h.signature),
            plan.signature.empty()
@@ -181,6 +184,9 @@ std::string Differences(const WireHeader& a, const WireHeader& b) {
   if (a.root != b.root) d.push_back("root");
   if (a.hash != b.hash) d.push_back("plan (groups, permutation, axes or shapes) or mesh layout");
   if (a.chunk_bytes != b.chunk_bytes) d.push_back("--cluster-chunk-bytes");
+  if (a.replicate_below_bytes != b.replicate_below_bytes) {
+    d.push_back("--cluster-replicate-bytes");
+  }
   if (Text(a.memory, sizeof(a.memory)) != Text(b.memory, sizeof(b.memory))) {
     d.push_back(absl::StrCat("kind of memory (", Text(a.memory, sizeof(a.memory)), " and ",
                              Text(b.memory, sizeof(b.memory)), ")"));
@@ -676,7 +682,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   const int size = static_cast<int>(topology_.hosts.size());
   const int self = topology_.self;
   std::vector<WireHeader> headers(size);
-  headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_.chunk_bytes,
+  headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_,
                              op.executor != nullptr ? op.executor->buffer_kind() : "", verdict);
   const uint64_t slot = static_cast<uint64_t>(op.sequence) << kSlotShift;
   std::vector<Posted> posted;
@@ -795,6 +801,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
   SpanningOptions options;
   options.chain = true;
   options.chain_chunk_bytes = ChainChunkBytes(options_.chunk_bytes, plan.in_bytes);
+  options.lanes_min_bytes = options_.replicate_below_bytes;
   r.status = RunSpanning(plan, io, &fabric, &moved, options);
   r.traffic = fabric.traffic();
   // Any failure after the headers matched leaves the hosts at different

@@ -64,7 +64,8 @@ class SpanningOp {
   // the input and the output agree, in place included).
   bool UsesLanes() const {
     return IsReduce(plan_.kind) && plan_.groups.size() == 1 && !plan_.ReducesNothing() &&
-           plan_.out_dtype == plan_.dtype && plan_.in_bytes > 0;
+           plan_.out_dtype == plan_.dtype && plan_.in_bytes > 0 &&
+           plan_.in_bytes >= options_.lanes_min_bytes;
   }
 
   // Whether continuing a fold from a partial result gives the bits of the

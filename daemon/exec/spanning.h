@@ -112,6 +112,11 @@ struct SpanningOptions {
   bool chain = false;
   // The chain's chunk size (at most 256 chunks an op).
   uint64_t chain_chunk_bytes = 256 * 1024;
+  // Reductions whose input is smaller than this are replicated instead of
+  // cut into lanes or chained: one exchange (every partition gets every
+  // input it lacks) instead of two or more, for ops where the number of
+  // exchanges, not the bytes, sets the time.
+  uint64_t lanes_min_bytes = 0;
 };
 
 // Runs `plan` over `io` (one entry per member, MemberIo::device its

@@ -178,7 +178,7 @@ std::vector<int> Layout(int members, int hosts, bool blocked) {
 // The executor suite's Executor: every op over H hosts, member m on host
 // m % H (or in blocks of two). One cluster per member count, connected on
 // first use and again after an op broke it.
-template <int kHosts, bool kBlocked>
+template <int kHosts, bool kBlocked, uint64_t kReplicateBelow>
 class GlooSuiteExecutor final : public Executor {
  public:
   absl::string_view name() const override { return "gloo-mesh"; }
@@ -191,7 +191,8 @@ class GlooSuiteExecutor final : public Executor {
     const int members = static_cast<int>(io.size());
     auto it = clusters_.find(members);
     if (it == clusters_.end()) {
-      auto c = Cluster::Connect(kHosts, Layout(members, kHosts, kBlocked));
+      auto c = Cluster::Connect(kHosts, Layout(members, kHosts, kBlocked),
+                                {GlooMeshOptions{.replicate_below_bytes = kReplicateBelow}});
       if (!c.ok()) return c.status();
       it = clusters_.emplace(members, std::move(*c)).first;
     }
@@ -216,21 +217,25 @@ class GlooSuiteExecutor final : public Executor {
   std::map<int, std::unique_ptr<Cluster>> clusters_;
 };
 
-template <int kHosts, bool kBlocked>
+// kReplicateBelow 0: the reductions take the lanes or the chain at every
+// size (the suite's arrays are small); 1 GiB: every reduction is replicated.
+template <int kHosts, bool kBlocked, uint64_t kReplicateBelow = 0>
 struct GlooBackend : HostMemoryBackend {
   static constexpr const char* kName = "gloo mesh";
   static std::unique_ptr<Executor> MakeExecutor() {
-    return std::make_unique<GlooSuiteExecutor<kHosts, kBlocked>>();
+    return std::make_unique<GlooSuiteExecutor<kHosts, kBlocked, kReplicateBelow>>();
   }
 };
 
 using GlooTwoHostsRoundRobin = GlooBackend<2, false>;
 using GlooThreeHostsRoundRobin = GlooBackend<3, false>;
 using GlooTwoHostsBlocked = GlooBackend<2, true>;
+using GlooThreeHostsReplicated = GlooBackend<3, true, uint64_t{1} << 30>;
 
 INSTANTIATE_TYPED_TEST_SUITE_P(GlooTwoHostsRoundRobin, ExecutorSuite, GlooTwoHostsRoundRobin);
 INSTANTIATE_TYPED_TEST_SUITE_P(GlooThreeHostsRoundRobin, ExecutorSuite, GlooThreeHostsRoundRobin);
 INSTANTIATE_TYPED_TEST_SUITE_P(GlooTwoHostsBlocked, ExecutorSuite, GlooTwoHostsBlocked);
+INSTANTIATE_TYPED_TEST_SUITE_P(GlooThreeHostsReplicated, ExecutorSuite, GlooThreeHostsReplicated);
 
 // --- Direct checks ---
 
@@ -279,11 +284,47 @@ void ExpectOneHostBits(int hosts, const std::vector<int>& host_of, const OpPlan&
 }
 
 TEST(GlooMeshTest, PsumLanesGiveTheOneHostBits) {
+  const GlooMeshOptions lanes{.replicate_below_bytes = 0};
   for (int hosts : {2, 3}) {
     for (bool blocked : {false, true}) {
-      ExpectOneHostBits(hosts, Layout(6, hosts, blocked), Plan(v1::PSUM, v1::FLOAT32, {1001}, 6));
-      ExpectOneHostBits(hosts, Layout(5, hosts, blocked), Plan(v1::PSUM, v1::BFLOAT16, {999}, 5));
-      ExpectOneHostBits(hosts, Layout(4, hosts, blocked), Plan(v1::PMAX, v1::INT32, {7}, 4));
+      ExpectOneHostBits(hosts, Layout(6, hosts, blocked), Plan(v1::PSUM, v1::FLOAT32, {1001}, 6),
+                        lanes);
+      ExpectOneHostBits(hosts, Layout(5, hosts, blocked), Plan(v1::PSUM, v1::BFLOAT16, {999}, 5),
+                        lanes);
+      ExpectOneHostBits(hosts, Layout(4, hosts, blocked), Plan(v1::PMAX, v1::INT32, {7}, 4),
+                        lanes);
+    }
+  }
+}
+
+TEST(GlooMeshTest, SmallReductionsAreReplicatedInOneExchangeAndGiveTheOneHostBits) {
+  // Below replicate_below_bytes (64 KiB by default) every host gets the
+  // inputs it lacks and reduces them all; above, the lanes: what each host
+  // sends tells them apart (3 hosts, one member each, S bytes: 2S
+  // replicated, 2 * 2/3 S in lanes).
+  for (int64_t elems : {1000, 20000}) {
+    SCOPED_TRACE(absl::StrCat(elems, " float32"));
+    const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {elems}, 3);
+    auto cluster = Cluster::Connect(3, Layout(3, 3, false));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    Regions expected(3, plan), got(3, plan);
+    CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
+    ASSERT_TRUE(cpu.Run(plan, expected.io).ok());
+    const std::vector<Outcome> out = (*cluster)->RunAll(plan, got.io);
+    for (const Outcome& o : out) EXPECT_TRUE(o.status.ok()) << o.status;
+    for (int m = 0; m < 3; ++m) EXPECT_EQ(got.out[m], expected.out[m]) << "member " << m;
+    // Bytes each host wrote: received, plus what its executor wrote (it
+    // counts each of the 3 folds' writes of the result). Replicated: the 2
+    // inputs it lacks and 3 folds of S (5S); in lanes: 2 lanes of inputs, 3
+    // folds of its lane and 2 lanes of results (4/3 S + S).
+    const double s = static_cast<double>(plan.in_bytes);
+    for (size_t h = 0; h < out.size(); ++h) {
+      const double written = static_cast<double>(out[h].traffic.written);
+      if (elems == 1000) {
+        EXPECT_NEAR(written, 5 * s, s / 100) << "host " << h;
+      } else {
+        EXPECT_NEAR(written, 7 * s / 3, s / 100) << "host " << h;
+      }
     }
   }
 }
@@ -292,7 +333,7 @@ TEST(GlooMeshTest, TheChainInChunksGivesTheOneHostBits) {
   // Each host a contiguous run of members (m * H / 7): the reductions take
   // the chain, here in chunks of 4 KiB (20000 bytes of float32: 5 chunks,
   // the last shorter), pipelined over the hosts.
-  const GlooMeshOptions small_chunks{.chunk_bytes = 4096};
+  const GlooMeshOptions small_chunks{.chunk_bytes = 4096, .replicate_below_bytes = 0};
   for (int hosts : {2, 3}) {
     std::vector<int> runs(7);
     for (int m = 0; m < 7; ++m) runs[m] = m * hosts / 7;
@@ -372,6 +413,23 @@ TEST(GlooMeshTest, HostsWithDifferentChunkSizesFailTheOpAlikeAndMoveNothing) {
     EXPECT_FALSE(o.broken);
   }
   for (int m = 0; m < 4; ++m) {
+    EXPECT_EQ(r.out[m], std::vector<uint8_t>(plan.out_bytes, 0xA5)) << "member " << m;
+  }
+}
+
+TEST(GlooMeshTest, HostsWithDifferentReplicationThresholdsFailTheOpAlike) {
+  // One host would replicate the op, the other cut it into lanes.
+  auto c = Cluster::Connect(2, {0, 1}, {GlooMeshOptions{.replicate_below_bytes = 0},
+                                        GlooMeshOptions{.replicate_below_bytes = 1 << 20}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {1000}, 2);
+  Regions r(2, plan);
+  for (const Outcome& o : (*c)->RunAll(plan, r.io)) {
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_NE(o.status.message().find("--cluster-replicate-bytes"), std::string::npos) << o.status;
+    EXPECT_FALSE(o.broken);
+  }
+  for (int m = 0; m < 2; ++m) {
     EXPECT_EQ(r.out[m], std::vector<uint8_t>(plan.out_bytes, 0xA5)) << "member " << m;
   }
 }
