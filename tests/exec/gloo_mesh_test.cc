@@ -397,41 +397,42 @@ TEST(GlooMeshTest, DifferentOpsFailOnEveryHostAndTheMeshStaysUsable) {
   }
 }
 
-TEST(GlooMeshTest, HostsWithDifferentChunkSizesFailTheOpAlikeAndMoveNothing) {
-  // The chunk sets the chain's transfer sizes: hosts that disagree on it
-  // must not start the data phase (a slot whose ends disagree on its size
-  // ends the process in Gloo).
-  const std::vector<int> runs = {0, 0, 1, 1};
-  auto c = Cluster::Connect(2, runs, {GlooMeshOptions{.chunk_bytes = 4096},
-                                      GlooMeshOptions{.chunk_bytes = 8192}});
+// Two hosts whose options differ in `flag`'s setting, members on host
+// host_of[m]: `plan` fails on both alike naming the flag, the connections
+// stay usable and no output is written.
+void ExpectDisagreeingHostsFailAlike(const std::vector<int>& host_of,
+                                     const std::vector<GlooMeshOptions>& options,
+                                     const OpPlan& plan, const std::string& flag) {
+  auto c = Cluster::Connect(2, host_of, options);
   ASSERT_TRUE(c.ok()) << c.status();
-  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {5000}, 4);
-  Regions r(4, plan);
+  const int members = static_cast<int>(host_of.size());
+  Regions r(members, plan);
   for (const Outcome& o : (*c)->RunAll(plan, r.io)) {
     EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
-    EXPECT_NE(o.status.message().find("--cluster-chunk-bytes"), std::string::npos) << o.status;
+    EXPECT_NE(o.status.message().find(flag), std::string::npos) << o.status;
     EXPECT_FALSE(o.broken);
   }
-  for (int m = 0; m < 4; ++m) {
+  for (int m = 0; m < members; ++m) {
     EXPECT_EQ(r.out[m], std::vector<uint8_t>(plan.out_bytes, 0xA5)) << "member " << m;
   }
 }
 
+TEST(GlooMeshTest, HostsWithDifferentChunkSizesFailTheOpAlikeAndMoveNothing) {
+  // The chunk sets the chain's transfer sizes: hosts that disagree on it
+  // must not start the data phase (a slot whose ends disagree on its size
+  // ends the process in Gloo).
+  ExpectDisagreeingHostsFailAlike(
+      {0, 0, 1, 1}, {GlooMeshOptions{.chunk_bytes = 4096}, GlooMeshOptions{.chunk_bytes = 8192}},
+      Plan(v1::PSUM, v1::FLOAT32, {5000}, 4), "--cluster-chunk-bytes");
+}
+
 TEST(GlooMeshTest, HostsWithDifferentReplicationThresholdsFailTheOpAlike) {
   // One host would replicate the op, the other cut it into lanes.
-  auto c = Cluster::Connect(2, {0, 1}, {GlooMeshOptions{.replicate_below_bytes = 0},
-                                        GlooMeshOptions{.replicate_below_bytes = 1 << 20}});
-  ASSERT_TRUE(c.ok()) << c.status();
-  const OpPlan plan = Plan(v1::PSUM, v1::FLOAT32, {1000}, 2);
-  Regions r(2, plan);
-  for (const Outcome& o : (*c)->RunAll(plan, r.io)) {
-    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
-    EXPECT_NE(o.status.message().find("--cluster-replicate-bytes"), std::string::npos) << o.status;
-    EXPECT_FALSE(o.broken);
-  }
-  for (int m = 0; m < 2; ++m) {
-    EXPECT_EQ(r.out[m], std::vector<uint8_t>(plan.out_bytes, 0xA5)) << "member " << m;
-  }
+  ExpectDisagreeingHostsFailAlike({0, 1},
+                                  {GlooMeshOptions{.replicate_below_bytes = 0},
+                                   GlooMeshOptions{.replicate_below_bytes = 1 << 20}},
+                                  Plan(v1::PSUM, v1::FLOAT32, {1000}, 2),
+                                  "--cluster-replicate-bytes");
 }
 
 TEST(GlooMeshTest, AHostsRefusalFailsTheOpOnEveryHost) {
