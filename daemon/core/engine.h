@@ -85,9 +85,10 @@ struct EngineOptions {
   // big meshes: the segment stays within member_ops::kMaxSegmentBytes).
   // 0: no segments, every op goes through the daemon.
   uint64_t member_op_bytes = 64 * 1024;
-  // The most bytes all meshes' segments take together: a mesh that forms
-  // past it gets none (its ops go through the daemon), so that meshes a
-  // local user makes cannot pin more than this in segments.
+  // The most bytes the segments of the meshes the engine holds take
+  // together: a mesh that forms past it gets none (its ops go through the
+  // daemon). A member that keeps a segment mapped after its mesh is gone
+  // keeps those pages on its own account, outside this count.
   uint64_t member_segment_total_bytes = uint64_t{1} << 30;
   // Meshes across hosts (daemon/core/rendezvous.h): with a rendezvous, every
   // mesh is a cluster mesh: its members may join on any daemon of the

@@ -42,6 +42,21 @@ inline void SetDeadline(grpc::ClientContext& ctx, absl::Duration d = absl::Secon
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + d));
 }
 
+// One unary call `method` with `req` to the daemon `d`, with SetDeadline's
+// deadline: the answer (a failed call fails the test).
+template <typename Req, typename Resp>
+Resp Ask(const Daemon& d,
+         grpc::Status (v1::Collective::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+         const Req& req) {
+  auto stub = Stub(d);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  Resp resp;
+  grpc::Status st = ((*stub).*method)(&ctx, req, &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return resp;
+}
+
 // A session driven by hand: gRPC stubs for the control plane, the side socket
 // for ATTACH/QUEUE, and the mapped queue written directly.
 class RawSession {

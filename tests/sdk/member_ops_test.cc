@@ -65,13 +65,7 @@ void ExpectAllOk(const std::vector<absl::Status>& st) {
 }
 
 v1::GetStatsResponse Stats(const Daemon& d) {
-  auto stub = Stub(d);
-  grpc::ClientContext ctx;
-  SetDeadline(ctx);
-  v1::GetStatsResponse resp;
-  grpc::Status st = stub->GetStats(&ctx, v1::GetStatsRequest(), &resp);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return resp;
+  return Ask(d, &v1::Collective::Stub::GetStats, v1::GetStatsRequest());
 }
 
 // Ops the daemon completed, all kinds together (GetStats).
@@ -82,15 +76,9 @@ int64_t DaemonOps(const Daemon& d) {
 
 // The daemon's pending ops (every mesh: empty id).
 v1::ListPendingOpsResponse Pending(const Daemon& d, const std::string& mesh_id = "") {
-  auto stub = Stub(d);
-  grpc::ClientContext ctx;
-  SetDeadline(ctx);
   v1::ListPendingOpsRequest req;
   req.set_mesh_id(mesh_id);
-  v1::ListPendingOpsResponse resp;
-  grpc::Status st = stub->ListPendingOps(&ctx, req, &resp);
-  EXPECT_TRUE(st.ok()) << st.error_message();
-  return resp;
+  return Ask(d, &v1::Collective::Stub::ListPendingOps, req);
 }
 
 // One mesh of `n` members on a daemon, with in/out buffers per member.
