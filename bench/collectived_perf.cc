@@ -49,8 +49,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -100,6 +102,9 @@ enum class Op {
   // Not a collective: one Write and one Read on a gRPC bidi stream to a bare
   // server in this benchmark that answers at once (the floor of the gRPC path).
   kGrpcEcho,
+  // Not a collective: the same server answers a round only once every member
+  // of the mesh sent it (the floor of a gRPC op that needs all members).
+  kGrpcRendezvous,
 };
 
 constexpr Op kAllOps[] = {Op::kPsum,        Op::kPmean,    Op::kPmax,      Op::kPmin,
@@ -119,6 +124,7 @@ const char* OpName(Op op) {
     case Op::kBroadcast: return "broadcast";
     case Op::kBarrier: return "barrier";
     case Op::kGrpcEcho: return "grpc_echo";
+    case Op::kGrpcRendezvous: return "grpc_rendezvous";
   }
   return "?";
 }
@@ -128,11 +134,14 @@ std::optional<Op> OpFromName(absl::string_view name) {
     if (name == OpName(op)) return op;
   }
   if (name == OpName(Op::kGrpcEcho)) return Op::kGrpcEcho;
+  if (name == OpName(Op::kGrpcRendezvous)) return Op::kGrpcRendezvous;
   return std::nullopt;
 }
 
+bool IsGrpcProbe(Op op) { return op == Op::kGrpcEcho || op == Op::kGrpcRendezvous; }
+
 // Ops with a single row of size 0.
-bool Sizeless(Op op) { return op == Op::kBarrier || op == Op::kGrpcEcho; }
+bool Sizeless(Op op) { return op == Op::kBarrier || IsGrpcProbe(op); }
 
 bool IsReduction(Op op) {
   return op == Op::kPsum || op == Op::kPmean || op == Op::kPmax || op == Op::kPmin;
@@ -160,6 +169,7 @@ double BusFactor(Op op, int n) {
       return 1.0;
     case Op::kBarrier:
     case Op::kGrpcEcho:
+    case Op::kGrpcRendezvous:
       return 0.0;
   }
   return 0.0;
@@ -263,7 +273,8 @@ constexpr char kUsage[] =
     "                     psum_scatter, all_to_all, broadcast, barrier, or all;\n"
     "                     a comma list is accepted too; grpc_echo (not in all) times\n"
     "                     a bare gRPC bidi-stream round trip to a server in the\n"
-    "                     benchmark that answers at once\n"
+    "                     benchmark that answers at once; grpc_rendezvous (not in\n"
+    "                     all) the same, answered once every member sent its round\n"
     "  --members=N[,M..]  member processes (default 2)\n"
     "  --dtype=NAME       float32 (default), float64, float16, bfloat16, int8, uint8,\n"
     "                     int32, uint32, int64, uint64, bool, float8_e4m3fn,\n"
@@ -511,8 +522,10 @@ Config ParseFlags(int argc, char** argv) {
                  cfg.device.c_str());
     std::exit(2);
 #endif
-    if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
-      UsageError("--op=grpc_echo is not a collective and takes no --device");
+    for (Op op : cfg.ops) {
+      if (IsGrpcProbe(op)) {
+        UsageError(absl::StrCat("--op=", OpName(op), " is not a collective and takes no --device"));
+      }
     }
     if (cfg.device == "cuda") cfg.device = "cuda:0";
   }
@@ -690,6 +703,7 @@ double Expected(Op op, DType dt, int n, int me, const Row& r, int64_t k) {
       return static_cast<double>(MoveVal(dt, 0, k));
     case Op::kBarrier:
     case Op::kGrpcEcho:
+    case Op::kGrpcRendezvous:
       break;
   }
   return 0;
@@ -846,7 +860,8 @@ collectived::OpFuture StartOp(collectived::Mesh& m, const OpCall& c) {
                                 c.y);
     case Op::kBroadcast: return m.broadcast_async(c.x, "x", 0, c.y);
     case Op::kBarrier: return m.barrier_async("x");
-    case Op::kGrpcEcho: break;  // see EchoClient
+    case Op::kGrpcEcho:
+    case Op::kGrpcRendezvous: break;  // see EchoClient
   }
   return collectived::OpFuture();
 }
@@ -913,13 +928,22 @@ std::string PhaseSummary(const std::vector<Profile>& p) {
          TrafficSummary(p.back().traffic);
 }
 
-// The member's end of grpc_echo: a bidi stream to the parent's echo server,
-// carrying the same messages as the SDK's Execute stream.
+// Metadata of a grpc_rendezvous stream: how many members answer together.
+constexpr char kRendezvousMembersKey[] = "collectived-perf-rendezvous";
+
+// The member's end of grpc_echo and grpc_rendezvous: a bidi stream to the
+// parent's echo server, carrying the same messages as the SDK's Execute
+// stream. `rendezvous_members` > 0: the server answers a round once that
+// many streams of the same mesh sent it.
 class EchoClient {
  public:
-  absl::Status Open(const std::string& socket, const collectived::v1::OpSpec& spec) {
+  absl::Status Open(const std::string& socket, const collectived::v1::OpSpec& spec,
+                    int rendezvous_members) {
     channel_ = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
     stub_ = collectived::v1::Collective::NewStub(channel_);
+    if (rendezvous_members > 0) {
+      ctx_.AddMetadata(kRendezvousMembersKey, absl::StrCat(rendezvous_members));
+    }
     stream_ = stub_->Execute(&ctx_);
     *request_.mutable_op() = spec;
     return RoundTrip();
@@ -1022,11 +1046,15 @@ int RunMember(const Config& cfg) {
   const bool on_gpu = in->device_ordinal() >= 0;
   // GPU buffers: the inputs are written and the results read through these.
   std::vector<unsigned char> staging_in(on_gpu ? max_in : 0), staging_out;
-  std::unique_ptr<EchoClient> echo;
-  if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
-    echo = std::make_unique<EchoClient>();
-    if (absl::Status st = echo->Open(cfg.echo_socket, EchoSpec(m.id(), *in, *out)); !st.ok()) {
-      return MemberFail(fd, absl::StrCat("grpc_echo: ", st.ToString()));
+  // One stream per probe op, opened before the rows (like the SDK's).
+  std::map<Op, std::unique_ptr<EchoClient>> probes;
+  for (Op op : cfg.ops) {
+    if (!IsGrpcProbe(op) || probes.count(op) > 0) continue;
+    auto& probe = probes[op] = std::make_unique<EchoClient>();
+    if (absl::Status st = probe->Open(cfg.echo_socket, EchoSpec(m.id(), *in, *out),
+                                      op == Op::kGrpcRendezvous ? n : 0);
+        !st.ok()) {
+      return MemberFail(fd, absl::StrCat(OpName(op), ": ", st.ToString()));
     }
   }
   if (!WriteAll(fd, "READY\n")) return 1;
@@ -1074,7 +1102,7 @@ int RunMember(const Config& cfg) {
       return MemberFail(fd, absl::StrCat(where(), ": barrier: ", st.ToString()));
     }
     auto run = [&](Profile* profile) {
-      return r.op == Op::kGrpcEcho ? echo->RoundTrip() : RunOp(m, call, profile);
+      return IsGrpcProbe(r.op) ? probes.at(r.op)->RoundTrip() : RunOp(m, call, profile);
     };
     for (int w = 0; w < cfg.warmup; ++w) {
       absl::Status st = run(nullptr);
@@ -1772,21 +1800,72 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
   return 1;
 }
 
-// grpc_echo's server: answers each OpRequest of an Execute stream at once
-// with an OpResult of the same tag. No engine, no daemon: the round trip
-// of the gRPC path without its work.
+// The probes' server, with no engine and no daemon. grpc_echo: answers each
+// OpRequest of an Execute stream at once with an OpResult of the same tag
+// (the round trip of the gRPC path without its work). grpc_rendezvous: holds
+// each request until every member of its mesh sent the same tag, then
+// answers them all (the floor of an op that needs all members, which no
+// engine can go under).
 class EchoService final : public collectived::v1::Collective::CallbackService {
+  class Reactor;
+  // Streams waiting for the rest of their round, by (mesh, tag).
+  class Rounds {
+   public:
+    // Returns the round's streams once `members` of them arrived.
+    std::vector<Reactor*> Arrive(const std::string& mesh, int64_t tag, int members, Reactor* r) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto key = std::make_pair(mesh, tag);
+      std::vector<Reactor*>& waiting = waiting_[key];
+      waiting.push_back(r);
+      if (static_cast<int>(waiting.size()) < members) return {};
+      std::vector<Reactor*> all = std::move(waiting);
+      waiting_.erase(key);
+      return all;
+    }
+    // A stream of `mesh` ended: the streams waiting for it would wait forever.
+    std::vector<Reactor*> Abandon(const std::string& mesh) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<Reactor*> left;
+      for (auto it = waiting_.lower_bound({mesh, std::numeric_limits<int64_t>::min()});
+           it != waiting_.end() && it->first.first == mesh;) {
+        left.insert(left.end(), it->second.begin(), it->second.end());
+        it = waiting_.erase(it);
+      }
+      return left;
+    }
+
+   private:
+    std::mutex mu_;
+    std::map<std::pair<std::string, int64_t>, std::vector<Reactor*>> waiting_;
+  };
+
   class Reactor final : public grpc::ServerBidiReactor<collectived::v1::OpRequest,
                                                        collectived::v1::OpResult> {
    public:
-    Reactor() { StartRead(&request_); }
+    Reactor(Rounds* rounds, int members) : rounds_(rounds), members_(members) {
+      StartRead(&request_);
+    }
     void OnReadDone(bool ok) override {
       if (!ok) {
+        if (members_ > 0) {
+          for (Reactor* r : rounds_->Abandon(mesh_)) {
+            r->Finish(grpc::Status(grpc::StatusCode::ABORTED, "a member's stream ended"));
+          }
+        }
         Finish(grpc::Status::OK);
         return;
       }
       result_.set_tag(request_.tag());
-      StartWrite(&result_);
+      if (members_ == 0) {
+        StartWrite(&result_);
+        return;
+      }
+      // The waiting streams have no read outstanding until their write is
+      // done, so none of them can end meanwhile.
+      mesh_ = request_.op().mesh_id();
+      for (Reactor* r : rounds_->Arrive(mesh_, request_.tag(), members_, this)) {
+        r->StartWrite(&r->result_);
+      }
     }
     void OnWriteDone(bool ok) override {
       if (!ok) {
@@ -1798,15 +1877,27 @@ class EchoService final : public collectived::v1::Collective::CallbackService {
     void OnDone() override { delete this; }
 
    private:
+    Rounds* const rounds_;
+    const int members_;  // 0: echo
+    std::string mesh_;
     collectived::v1::OpRequest request_;
     collectived::v1::OpResult result_;
   };
 
  public:
   grpc::ServerBidiReactor<collectived::v1::OpRequest, collectived::v1::OpResult>* Execute(
-      grpc::CallbackServerContext*) override {
-    return new Reactor();
+      grpc::CallbackServerContext* ctx) override {
+    int members = 0;
+    auto it = ctx->client_metadata().find(kRendezvousMembersKey);
+    if (it != ctx->client_metadata().end() &&
+        !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &members)) {
+      members = 0;
+    }
+    return new Reactor(&rounds_, std::max(0, members));
   }
+
+ private:
+  Rounds rounds_;
 };
 
 struct EchoServer {
@@ -1895,10 +1986,10 @@ absl::StatusOr<std::vector<std::unique_ptr<OwnDaemon>>> StartCluster(const Confi
 int RunParent(const Config& flags) {
   Config cfg = flags;
   std::unique_ptr<EchoServer> echo;
-  if (std::count(cfg.ops.begin(), cfg.ops.end(), Op::kGrpcEcho) > 0) {
+  if (std::any_of(cfg.ops.begin(), cfg.ops.end(), IsGrpcProbe)) {
     auto e = StartEchoServer();
     if (!e.ok()) {
-      std::fprintf(stderr, "collectived_perf: grpc_echo: %s\n", e.status().ToString().c_str());
+      std::fprintf(stderr, "collectived_perf: echo server: %s\n", e.status().ToString().c_str());
       return 1;
     }
     echo = *std::move(e);
