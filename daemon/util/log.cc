@@ -21,9 +21,17 @@ absl::string_view LevelName(LogLevel level) {
   return "info";
 }
 
+// Control bytes (below 0x20, and 0x7f) could forge or hide log lines when a
+// value comes from a client: they are quoted and escaped (\n, \r, \t, else
+// \xNN); other bytes pass as they are.
+bool IsControl(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  return u < 0x20 || u == 0x7f;
+}
+
 void AppendValue(std::string* out, absl::string_view value) {
-  bool quote = value.empty() ||
-               value.find_first_of(" \"=\t\n\\") != absl::string_view::npos;
+  bool quote = value.empty();
+  for (char c : value) quote = quote || c == ' ' || c == '"' || c == '=' || c == '\\' || IsControl(c);
   if (!quote) {
     out->append(value.data(), value.size());
     return;
@@ -35,6 +43,16 @@ void AppendValue(std::string* out, absl::string_view value) {
       out->push_back(c);
     } else if (c == '\n') {
       out->append("\\n");
+    } else if (c == '\r') {
+      out->append("\\r");
+    } else if (c == '\t') {
+      out->append("\\t");
+    } else if (IsControl(c)) {
+      constexpr char kHex[] = "0123456789abcdef";
+      const auto u = static_cast<unsigned char>(c);
+      out->append("\\x");
+      out->push_back(kHex[u >> 4]);
+      out->push_back(kHex[u & 15]);
     } else {
       out->push_back(c);
     }
