@@ -2,7 +2,7 @@
 // on a cluster: the coordinator's mesh registry (through the ClusterClient)
 // decides membership and generations, and Gloo connects the hosts of each
 // formed mesh (ConnectGlooMesh, rendezvous through the coordinator's
-// key-value store under "gloo<mesh key>/g<generation>/").
+// key-value store under MeshStorePrefix(mesh key, generation) + "/").
 //
 // Threads: registrations and leaves go, in call order, through one thread
 // (so a member's Leave never overtakes its Register); each Form runs on a

@@ -31,6 +31,10 @@ inline constexpr size_t kMaxKeyLength = 256;
 // Below the daemon's 1 MiB request limit, with room for the rest of a KeySet.
 inline constexpr size_t kMaxValueBytes = 512 * 1024;
 inline constexpr size_t kMaxKeysPerRequest = 128;
+// Most value bytes one Get answers (RESOURCE_EXHAUSTED beyond): a host's
+// rendezvous reads one key at a time, of at most kMaxValueBytes; the cap
+// keeps a small request from asking for a huge answer, copied per waiter.
+inline constexpr size_t kMaxAnswerBytes = 1024 * 1024;
 // The longest a KeyGet waits; longer timeouts are capped to it.
 inline constexpr absl::Duration kMaxKeyWait = absl::Minutes(5);
 
@@ -87,9 +91,12 @@ inline constexpr int64_t kMaxMeshMembers = 65536;
 
 // Where the hosts of generation `generation` of mesh `key` keep the store
 // keys they connect through (Gloo's rendezvous: "<prefix>/<its key>"). The
-// registry deletes every key under "<prefix>/" when the generation ends.
+// registry deletes every key under "<prefix>/" when the generation ends. The
+// key's length comes first: mesh keys may hold '/', and no mesh's
+// "<prefix>/" may be a prefix of another mesh's keys ("s/x" generation 1
+// against "s/x/g1/y").
 inline std::string MeshStorePrefix(absl::string_view key, int64_t generation) {
-  return absl::StrCat("gloo", key, "/g", generation);
+  return absl::StrCat("gloo/", key.size(), ":", key, "/g", generation);
 }
 inline constexpr size_t kMaxMeshAxesLength = 1024;
 inline constexpr size_t kMaxMeshTokenBytes = 256;

@@ -180,10 +180,24 @@ absl::StatusOr<absl::Duration> ValidateGet(const std::vector<std::string>& keys,
     return absl::InvalidArgumentError(absl::StrCat("keys has ", keys.size(), " keys; at most ",
                                                    kMaxKeysPerRequest, " are allowed"));
   }
-  for (const std::string& k : keys) {
-    if (absl::Status st = ValidateKey(k, "keys[]"); !st.ok()) return st;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (absl::Status st = ValidateKey(keys[i], "keys[]"); !st.ok()) return st;
+    for (size_t j = 0; j < i; ++j) {
+      if (keys[j] == keys[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("keys[", i, "] repeats keys[", j, "] ('", keys[i], "')"));
+      }
+    }
   }
   return CheckedWait(timeout);
+}
+
+// A list for an error text: at most 16 items, then how many more.
+std::string BoundedList(const std::vector<std::string>& items) {
+  constexpr size_t kNamed = 16;
+  if (items.size() <= kNamed) return absl::StrJoin(items, ", ");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.begin() + kNamed, ", "), " and ",
+                      items.size() - kNamed, " more");
 }
 
 absl::StatusOr<absl::Duration> ValidateMeshWait(absl::string_view key, int64_t generation,
@@ -408,7 +422,15 @@ void InMemoryCoordinator::CollectReadyLocked(absl::string_view key, std::vector<
   }
 }
 
-std::vector<KeyValue> InMemoryCoordinator::ValuesLocked(const std::vector<std::string>& keys) {
+absl::StatusOr<std::vector<KeyValue>> InMemoryCoordinator::ValuesLocked(
+    const std::vector<std::string>& keys) {
+  size_t bytes = 0;
+  for (const std::string& k : keys) bytes += store_.at(k).value.size();
+  if (bytes > kMaxAnswerBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the values of these ", keys.size(),
+                                                     " keys are ", bytes, " bytes; one get answers at most ",
+                                                     kMaxAnswerBytes));
+  }
   std::vector<KeyValue> out;
   out.reserve(keys.size());
   for (const std::string& k : keys) out.push_back({k, store_.at(k).value});
@@ -436,8 +458,7 @@ void InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration time
       if (missing.empty()) {
         now_result = ValuesLocked(keys);
       } else if (timeout == absl::ZeroDuration()) {
-        now_result = absl::NotFoundError(
-            absl::StrCat("keys not set: ", absl::StrJoin(missing, ", ")));
+        now_result = absl::NotFoundError(absl::StrCat("keys not set: ", BoundedList(missing)));
       } else if (WaiterCountLocked() >= options_.max_waiters) {
         now_result = WaitersFullError(WaiterCountLocked());
       } else {
@@ -469,7 +490,7 @@ void InMemoryCoordinator::OnWaitTimeout(uint64_t waiter_id) {
     waiters_.erase(it);
   }
   done(absl::DeadlineExceededError(
-      absl::StrCat("keys not set before the deadline: ", absl::StrJoin(missing, ", "))));
+      absl::StrCat("keys not set before the deadline: ", BoundedList(missing))));
 }
 
 absl::StatusOr<int64_t> InMemoryCoordinator::Delete(const std::vector<std::string>& keys,
@@ -574,27 +595,29 @@ MeshMembership InMemoryCoordinator::MembershipLocked(const MeshGeneration& gen) 
 
 absl::Status InMemoryCoordinator::NotFullLocked(const std::string& key,
                                                 const MeshGeneration& gen) {
-  constexpr int64_t kNamed = 16;
+  // Both lists are bounded (the text travels in the answer's trailers,
+  // which clients limit to a few KiB); so is the work under mu_: the scan
+  // stops at the 17th missing index.
+  constexpr size_t kNamed = 16;
   std::vector<std::string> missing;
-  int64_t more = 0;
-  for (int64_t i = 0; i < gen.members; ++i) {
-    if (gen.member_host.count(static_cast<int32_t>(i)) > 0) continue;
-    if (static_cast<int64_t>(missing.size()) < kNamed) {
-      missing.push_back(absl::StrCat(i));
-    } else {
-      ++more;
-    }
+  const int64_t missing_count = gen.members - static_cast<int64_t>(gen.member_host.size());
+  for (int64_t i = 0; i < gen.members && missing.size() <= kNamed; ++i) {
+    if (gen.member_host.count(static_cast<int32_t>(i)) == 0) missing.push_back(absl::StrCat(i));
   }
-  std::string text = absl::StrCat(
-      MeshName(key, gen.number), " did not fill before the deadline: ", gen.member_host.size(),
-      " of ", gen.members, " members registered; missing ", absl::StrJoin(missing, ", "));
-  if (more > 0) absl::StrAppend(&text, " and ", more, " more");
+  std::string text =
+      absl::StrCat(MeshName(key, gen.number), " did not fill before the deadline: ",
+                   gen.member_host.size(), " of ", gen.members, " members registered; missing ",
+                   absl::StrJoin(missing.begin(),
+                                 missing.begin() + std::min(missing.size(), kNamed), ", "));
+  if (missing_count > static_cast<int64_t>(kNamed)) {
+    absl::StrAppend(&text, " and ", missing_count - static_cast<int64_t>(kNamed), " more");
+  }
   std::vector<std::string> by_host;
   for (const auto& [id, count] : gen.host_members) {
     by_host.push_back(absl::StrCat(id, " (", count, ")"));
   }
   absl::StrAppend(&text, "; registered by ",
-                  by_host.empty() ? std::string("no host") : absl::StrJoin(by_host, ", "));
+                  by_host.empty() ? std::string("no host") : BoundedList(by_host));
   return absl::DeadlineExceededError(text);
 }
 

@@ -165,7 +165,8 @@ class InMemoryCoordinator final : public Coordinator {
   // The waiters whose keys are now all present, with their values.
   void CollectReadyLocked(absl::string_view key, std::vector<Answer>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<KeyValue> ValuesLocked(const std::vector<std::string>& keys)
+  // RESOURCE_EXHAUSTED when they hold more than kMaxAnswerBytes.
+  absl::StatusOr<std::vector<KeyValue>> ValuesLocked(const std::vector<std::string>& keys)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<HostRecord> HostsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t WaiterCountLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "tests/harness/eventually.h"
@@ -251,6 +252,59 @@ TEST(InMemoryCoordinatorTest, BadInputIsRefusedAndChangesNothing) {
   EXPECT_EQ(k.result->at(0).value, "v");
 }
 
+TEST(InMemoryCoordinatorTest, AGetNamesEachKeyOnceAndAnswersAtMostAMebibyte) {
+  InMemoryCoordinator c;
+  const std::string half(kMaxValueBytes, 'x');
+  ASSERT_TRUE(c.Set("a", half, {}).ok());
+  ASSERT_TRUE(c.Set("b", half, {}).ok());
+  ASSERT_TRUE(c.Set("c", "1", {}).ok());
+  // One 512 KiB value named 128 times would be a 64 MiB answer (copied for
+  // every waiter) to a request of a few hundred bytes.
+  GetResult repeated, full, over;
+  c.Get({"a", "c", "a"}, absl::ZeroDuration(), repeated.Callback());
+  EXPECT_EQ(repeated.result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(repeated.result.status().message(), "keys[2] repeats keys[0] ('a')");
+  c.Get({"a", "b"}, absl::ZeroDuration(), full.Callback());
+  ASSERT_TRUE(full.result.ok()) << full.result.status();
+  EXPECT_EQ(full.result->size(), 2u);
+  c.Get({"a", "b", "c"}, absl::ZeroDuration(), over.Callback());
+  EXPECT_EQ(over.result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.result.status().message(),
+            "the values of these 3 keys are 1048577 bytes; one get answers at most 1048576");
+  // A waiter whose answer grows past the cap gets the same error when its
+  // last key is set, and its slot is free again.
+  InMemoryCoordinator small({.max_waiters = 1});
+  ASSERT_TRUE(small.Set("a", half, {}).ok());
+  ASSERT_TRUE(small.Set("b", half, {}).ok());
+  GetResult waiting, next;
+  small.Get({"a", "b", "late"}, absl::Seconds(30), waiting.Callback());
+  EXPECT_FALSE(waiting.done.HasBeenNotified());
+  ASSERT_TRUE(small.Set("late", "v", {}).ok());
+  ASSERT_TRUE(waiting.done.HasBeenNotified());
+  EXPECT_EQ(waiting.result.status().code(), absl::StatusCode::kResourceExhausted)
+      << waiting.result.status();
+  small.Get({"other"}, absl::Milliseconds(1), next.Callback());
+  ASSERT_TRUE(next.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(next.result.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << next.result.status();
+}
+
+TEST(InMemoryCoordinatorTest, ErrorsNameAtMostSixteenKeys) {
+  InMemoryCoordinator c;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back(absl::StrCat("key-", i));
+  GetResult now, later;
+  c.Get(keys, absl::ZeroDuration(), now.Callback());
+  EXPECT_EQ(now.result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::EndsWith(now.result.status().message(), "key-14, key-15 and 24 more"))
+      << now.result.status();
+  c.Get(keys, absl::Milliseconds(1), later.Callback());
+  ASSERT_TRUE(later.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(later.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::EndsWith(later.result.status().message(), "key-15 and 24 more"))
+      << later.result.status();
+}
+
 TEST(InMemoryCoordinatorTest, AnHourLongWaitIsAcceptedAndWokenBySet) {
   InMemoryCoordinator c;
   GetResult g;
@@ -442,6 +496,30 @@ TEST(InMemoryCoordinatorMeshTest, WaitDeadlineNamesTheMissingIndicesAndWhoRegist
   ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "b", b->lease_id, {2}, 40, "data=40")), 1));
 }
 
+TEST(InMemoryCoordinatorMeshTest, TheWaitDeadlineNamesAtMostSixteenHosts) {
+  // The text travels in the answer's trailers, which clients cap at a few
+  // KiB: with hundreds of hosts it must not list them all.
+  InMemoryCoordinator c;
+  for (int h = 0; h < 40; ++h) {
+    const std::string id = absl::StrCat("host-with-a-long-name-", 100 + h);
+    auto lease = c.Join(id, absl::StrCat("127.0.0.1:", 1000 + h));
+    ASSERT_TRUE(lease.ok());
+    ASSERT_TRUE(c.MeshRegister(Reg("K", id, lease->lease_id, {h}, 1000, "data=1000")).ok());
+  }
+  MeshWaitResult w;
+  c.MeshWait("K", 1, absl::Milliseconds(1), w.Callback());
+  ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  const std::string text(w.result.status().message());
+  EXPECT_NE(text.find("40 of 1000 members registered; missing 40, 41, "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("55 and 944 more; registered by host-with-a-long-name-100 (1), "),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(absl::EndsWith(text, "host-with-a-long-name-115 (1) and 24 more")) << text;
+  EXPECT_LT(text.size(), 2048u);
+}
+
 TEST(InMemoryCoordinatorMeshTest, LeavingWhileFormingFreesOnlyTheLeaversIndices) {
   InMemoryCoordinator c;
   auto a = c.Join("a", "127.0.0.1:1");
@@ -505,17 +583,21 @@ TEST(InMemoryCoordinatorMeshTest, AnEndedGenerationsStoreKeysAreDeleted) {
   // theirs: generation 2's, another mesh's (whose key K extends) and one
   // without a mesh.
   const std::string mine = MeshStorePrefix("K", 1) + "/0";
-  for (const std::string& k : {mine, MeshStorePrefix("K", 1) + "/1", MeshStorePrefix("K", 2) + "/0",
-                               MeshStorePrefix("KK", 1) + "/0", std::string("other")}) {
+  // Mesh keys may hold '/': "K/g1/y" is another mesh whose keys must not
+  // look like generation 1 of "K"'s.
+  for (const std::string& k :
+       {mine, MeshStorePrefix("K", 1) + "/1", MeshStorePrefix("K", 2) + "/0",
+        MeshStorePrefix("KK", 1) + "/0", MeshStorePrefix("K/g1/y", 1) + "/0", std::string("other")}) {
     ASSERT_TRUE(c.Set(k, "v", {}).ok()) << k;
   }
-  ASSERT_EQ(c.key_count(), 5);
+  ASSERT_EQ(c.key_count(), 6);
   ASSERT_TRUE(c.MeshLeave("K", 1, "a", {}, true, "done").ok());
-  EXPECT_EQ(c.key_count(), 3);
+  EXPECT_EQ(c.key_count(), 4);
   GetResult gone, kept;
   c.Get({mine}, absl::ZeroDuration(), gone.Callback());
   EXPECT_EQ(gone.result.status().code(), absl::StatusCode::kNotFound) << gone.result.status();
-  c.Get({MeshStorePrefix("K", 2) + "/0", MeshStorePrefix("KK", 1) + "/0", "other"},
+  c.Get({MeshStorePrefix("K", 2) + "/0", MeshStorePrefix("KK", 1) + "/0",
+         MeshStorePrefix("K/g1/y", 1) + "/0", "other"},
         absl::ZeroDuration(), kept.Callback());
   EXPECT_TRUE(kept.result.ok()) << kept.result.status();
 }
