@@ -386,6 +386,11 @@ absl::Status ClusterClient::MeshLeave(const std::string& key, int64_t generation
                                       const std::vector<int32_t>& indices, bool broken,
                                       const std::string& reason) {
   v1::MeshLeaveRequest req;
+  {
+    MutexLock lock(&mu_);
+    if (lease_.empty()) return absl::FailedPreconditionError("not joined to the cluster");
+    req.set_lease_id(lease_);
+  }
   req.set_key(key);
   req.set_generation(generation);
   req.set_host_id(options_.host_id);

@@ -178,11 +178,15 @@ class Coordinator {
   // `key` while it formed (their indices are free again; a generation left
   // by every member ends), or, with `broken`, the generation broke on that
   // host for `reason`: it ends, and its MeshWait callers get ABORTED naming
-  // the host and the reason. A generation that already ended: OK, nothing
-  // changes. NOT_FOUND for a generation the registry never had.
+  // the host and the reason. `lease_id` must be the host's live lease
+  // (NOT_FOUND otherwise: nobody speaks for another host), and a host with
+  // no member in the generation changes nothing. A generation that already
+  // ended: OK, nothing changes. NOT_FOUND for a generation the registry
+  // never had.
   virtual absl::Status MeshLeave(absl::string_view key, int64_t generation,
-                                 absl::string_view host_id, const std::vector<int32_t>& indices,
-                                 bool broken, absl::string_view reason) = 0;
+                                 absl::string_view host_id, absl::string_view lease_id,
+                                 const std::vector<int32_t>& indices, bool broken,
+                                 absl::string_view reason) = 0;
 
   // Completes every waiting Get with UNAVAILABLE and refuses later calls
   // (UNAVAILABLE). Idempotent.

@@ -189,7 +189,8 @@ grpc::ServerUnaryReactor* CoordinatorService::MeshLeave(grpc::CallbackServerCont
   if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
   std::vector<int32_t> indices(req->indices().begin(), req->indices().end());
   return Finish(ctx, coordinator_->MeshLeave(req->key(), req->generation(), req->host_id(),
-                                             indices, req->broken(), req->reason()));
+                                             req->lease_id(), indices, req->broken(),
+                                             req->reason()));
 }
 
 }  // namespace collectived

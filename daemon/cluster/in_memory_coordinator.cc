@@ -853,7 +853,7 @@ void InMemoryCoordinator::OnMeshWaitTimeout(uint64_t waiter_id) {
 }
 
 absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t generation,
-                                            absl::string_view host_id,
+                                            absl::string_view host_id, absl::string_view lease_id,
                                             const std::vector<int32_t>& indices, bool broken,
                                             absl::string_view reason) {
   if (absl::Status st = ValidateKey(key); !st.ok()) return st;
@@ -872,6 +872,11 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
+    if (auto lease = leases_.find(lease_id); lease == leases_.end() || lease->second != host_id) {
+      return absl::NotFoundError(absl::StrCat(
+          "lease_id: host ", host_id,
+          " holds no such lease (it expired, was left or replaced, which ended its meshes)"));
+    }
     auto it = meshes_.find(key);
     if (it == meshes_.end() || it->second.live == nullptr ||
         it->second.live->number != generation) {
@@ -882,6 +887,8 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
     MeshRecord& record = it->second;
     MeshGeneration& gen = *record.live;
     const std::string host(host_id);
+    // Only a host with members in the generation can end it or free indices.
+    if (gen.host_members.count(host) == 0) return absl::OkStatus();
     if (broken || gen.ready) {
       // Members leaving a formed mesh break it.
       EndGenerationLocked(

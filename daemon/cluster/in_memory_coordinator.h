@@ -78,8 +78,8 @@ class InMemoryCoordinator final : public Coordinator {
   void MeshWait(std::string key, int64_t generation, absl::Duration timeout,
                 MeshWaitCallback done) override;
   absl::Status MeshLeave(absl::string_view key, int64_t generation, absl::string_view host_id,
-                         const std::vector<int32_t>& indices, bool broken,
-                         absl::string_view reason) override;
+                         absl::string_view lease_id, const std::vector<int32_t>& indices,
+                         bool broken, absl::string_view reason) override;
   void Shutdown() override;
 
   // How many keys are stored (for tests and stats).

@@ -475,6 +475,31 @@ TEST(InMemoryCoordinatorMeshTest, RegistrationNeedsTheHostsOwnLease) {
   ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1));
 }
 
+TEST(InMemoryCoordinatorMeshTest, OnlyAMemberHostWithItsOwnLeaseCanEndOrLeaveAGeneration) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  auto outsider = c.Join("c", "127.0.0.1:3");
+  ASSERT_TRUE(a.ok() && b.ok() && outsider.ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "a", a->lease_id, {0})).ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "b", b->lease_id, {1})).ok());
+  ASSERT_TRUE(WaitNow(c, "K", 1).ok());
+  // A host that names another, or holds no lease, is refused.
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", b->lease_id, {0}, true, "forged").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshLeave("K", 1, "nobody", "l-unknown", {}, true, "forged").code(),
+            absl::StatusCode::kNotFound);
+  // A host with no member in the generation changes nothing.
+  EXPECT_TRUE(c.MeshLeave("K", 1, "c", outsider->lease_id, {0, 1}, true, "not mine").ok());
+  EXPECT_TRUE(WaitNow(c, "K", 1).ok()) << "the generation ended";
+  // Its own members' host ends it.
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", b->lease_id, {1}, true, "link down").ok());
+  auto ended = WaitNow(c, "K", 1);
+  EXPECT_EQ(ended.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(ended.status().message().find("host b: link down"), std::string::npos)
+      << ended.status();
+}
+
 TEST(InMemoryCoordinatorMeshTest, WaitDeadlineNamesTheMissingIndicesAndWhoRegistered) {
   InMemoryCoordinator c;
   auto a = c.Join("a", "127.0.0.1:1");
@@ -527,17 +552,17 @@ TEST(InMemoryCoordinatorMeshTest, LeavingWhileFormingFreesOnlyTheLeaversIndices)
   ASSERT_TRUE(a.ok() && b.ok());
   ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0, 1}, 3, "data=3")), 1);
   // b cannot free a's index; a frees 1 (2 it never held is ignored).
-  ASSERT_TRUE(c.MeshLeave("K", 1, "b", {0}, false, "").ok());
-  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {1, 2}, false, "").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", b->lease_id, {0}, false, "").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", a->lease_id, {1, 2}, false, "").ok());
   auto taken = c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3"));
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kAlreadyExists);
   ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 3, "data=3")), 1));
   MeshWaitResult w;
   c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
   // Every member leaves: the generation ends, the waiter learns why.
-  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {0}, false, "").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", a->lease_id, {0}, false, "").ok());
   EXPECT_FALSE(w.done.HasBeenNotified());
-  ASSERT_TRUE(c.MeshLeave("K", 1, "b", {1}, false, "").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", b->lease_id, {1}, false, "").ok());
   EXPECT_TRUE(HasStatus(AnswerOf(w), absl::StatusCode::kAborted,
                         "mesh 'K' generation 1 ended: every member left"));
   ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "b", b->lease_id, {0}, 3, "data=3")), 2));
@@ -548,30 +573,32 @@ TEST(InMemoryCoordinatorMeshTest, ABrokenGenerationAbortsItsWaitersAndTheNextOne
   auto a = c.Join("a", "127.0.0.1:1");
   auto b = c.Join("b", "127.0.0.1:2");
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1);
+  // Forming: 2 of 3 members registered, on hosts a and b.
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0}, 3, "data=3")), 1);
+  ASSERT_EQ(*c.MeshRegister(Reg("K", "b", b->lease_id, {1}, 3, "data=3")), 1);
   MeshWaitResult w;
   c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
-  ASSERT_TRUE(c.MeshLeave("K", 1, "b", {}, true, "link to a is down").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "b", b->lease_id, {}, true, "link to a is down").ok());
   EXPECT_TRUE(HasStatus(AnswerOf(w), absl::StatusCode::kAborted,
                         "mesh 'K' generation 1 ended: host b: link to a is down"));
   // A late waiter gets the same reason; leaving again changes nothing.
   EXPECT_EQ(WaitNow(c, "K", 1).status().message(), w.result.status().message());
-  EXPECT_TRUE(c.MeshLeave("K", 1, "a", {0}, true, "again").ok());
+  EXPECT_TRUE(c.MeshLeave("K", 1, "a", a->lease_id, {0}, true, "again").ok());
   EXPECT_EQ(WaitNow(c, "K", 1).status().message(), w.result.status().message());
   // The next registration starts generation 2, which forms afresh.
   ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 2);
   ASSERT_EQ(*c.MeshRegister(Reg("K", "b", b->lease_id, {1})), 2);
   ASSERT_TRUE(WaitNow(c, "K", 2).ok());
   // A member leaving the formed mesh breaks it too.
-  ASSERT_TRUE(c.MeshLeave("K", 2, "a", {0}, false, "").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 2, "a", a->lease_id, {0}, false, "").ok());
   auto ended = WaitNow(c, "K", 2);
   EXPECT_EQ(ended.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(ended.status().message(), "mesh 'K' generation 2 ended: host a: left the formed mesh");
   // Never issued.
   EXPECT_EQ(WaitNow(c, "K", 3).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(WaitNow(c, "other", 1).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(c.MeshLeave("K", 3, "a", {0}, true, "x").code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(c.MeshLeave("other", 1, "a", {0}, false, "").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshLeave("K", 3, "a", a->lease_id, {0}, true, "x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshLeave("other", 1, "a", a->lease_id, {0}, false, "").code(), absl::StatusCode::kNotFound);
 }
 
 TEST(InMemoryCoordinatorMeshTest, AnEndedGenerationsStoreKeysAreDeleted) {
@@ -591,7 +618,7 @@ TEST(InMemoryCoordinatorMeshTest, AnEndedGenerationsStoreKeysAreDeleted) {
     ASSERT_TRUE(c.Set(k, "v", {}).ok()) << k;
   }
   ASSERT_EQ(c.key_count(), 6);
-  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {}, true, "done").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", a->lease_id, {}, true, "done").ok());
   EXPECT_EQ(c.key_count(), 4);
   GetResult gone, kept;
   c.Get({mine}, absl::ZeroDuration(), gone.Callback());
@@ -608,7 +635,7 @@ TEST(InMemoryCoordinatorMeshTest, LateWaitersGetTheReasonsOfTheLastEightEndings)
   ASSERT_TRUE(a.ok());
   for (int i = 1; i <= 10; ++i) {
     ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), i);
-    ASSERT_TRUE(c.MeshLeave("K", i, "a", {0}, true, absl::StrCat("failure ", i)).ok());
+    ASSERT_TRUE(c.MeshLeave("K", i, "a", a->lease_id, {0}, true, absl::StrCat("failure ", i)).ok());
   }
   // Generations 3..10 keep their reasons; 2 is too old.
   EXPECT_EQ(WaitNow(c, "K", 3).status().message(),
@@ -670,7 +697,7 @@ TEST(InMemoryCoordinatorMeshTest, ShutdownReleasesMeshWaitersAndRefusesLaterCall
   EXPECT_EQ(c.MeshRegister(Reg("K", "a", a->lease_id, {1})).status().code(),
             absl::StatusCode::kUnavailable);
   EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(c.MeshLeave("K", 1, "a", {0}, true, "x").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", a->lease_id, {0}, true, "x").code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(InMemoryCoordinatorMeshTest, MeshWaitsCountAgainstTheWaiterCap) {
@@ -698,12 +725,12 @@ TEST(InMemoryCoordinatorMeshTest, AFullRegistryForgetsAnEndedMeshAndNeverRepeats
   // K is live: no room for L.
   EXPECT_EQ(c.MeshRegister(Reg("L", "a", a->lease_id, {0})).status().code(),
             absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(c.MeshLeave("K", 1, "a", {0}, true, "done").ok());
+  ASSERT_TRUE(c.MeshLeave("K", 1, "a", a->lease_id, {0}, true, "done").ok());
   // K ended: it is forgotten to make room for L.
   ASSERT_EQ(*c.MeshRegister(Reg("L", "a", a->lease_id, {0})), 2);
   EXPECT_EQ(c.mesh_key_count(), 1);
   EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(c.MeshLeave("L", 2, "a", {0}, true, "done").ok());
+  ASSERT_TRUE(c.MeshLeave("L", 2, "a", a->lease_id, {0}, true, "done").ok());
   // K again: above every number a forgotten key had, never 1 again.
   ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 3);
 }
@@ -752,12 +779,12 @@ TEST(InMemoryCoordinatorMeshTest, BadMeshInputIsRefusedAndChangesNothing) {
     ASSERT_TRUE(w->done.HasBeenNotified());
     EXPECT_EQ(w->result.status().code(), invalid) << w->result.status();
   }
-  EXPECT_EQ(c.MeshLeave("K", 0, "a", {0}, true, "").code(), invalid);
-  EXPECT_EQ(c.MeshLeave("K", 1, "", {0}, true, "").code(), invalid);
-  EXPECT_EQ(c.MeshLeave("bad key", 1, "a", {0}, true, "").code(), invalid);
-  EXPECT_EQ(c.MeshLeave("K", 1, "a", {0}, true, std::string(kMaxMeshReasonBytes + 1, 'r')).code(),
+  EXPECT_EQ(c.MeshLeave("K", 0, "a", a->lease_id, {0}, true, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("K", 1, "", a->lease_id, {0}, true, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("bad key", 1, "a", a->lease_id, {0}, true, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", a->lease_id, {0}, true, std::string(kMaxMeshReasonBytes + 1, 'r')).code(),
             invalid);
-  EXPECT_EQ(c.MeshLeave("K", 1, "a", too_many, false, "").code(), invalid);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", a->lease_id, too_many, false, "").code(), invalid);
   // Nothing was registered: the first valid registration gets generation 1
   // and both indices are free.
   EXPECT_EQ(c.mesh_key_count(), 0);

@@ -387,9 +387,9 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client->MeshWait("m", 1, absl::Milliseconds(-1)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(
-      client->MeshLeave("m", 1, {0}, true, std::string(kMaxMeshReasonBytes + 1, 'r')).code(),
-      absl::StatusCode::kInvalidArgument);
+  // A leave speaks for this host's lease, which it has not.
+  EXPECT_EQ(client->MeshLeave("m", 1, {0}, true, "reason").code(),
+            absl::StatusCode::kFailedPrecondition);
 
   // A valid registration with a wrong or missing cluster token is refused
   // before it reaches the registry.
@@ -414,6 +414,25 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
     req.set_generation(1);
     v1::MeshWaitResponse resp;
     EXPECT_EQ(stub->MeshWait(&ctx, req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    // Bad requests on the wire: INVALID_ARGUMENT; a lease that is not the
+    // named host's: NOT_FOUND.
+    v1::MeshLeaveRequest req;
+    req.set_key("m");
+    req.set_generation(1);
+    req.set_host_id("h1");
+    req.set_lease_id(lease->lease_id);
+    req.set_reason(std::string(kMaxMeshReasonBytes + 1, 'r'));
+    grpc::ClientContext ctx;
+    PrepareCall(ctx, kToken);
+    v1::MeshLeaveResponse resp;
+    EXPECT_EQ(stub->MeshLeave(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    req.set_reason("forged");
+    req.set_host_id("h2");
+    grpc::ClientContext ctx2;
+    PrepareCall(ctx2, kToken);
+    EXPECT_EQ(stub->MeshLeave(&ctx2, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
   }
   EXPECT_EQ(coord->coordinator->mesh_key_count(), 0);
   // The same request with the token registers generation 1.
