@@ -3,8 +3,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -25,6 +28,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -37,8 +41,13 @@ namespace {
 constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
 // 2: the chain schedule (its chunk size in the header). 3: the kind of
 // memory (GPU ops across hosts). 4: the replication threshold.
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 constexpr int kSlotShift = 24;
+// The header exchange's slot: the same for every op (data slots are
+// (sequence << kSlotShift) | n), so that hosts at different op counts still
+// meet there and learn that they differ. Ops of a mesh run one at a time and
+// Gloo matches a pair's messages of one slot in order.
+constexpr uint64_t kHeaderSlot = uint64_t{1} << 63;
 
 // The chain's chunk for an op of `bytes`: the configured one, but small
 // enough for four chunks down to 1 MiB, since an op of one chunk crosses
@@ -49,10 +58,16 @@ uint64_t ChainChunkBytes(uint64_t configured, uint64_t bytes) {
   return std::min(configured, std::max(std::min(configured, kSmallest), bytes / 4));
 }
 
-// The fixed-size signature of an op every host sends every other.
+// The fixed-size signature of an op every host sends every other. magic,
+// version and bytes lead, in every version: a header is received into
+// kHeaderCapacity bytes (Gloo ends the process when a message is longer
+// than its receive, and says nothing when it is shorter), and nothing past
+// them is read unless all three match this build's.
 struct WireHeader {
   uint32_t magic;
   uint32_t version;
+  uint32_t bytes;  // sizeof(WireHeader)
+  uint32_t reserved;
   int64_t sequence;
   int32_t kind;
   int32_t dtype;
@@ -73,9 +88,13 @@ struct WireHeader {
   // "cuda"): it picks the transport (Gloo, or the executor's HostLink).
   char memory[16];
   char signature[160];
-  char text[200];
+  char text[192];
 };
 static_assert(std::is_trivially_copyable_v<WireHeader>);
+constexpr size_t kHeaderCapacity = 4096;
+static_assert(sizeof(WireHeader) <= kHeaderCapacity);
+static_assert(offsetof(WireHeader, bytes) == 8);
+
 
 void CopyText(char* dst, size_t size, absl::string_view text) {
   const size_t n = std::min(size - 1, text.size());
@@ -84,6 +103,38 @@ void CopyText(char* dst, size_t size, absl::string_view text) {
 }
 
 std::string Text(const char* s, size_t size) { return std::string(s, strnlen(s, size)); }
+
+// What a host's header bytes say: its header when magic, version and size
+// are this build's; else a header that differs from every host's in its wire
+// version (and names no op).
+WireHeader ParseHeader(const std::array<uint8_t, kHeaderCapacity>& raw) {
+  WireHeader h{};
+  uint32_t lead[3];
+  std::memcpy(lead, raw.data(), sizeof(lead));
+  if (lead[0] != kMagic || lead[1] != kVersion || lead[2] != sizeof(WireHeader)) {
+    h.magic = lead[0];
+    h.version = lead[1] == kVersion ? ~kVersion : lead[1];
+    h.bytes = lead[2];
+    h.sequence = -1;
+    CopyText(h.signature, sizeof(h.signature),
+             absl::StrCat("an op in another wire format (version ", lead[1], ", ", lead[2],
+                          " bytes; this build's: version ", kVersion, ", ", sizeof(WireHeader),
+                          ")"));
+    return h;
+  }
+  std::memcpy(&h, raw.data(), sizeof(h));
+  return h;
+}
+
+// A Gloo wait until `deadline`: at least a millisecond, and at most 30 days
+// (Gloo adds it to the clock in nanoseconds: an op timeout of INT64_MAX ms
+// would overflow, time out at once and close every connection).
+std::chrono::milliseconds GlooTimeout(absl::Time deadline) {
+  constexpr int64_t kLongest = int64_t{30} * 24 * 3600 * 1000;
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  return std::chrono::milliseconds(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(left + absl::Microseconds(999)), 1, kLongest));
+}
 
 // FNV-1a, 64 bits: the same on every host (absl::Hash is seeded per process).
 class Fnv {
@@ -145,6 +196,7 @@ WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t 
   std::memset(&h, 0, sizeof(h));
   h.magic = kMagic;
   h.version = kVersion;
+  h.bytes = sizeof(WireHeader);
   h.sequence = sequence;
   h.kind = static_cast<int32_t>(plan.kind);
   h.dtype = static_cast<int32_t>(plan.dtype);
@@ -448,9 +500,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
       std::lock_guard<std::mutex> lock(mu_);
       if (aborted_) return absl::AbortedError(abort_reason_);
     }
-    const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-    const auto timeout = std::chrono::milliseconds(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Microseconds(999))));
+    const auto timeout = GlooTimeout(deadline);
     try {
       const bool completed = x.send ? x.buffer->waitSend(timeout) : x.buffer->waitRecv(timeout);
       if (!completed) {
@@ -465,12 +515,17 @@ class GlooCrossHostMesh final : public CrossHostMesh {
 
   // Forgets the posted transfers (without waiting for them); returns `status`.
   absl::Status Forget(std::vector<Posted>& posted, absl::Status status) {
+    // One pass (an op may post tens of thousands of transfers), under mu_.
+    absl::flat_hash_set<const gloo::transport::UnboundBuffer*> mine;
+    mine.reserve(posted.size());
+    for (const Posted& x : posted) mine.insert(x.buffer.get());
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const Posted& x : posted) {
-        outstanding_.erase(std::remove(outstanding_.begin(), outstanding_.end(), x.buffer.get()),
-                           outstanding_.end());
-      }
+      outstanding_.erase(std::remove_if(outstanding_.begin(), outstanding_.end(),
+                                        [&mine](gloo::transport::UnboundBuffer* b) {
+                                          return mine.count(b) > 0;
+                                        }),
+                         outstanding_.end());
     }
     posted.clear();
     return status;
@@ -684,24 +739,27 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   std::vector<WireHeader> headers(size);
   headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_,
                              op.executor != nullptr ? op.executor->buffer_kind() : "", verdict);
-  const uint64_t slot = static_cast<uint64_t>(op.sequence) << kSlotShift;
+  // Zeroed, so that a shorter header reads as another wire format.
+  std::vector<std::array<uint8_t, kHeaderCapacity>> raw(size);
   std::vector<Posted> posted;
   absl::Status status;
   for (int rank = 0; rank < size && status.ok(); ++rank) {
     if (rank == self) continue;
-    status = Post(posted, /*send=*/false, rank, reinterpret_cast<uint8_t*>(&headers[rank]),
-                  sizeof(WireHeader), slot);
+    status = Post(posted, /*send=*/false, rank, raw[rank].data(), kHeaderCapacity, kHeaderSlot);
   }
   for (int rank = 0; rank < size && status.ok(); ++rank) {
     if (rank == self) continue;
     status = Post(posted, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&headers[self]),
-                  sizeof(WireHeader), slot);
+                  sizeof(WireHeader), kHeaderSlot);
   }
   status = status.ok() ? WaitHeaders(posted, op.deadline) : Forget(posted, status);
   if (!status.ok()) {
     r.status = status;
     r.broken = true;
     return r;
+  }
+  for (int rank = 0; rank < size; ++rank) {
+    if (rank != self) headers[rank] = ParseHeader(raw[rank]);
   }
   // Every host computes the same verdict from the same headers.
   std::vector<std::string> refusals;
@@ -735,6 +793,17 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
     r.status = absl::FailedPreconditionError(absl::StrCat(
         "op ", op.sequence, " of the mesh: the hosts submitted different ops: ",
         absl::StrJoin(mismatches, "; ")));
+    // Hosts at different op counts (or wire formats) would differ at every
+    // later op too: the mesh breaks, and its next generation starts afresh.
+    for (int rank = 1; rank < size; ++rank) {
+      r.broken = r.broken || headers[rank].sequence != ref.sequence ||
+                 headers[rank].version != ref.version || headers[rank].magic != ref.magic;
+    }
+    if (r.broken) {
+      r.status = absl::FailedPreconditionError(absl::StrCat(
+          r.status.message(), "; the hosts' op counts or wire formats differ, so the mesh "
+                              "breaks (join again)"));
+    }
   }
   return r;
 }
@@ -974,9 +1043,7 @@ class LinkWatch {
 
  private:
   void Watch(Posted& x) {
-    const absl::Duration left = std::max(deadline_ - absl::Now(), absl::Milliseconds(1));
-    const auto timeout = std::chrono::milliseconds(
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(left + absl::Microseconds(999))));
+    const auto timeout = GlooTimeout(deadline_);
     try {
       if (x.buffer->waitRecv(timeout)) return;
       // Stop() ends a watch that is no longer needed; else the mesh's Abort

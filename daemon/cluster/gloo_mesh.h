@@ -12,8 +12,13 @@
 //    this host's verdict is not OK, a flag and its text (truncated). When a
 //    host refused the op or the signatures differ, every host fails the op
 //    alike with FAILED_PRECONDITION naming the hosts, broken=false: nobody
-//    moved data and the connections stay usable. For a barrier the header
-//    exchange is the whole op. The check is what keeps the data phase safe:
+//    moved data and the connections stay usable; except when the hosts'
+//    sequences or wire formats differ, which no later op would mend:
+//    broken=true then. For a barrier the header exchange is the whole op.
+//    Headers are received into 4 KiB and their magic, version and size,
+//    which lead in every version, are checked before anything else is read:
+//    a host of another build is named as such instead of making Gloo end
+//    this process with a message longer than its receive. The check is what keeps the data phase safe:
 //    a slot whose sender and receiver disagree on its size makes Gloo's
 //    device thread throw (gloo::EnforceNotMet), which ends the process; the
 //    hash covers the mesh's layout of members on hosts too, so matching
@@ -27,9 +32,12 @@
 //    chain schedule (each host combines its own members, one running result
 //    crosses each link, pipelined in chunks, in the group's order), the
 //    others the lanes or replication.
-//  - Slots: op `s` uses Gloo slots (s << 24) | n: n = 0 for the header, then
-//    1, 2, ... for every transfer of the schedule in order (counted on every
-//    host, local or not), so two ops' messages never match each other.
+//  - Slots: every op's header goes on one slot (1 << 63), so that hosts at
+//    different sequences still meet there (a mesh's ops run one at a time,
+//    and Gloo matches one pair's messages of a slot in order); op `s`'s data
+//    uses (s << 24) | n for n = 1, 2, ... for every transfer of the schedule
+//    in order (counted on every host, local or not), so two ops' data never
+//    match each other.
 //  - Placeholder regions: the members of other hosts (and their scratch)
 //    have no memory here; they get addresses inside a PROT_NONE,
 //    MAP_NORESERVE mapping of max(in_bytes, out_bytes, 1) bytes, so that the

@@ -6,8 +6,11 @@
 // a host's refusal, a host that never takes part, Abort.
 #include <gtest/gtest.h>
 
+#include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/hash_store.h>
 #include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -433,6 +436,114 @@ TEST(GlooMeshTest, HostsWithDifferentReplicationThresholdsFailTheOpAlike) {
                                    GlooMeshOptions{.replicate_below_bytes = 1 << 20}},
                                   Plan(v1::PSUM, v1::FLOAT32, {1000}, 2),
                                   "--cluster-replicate-bytes");
+}
+
+TEST(GlooMeshTest, HostsAtDifferentOpCountsFailAtOnceAndBreakTheMesh) {
+  // Their headers meet on the header slot whatever the sequences, so the
+  // hosts learn at once that they disagree (instead of waiting out the op
+  // timeout on slots the other never posts); no later op could agree, so
+  // the mesh breaks.
+  const int hosts = 2, members = 2;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, members));
+  Regions r(members, *plan);
+  auto dones = Dones::Make(hosts);
+  for (int h = 0; h < hosts; ++h) {
+    c->Start(h, plan, /*sequence=*/7 + h, r.io, absl::OkStatus(),
+             absl::Now() + absl::Seconds(60), dones->For(h));
+  }
+  ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(30)));
+  for (int h = 0; h < hosts; ++h) {
+    const Outcome o = dones->Get(h);
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_TRUE(o.broken) << "host " << h;
+    EXPECT_LT(o.took, absl::Seconds(20)) << "waited for the deadline";
+    EXPECT_NE(o.status.message().find("(op 8 where op 7)"), std::string::npos) << o.status;
+    EXPECT_NE(o.status.message().find("op counts or wire formats differ"), std::string::npos)
+        << o.status;
+  }
+  for (int m = 0; m < members; ++m) {
+    EXPECT_EQ(r.out[m], std::vector<uint8_t>(plan->out_bytes, 0xA5)) << "member " << m;
+  }
+}
+
+TEST(GlooMeshTest, AnOpWithNoDeadlineWaitsForALateHost) {
+  // An op timeout of "forever" (INT64_MAX ms, an infinite deadline) must
+  // not overflow Gloo's wait: it timed out at once and broke the mesh.
+  const int hosts = 2, members = 2;
+  auto c = ConnectOrDie(hosts, members);
+  ASSERT_NE(c, nullptr);
+  auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, members));
+  Regions expected(members, *plan), got(members, *plan);
+  CpuExecutor cpu(CpuExecutorOptions{.threads = 1});
+  ASSERT_TRUE(cpu.Run(*plan, expected.io).ok());
+  const int64_t seq = c->NextSequence();
+  auto dones = Dones::Make(hosts);
+  c->Start(0, plan, seq, got.io, absl::OkStatus(), absl::InfiniteFuture(), dones->For(0));
+  absl::SleepFor(absl::Milliseconds(300));
+  c->Start(1, plan, seq, got.io, absl::OkStatus(), absl::InfiniteFuture(), dones->For(1));
+  ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(30)));
+  for (int h = 0; h < hosts; ++h) EXPECT_TRUE(dones->Get(h).status.ok()) << dones->Get(h).status;
+  for (int m = 0; m < members; ++m) EXPECT_EQ(got.out[m], expected.out[m]) << "member " << m;
+}
+
+TEST(GlooMeshTest, AHeaderOfAnotherBuildIsNamedInsteadOfEndingTheProcess) {
+  // Host 1 is a bare Gloo peer that answers host 0's header with one of
+  // another size, as a daemon of another build would: longer (a receive of
+  // exactly this build's header size would make Gloo end the process) and
+  // shorter. The op fails on host 0 naming the wire format, and the mesh
+  // breaks.
+  for (const size_t bytes : {size_t{600}, size_t{100}}) {
+    SCOPED_TRACE(absl::StrCat(bytes, " bytes"));
+    gloo::rendezvous::HashStore backing;
+    gloo::rendezvous::PrefixStore store("odd-peer", backing);
+    absl::StatusOr<std::unique_ptr<CrossHostMesh>> mesh = absl::UnknownError("not connected");
+    std::thread host0([&] {
+      MeshTopology t;
+      t.generation = 1;
+      t.member_host = {HostId(0), HostId(1)};
+      t.hosts = {HostId(0), HostId(1)};
+      t.addresses = {"127.0.0.1", "127.0.0.1"};
+      t.self = 0;
+      mesh = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30));
+    });
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto peer = std::make_shared<gloo::rendezvous::Context>(1, 2);
+    peer->setTimeout(std::chrono::seconds(30));
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    peer->connectFullMesh(store, device);
+    host0.join();
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+
+    auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, 2));
+    Regions r(2, *plan);
+    CpuExecutor cpu(CpuExecutorOptions{.threads = 1});
+    auto dones = Dones::Make(1);
+    (*mesh)->Start(plan, 1, {r.io[0], MemberIo{}}, &cpu, absl::OkStatus(),
+                   absl::Now() + absl::Seconds(30), dones->For(0));
+    // The header slot (gloo_mesh.h): host 0's header in, the odd one out.
+    constexpr uint64_t kHeaderSlot = uint64_t{1} << 63;
+    std::vector<uint8_t> theirs(4096), odd(bytes, 0x5A);
+    auto in = peer->createUnboundBuffer(theirs.data(), theirs.size());
+    auto out = peer->createUnboundBuffer(odd.data(), odd.size());
+    in->recv(0, kHeaderSlot);
+    out->send(0, kHeaderSlot);
+    in->waitRecv(std::chrono::seconds(30));
+    out->waitSend(std::chrono::seconds(30));
+    ASSERT_TRUE(dones->Wait({0}, absl::Seconds(30)));
+    const Outcome o = dones->Get(0);
+    EXPECT_EQ(o.status.code(), absl::StatusCode::kFailedPrecondition) << o.status;
+    EXPECT_TRUE(o.broken);
+    EXPECT_NE(o.status.message().find(absl::StrCat("host h1 submitted an op in another wire "
+                                                   "format (version 1515870810, 1515870810 "
+                                                   "bytes; this build's: version ")),
+              std::string::npos)
+        << o.status;
+    EXPECT_EQ(r.out[0], std::vector<uint8_t>(plan->out_bytes, 0xA5));
+    mesh->reset();
+  }
 }
 
 TEST(GlooMeshTest, AHostsRefusalFailsTheOpOnEveryHost) {
