@@ -123,6 +123,9 @@ absl::Status ValidateValue(absl::string_view value);
 // The coordinator's operations. Thread-safe: every method may be called from
 // any thread at the same time. No method blocks on another host: a Get that
 // must wait returns at once and answers through its callback.
+// A blocking Get's or MeshWait's handle (0: none).
+using WaitId = uint64_t;
+
 class Coordinator {
  public:
   using GetCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<KeyValue>>)>;
@@ -150,8 +153,9 @@ class Coordinator {
   // at kMaxKeyWait; zero: no wait) passes, or UNAVAILABLE at Shutdown. `done`
   // runs exactly once, on the calling thread (when the answer is known at
   // once) or on a coordinator thread, never under a coordinator lock.
-  virtual void Get(std::vector<std::string> keys, absl::Duration timeout,
-                   GetCallback done) = 0;
+  // Returns the wait's id for CancelWait, or 0 when `done` ran already.
+  virtual WaitId Get(std::vector<std::string> keys, absl::Duration timeout,
+                     GetCallback done) = 0;
   // Deletes `keys` and every key starting with `prefix` ("" deletes no
   // prefix); returns how many keys were deleted. Missing keys are not an
   // error.
@@ -172,8 +176,14 @@ class Coordinator {
   // hosts before filling, DEADLINE_EXCEEDED naming the missing indices after
   // `timeout` (capped at kMaxKeyWait), NOT_FOUND for a generation the
   // registry never had, UNAVAILABLE at Shutdown. Runs like Get's callback.
-  virtual void MeshWait(std::string key, int64_t generation, absl::Duration timeout,
-                        MeshWaitCallback done) = 0;
+  // Returns the wait's id for CancelWait, or 0 when `done` ran already.
+  virtual WaitId MeshWait(std::string key, int64_t generation, absl::Duration timeout,
+                          MeshWaitCallback done) = 0;
+  // The waiting Get or MeshWait `id` is no longer wanted (its caller went
+  // away): its `done` runs now, on this thread, with CANCELLED, and its slot
+  // among the waiters is free. Nothing happens when it was answered already
+  // (or `id` is 0).
+  virtual void CancelWait(WaitId id) = 0;
   // Host `host_id`'s members `indices` left generation `generation` of
   // `key` while it formed (their indices are free again; a generation left
   // by every member ends), or, with `broken`, the generation broke on that

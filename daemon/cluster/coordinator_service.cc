@@ -4,7 +4,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/sync.h"
 
 namespace collectived {
 namespace {
@@ -21,6 +23,64 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::S
 }
 
 int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// A KeyGet or MeshWait: finishes when the coordinator answers, and when the
+// call is cancelled (the client's deadline passed, it went away) cancels its
+// wait, which frees the waiter's slot at once instead of when the wait's own
+// timeout passes. Finish runs once: when both the answer is in and the
+// coordinator's call returned (its wait id is known), whichever is last.
+class WaitReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit WaitReactor(Coordinator* coordinator) : coordinator_(coordinator) {}
+
+  // The coordinator's answer (any thread, maybe inside its call).
+  void Answer(grpc::Status status) {
+    bool finish;
+    {
+      MutexLock lock(&mu_);
+      answered_ = true;
+      answer_ = std::move(status);
+      finish = registered_;
+    }
+    if (finish) Finish(answer_);
+  }
+  // The coordinator's call returned `id` (0: answered already).
+  void Registered(WaitId id) {
+    bool finish, cancel;
+    {
+      MutexLock lock(&mu_);
+      registered_ = true;
+      id_ = id;
+      finish = answered_;
+      cancel = cancelled_ && !answered_;
+    }
+    if (finish) {
+      Finish(answer_);
+    } else if (cancel) {
+      coordinator_->CancelWait(id);  // answers (CANCELLED), which finishes
+    }
+  }
+  void OnCancel() override {
+    WaitId id = 0;
+    {
+      MutexLock lock(&mu_);
+      cancelled_ = true;
+      if (registered_ && !answered_) id = id_;
+    }
+    if (id != 0) coordinator_->CancelWait(id);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* const coordinator_;
+  Mutex mu_;
+  bool registered_ ABSL_GUARDED_BY(mu_) = false;
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  WaitId id_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written once, under mu_, before Finish reads it.
+  grpc::Status answer_;
+};
 
 void ToProto(const HostRecord& h, v1::HostInfo* out) {
   out->set_host_id(h.host_id);
@@ -107,24 +167,24 @@ grpc::ServerUnaryReactor* CoordinatorService::KeyGet(grpc::CallbackServerContext
   if (req->timeout_ms() < 0) {
     return Finish(ctx, absl::InvalidArgumentError("timeout_ms must be >= 0"));
   }
-  auto* reactor = ctx->DefaultReactor();
+  auto* reactor = new WaitReactor(coordinator_);
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   // The timeout is capped by the coordinator (kMaxKeyWait), so the reactor
-  // is always finished; the call may have been cancelled by then, which is
-  // fine for Finish.
+  // is always finished.
   const int64_t timeout_ms =
       std::min<int64_t>(req->timeout_ms(), absl::ToInt64Milliseconds(kMaxKeyWait));
-  coordinator_->Get(std::move(keys), absl::Milliseconds(timeout_ms),
-                    [reactor, resp](absl::StatusOr<std::vector<KeyValue>> r) {
-                      if (r.ok()) {
-                        for (KeyValue& kv : *r) {
-                          v1::KeyValue* e = resp->add_entries();
-                          e->set_key(std::move(kv.key));
-                          e->set_value(std::move(kv.value));
-                        }
-                      }
-                      reactor->Finish(ToGrpcStatus(r.status()));
-                    });
+  reactor->Registered(coordinator_->Get(
+      std::move(keys), absl::Milliseconds(timeout_ms),
+      [reactor, resp](absl::StatusOr<std::vector<KeyValue>> r) {
+        if (r.ok()) {
+          for (KeyValue& kv : *r) {
+            v1::KeyValue* e = resp->add_entries();
+            e->set_key(std::move(kv.key));
+            e->set_value(std::move(kv.value));
+          }
+        }
+        reactor->Answer(ToGrpcStatus(r.status()));
+      }));
   return reactor;
 }
 
@@ -163,23 +223,22 @@ grpc::ServerUnaryReactor* CoordinatorService::MeshWait(grpc::CallbackServerConte
   if (req->timeout_ms() < 0) {
     return Finish(ctx, absl::InvalidArgumentError("timeout_ms must be >= 0"));
   }
-  auto* reactor = ctx->DefaultReactor();
+  auto* reactor = new WaitReactor(coordinator_);
   // Capped by the coordinator too (kMaxKeyWait), so the reactor is always
   // finished, as KeyGet's.
   const int64_t timeout_ms =
       std::min<int64_t>(req->timeout_ms(), absl::ToInt64Milliseconds(kMaxKeyWait));
-  coordinator_->MeshWait(req->key(), req->generation(), absl::Milliseconds(timeout_ms),
-                         [reactor, resp](absl::StatusOr<MeshMembership> r) {
-                           if (r.ok()) {
-                             resp->set_generation(r->generation);
-                             resp->set_op_timeout_ms(r->op_timeout_ms);
-                             for (std::string& h : r->member_host) {
-                               resp->add_member_host(std::move(h));
-                             }
-                             for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
-                           }
-                           reactor->Finish(ToGrpcStatus(r.status()));
-                         });
+  reactor->Registered(coordinator_->MeshWait(
+      req->key(), req->generation(), absl::Milliseconds(timeout_ms),
+      [reactor, resp](absl::StatusOr<MeshMembership> r) {
+        if (r.ok()) {
+          resp->set_generation(r->generation);
+          resp->set_op_timeout_ms(r->op_timeout_ms);
+          for (std::string& h : r->member_host) resp->add_member_host(std::move(h));
+          for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
+        }
+        reactor->Answer(ToGrpcStatus(r.status()));
+      }));
   return reactor;
 }
 

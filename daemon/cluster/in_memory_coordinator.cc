@@ -437,12 +437,12 @@ absl::StatusOr<std::vector<KeyValue>> InMemoryCoordinator::ValuesLocked(
   return out;
 }
 
-void InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration timeout,
-                              GetCallback done) {
+WaitId InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration timeout,
+                                GetCallback done) {
   absl::StatusOr<absl::Duration> checked = ValidateGet(keys, timeout);
   if (!checked.ok()) {
     done(checked.status());
-    return;
+    return 0;
   }
   timeout = *checked;
   absl::StatusOr<std::vector<KeyValue>> now_result;
@@ -469,11 +469,12 @@ void InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration time
         // Scheduled under mu_: the timeout callback takes mu_ and so cannot
         // look for the waiter before it is complete.
         w.timer = timer_.Schedule(absl::Now() + timeout, [this, id] { OnWaitTimeout(id); });
-        return;
+        return id;
       }
     }
   }
   done(std::move(now_result));
+  return 0;
 }
 
 void InMemoryCoordinator::OnWaitTimeout(uint64_t waiter_id) {
@@ -789,12 +790,12 @@ absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration
   return number;
 }
 
-void InMemoryCoordinator::MeshWait(std::string key, int64_t generation, absl::Duration timeout,
-                                   MeshWaitCallback done) {
+WaitId InMemoryCoordinator::MeshWait(std::string key, int64_t generation,
+                                     absl::Duration timeout, MeshWaitCallback done) {
   absl::StatusOr<absl::Duration> checked = ValidateMeshWait(key, generation, timeout);
   if (!checked.ok()) {
     done(checked.status());
-    return;
+    return 0;
   }
   timeout = *checked;
   absl::StatusOr<MeshMembership> now_result;
@@ -823,10 +824,39 @@ void InMemoryCoordinator::MeshWait(std::string key, int64_t generation, absl::Du
       gen->waiters.insert(id);
       // Scheduled under mu_, as Get's timeout.
       w.timer = timer_.Schedule(absl::Now() + timeout, [this, id] { OnMeshWaitTimeout(id); });
-      return;
+      return id;
     }
   }
   done(std::move(now_result));
+  return 0;
+}
+
+void InMemoryCoordinator::CancelWait(WaitId id) {
+  const absl::Status cancelled = absl::CancelledError("the caller went away");
+  GetCallback get_done;
+  MeshWaitCallback mesh_done;
+  {
+    MutexLock lock(&mu_);
+    if (auto w = waiters_.find(id); w != waiters_.end()) {
+      timer_.Cancel(w->second.timer);
+      get_done = std::move(w->second.done);
+      waiters_.erase(w);
+    } else if (auto m = mesh_waiters_.find(id); m != mesh_waiters_.end()) {
+      timer_.Cancel(m->second.timer);
+      if (auto it = meshes_.find(m->second.key); it != meshes_.end() && it->second.live != nullptr) {
+        it->second.live->waiters.erase(id);
+      }
+      mesh_done = std::move(m->second.done);
+      mesh_waiters_.erase(m);
+    }
+  }
+  if (get_done) get_done(cancelled);
+  if (mesh_done) mesh_done(cancelled);
+}
+
+int64_t InMemoryCoordinator::waiter_count() {
+  MutexLock lock(&mu_);
+  return WaiterCountLocked();
 }
 
 void InMemoryCoordinator::OnMeshWaitTimeout(uint64_t waiter_id) {

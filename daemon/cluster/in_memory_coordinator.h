@@ -71,11 +71,11 @@ class InMemoryCoordinator final : public Coordinator {
   std::vector<HostRecord> ListHosts() override;
   absl::Status Set(absl::string_view key, absl::string_view value,
                    const SetOptions& options) override;
-  void Get(std::vector<std::string> keys, absl::Duration timeout, GetCallback done) override;
+  WaitId Get(std::vector<std::string> keys, absl::Duration timeout, GetCallback done) override;
   absl::StatusOr<int64_t> Delete(const std::vector<std::string>& keys,
                                  absl::string_view prefix) override;
   absl::StatusOr<int64_t> MeshRegister(const MeshRegistration& registration) override;
-  void MeshWait(std::string key, int64_t generation, absl::Duration timeout,
+  WaitId MeshWait(std::string key, int64_t generation, absl::Duration timeout,
                 MeshWaitCallback done) override;
   absl::Status MeshLeave(absl::string_view key, int64_t generation, absl::string_view host_id,
                          absl::string_view lease_id, const std::vector<int32_t>& indices,
@@ -86,6 +86,9 @@ class InMemoryCoordinator final : public Coordinator {
   int64_t key_count();
   // How many mesh keys the registry remembers (for tests and stats).
   int64_t mesh_key_count();
+  // Gets and MeshWaits waiting now.
+  int64_t waiter_count();
+  void CancelWait(WaitId id) override;
 
   // Ended generations whose reasons a key keeps.
   static constexpr size_t kKeptMeshEndings = 8;

@@ -377,6 +377,39 @@ absl::Status AnswerOf(MeshWaitResult& w) {
   return w.result.status();
 }
 
+TEST(InMemoryCoordinatorMeshTest, ACancelledWaitAnswersCancelledOnceAndFreesItsSlot) {
+  InMemoryCoordinator c({.max_waiters = 1});
+  GetResult first, refused, second;
+  const WaitId id = c.Get({"k"}, absl::Seconds(30), first.Callback());
+  ASSERT_NE(id, 0u);
+  c.Get({"other"}, absl::Seconds(30), refused.Callback());
+  EXPECT_EQ(refused.result.status().code(), absl::StatusCode::kResourceExhausted);
+  c.CancelWait(id);
+  ASSERT_TRUE(first.done.HasBeenNotified());
+  EXPECT_EQ(first.result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(c.waiter_count(), 0);
+  // Again, or after the answer: nothing (a second answer would notify twice).
+  c.CancelWait(id);
+  c.CancelWait(0);
+  EXPECT_EQ(c.Get({"k"}, absl::ZeroDuration(), second.Callback()), 0u);
+  ASSERT_TRUE(c.Set("k", "v", {}).ok());
+
+  // A mesh wait likewise; the generation still forms afterwards.
+  auto a = c.Join("a", "127.0.0.1:1");
+  auto b = c.Join("b", "127.0.0.1:2");
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "a", a->lease_id, {0})).ok());
+  MeshWaitResult w;
+  const WaitId mesh_id = c.MeshWait("K", 1, absl::Seconds(30), w.Callback());
+  ASSERT_NE(mesh_id, 0u);
+  c.CancelWait(mesh_id);
+  ASSERT_TRUE(w.done.HasBeenNotified());
+  EXPECT_EQ(w.result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(c.waiter_count(), 0);
+  ASSERT_TRUE(c.MeshRegister(Reg("K", "b", b->lease_id, {1})).ok());
+  EXPECT_TRUE(WaitNow(c, "K", 1).ok());
+}
+
 TEST(InMemoryCoordinatorMeshTest, TwoHostsFormAGenerationAndEveryWaiterGetsItsMembership) {
   InMemoryCoordinator c;
   auto a = c.Join("host-a", "10.0.0.1:7000");

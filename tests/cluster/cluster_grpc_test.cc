@@ -209,6 +209,68 @@ TEST(ClusterServiceTest, RefusesBadRequestsWithInvalidArgument) {
   EXPECT_EQ(ClusterClient::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ClusterServiceTest, AWaitWhoseCallerWentAwayFreesItsSlotAtOnce) {
+  // A KeyGet or MeshWait asks for a long wait; its client gives up after
+  // 200 ms (deadline) or hangs up. The waiter must go then, not when its own
+  // 60 s are over: waiter slots are shared by the whole cluster.
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  ASSERT_NE(coord, nullptr);
+  auto lease = coord->coordinator->Join("h1", "h1:7000");
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(coord->coordinator->MeshRegister(MeshRegistration{
+      .key = "m", .host_id = "h1", .lease_id = lease->lease_id, .axes = "data=2",
+      .members = 2, .token = "t", .indices = {0}}).ok());
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(coord->address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kClusterTokenMetadataKey, kToken);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    v1::KeyGetRequest req;
+    req.add_keys("never");
+    req.set_timeout_ms(60000);
+    v1::KeyGetResponse resp;
+    EXPECT_EQ(stub->KeyGet(&ctx, req, &resp).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_TRUE(testing::Eventually([&] { return coord->coordinator->waiter_count() == 0; },
+                         absl::Seconds(10)))
+      << coord->coordinator->waiter_count() << " waiters left";
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(kClusterTokenMetadataKey, kToken);
+    v1::MeshWaitRequest req;
+    req.set_key("m");
+    req.set_generation(1);
+    req.set_timeout_ms(60000);
+    v1::MeshWaitResponse resp;
+    std::thread cancel([&] {
+      EXPECT_TRUE(testing::Eventually([&] { return coord->coordinator->waiter_count() == 1; }));
+      ctx.TryCancel();
+    });
+    EXPECT_EQ(stub->MeshWait(&ctx, req, &resp).error_code(), grpc::StatusCode::CANCELLED);
+    cancel.join();
+  }
+  EXPECT_TRUE(testing::Eventually([&] { return coord->coordinator->waiter_count() == 0; },
+                         absl::Seconds(10)))
+      << coord->coordinator->waiter_count() << " waiters left";
+  // The generation still forms, and waits still work.
+  auto lease2 = coord->coordinator->Join("h2", "h2:7000");
+  ASSERT_TRUE(lease2.ok());
+  ASSERT_TRUE(coord->coordinator->MeshRegister(MeshRegistration{
+      .key = "m", .host_id = "h2", .lease_id = lease2->lease_id, .axes = "data=2",
+      .members = 2, .token = "t", .indices = {1}}).ok());
+  grpc::ClientContext ctx;
+  PrepareCall(ctx, kToken);
+  v1::MeshWaitRequest req;
+  req.set_key("m");
+  req.set_generation(1);
+  req.set_timeout_ms(1000);
+  v1::MeshWaitResponse resp;
+  grpc::Status st = stub->MeshWait(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.member_host_size(), 2);
+}
+
 TEST(ClusterClientTest, JoinsHeartbeatsAndUsesTheStore) {
   auto coord = TestCoordinator::Start(0, kToken, absl::Milliseconds(900));
   ASSERT_NE(coord, nullptr);
