@@ -381,6 +381,14 @@ int Main(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "--coordinator on --tcp=", tcp, " (not loopback) needs --cluster-token-file")));
     }
+    if (cluster_token.empty()) {
+      // Loopback is not a boundary between the users of one host: any local
+      // process can reach the port, whatever --socket-mode says.
+      LogEvent(LogLevel::kWarn, "coordinator_without_token",
+               {{"tcp", tcp},
+                {"msg", "every local process can call the coordinator (join, keys, meshes); "
+                        "set --cluster-token-file on a host other users share"}});
+    }
     InMemoryCoordinatorOptions co;
     co.lease_ttl = absl::Milliseconds(lease_ms);
     coordinator = std::make_unique<InMemoryCoordinator>(co);
