@@ -402,24 +402,33 @@ absl::Status InMemoryCoordinator::Set(absl::string_view key, absl::string_view v
 }
 
 void InMemoryCoordinator::CollectReadyLocked(absl::string_view key, std::vector<Answer>* out) {
-  // Every waiter is looked at: at most max_waiters, each with at most
-  // kMaxKeysPerRequest keys; rendezvous traffic is a few keys per host.
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
+  // Only the waiters of `key` are looked at (each with at most
+  // kMaxKeysPerRequest keys), in the order they came.
+  auto on = waiting_on_.find(key);
+  if (on == waiting_on_.end()) return;
+  const std::set<uint64_t> ids = on->second;
+  for (uint64_t id : ids) {
+    auto it = waiters_.find(id);
     Waiter& w = it->second;
-    const bool wants = std::find(w.keys.begin(), w.keys.end(), key) != w.keys.end();
-    const bool ready =
-        wants && std::all_of(w.keys.begin(), w.keys.end(),
-                             [this](const std::string& k) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                      return store_.count(k) > 0;
-                    });
-    if (!ready) {
-      ++it;
-      continue;
-    }
-    timer_.Cancel(w.timer);
+    const bool ready = std::all_of(w.keys.begin(), w.keys.end(),
+                                   [this](const std::string& k) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                     return store_.count(k) > 0;
+                                   });
+    if (!ready) continue;
     out->push_back({std::move(w.done), ValuesLocked(w.keys)});
-    it = waiters_.erase(it);
+    EraseWaiterLocked(it);
   }
+}
+
+void InMemoryCoordinator::EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it) {
+  timer_.Cancel(it->second.timer);
+  for (const std::string& k : it->second.keys) {
+    auto on = waiting_on_.find(k);
+    if (on == waiting_on_.end()) continue;
+    on->second.erase(it->first);
+    if (on->second.empty()) waiting_on_.erase(on);
+  }
+  waiters_.erase(it);
 }
 
 absl::StatusOr<std::vector<KeyValue>> InMemoryCoordinator::ValuesLocked(
@@ -465,6 +474,7 @@ WaitId InMemoryCoordinator::Get(std::vector<std::string> keys, absl::Duration ti
         const uint64_t id = next_waiter_++;
         Waiter& w = waiters_[id];
         w.keys = std::move(keys);
+        for (const std::string& k : w.keys) waiting_on_[k].insert(id);
         w.done = std::move(done);
         // Scheduled under mu_: the timeout callback takes mu_ and so cannot
         // look for the waiter before it is complete.
@@ -488,7 +498,7 @@ void InMemoryCoordinator::OnWaitTimeout(uint64_t waiter_id) {
       if (store_.count(k) == 0) missing.push_back(k);
     }
     done = std::move(it->second.done);
-    waiters_.erase(it);
+    EraseWaiterLocked(it);
   }
   done(absl::DeadlineExceededError(
       absl::StrCat("keys not set before the deadline: ", BoundedList(missing))));
@@ -546,6 +556,7 @@ void InMemoryCoordinator::Shutdown() {
       waiting.push_back(std::move(w.done));
     }
     waiters_.clear();
+    waiting_on_.clear();
     for (auto& [id, w] : mesh_waiters_) {
       timer_.Cancel(w.timer);
       mesh_waiting.push_back(std::move(w.done));
@@ -838,9 +849,8 @@ void InMemoryCoordinator::CancelWait(WaitId id) {
   {
     MutexLock lock(&mu_);
     if (auto w = waiters_.find(id); w != waiters_.end()) {
-      timer_.Cancel(w->second.timer);
       get_done = std::move(w->second.done);
-      waiters_.erase(w);
+      EraseWaiterLocked(w);
     } else if (auto m = mesh_waiters_.find(id); m != mesh_waiters_.end()) {
       timer_.Cancel(m->second.timer);
       if (auto it = meshes_.find(m->second.key); it != meshes_.end() && it->second.live != nullptr) {

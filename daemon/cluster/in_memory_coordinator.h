@@ -165,6 +165,9 @@ class InMemoryCoordinator final : public Coordinator {
   // schedules itself again at the new expiry.
   void OnLeaseTimer(const std::string& lease_id);
   void OnWaitTimeout(uint64_t waiter_id);
+  // Removes Get waiter `it` (its timer and its keys' index entries).
+  void EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The waiters whose keys are now all present, with their values.
   void CollectReadyLocked(absl::string_view key, std::vector<Answer>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,6 +210,8 @@ class InMemoryCoordinator final : public Coordinator {
   // lease id -> the keys it owns.
   absl::flat_hash_map<std::string, std::set<std::string>> owned_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // The Gets waiting for each key (a Set looks only at these).
+  absl::flat_hash_map<std::string, std::set<uint64_t>> waiting_on_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_ ABSL_GUARDED_BY(mu_) = 1;
   // The mesh registry, by key.
   std::map<std::string, MeshRecord, std::less<>> meshes_ ABSL_GUARDED_BY(mu_);
