@@ -31,7 +31,24 @@ int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 // coordinator's call returned (its wait id is known), whichever is last.
 class WaitReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit WaitReactor(Coordinator* coordinator) : coordinator_(coordinator) {}
+  WaitReactor(Coordinator* coordinator, std::atomic<int64_t>* in_flight, int64_t budget)
+      : coordinator_(coordinator), in_flight_(in_flight), budget_(budget) {}
+
+  // Counts an answer of `bytes` against the budget until the call is done;
+  // false (nothing counted) when it does not fit.
+  bool Charge(int64_t bytes) {
+    int64_t now = in_flight_->load();
+    do {
+      if (now + bytes > budget_) return false;
+    } while (!in_flight_->compare_exchange_weak(now, now + bytes));
+    charged_ = bytes;
+    return true;
+  }
+  absl::Status OverBudget(int64_t bytes) const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "an answer of ", bytes, " bytes would take the coordinator past ", budget_,
+        " bytes of answers not yet read by their callers; try again"));
+  }
 
   // The coordinator's answer (any thread, maybe inside its call).
   void Answer(grpc::Status status) {
@@ -69,10 +86,16 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
     }
     if (id != 0) coordinator_->CancelWait(id);
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    in_flight_->fetch_sub(charged_);
+    delete this;
+  }
 
  private:
   Coordinator* const coordinator_;
+  std::atomic<int64_t>* const in_flight_;
+  const int64_t budget_;
+  int64_t charged_ = 0;  // set by the answer, read in OnDone (after Finish)
   Mutex mu_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   bool answered_ ABSL_GUARDED_BY(mu_) = false;
@@ -167,7 +190,7 @@ grpc::ServerUnaryReactor* CoordinatorService::KeyGet(grpc::CallbackServerContext
   if (req->timeout_ms() < 0) {
     return Finish(ctx, absl::InvalidArgumentError("timeout_ms must be >= 0"));
   }
-  auto* reactor = new WaitReactor(coordinator_);
+  auto* reactor = new WaitReactor(coordinator_, &answer_bytes_, answer_budget_);
   std::vector<std::string> keys(req->keys().begin(), req->keys().end());
   // The timeout is capped by the coordinator (kMaxKeyWait), so the reactor
   // is always finished.
@@ -176,14 +199,21 @@ grpc::ServerUnaryReactor* CoordinatorService::KeyGet(grpc::CallbackServerContext
   reactor->Registered(coordinator_->Get(
       std::move(keys), absl::Milliseconds(timeout_ms),
       [reactor, resp](absl::StatusOr<std::vector<KeyValue>> r) {
+        absl::Status st = r.status();
         if (r.ok()) {
-          for (KeyValue& kv : *r) {
-            v1::KeyValue* e = resp->add_entries();
-            e->set_key(std::move(kv.key));
-            e->set_value(std::move(kv.value));
+          int64_t bytes = 0;
+          for (const KeyValue& kv : *r) bytes += kv.key.size() + kv.value.size();
+          if (reactor->Charge(bytes)) {
+            for (KeyValue& kv : *r) {
+              v1::KeyValue* e = resp->add_entries();
+              e->set_key(std::move(kv.key));
+              e->set_value(std::move(kv.value));
+            }
+          } else {
+            st = reactor->OverBudget(bytes);
           }
         }
-        reactor->Answer(ToGrpcStatus(r.status()));
+        reactor->Answer(ToGrpcStatus(st));
       }));
   return reactor;
 }
@@ -223,7 +253,7 @@ grpc::ServerUnaryReactor* CoordinatorService::MeshWait(grpc::CallbackServerConte
   if (req->timeout_ms() < 0) {
     return Finish(ctx, absl::InvalidArgumentError("timeout_ms must be >= 0"));
   }
-  auto* reactor = new WaitReactor(coordinator_);
+  auto* reactor = new WaitReactor(coordinator_, &answer_bytes_, answer_budget_);
   // Capped by the coordinator too (kMaxKeyWait), so the reactor is always
   // finished, as KeyGet's.
   const int64_t timeout_ms =
@@ -231,13 +261,21 @@ grpc::ServerUnaryReactor* CoordinatorService::MeshWait(grpc::CallbackServerConte
   reactor->Registered(coordinator_->MeshWait(
       req->key(), req->generation(), absl::Milliseconds(timeout_ms),
       [reactor, resp](absl::StatusOr<MeshMembership> r) {
+        absl::Status st = r.status();
         if (r.ok()) {
-          resp->set_generation(r->generation);
-          resp->set_op_timeout_ms(r->op_timeout_ms);
-          for (std::string& h : r->member_host) resp->add_member_host(std::move(h));
-          for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
+          int64_t bytes = 0;
+          for (const std::string& h : r->member_host) bytes += h.size() + 2;
+          for (const HostRecord& h : r->hosts) bytes += h.host_id.size() + h.address.size() + 32;
+          if (reactor->Charge(bytes)) {
+            resp->set_generation(r->generation);
+            resp->set_op_timeout_ms(r->op_timeout_ms);
+            for (std::string& h : r->member_host) resp->add_member_host(std::move(h));
+            for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
+          } else {
+            st = reactor->OverBudget(bytes);
+          }
         }
-        reactor->Answer(ToGrpcStatus(r.status()));
+        reactor->Answer(ToGrpcStatus(st));
       }));
   return reactor;
 }

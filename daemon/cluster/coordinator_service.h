@@ -2,10 +2,16 @@
 //
 // A thin callback service: each method checks the cluster token, translates
 // its request, calls the coordinator and finishes. No method blocks a gRPC
-// thread: KeyGet and MeshWait finish from the coordinator's callback.
+// thread: KeyGet and MeshWait finish from the coordinator's callback. Their
+// answers (up to 1 MiB of values, or a large mesh's membership) stay in
+// memory until the client reads them, so together they are bounded:
+// `answer_budget_bytes` of answers not yet sent; past it an answer is
+// RESOURCE_EXHAUSTED instead (the caller retries).
 #ifndef COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_SERVICE_H_
 #define COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_SERVICE_H_
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "collectived/v1/cluster.grpc.pb.h"
@@ -24,8 +30,12 @@ class CoordinatorService final : public v1::Cluster::CallbackService {
   // Serves `coordinator` (which must outlive the server). When `token` is not
   // empty every call must carry it (UNAUTHENTICATED otherwise); an empty
   // token accepts every caller (main() allows that on loopback only).
-  CoordinatorService(Coordinator* coordinator, std::string token)
-      : coordinator_(coordinator), token_(std::move(token)) {}
+  CoordinatorService(Coordinator* coordinator, std::string token,
+                     int64_t answer_budget_bytes = int64_t{1} << 30)
+      : coordinator_(coordinator), token_(std::move(token)), answer_budget_(answer_budget_bytes) {}
+
+  // Bytes of KeyGet and MeshWait answers not sent yet.
+  int64_t answer_bytes_in_flight() const { return answer_bytes_.load(); }
 
   grpc::ServerUnaryReactor* JoinCluster(grpc::CallbackServerContext* ctx,
                                         const v1::JoinClusterRequest* req,
@@ -64,6 +74,8 @@ class CoordinatorService final : public v1::Cluster::CallbackService {
 
   Coordinator* const coordinator_;
   const std::string token_;
+  const int64_t answer_budget_;
+  std::atomic<int64_t> answer_bytes_{0};
 };
 
 }  // namespace collectived

@@ -40,11 +40,12 @@ class TestCoordinator {
  public:
   // port 0: any free port.
   static std::unique_ptr<TestCoordinator> Start(int port, const std::string& token,
-                                                absl::Duration ttl) {
+                                                absl::Duration ttl,
+                                                int64_t answer_budget = int64_t{1} << 30) {
     auto t = std::unique_ptr<TestCoordinator>(new TestCoordinator());
     t->coordinator = std::make_unique<InMemoryCoordinator>(
         InMemoryCoordinatorOptions{.lease_ttl = ttl});
-    t->service = std::make_unique<CoordinatorService>(t->coordinator.get(), token);
+    t->service = std::make_unique<CoordinatorService>(t->coordinator.get(), token, answer_budget);
     grpc::ServerBuilder b;
     b.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
                        &t->port);
@@ -269,6 +270,41 @@ TEST(ClusterServiceTest, AWaitWhoseCallerWentAwayFreesItsSlotAtOnce) {
   grpc::Status st = stub->MeshWait(&ctx, req, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_EQ(resp.member_host_size(), 2);
+}
+
+TEST(ClusterServiceTest, AnswersNotYetSentStayWithinTheBudget) {
+  // 300 KB values and a 500 KB budget of answers not yet sent: an answer of
+  // one value fits, one of both (600 KB, under the 1 MiB cap of one answer)
+  // does not; every answer gives its bytes back once sent.
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10), 500 * 1000);
+  ASSERT_NE(coord, nullptr);
+  ASSERT_TRUE(coord->coordinator->Set("a", std::string(300 * 1000, 'a'), {}).ok());
+  ASSERT_TRUE(coord->coordinator->Set("b", std::string(300 * 1000, 'b'), {}).ok());
+  auto stub = v1::Cluster::NewStub(
+      grpc::CreateChannel(coord->address(), grpc::InsecureChannelCredentials()));
+  auto get = [&](std::vector<std::string> keys, v1::KeyGetResponse* resp) {
+    grpc::ClientContext ctx;
+    PrepareCall(ctx, kToken);
+    v1::KeyGetRequest req;
+    for (const std::string& k : keys) req.add_keys(k);
+    return stub->KeyGet(&ctx, req, resp);
+  };
+  v1::KeyGetResponse resp;
+  grpc::Status one = get({"a"}, &resp);
+  ASSERT_TRUE(one.ok()) << one.error_message();
+  EXPECT_EQ(resp.entries(0).value().size(), 300u * 1000);
+  grpc::Status both = get({"a", "b"}, &resp);
+  EXPECT_EQ(both.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(both.error_message().find("past 500000 bytes of answers not yet read"),
+            std::string::npos)
+      << both.error_message();
+  EXPECT_TRUE(testing::Eventually([&] { return coord->service->answer_bytes_in_flight() == 0; }));
+  // Sequential answers each fit.
+  for (int i = 0; i < 3; ++i) {
+    grpc::Status again = get({i % 2 == 0 ? "a" : "b"}, &resp);
+    ASSERT_TRUE(again.ok()) << again.error_message();
+  }
+  EXPECT_TRUE(testing::Eventually([&] { return coord->service->answer_bytes_in_flight() == 0; }));
 }
 
 TEST(ClusterClientTest, JoinsHeartbeatsAndUsesTheStore) {
