@@ -299,10 +299,13 @@ TEST(ClusterServiceTest, AnswersNotYetSentStayWithinTheBudget) {
             std::string::npos)
       << both.error_message();
   EXPECT_TRUE(testing::Eventually([&] { return coord->service->answer_bytes_in_flight() == 0; }));
-  // Sequential answers each fit.
+  // Answers one after another each fit (the server gives a call's bytes back
+  // when the call is done, a moment after the client has its answer).
   for (int i = 0; i < 3; ++i) {
     grpc::Status again = get({i % 2 == 0 ? "a" : "b"}, &resp);
     ASSERT_TRUE(again.ok()) << again.error_message();
+    ASSERT_TRUE(
+        testing::Eventually([&] { return coord->service->answer_bytes_in_flight() == 0; }));
   }
   EXPECT_TRUE(testing::Eventually([&] { return coord->service->answer_bytes_in_flight() == 0; }));
 }
