@@ -222,8 +222,9 @@ WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t 
 
 // What differs between two headers ("" when nothing does).
 std::string Differences(const WireHeader& a, const WireHeader& b) {
+  // Headers of another wire format are compared by nothing else.
+  if (a.magic != b.magic || a.version != b.version) return "wire version";
   std::vector<std::string> d;
-  if (a.magic != b.magic || a.version != b.version) d.push_back("wire version");
   if (a.sequence != b.sequence) d.push_back("sequence");
   if (a.kind != b.kind) d.push_back("kind");
   if (a.dtype != b.dtype) d.push_back("dtype");
@@ -783,7 +784,8 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
     const std::string sig = Text(headers[rank].signature, sizeof(headers[rank].signature));
     std::string what = absl::StrCat("host ", topology_.hosts[rank], " submitted ", sig,
                                     " where host ", topology_.hosts[0], " submitted ", ref_sig);
-    if (headers[rank].sequence != ref.sequence) {
+    if (headers[rank].sequence != ref.sequence && headers[rank].version == ref.version &&
+        headers[rank].magic == ref.magic) {
       absl::StrAppend(&what, " (op ", headers[rank].sequence, " where op ", ref.sequence, ")");
     }
     absl::StrAppend(&what, " (", diff, " differ)");
