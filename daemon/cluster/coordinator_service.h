@@ -6,7 +6,8 @@
 // answers (up to 1 MiB of values, or a large mesh's membership) stay in
 // memory until the client reads them, so together they are bounded:
 // `answer_budget_bytes` of answers not yet sent; past it an answer is
-// RESOURCE_EXHAUSTED instead (the caller retries).
+// RESOURCE_EXHAUSTED instead (the daemon's own callers do not retry it: a
+// cluster that reaches the budget is under attack, not rendezvousing).
 #ifndef COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_SERVICE_H_
 #define COLLECTIVED_DAEMON_CLUSTER_COORDINATOR_SERVICE_H_
 

@@ -762,7 +762,15 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   for (int rank = 0; rank < size; ++rank) {
     if (rank != self) headers[rank] = ParseHeader(raw[rank]);
   }
-  // Every host computes the same verdict from the same headers.
+  // Every host computes the same verdict from the same headers. Hosts at
+  // different op counts or in another wire format come first: no later op
+  // could agree, so that (not a refusal) is the answer, and the mesh breaks.
+  bool diverged = false;
+  for (int rank = 1; rank < size; ++rank) {
+    diverged = diverged || headers[rank].sequence != headers[0].sequence ||
+               headers[rank].version != headers[0].version ||
+               headers[rank].magic != headers[0].magic;
+  }
   std::vector<std::string> refusals;
   for (int rank = 0; rank < size; ++rank) {
     if (headers[rank].refused != 0) {
@@ -770,7 +778,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
                                       Text(headers[rank].text, sizeof(headers[rank].text))));
     }
   }
-  if (!refusals.empty()) {
+  if (!refusals.empty() && !diverged) {
     r.status = absl::FailedPreconditionError(
         absl::StrCat("op ", op.sequence, " of the mesh: ", absl::StrJoin(refusals, "; ")));
     return r;
@@ -797,10 +805,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
         absl::StrJoin(mismatches, "; ")));
     // Hosts at different op counts (or wire formats) would differ at every
     // later op too: the mesh breaks, and its next generation starts afresh.
-    for (int rank = 1; rank < size; ++rank) {
-      r.broken = r.broken || headers[rank].sequence != ref.sequence ||
-                 headers[rank].version != ref.version || headers[rank].magic != ref.magic;
-    }
+    r.broken = diverged;
     if (r.broken) {
       r.status = absl::FailedPreconditionError(absl::StrCat(
           r.status.message(), "; the hosts' op counts or wire formats differ, so the mesh "

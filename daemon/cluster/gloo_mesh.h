@@ -15,10 +15,13 @@
 //    moved data and the connections stay usable; except when the hosts'
 //    sequences or wire formats differ, which no later op would mend:
 //    broken=true then. For a barrier the header exchange is the whole op.
-//    Headers are received into 4 KiB and their magic, version and size,
-//    which lead in every version, are checked before anything else is read:
-//    a host of another build is named as such instead of making Gloo end
-//    this process with a message longer than its receive. The check is what keeps the data phase safe:
+//    Headers are received into 4 KiB (a header must never grow past it) and
+//    their magic, version and size, which lead in every version from 5 on,
+//    are checked before anything else is read: a host of another such build
+//    is named as such instead of making Gloo end this process with a message
+//    longer than its receive. (Builds before version 5 post their headers on
+//    per-op slots: against them an op waits out its deadline, naming the
+//    host as one that did not take part.) The check is what keeps the data phase safe:
 //    a slot whose sender and receiver disagree on its size makes Gloo's
 //    device thread throw (gloo::EnforceNotMet), which ends the process; the
 //    hash covers the mesh's layout of members on hosts too, so matching

@@ -168,6 +168,9 @@ absl::StatusOr<absl::Duration> CheckedWait(absl::Duration timeout) {
   return std::min(timeout, kMaxKeyWait);
 }
 
+// Most bytes of answers one Set copies for its waiters (under the lock).
+constexpr uint64_t kMaxAnswerBytesPerSet = uint64_t{64} << 20;
+
 absl::Status WaitersFullError(size_t waiters) {
   return absl::ResourceExhaustedError(
       absl::StrCat(waiters, " gets and mesh waits are waiting already, the most allowed"));
@@ -406,16 +409,33 @@ void InMemoryCoordinator::CollectReadyLocked(absl::string_view key, std::vector<
   // kMaxKeysPerRequest keys), in the order they came.
   auto on = waiting_on_.find(key);
   if (on == waiting_on_.end()) return;
+  // The answers are copied here, under mu_: at most kMaxAnswerBytesPerSet
+  // of them for one Set (rendezvous traffic is a few KiB per host); the
+  // waiters past it get RESOURCE_EXHAUSTED instead of a copy.
   const std::set<uint64_t> ids = on->second;
+  uint64_t copied = 0;
   for (uint64_t id : ids) {
     auto it = waiters_.find(id);
     Waiter& w = it->second;
-    const bool ready = std::all_of(w.keys.begin(), w.keys.end(),
-                                   [this](const std::string& k) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                     return store_.count(k) > 0;
-                                   });
+    uint64_t bytes = 0;
+    const bool ready =
+        std::all_of(w.keys.begin(), w.keys.end(),
+                    [this, &bytes](const std::string& k) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                      auto e = store_.find(k);
+                      if (e == store_.end()) return false;
+                      bytes += e->second.value.size();
+                      return true;
+                    });
     if (!ready) continue;
-    out->push_back({std::move(w.done), ValuesLocked(w.keys)});
+    if (copied + bytes > kMaxAnswerBytesPerSet && bytes <= kMaxAnswerBytes) {
+      out->push_back({std::move(w.done),
+                      absl::ResourceExhaustedError(absl::StrCat(
+                          "the key set for this get released more than ", kMaxAnswerBytesPerSet,
+                          " bytes of answers at once; get again"))});
+    } else {
+      copied += std::min<uint64_t>(bytes, kMaxAnswerBytes);
+      out->push_back({std::move(w.done), ValuesLocked(w.keys)});
+    }
     EraseWaiterLocked(it);
   }
 }

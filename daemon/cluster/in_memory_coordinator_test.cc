@@ -289,6 +289,36 @@ TEST(InMemoryCoordinatorTest, AGetNamesEachKeyOnceAndAnswersAtMostAMebibyte) {
       << next.result.status();
 }
 
+TEST(InMemoryCoordinatorTest, OneSetCopiesAtMost64MiBOfAnswersForItsWaiters) {
+  // 70 waiters of 1 MiB answers each, all released by one Set: the copies
+  // are made under the coordinator's lock, so the Set stops at 64 MiB and
+  // the rest are told to get again.
+  InMemoryCoordinator c;
+  const std::string half(kMaxValueBytes, 'x');
+  ASSERT_TRUE(c.Set("a", half, {}).ok());
+  ASSERT_TRUE(c.Set("b", half, {}).ok());
+  std::vector<GetResult> gets(70);
+  for (GetResult& g : gets) c.Get({"a", "b", "c"}, absl::Seconds(30), g.Callback());
+  EXPECT_EQ(c.waiter_count(), 70);
+  ASSERT_TRUE(c.Set("c", "", {}).ok());
+  int answered = 0, refused = 0;
+  for (GetResult& g : gets) {
+    ASSERT_TRUE(g.done.HasBeenNotified());
+    if (g.result.ok()) {
+      ++answered;
+    } else {
+      EXPECT_EQ(g.result.status().code(), absl::StatusCode::kResourceExhausted) << g.result.status();
+      EXPECT_NE(g.result.status().message().find("released more than 67108864 bytes"),
+                std::string::npos)
+          << g.result.status();
+      ++refused;
+    }
+  }
+  EXPECT_EQ(answered, 64);
+  EXPECT_EQ(refused, 6);
+  EXPECT_EQ(c.waiter_count(), 0);
+}
+
 TEST(InMemoryCoordinatorTest, ErrorsNameAtMostSixteenKeys) {
   InMemoryCoordinator c;
   std::vector<std::string> keys;

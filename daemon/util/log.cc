@@ -22,11 +22,12 @@ absl::string_view LevelName(LogLevel level) {
 }
 
 // Control bytes (below 0x20, and 0x7f) could forge or hide log lines when a
-// value comes from a client: they are quoted and escaped (\n, \r, \t, else
-// \xNN); other bytes pass as they are.
+// value comes from a client, and so could bytes past ASCII (UTF-8's NEL,
+// C1 controls, U+2028): they are quoted and escaped (\n, \r, \t, else \xNN),
+// so that a log line is printable ASCII.
 bool IsControl(char c) {
   const auto u = static_cast<unsigned char>(c);
-  return u < 0x20 || u == 0x7f;
+  return u < 0x20 || u >= 0x7f;
 }
 
 void AppendValue(std::string* out, absl::string_view value) {

@@ -449,8 +449,11 @@ TEST(GlooMeshTest, HostsAtDifferentOpCountsFailAtOnceAndBreakTheMesh) {
   auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {4}, members));
   Regions r(members, *plan);
   auto dones = Dones::Make(hosts);
+  // Host 0 also refuses the op: the diverged op counts are still what it
+  // fails with (a refusal alone would leave the mesh usable).
   for (int h = 0; h < hosts; ++h) {
-    c->Start(h, plan, /*sequence=*/7 + h, r.io, absl::OkStatus(),
+    c->Start(h, plan, /*sequence=*/7 + h, r.io,
+             h == 0 ? absl::InvalidArgumentError("a bad buffer") : absl::OkStatus(),
              absl::Now() + absl::Seconds(60), dones->For(h));
   }
   ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(30)));
