@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 
@@ -34,32 +35,21 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   WaitReactor(Coordinator* coordinator, std::atomic<int64_t>* in_flight, int64_t budget)
       : coordinator_(coordinator), in_flight_(in_flight), budget_(budget) {}
 
-  // Counts an answer of `bytes` against the budget until the call is done;
-  // false (nothing counted) when it does not fit.
-  bool Charge(int64_t bytes) {
-    int64_t now = in_flight_->load();
-    do {
-      if (now + bytes > budget_) return false;
-    } while (!in_flight_->compare_exchange_weak(now, now + bytes));
-    charged_ = bytes;
-    return true;
-  }
-  absl::Status OverBudget(int64_t bytes) const {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "an answer of ", bytes, " bytes would take the coordinator past ", budget_,
-        " bytes of answers not yet read by their callers; try again"));
-  }
-
-  // The coordinator's answer (any thread, maybe inside its call).
-  void Answer(grpc::Status status) {
-    bool finish;
-    {
-      MutexLock lock(&mu_);
-      answered_ = true;
-      answer_ = std::move(status);
-      finish = registered_;
+  // The coordinator's answer (any thread, maybe inside its call): `status`,
+  // and when it is OK an answer of about `bytes`, which `fill` writes into
+  // the response once the bytes are counted against the budget (until the
+  // call is done); past the budget the call gets RESOURCE_EXHAUSTED.
+  void Respond(absl::Status status, int64_t bytes, absl::FunctionRef<void()> fill) {
+    if (status.ok()) {
+      if (Charge(bytes)) {
+        fill();
+      } else {
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            "an answer of ", bytes, " bytes would take the coordinator past ", budget_,
+            " bytes of answers not yet read by their callers; try again"));
+      }
     }
-    if (finish) Finish(answer_);
+    Answer(ToGrpcStatus(status));
   }
   // The coordinator's call returned `id` (0: answered already).
   void Registered(WaitId id) {
@@ -92,6 +82,27 @@ class WaitReactor final : public grpc::ServerUnaryReactor {
   }
 
  private:
+  // Counts `bytes` against the budget; false (nothing counted) when they do
+  // not fit.
+  bool Charge(int64_t bytes) {
+    int64_t now = in_flight_->load();
+    do {
+      if (now + bytes > budget_) return false;
+    } while (!in_flight_->compare_exchange_weak(now, now + bytes));
+    charged_ = bytes;
+    return true;
+  }
+  void Answer(grpc::Status status) {
+    bool finish;
+    {
+      MutexLock lock(&mu_);
+      answered_ = true;
+      answer_ = std::move(status);
+      finish = registered_;
+    }
+    if (finish) Finish(answer_);
+  }
+
   Coordinator* const coordinator_;
   std::atomic<int64_t>* const in_flight_;
   const int64_t budget_;
@@ -199,21 +210,17 @@ grpc::ServerUnaryReactor* CoordinatorService::KeyGet(grpc::CallbackServerContext
   reactor->Registered(coordinator_->Get(
       std::move(keys), absl::Milliseconds(timeout_ms),
       [reactor, resp](absl::StatusOr<std::vector<KeyValue>> r) {
-        absl::Status st = r.status();
+        int64_t bytes = 0;
         if (r.ok()) {
-          int64_t bytes = 0;
           for (const KeyValue& kv : *r) bytes += kv.key.size() + kv.value.size();
-          if (reactor->Charge(bytes)) {
-            for (KeyValue& kv : *r) {
-              v1::KeyValue* e = resp->add_entries();
-              e->set_key(std::move(kv.key));
-              e->set_value(std::move(kv.value));
-            }
-          } else {
-            st = reactor->OverBudget(bytes);
-          }
         }
-        reactor->Answer(ToGrpcStatus(st));
+        reactor->Respond(r.status(), bytes, [&] {
+          for (KeyValue& kv : *r) {
+            v1::KeyValue* e = resp->add_entries();
+            e->set_key(std::move(kv.key));
+            e->set_value(std::move(kv.value));
+          }
+        });
       }));
   return reactor;
 }
@@ -261,21 +268,17 @@ grpc::ServerUnaryReactor* CoordinatorService::MeshWait(grpc::CallbackServerConte
   reactor->Registered(coordinator_->MeshWait(
       req->key(), req->generation(), absl::Milliseconds(timeout_ms),
       [reactor, resp](absl::StatusOr<MeshMembership> r) {
-        absl::Status st = r.status();
+        int64_t bytes = 0;
         if (r.ok()) {
-          int64_t bytes = 0;
           for (const std::string& h : r->member_host) bytes += h.size() + 2;
           for (const HostRecord& h : r->hosts) bytes += h.host_id.size() + h.address.size() + 32;
-          if (reactor->Charge(bytes)) {
-            resp->set_generation(r->generation);
-            resp->set_op_timeout_ms(r->op_timeout_ms);
-            for (std::string& h : r->member_host) resp->add_member_host(std::move(h));
-            for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
-          } else {
-            st = reactor->OverBudget(bytes);
-          }
         }
-        reactor->Answer(ToGrpcStatus(st));
+        reactor->Respond(r.status(), bytes, [&] {
+          resp->set_generation(r->generation);
+          resp->set_op_timeout_ms(r->op_timeout_ms);
+          for (std::string& h : r->member_host) resp->add_member_host(std::move(h));
+          for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
+        });
       }));
   return reactor;
 }
