@@ -195,12 +195,19 @@ absl::StatusOr<absl::Duration> ValidateGet(const std::vector<std::string>& keys,
   return CheckedWait(timeout);
 }
 
-// A list for an error text: at most 16 items, then how many more.
+// Most items an error text names.
+constexpr size_t kNamed = 16;
+
+// A list of `total` items for an error text (`items`: at least the first
+// kNamed of them, or all): at most kNamed named, then how many more.
+std::string BoundedList(const std::vector<std::string>& items, size_t total) {
+  const size_t named = std::min({items.size(), total, kNamed});
+  std::string text = absl::StrJoin(items.begin(), items.begin() + named, ", ");
+  if (total > named) absl::StrAppend(&text, " and ", total - named, " more");
+  return text;
+}
 std::string BoundedList(const std::vector<std::string>& items) {
-  constexpr size_t kNamed = 16;
-  if (items.size() <= kNamed) return absl::StrJoin(items, ", ");
-  return absl::StrCat(absl::StrJoin(items.begin(), items.begin() + kNamed, ", "), " and ",
-                      items.size() - kNamed, " more");
+  return BoundedList(items, items.size());
 }
 
 absl::StatusOr<absl::Duration> ValidateMeshWait(absl::string_view key, int64_t generation,
@@ -629,21 +636,15 @@ absl::Status InMemoryCoordinator::NotFullLocked(const std::string& key,
                                                 const MeshGeneration& gen) {
   // Both lists are bounded (the text travels in the answer's trailers,
   // which clients limit to a few KiB); so is the work under mu_: the scan
-  // stops at the 17th missing index.
-  constexpr size_t kNamed = 16;
+  // stops at the kNamed-th missing index.
   std::vector<std::string> missing;
-  const int64_t missing_count = gen.members - static_cast<int64_t>(gen.member_host.size());
-  for (int64_t i = 0; i < gen.members && missing.size() <= kNamed; ++i) {
+  for (int64_t i = 0; i < gen.members && missing.size() < kNamed; ++i) {
     if (gen.member_host.count(static_cast<int32_t>(i)) == 0) missing.push_back(absl::StrCat(i));
   }
-  std::string text =
-      absl::StrCat(MeshName(key, gen.number), " did not fill before the deadline: ",
-                   gen.member_host.size(), " of ", gen.members, " members registered; missing ",
-                   absl::StrJoin(missing.begin(),
-                                 missing.begin() + std::min(missing.size(), kNamed), ", "));
-  if (missing_count > static_cast<int64_t>(kNamed)) {
-    absl::StrAppend(&text, " and ", missing_count - static_cast<int64_t>(kNamed), " more");
-  }
+  std::string text = absl::StrCat(
+      MeshName(key, gen.number), " did not fill before the deadline: ", gen.member_host.size(),
+      " of ", gen.members, " members registered; missing ",
+      BoundedList(missing, static_cast<size_t>(gen.members) - gen.member_host.size()));
   std::vector<std::string> by_host;
   for (const auto& [id, count] : gen.host_members) {
     by_host.push_back(absl::StrCat(id, " (", count, ")"));
@@ -872,12 +873,8 @@ void InMemoryCoordinator::CancelWait(WaitId id) {
       get_done = std::move(w->second.done);
       EraseWaiterLocked(w);
     } else if (auto m = mesh_waiters_.find(id); m != mesh_waiters_.end()) {
-      timer_.Cancel(m->second.timer);
-      if (auto it = meshes_.find(m->second.key); it != meshes_.end() && it->second.live != nullptr) {
-        it->second.live->waiters.erase(id);
-      }
       mesh_done = std::move(m->second.done);
-      mesh_waiters_.erase(m);
+      EraseMeshWaiterLocked(m);
     }
   }
   if (get_done) get_done(cancelled);
@@ -901,15 +898,22 @@ void InMemoryCoordinator::OnMeshWaitTimeout(uint64_t waiter_id) {
     // live generation is still the one it waits for.
     auto it = meshes_.find(w->second.key);
     if (it != meshes_.end() && it->second.live != nullptr) {
-      it->second.live->waiters.erase(waiter_id);
       status = NotFullLocked(w->second.key, *it->second.live);
     } else {
       status = absl::DeadlineExceededError(
           absl::StrCat("mesh '", w->second.key, "' did not fill before the deadline"));
     }
-    mesh_waiters_.erase(w);
+    EraseMeshWaiterLocked(w);
   }
   done(status);
+}
+
+void InMemoryCoordinator::EraseMeshWaiterLocked(std::map<uint64_t, MeshWaiter>::iterator it) {
+  timer_.Cancel(it->second.timer);
+  if (auto m = meshes_.find(it->second.key); m != meshes_.end() && m->second.live != nullptr) {
+    m->second.live->waiters.erase(it->first);
+  }
+  mesh_waiters_.erase(it);
 }
 
 absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t generation,

@@ -168,6 +168,9 @@ class InMemoryCoordinator final : public Coordinator {
   // Removes Get waiter `it` (its timer and its keys' index entries).
   void EraseWaiterLocked(std::map<uint64_t, Waiter>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes MeshWait waiter `it` (its timer and its generation's entry).
+  void EraseMeshWaiterLocked(std::map<uint64_t, MeshWaiter>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The waiters whose keys are now all present, with their values.
   void CollectReadyLocked(absl::string_view key, std::vector<Answer>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
