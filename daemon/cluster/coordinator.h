@@ -120,12 +120,12 @@ absl::Status ValidateKey(absl::string_view key, absl::string_view what = "key");
 // At most kMaxValueBytes.
 absl::Status ValidateValue(absl::string_view value);
 
-// The coordinator's operations. Thread-safe: every method may be called from
-// any thread at the same time. No method blocks on another host: a Get that
-// must wait returns at once and answers through its callback.
 // A blocking Get's or MeshWait's handle (0: none).
 using WaitId = uint64_t;
 
+// The coordinator's operations. Thread-safe: every method may be called from
+// any thread at the same time. No method blocks on another host: a Get that
+// must wait returns at once and answers through its callback.
 class Coordinator {
  public:
   using GetCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<KeyValue>>)>;

@@ -40,7 +40,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
 // 2: the chain schedule (its chunk size in the header). 3: the kind of
-// memory (GPU ops across hosts). 4: the replication threshold.
+// memory (GPU ops across hosts). 4: the replication threshold. 5: the size
+// after the version, a 4 KiB receive and one header slot for every op.
 constexpr uint32_t kVersion = 5;
 constexpr int kSlotShift = 24;
 // The header exchange's slot: the same for every op (data slots are
@@ -94,7 +95,6 @@ static_assert(std::is_trivially_copyable_v<WireHeader>);
 constexpr size_t kHeaderCapacity = 4096;
 static_assert(sizeof(WireHeader) <= kHeaderCapacity);
 static_assert(offsetof(WireHeader, bytes) == 8);
-
 
 void CopyText(char* dst, size_t size, absl::string_view text) {
   const size_t n = std::min(size - 1, text.size());
@@ -220,10 +220,14 @@ WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t 
   return h;
 }
 
+bool SameWireFormat(const WireHeader& a, const WireHeader& b) {
+  return a.magic == b.magic && a.version == b.version;
+}
+
 // What differs between two headers ("" when nothing does).
 std::string Differences(const WireHeader& a, const WireHeader& b) {
   // Headers of another wire format are compared by nothing else.
-  if (a.magic != b.magic || a.version != b.version) return "wire version";
+  if (!SameWireFormat(a, b)) return "wire version";
   std::vector<std::string> d;
   if (a.sequence != b.sequence) d.push_back("sequence");
   if (a.kind != b.kind) d.push_back("kind");
@@ -767,9 +771,8 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   // could agree, so that (not a refusal) is the answer, and the mesh breaks.
   bool diverged = false;
   for (int rank = 1; rank < size; ++rank) {
-    diverged = diverged || headers[rank].sequence != headers[0].sequence ||
-               headers[rank].version != headers[0].version ||
-               headers[rank].magic != headers[0].magic;
+    diverged = diverged || !SameWireFormat(headers[rank], headers[0]) ||
+               headers[rank].sequence != headers[0].sequence;
   }
   std::vector<std::string> refusals;
   for (int rank = 0; rank < size; ++rank) {
@@ -792,8 +795,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
     const std::string sig = Text(headers[rank].signature, sizeof(headers[rank].signature));
     std::string what = absl::StrCat("host ", topology_.hosts[rank], " submitted ", sig,
                                     " where host ", topology_.hosts[0], " submitted ", ref_sig);
-    if (headers[rank].sequence != ref.sequence && headers[rank].version == ref.version &&
-        headers[rank].magic == ref.magic) {
+    if (SameWireFormat(headers[rank], ref) && headers[rank].sequence != ref.sequence) {
       absl::StrAppend(&what, " (op ", headers[rank].sequence, " where op ", ref.sequence, ")");
     }
     absl::StrAppend(&what, " (", diff, " differ)");

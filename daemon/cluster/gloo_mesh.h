@@ -21,11 +21,11 @@
 //    is named as such instead of making Gloo end this process with a message
 //    longer than its receive. (Builds before version 5 post their headers on
 //    per-op slots: against them an op waits out its deadline, naming the
-//    host as one that did not take part.) The check is what keeps the data phase safe:
-//    a slot whose sender and receiver disagree on its size makes Gloo's
-//    device thread throw (gloo::EnforceNotMet), which ends the process; the
-//    hash covers the mesh's layout of members on hosts too, so matching
-//    headers mean the same schedule on every host.
+//    host as one that did not take part.) The check is what keeps the data
+//    phase safe: a slot whose sender and receiver disagree on its size makes
+//    Gloo's device thread throw (gloo::EnforceNotMet), which ends the
+//    process; the hash covers the mesh's layout of members on hosts too, so
+//    matching headers mean the same schedule on every host.
 //  - Data: RunSpanning (daemon/exec/spanning.h) with one partition per host
 //    (a member's partition is its host's rank). Every host runs the same
 //    deterministic schedule over the global member table and a GlooFabric
