@@ -434,13 +434,15 @@ void InMemoryCoordinator::CollectReadyLocked(absl::string_view key, std::vector<
                       return true;
                     });
     if (!ready) continue;
-    if (copied + bytes > kMaxAnswerBytesPerSet && bytes <= kMaxAnswerBytes) {
+    // An answer past kMaxAnswerBytes is refused by ValuesLocked, uncopied.
+    const bool copies = bytes <= kMaxAnswerBytes;
+    if (copies && copied + bytes > kMaxAnswerBytesPerSet) {
       out->push_back({std::move(w.done),
                       absl::ResourceExhaustedError(absl::StrCat(
                           "the key set for this get released more than ", kMaxAnswerBytesPerSet,
                           " bytes of answers at once; get again"))});
     } else {
-      copied += std::min<uint64_t>(bytes, kMaxAnswerBytes);
+      if (copies) copied += bytes;
       out->push_back({std::move(w.done), ValuesLocked(w.keys)});
     }
     EraseWaiterLocked(it);
