@@ -23,6 +23,7 @@
 
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -41,14 +42,24 @@ namespace {
 constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
 // 2: the chain schedule (its chunk size in the header). 3: the kind of
 // memory (GPU ops across hosts). 4: the replication threshold. 5: the size
-// after the version, a 4 KiB receive and one header slot for every op.
-constexpr uint32_t kVersion = 5;
+// after the version, a 4 KiB receive and one header slot for every op. 6:
+// two Gloo contexts, one a direction (store keys under "c0/" and "c1/").
+constexpr uint32_t kVersion = 6;
 constexpr int kSlotShift = 24;
 // The header exchange's slot: the same for every op (data slots are
 // (sequence << kSlotShift) | n), so that hosts at different op counts still
 // meet there and learn that they differ. Ops of a mesh run one at a time and
 // Gloo matches a pair's messages of one slot in order.
 constexpr uint64_t kHeaderSlot = uint64_t{1} << 63;
+// The Gloo contexts of a mesh (GlooCrossHostMesh::Connections).
+constexpr int kGlooContexts = 2;
+// Transfers of at least this many bytes go over the context of their
+// direction, smaller ones (and headers) over the first (Connections): a small
+// transfer's time is its wakeups, and two device threads a host are more of
+// them (2-host psums of 1-16 KiB took a median of 260-300 us with every
+// transfer directed against 130-270 us). Every host of a mesh runs the same
+// build (the wire version), so both ends of a transfer pick the same context.
+constexpr uint64_t kDirectedMinBytes = 256 * 1024;
 
 // The chain's chunk for an op of `bytes`: the configured one, but small
 // enough for four chunks down to 1 MiB, since an op of one chunk crosses
@@ -373,9 +384,10 @@ struct Posted {
 
 class GlooCrossHostMesh final : public CrossHostMesh {
  public:
-  GlooCrossHostMesh(MeshTopology topology, std::shared_ptr<gloo::rendezvous::Context> context,
+  GlooCrossHostMesh(MeshTopology topology,
+                    std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts,
                     const GlooMeshOptions& options)
-      : topology_(std::move(topology)), options_(options), context_(std::move(context)) {
+      : topology_(std::move(topology)), options_(options), contexts_(std::move(contexts)) {
     worker_ = std::thread([this] { Loop(); });
   }
 
@@ -423,14 +435,15 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   const std::string& host(int rank) const { return topology_.hosts[rank]; }
 
   // Posts a send of [p, p + bytes) to `rank` (or a receive into it from
-  // `rank`) on `slot`.
+  // `rank`) on `slot`, over the context Connections picks.
   absl::Status Post(std::vector<Posted>& posted, bool send, int rank, uint8_t* p, uint64_t bytes,
-                    uint64_t slot) {
+                    uint64_t slot, bool directed = false) {
     Posted x;
     x.rank = rank;
     x.send = send;
     try {
-      x.buffer = context_->createUnboundBuffer(p, bytes);
+      x.buffer = Connections(send ? self() : rank, send ? rank : self(), directed)
+                     .createUnboundBuffer(p, bytes);
     } catch (const std::exception& e) {
       return absl::AbortedError(absl::StrCat("host ", host(rank), ": connection lost (", e.what(),
                                              ")"));
@@ -467,15 +480,17 @@ class GlooCrossHostMesh final : public CrossHostMesh {
     return Forget(posted, status);
   }
 
-  // The header exchange's wait: like WaitAll, but once a host's header is
-  // late, the other hosts' headers are only checked for (they had until the
-  // deadline too), so that every host that did not take part is named.
-  absl::Status WaitHeaders(std::vector<Posted>& posted, absl::Time deadline) {
+  // The header exchange's wait: the headers of every other host (`recvs`,
+  // which stay posted), then this host's `sends`, which it forgets. Once a
+  // host's header is late, the other hosts' headers are only checked for
+  // (they had until the deadline too), so that every host that did not take
+  // part is named.
+  absl::Status WaitHeaders(std::vector<Posted>& recvs, std::vector<Posted>& sends,
+                           absl::Time deadline) {
     std::vector<std::string> missing;
     std::string what;
     absl::Status status;
-    for (Posted& x : posted) {
-      if (x.send) continue;
+    for (Posted& x : recvs) {
       const absl::Status st = WaitOne(x, missing.empty() ? deadline : absl::Now());
       if (st.ok()) continue;
       if (st.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -490,13 +505,11 @@ class GlooCrossHostMesh final : public CrossHostMesh {
           "op ", sequence_, " of the mesh: ", missing.size() == 1 ? "host " : "hosts ",
           absl::StrJoin(missing, ", "), " did not take part within the op timeout (", what, ")"));
     }
-    if (status.ok()) {
-      for (Posted& x : posted) {
-        if (!status.ok()) break;
-        if (x.send) status = WaitOne(x, deadline);
-      }
+    for (Posted& x : sends) {
+      if (!status.ok()) break;
+      status = WaitOne(x, deadline);
     }
-    return Forget(posted, status);
+    return Forget(sends, status);
   }
 
   // Waits for one posted transfer until `deadline` (at least a millisecond).
@@ -575,12 +588,15 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   void Loop() {
     for (;;) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || (aborted_ && context_ != nullptr); });
-      if (aborted_ && context_ != nullptr) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || (aborted_ && !contexts_.empty()); });
+      if (aborted_ && !contexts_.empty()) {
         // Close the connections (outside the lock): the peers' ops fail.
-        std::shared_ptr<gloo::rendezvous::Context> context = std::move(context_);
+        // The header receives hold a transport context: they go first.
+        std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts;
+        contexts.swap(contexts_);
         lock.unlock();
-        context.reset();
+        Forget(header_recvs_, absl::OkStatus()).IgnoreError();
+        contexts.clear();
         link_.reset();
         continue;
       }
@@ -626,9 +642,22 @@ class GlooCrossHostMesh final : public CrossHostMesh {
 
   const MeshTopology topology_;
   const GlooMeshOptions options_;
-  // Only the worker uses it once the mesh is constructed; reset (under mu_)
+  // The connections: kGlooContexts Gloo contexts (see Connections). Only
+  // the worker uses them once the mesh is constructed; cleared (under mu_)
   // after an Abort.
-  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts_;
+  // The context of a message from rank `from` to rank `to`: the first, or
+  // when `directed`, the first for messages to a higher rank and the second
+  // for those to a lower one. Gloo's TCP pair moves one message at a time in
+  // either direction (its lock is held through a whole read or write), so
+  // over one context a host's large send to a peer waits for its receive
+  // from that peer; over a context a direction both move at once, on a
+  // device thread each. Both ends of a message pick the same context, and
+  // the messages of one slot between two hosts all go over one pair, which
+  // keeps them in order.
+  gloo::rendezvous::Context& Connections(int from, int to, bool directed) {
+    return *contexts_[directed && from > to ? 1 : 0];
+  }
   int64_t sequence_ = 0;  // of the op in flight
   std::string last_gloo_error_;  // the message of the last Gloo exception
   Placeholder placeholder_;
@@ -650,6 +679,14 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   std::string abort_reason_;
   // Why an earlier op broke the connections ("" while they are fine).
   std::string broken_reason_;
+  // The receive of each other host's next header (Gloo sends a message only
+  // once its receive is posted: posted ahead, a host's header goes out as
+  // soon as it starts the op). Posted again as soon as one has come; only
+  // the worker uses them; dropped before the connections are closed, since
+  // each holds Gloo's transport context. header_in_ is zeroed before each
+  // receive, so that a shorter header reads as another wire format.
+  std::vector<std::array<uint8_t, kHeaderCapacity>> header_in_;  // per rank
+  std::vector<Posted> header_recvs_;
   // Buffers the op in flight waits on (Abort aborts their waits).
   std::vector<gloo::transport::UnboundBuffer*> outstanding_;
   std::thread worker_;
@@ -683,10 +720,11 @@ class GlooFabric final : public Fabric {
         traffic_.written += t.bytes;
       } else if (t.src_part == self) {
         status = mesh_->Post(posted, /*send=*/true, t.dst_part, const_cast<uint8_t*>(t.src),
-                             t.bytes, slot);
+                             t.bytes, slot, /*directed=*/t.bytes >= kDirectedMinBytes);
         traffic_.read += t.bytes;
       } else if (t.dst_part == self) {
-        status = mesh_->Post(posted, /*send=*/false, t.src_part, t.dst, t.bytes, slot);
+        status = mesh_->Post(posted, /*send=*/false, t.src_part, t.dst, t.bytes, slot,
+                             /*directed=*/t.bytes >= kDirectedMinBytes);
         traffic_.written += t.bytes;
       }
     }
@@ -744,27 +782,38 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   std::vector<WireHeader> headers(size);
   headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_,
                              op.executor != nullptr ? op.executor->buffer_kind() : "", verdict);
-  // Zeroed, so that a shorter header reads as another wire format.
-  std::vector<std::array<uint8_t, kHeaderCapacity>> raw(size);
-  std::vector<Posted> posted;
   absl::Status status;
-  for (int rank = 0; rank < size && status.ok(); ++rank) {
-    if (rank == self) continue;
-    status = Post(posted, /*send=*/false, rank, raw[rank].data(), kHeaderCapacity, kHeaderSlot);
+  if (header_recvs_.empty()) {
+    header_in_.resize(size);
+    for (int rank = 0; rank < size && status.ok(); ++rank) {
+      if (rank == self) continue;
+      status = Post(header_recvs_, /*send=*/false, rank, header_in_[rank].data(), kHeaderCapacity,
+                    kHeaderSlot);
+    }
   }
+  std::vector<Posted> sends;
   for (int rank = 0; rank < size && status.ok(); ++rank) {
     if (rank == self) continue;
-    status = Post(posted, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&headers[self]),
+    status = Post(sends, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&headers[self]),
                   sizeof(WireHeader), kHeaderSlot);
   }
-  status = status.ok() ? WaitHeaders(posted, op.deadline) : Forget(posted, status);
+  status = status.ok() ? WaitHeaders(header_recvs_, sends, op.deadline) : Forget(sends, status);
   if (!status.ok()) {
     r.status = status;
     r.broken = true;
     return r;
   }
-  for (int rank = 0; rank < size; ++rank) {
-    if (rank != self) headers[rank] = ParseHeader(raw[rank]);
+  for (Posted& x : header_recvs_) {
+    headers[x.rank] = ParseHeader(header_in_[x.rank]);
+    // The next op's header may come as soon as its host starts it.
+    header_in_[x.rank].fill(0);
+    try {
+      x.buffer->recv(x.rank, kHeaderSlot, 0, kHeaderCapacity);
+    } catch (const std::exception& e) {
+      r.status = TransferError(x.rank, e, absl::InfiniteFuture());
+      r.broken = true;
+      return r;
+    }
   }
   // Every host computes the same verdict from the same headers. Hosts at
   // different op counts or in another wire format come first: no later op
@@ -1176,12 +1225,33 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = bind_host;
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(topology.self, size);
-    context->setTimeout(timeout);
-    context->connectFullMesh(store, device);
+    // Two contexts (GlooCrossHostMesh::Connections), each on its own device
+    // (a device thread each), under a prefix each in the store, connected
+    // at once (the second on a thread of its own; Gloo's stores and the
+    // cluster's may be called from several threads).
+    std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts(kGlooContexts);
+    std::vector<std::exception_ptr> failed(kGlooContexts);
+    auto connect = [&](int i) {
+      try {
+        std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+        auto context = std::make_shared<gloo::rendezvous::Context>(topology.self, size);
+        context->setTimeout(timeout);
+        gloo::rendezvous::PrefixStore prefixed(absl::StrCat("c", i), store);
+        context->connectFullMesh(prefixed, device);
+        contexts[i] = std::move(context);
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int i = 1; i < kGlooContexts; ++i) threads.emplace_back(connect, i);
+    connect(0);
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : failed) {
+      if (e) std::rethrow_exception(e);
+    }
     return std::unique_ptr<CrossHostMesh>(
-        new GlooCrossHostMesh(topology, std::move(context), options));
+        new GlooCrossHostMesh(topology, std::move(contexts), options));
   } catch (const std::exception& e) {
     const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr ||
                            std::chrono::steady_clock::now() - start >= timeout;

@@ -1,12 +1,17 @@
 // GlooCrossHostMesh: the CrossHostMesh (daemon/core/rendezvous.h) that runs a
-// mesh's ops across its hosts over one Gloo context (TCP, full mesh).
+// mesh's ops across its hosts over two Gloo contexts (TCP, full mesh each):
+// transfers of 256 KiB or more to a higher rank go over the first, to a lower
+// rank over the second, so that both directions of a link move at once
+// (Gloo's TCP pair moves one message at a time); headers and smaller
+// transfers go over the first.
 //
 // Design:
 //  - One worker thread per mesh. Start queues the op and returns; the worker
 //    runs the ops in order and calls each op's done exactly once.
 //  - Header exchange: every op (barriers and ops of no bytes included) first
 //    sends a fixed-size signature of the op to every other host and receives
-//    theirs: sequence, kind, dtypes, byte sizes, group size and count, root,
+//    theirs (the receive of each host's next header is posted as soon as
+//    the last one came: Gloo sends only to a posted receive): sequence, kind, dtypes, byte sizes, group size and count, root,
 //    member count, the chain's chunk size, a 64-bit FNV-1a hash of the rest of the plan (groups,
 //    permutation, axes, shapes, ...), the plan's signature text and, when
 //    this host's verdict is not OK, a flag and its text (truncated). When a
@@ -96,10 +101,11 @@ struct GlooMeshOptions {
   uint64_t scratch_keep_bytes = uint64_t{128} << 20;
 };
 
-// Creates the mesh's Gloo context: rank topology.self of
-// topology.hosts.size(), the TCP device bound to `bind_host` (an IP or host
-// name of this host; the port is chosen by the kernel), rendezvous through
-// `store` (the caller gives it a prefix unique to the mesh and generation),
+// Creates the mesh's Gloo contexts: rank topology.self of
+// topology.hosts.size(), TCP devices bound to `bind_host` (an IP or host
+// name of this host; the ports are chosen by the kernel), rendezvous through
+// `store` under "c0/" and "c1/" (the caller gives it a prefix unique to the
+// mesh and generation),
 // within `timeout` (also Gloo's default timeout for the context). Errors:
 // DEADLINE_EXCEEDED when the peers did not connect in time, UNAVAILABLE
 // otherwise, with Gloo's message; INVALID_ARGUMENT for a bad topology.

@@ -306,6 +306,38 @@ TEST(GlooMeshTest, PsumLanesGiveTheOneHostBits) {
   }
 }
 
+TEST(GlooMeshTest, LargeAndSmallOpsInTurnOnOneMeshGiveTheOneHostBits) {
+  // Transfers of 256 KiB and more go over the context of their direction,
+  // smaller ones and the headers over the first (gloo_mesh.cc): both ends
+  // must pick the same one, op after op on one mesh (a mismatch waits out
+  // the deadline). Round robin: the lanes; blocked: the chain.
+  for (int hosts : {2, 3}) {
+    for (bool blocked : {false, true}) {
+      const int members = 6;
+      auto cluster = Cluster::Connect(hosts, Layout(members, hosts, blocked));
+      ASSERT_TRUE(cluster.ok()) << cluster.status();
+      for (const OpPlan& plan : {Plan(v1::PSUM, v1::FLOAT32, {300000}, members),
+                                 Plan(v1::PSUM, v1::FLOAT32, {16}, members),
+                                 Plan(v1::ALL_GATHER, v1::FLOAT32, {70000}, members),
+                                 Plan(v1::PMAX, v1::INT32, {100000}, members),
+                                 Plan(v1::ALL_GATHER, v1::FLOAT32, {3}, members),
+                                 Plan(v1::PSUM, v1::FLOAT32, {300000}, members)}) {
+        SCOPED_TRACE(absl::StrCat(plan.signature, ", ", hosts, " hosts",
+                                  blocked ? ", blocked" : ", round robin"));
+        Regions expected(members, plan), got(members, plan);
+        CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
+        ASSERT_TRUE(cpu.Run(plan, expected.io).ok());
+        for (const Outcome& o : (*cluster)->RunAll(plan, got.io)) {
+          ASSERT_TRUE(o.status.ok()) << o.status;
+        }
+        for (int m = 0; m < members; ++m) {
+          ASSERT_EQ(got.out[m], expected.out[m]) << "member " << m;
+        }
+      }
+    }
+  }
+}
+
 TEST(GlooMeshTest, SmallReductionsAreReplicatedInOneExchangeAndGiveTheOneHostBits) {
   // Below replicate_below_bytes (64 KiB by default) every host gets the
   // inputs it lacks and reduces them all; above, the lanes: what each host
@@ -499,10 +531,10 @@ TEST(GlooMeshTest, AnOpWithNoDeadlineWaitsForALateHost) {
 
 TEST(GlooMeshTest, AHeaderOfAnotherBuildIsNamedInsteadOfEndingTheProcess) {
   // Host 1 is a bare Gloo peer that answers host 0's header with one of
-  // another size, as a daemon of another build would: longer (a receive of
-  // exactly this build's header size would make Gloo end the process) and
-  // shorter. The op fails on host 0 naming the wire format, and the mesh
-  // breaks.
+  // another size, as a daemon of another build (version 6 on) would: longer
+  // (a receive of exactly this build's header size would make Gloo end the
+  // process) and shorter. The op fails on host 0 naming the wire format,
+  // and the mesh breaks.
   for (const size_t bytes : {size_t{600}, size_t{100}}) {
     SCOPED_TRACE(absl::StrCat(bytes, " bytes"));
     gloo::rendezvous::HashStore backing;
@@ -517,12 +549,18 @@ TEST(GlooMeshTest, AHeaderOfAnotherBuildIsNamedInsteadOfEndingTheProcess) {
       t.self = 0;
       mesh = ConnectGlooMesh(store, t, "127.0.0.1", std::chrono::seconds(30));
     });
+    // A mesh's connections (gloo_mesh.cc): two contexts, under the prefixes
+    // c0 and c1; headers go over the first.
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
-    auto peer = std::make_shared<gloo::rendezvous::Context>(1, 2);
-    peer->setTimeout(std::chrono::seconds(30));
-    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-    peer->connectFullMesh(store, device);
+    std::vector<std::shared_ptr<gloo::rendezvous::Context>> peer;
+    for (const char* prefix : {"c0", "c1"}) {
+      peer.push_back(std::make_shared<gloo::rendezvous::Context>(1, 2));
+      peer.back()->setTimeout(std::chrono::seconds(30));
+      gloo::rendezvous::PrefixStore prefixed(prefix, store);
+      std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+      peer.back()->connectFullMesh(prefixed, device);
+    }
     host0.join();
     ASSERT_TRUE(mesh.ok()) << mesh.status();
 
@@ -535,8 +573,8 @@ TEST(GlooMeshTest, AHeaderOfAnotherBuildIsNamedInsteadOfEndingTheProcess) {
     // The header slot (gloo_mesh.h): host 0's header in, the odd one out.
     constexpr uint64_t kHeaderSlot = uint64_t{1} << 63;
     std::vector<uint8_t> theirs(4096), odd(bytes, 0x5A);
-    auto in = peer->createUnboundBuffer(theirs.data(), theirs.size());
-    auto out = peer->createUnboundBuffer(odd.data(), odd.size());
+    auto in = peer[0]->createUnboundBuffer(theirs.data(), theirs.size());
+    auto out = peer[0]->createUnboundBuffer(odd.data(), odd.size());
     in->recv(0, kHeaderSlot);
     out->send(0, kHeaderSlot);
     in->waitRecv(std::chrono::seconds(30));
