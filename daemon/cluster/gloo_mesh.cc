@@ -648,13 +648,13 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts_;
   // The context of a message from rank `from` to rank `to`: the first, or
   // when `directed`, the first for messages to a higher rank and the second
-  // for those to a lower one. Gloo's TCP pair moves one message at a time in
-  // either direction (its lock is held through a whole read or write), so
-  // over one context a host's large send to a peer waits for its receive
-  // from that peer; over a context a direction both move at once, on a
-  // device thread each. Both ends of a message pick the same context, and
-  // the messages of one slot between two hosts all go over one pair, which
-  // keeps them in order.
+  // for those to a lower one. A Gloo context's one device thread serves
+  // both directions of a pair, and a send written in place holds the pair's
+  // lock so that the thread skips its reads meanwhile: over one context a
+  // host's large send to a peer and its receive from that peer take turns;
+  // over a context a direction both move at once, on a device thread each.
+  // Both ends of a message pick the same context, and the messages of one
+  // slot between two hosts all go over one pair, which keeps them in order.
   gloo::rendezvous::Context& Connections(int from, int to, bool directed) {
     return *contexts_[directed && from > to ? 1 : 0];
   }
@@ -687,6 +687,8 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   // receive, so that a shorter header reads as another wire format.
   std::vector<std::array<uint8_t, kHeaderCapacity>> header_in_;  // per rank
   std::vector<Posted> header_recvs_;
+  // Why posting them again failed (the next op fails with it, broken).
+  absl::Status next_headers_;
   // Buffers the op in flight waits on (Abort aborts their waits).
   std::vector<gloo::transport::UnboundBuffer*> outstanding_;
   std::thread worker_;
@@ -782,8 +784,8 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   std::vector<WireHeader> headers(size);
   headers[self] = MakeHeader(*op.plan, topology_, op.sequence, op.io.size(), options_,
                              op.executor != nullptr ? op.executor->buffer_kind() : "", verdict);
-  absl::Status status;
-  if (header_recvs_.empty()) {
+  absl::Status status = next_headers_;
+  if (status.ok() && header_recvs_.empty()) {
     header_in_.resize(size);
     for (int rank = 0; rank < size && status.ok(); ++rank) {
       if (rank == self) continue;
@@ -805,14 +807,14 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   }
   for (Posted& x : header_recvs_) {
     headers[x.rank] = ParseHeader(header_in_[x.rank]);
-    // The next op's header may come as soon as its host starts it.
+    // The next op's header may come as soon as its host starts it. A
+    // connection that fails here is the next op's error, not this one's: a
+    // host that finished this op may close its connections at once.
     header_in_[x.rank].fill(0);
     try {
-      x.buffer->recv(x.rank, kHeaderSlot, 0, kHeaderCapacity);
+      if (next_headers_.ok()) x.buffer->recv(x.rank, kHeaderSlot, 0, kHeaderCapacity);
     } catch (const std::exception& e) {
-      r.status = TransferError(x.rank, e, absl::InfiniteFuture());
-      r.broken = true;
-      return r;
+      next_headers_ = TransferError(x.rank, e, absl::InfiniteFuture());
     }
   }
   // Every host computes the same verdict from the same headers. Hosts at
@@ -1231,6 +1233,7 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
     // cluster's may be called from several threads).
     std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts(kGlooContexts);
     std::vector<std::exception_ptr> failed(kGlooContexts);
+    std::vector<bool> late(kGlooContexts, false);  // failed at or after the timeout
     auto connect = [&](int i) {
       try {
         std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
@@ -1241,14 +1244,31 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
         contexts[i] = std::move(context);
       } catch (...) {
         failed[i] = std::current_exception();
+        late[i] = std::chrono::steady_clock::now() - start >= timeout;
       }
     };
     std::vector<std::thread> threads;
     for (int i = 1; i < kGlooContexts; ++i) threads.emplace_back(connect, i);
     connect(0);
     for (std::thread& t : threads) t.join();
-    for (const std::exception_ptr& e : failed) {
-      if (e) std::rethrow_exception(e);
+    // The first failure, as it was when it happened (the other context may
+    // have waited out the timeout meanwhile).
+    for (int i = 0; i < kGlooContexts; ++i) {
+      if (!failed[i]) continue;
+      try {
+        std::rethrow_exception(failed[i]);
+      } catch (const std::exception& e) {
+        const std::string message =
+            absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
+                         bind_host, ": ", e.what());
+        if (late[i] || std::strstr(e.what(), "Timed out") != nullptr) {
+          return absl::DeadlineExceededError(message);
+        }
+        return absl::UnavailableError(message);
+      } catch (...) {
+        return absl::UnknownError(absl::StrCat("gloo mesh: connecting rank ", topology.self,
+                                               " of ", size, ": unknown exception"));
+      }
     }
     return std::unique_ptr<CrossHostMesh>(
         new GlooCrossHostMesh(topology, std::move(contexts), options));

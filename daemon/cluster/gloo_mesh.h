@@ -1,9 +1,9 @@
 // GlooCrossHostMesh: the CrossHostMesh (daemon/core/rendezvous.h) that runs a
 // mesh's ops across its hosts over two Gloo contexts (TCP, full mesh each):
-// transfers of 256 KiB or more to a higher rank go over the first, to a lower
-// rank over the second, so that both directions of a link move at once
-// (Gloo's TCP pair moves one message at a time); headers and smaller
-// transfers go over the first.
+// transfers of 256 KiB or more to a higher rank go over the first, to a
+// lower rank over the second, so that both directions of a link move at
+// once (over one context they take turns); headers and smaller transfers go
+// over the first.
 //
 // Design:
 //  - One worker thread per mesh. Start queues the op and returns; the worker
@@ -11,9 +11,10 @@
 //  - Header exchange: every op (barriers and ops of no bytes included) first
 //    sends a fixed-size signature of the op to every other host and receives
 //    theirs (the receive of each host's next header is posted as soon as
-//    the last one came: Gloo sends only to a posted receive): sequence, kind, dtypes, byte sizes, group size and count, root,
-//    member count, the chain's chunk size, a 64-bit FNV-1a hash of the rest of the plan (groups,
-//    permutation, axes, shapes, ...), the plan's signature text and, when
+//    the last one came: Gloo sends only to a posted receive): sequence,
+//    kind, dtypes, byte sizes, group size and count, root, member count,
+//    the chain's chunk size, a 64-bit FNV-1a hash of the rest of the plan
+//    (groups, permutation, axes, shapes, ...), the plan's signature text and, when
 //    this host's verdict is not OK, a flag and its text (truncated). When a
 //    host refused the op or the signatures differ, every host fails the op
 //    alike with FAILED_PRECONDITION naming the hosts, broken=false: nobody
@@ -23,10 +24,10 @@
 //    Headers are received into 4 KiB (a header must never grow past it) and
 //    their magic, version and size, which lead in every version from 5 on,
 //    are checked before anything else is read: a host of another such build
-//    is named as such instead of making Gloo end this process with a message
-//    longer than its receive. (Builds before version 5 post their headers on
-//    per-op slots: against them an op waits out its deadline, naming the
-//    host as one that did not take part.) The check is what keeps the data
+//    (version 6 on: version 5 connects one context under other store keys,
+//    so against it the connect times out naming the keys it waited for) is
+//    named as such instead of making Gloo end this process with a message
+//    longer than its receive. The check is what keeps the data
 //    phase safe: a slot whose sender and receiver disagree on its size makes
 //    Gloo's device thread throw (gloo::EnforceNotMet), which ends the
 //    process; the hash covers the mesh's layout of members on hosts too, so
@@ -59,7 +60,8 @@
 //    header has not come at the deadline is named; in the data phase the
 //    first transfer that fails names its peer.
 //    Abort aborts the waits in flight (ABORTED with the reason), and the
-//    worker then destroys the Gloo context, closing the connections, so the
+//    worker then drops the header receives and destroys the Gloo contexts,
+//    closing the connections, so the
 //    other hosts' ops fail with "connection lost" instead of waiting for
 //    their deadline. No Gloo exception escapes a thread.
 //  - Traffic: this host's share: the Traffic of its local executor runs,

@@ -10,7 +10,8 @@
 // message (a timeout names the missing keys), which is how Gloo reports store
 // errors.
 //
-// Thread-safety: as ClusterClient; Gloo calls a store from one thread.
+// Thread-safety: as ClusterClient (a mesh connects its two Gloo contexts
+// through one store from two threads).
 #ifndef COLLECTIVED_DAEMON_CLUSTER_GLOO_STORE_H_
 #define COLLECTIVED_DAEMON_CLUSTER_GLOO_STORE_H_
 

@@ -338,6 +338,54 @@ TEST(GlooMeshTest, LargeAndSmallOpsInTurnOnOneMeshGiveTheOneHostBits) {
   }
 }
 
+TEST(GlooMeshTest, OpsStartedBackToBackGiveTheOneHostBits) {
+  // Every host queues six ops at once (host 0 late): a host that finished
+  // op s sends op s + 1's header at once, into the receive posted ahead,
+  // while the others may still move op s's data.
+  for (int hosts : {2, 3}) {
+    const int members = 2 * hosts;
+    auto cluster = Cluster::Connect(hosts, Layout(members, hosts, false));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    std::vector<std::shared_ptr<const OpPlan>> plans;
+    for (const OpPlan& plan : {Plan(v1::PSUM, v1::FLOAT32, {200000}, members),
+                               Plan(v1::PSUM, v1::INT32, {5}, members),
+                               Plan(v1::ALL_GATHER, v1::FLOAT32, {70000}, members),
+                               Plan(v1::PMIN, v1::INT32, {64}, members),
+                               Plan(v1::PSUM, v1::FLOAT32, {300000}, members),
+                               Plan(v1::ALL_GATHER, v1::INT32, {7}, members)}) {
+      plans.push_back(std::make_shared<const OpPlan>(plan));
+    }
+    const int ops = static_cast<int>(plans.size());
+    std::vector<std::unique_ptr<Regions>> expected, got;
+    std::vector<int64_t> seqs;
+    for (const auto& plan : plans) {
+      expected.push_back(std::make_unique<Regions>(members, *plan));
+      got.push_back(std::make_unique<Regions>(members, *plan));
+      CpuExecutor cpu(CpuExecutorOptions{.threads = 2});
+      ASSERT_TRUE(cpu.Run(*plan, expected.back()->io).ok());
+      seqs.push_back((*cluster)->NextSequence());
+    }
+    auto dones = Dones::Make(hosts * ops);
+    std::vector<int> all;
+    for (int h = hosts - 1; h >= 0; --h) {
+      if (h == 0) absl::SleepFor(absl::Milliseconds(50));
+      for (int i = 0; i < ops; ++i) {
+        all.push_back(h * ops + i);
+        (*cluster)->Start(h, plans[i], seqs[i], got[i]->io, absl::OkStatus(),
+                          absl::Now() + absl::Seconds(60), dones->For(h * ops + i));
+      }
+    }
+    ASSERT_TRUE(dones->Wait(all, absl::Seconds(90)));
+    for (int i = 0; i < ops; ++i) {
+      SCOPED_TRACE(absl::StrCat(plans[i]->signature, ", ", hosts, " hosts"));
+      for (int h = 0; h < hosts; ++h) EXPECT_TRUE(dones->Get(h * ops + i).status.ok());
+      for (int m = 0; m < members; ++m) {
+        EXPECT_EQ(got[i]->out[m], expected[i]->out[m]) << "member " << m;
+      }
+    }
+  }
+}
+
 TEST(GlooMeshTest, SmallReductionsAreReplicatedInOneExchangeAndGiveTheOneHostBits) {
   // Below replicate_below_bytes (64 KiB by default) every host gets the
   // inputs it lacks and reduces them all; above, the lanes: what each host
@@ -1082,13 +1130,16 @@ TEST(GlooMeshTest, AbortOfAPeerFailsTheOpsWaitingOnIt) {
   ASSERT_NE(c, nullptr);
   auto plan = std::make_shared<const OpPlan>(Plan(v1::PSUM, v1::FLOAT32, {64}, members));
   Regions r(members, *plan);
+  // One op first: every host then has the next headers' receives posted,
+  // which hold its connections until an Abort drops them.
+  for (const Outcome& o : c->RunAll(*plan, r.io)) ASSERT_TRUE(o.status.ok()) << o.status;
   auto dones = Dones::Make(hosts);
   const int64_t seq = c->NextSequence();
   for (int h : {0, 1}) {
     c->Start(h, plan, seq, r.io, absl::OkStatus(), absl::Now() + absl::Seconds(30), dones->For(h));
   }
   absl::SleepFor(absl::Milliseconds(200));
-  c->mesh(2).Abort("host 2 leaves");  // idle: its context is torn down
+  c->mesh(2).Abort("host 2 leaves");  // idle: its contexts are torn down
   ASSERT_TRUE(dones->Wait({0, 1}, absl::Seconds(20)));
   for (int h : {0, 1}) ExpectAbortedWith(dones->Get(h), "host h2: connection lost");
 }
