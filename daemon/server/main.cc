@@ -138,8 +138,8 @@ ABSL_FLAG(bool, cluster_plaintext, false,
 ABSL_FLAG(int64_t, cluster_replicate_bytes, 64 * 1024,
           "Meshes across hosts: reductions whose input is smaller than this are replicated "
           "(each host gets every input it lacks and reduces them all: one exchange) instead "
-          "of cut into lanes or chained (two exchanges or more). Every daemon of a cluster "
-          "must use the same value.");
+          "of cut into lanes or chained (two exchanges or more); at least 0. Every daemon of "
+          "a cluster must use the same value.");
 ABSL_FLAG(int64_t, cluster_chunk_bytes, int64_t{4} << 20,
           "Meshes across hosts: the chunk in which a reduction's running result travels "
           "between hosts (smaller chunks overlap the hosts' work more, each costs a round "
@@ -408,8 +408,11 @@ int Main(int argc, char** argv) {
       return Fail(absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096"));
     }
     ro.gloo.chunk_bytes = static_cast<uint64_t>(chunk);
-    ro.gloo.replicate_below_bytes = static_cast<uint64_t>(
-        std::max<int64_t>(0, absl::GetFlag(FLAGS_cluster_replicate_bytes)));
+    const int64_t replicate = absl::GetFlag(FLAGS_cluster_replicate_bytes);
+    if (replicate < 0) {
+      return Fail(absl::InvalidArgumentError("--cluster-replicate-bytes must be >= 0"));
+    }
+    ro.gloo.replicate_below_bytes = static_cast<uint64_t>(replicate);
     ro.serves_coordinator = serve_coordinator;
     rendezvous = std::make_unique<ClusterRendezvous>(ro);
     options.rendezvous = rendezvous.get();

@@ -353,6 +353,8 @@ TEST(ClusterDaemonsTest, BadClusterFlagsAreRefusedAtStart) {
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-lease-ms=10"}, "--cluster-lease-ms"},
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-chunk-bytes=4095"},
        "--cluster-chunk-bytes"},
+      {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-replicate-bytes=-1"},
+       "--cluster-replicate-bytes must be >= 0"},
       {{"--tcp=127.0.0.1:0", "--coordinator", "--cluster-token-file=" + empty_token}, "is empty"},
   };
   for (const Case& c : cases) {
