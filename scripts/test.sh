@@ -44,11 +44,12 @@ if [ "$quick" -eq 0 ]; then
     run_suite "asan+ubsan" build-asan "-LE nosan" "" -DCOLLECTIVED_SANITIZE=address -DCOLLECTIVED_WITH_CUDA=OFF \
       -DCOLLECTIVED_BUILD_BENCH=OFF
   # TSan runs the in-process concurrency tests (engine, executor, thread pool,
-  # timer): gRPC from Debian is not TSan-instrumented, so processes that use
-  # it would report races TSan cannot see the synchronization of; for the
-  # same reason tests/tsan.supp names absl::Status's uninstrumented refcount.
+  # timer, the Gloo mesh with hosts as threads): gRPC from Debian is not
+  # TSan-instrumented, so processes that use it would report races TSan
+  # cannot see the synchronization of; for the same reason tests/tsan.supp
+  # names absl::Status's uninstrumented refcount.
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$here/tests/tsan.supp" \
-    run_suite "tsan" build-tsan "-L unit" collectived_unit_tests -DCOLLECTIVED_SANITIZE=thread \
+    run_suite "tsan" build-tsan "-L unit" collectived_in_process_tests -DCOLLECTIVED_SANITIZE=thread \
       -DCOLLECTIVED_WITH_CUDA=OFF -DCOLLECTIVED_BUILD_BENCH=OFF
   echo "=== libFuzzer: requests, side-socket packets, fast-path queues (${FUZZ_SECONDS:-20} s each)"
   scripts/fuzz.sh "${FUZZ_SECONDS:-20}"

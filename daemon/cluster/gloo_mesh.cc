@@ -1233,7 +1233,8 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
     // cluster's may be called from several threads).
     std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts(kGlooContexts);
     std::vector<std::exception_ptr> failed(kGlooContexts);
-    std::vector<bool> late(kGlooContexts, false);  // failed at or after the timeout
+    // Failed at or after the timeout (bytes, not vector<bool>: one thread each).
+    std::vector<uint8_t> late(kGlooContexts, 0);
     auto connect = [&](int i) {
       try {
         std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
@@ -1244,7 +1245,7 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
         contexts[i] = std::move(context);
       } catch (...) {
         failed[i] = std::current_exception();
-        late[i] = std::chrono::steady_clock::now() - start >= timeout;
+        late[i] = std::chrono::steady_clock::now() - start >= timeout ? 1 : 0;
       }
     };
     std::vector<std::thread> threads;
@@ -1261,7 +1262,7 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
         const std::string message =
             absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
                          bind_host, ": ", e.what());
-        if (late[i] || std::strstr(e.what(), "Timed out") != nullptr) {
+        if (late[i] != 0 || std::strstr(e.what(), "Timed out") != nullptr) {
           return absl::DeadlineExceededError(message);
         }
         return absl::UnavailableError(message);
