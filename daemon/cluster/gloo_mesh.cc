@@ -1224,6 +1224,16 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
         absl::StrCat("gloo mesh: rank ", topology.self, " of ", size, " hosts"));
   }
   const auto start = std::chrono::steady_clock::now();
+  // A Gloo error, `late` when it came at or after the timeout.
+  auto failure = [&](const std::exception& e, bool late) {
+    const std::string message =
+        absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
+                     bind_host, ": ", e.what());
+    if (late || std::strstr(e.what(), "Timed out") != nullptr) {
+      return absl::DeadlineExceededError(message);
+    }
+    return absl::UnavailableError(message);
+  };
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = bind_host;
@@ -1259,13 +1269,7 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
       try {
         std::rethrow_exception(failed[i]);
       } catch (const std::exception& e) {
-        const std::string message =
-            absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
-                         bind_host, ": ", e.what());
-        if (late[i] != 0 || std::strstr(e.what(), "Timed out") != nullptr) {
-          return absl::DeadlineExceededError(message);
-        }
-        return absl::UnavailableError(message);
+        return failure(e, late[i] != 0);
       } catch (...) {
         return absl::UnknownError(absl::StrCat("gloo mesh: connecting rank ", topology.self,
                                                " of ", size, ": unknown exception"));
@@ -1274,13 +1278,7 @@ absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous:
     return std::unique_ptr<CrossHostMesh>(
         new GlooCrossHostMesh(topology, std::move(contexts), options));
   } catch (const std::exception& e) {
-    const bool timed_out = std::strstr(e.what(), "Timed out") != nullptr ||
-                           std::chrono::steady_clock::now() - start >= timeout;
-    const std::string message =
-        absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
-                     bind_host, ": ", e.what());
-    if (timed_out) return absl::DeadlineExceededError(message);
-    return absl::UnavailableError(message);
+    return failure(e, std::chrono::steady_clock::now() - start >= timeout);
   }
 }
 
