@@ -8,7 +8,8 @@
 #
 # OUTDIR gets ctest's JUnit XML (junit.xml), the build and test logs,
 # summary.json (passed / failed / skipped per test binary) and bench/ (the GPU
-# benchmark rows of bench/gpu_bench.sh, run after the tests in the time left). Exit status: 0
+# benchmark rows of bench/gpu_bench.sh, run after the tests in the time left)
+# and grpc_ratio.txt (bench/grpc_ratio.sh, if time is left after them). Exit status: 0
 # when the build succeeded and no test failed; 1 when a test failed; 2 when
 # the build (or its prerequisites) failed.
 #
@@ -376,6 +377,18 @@ if ((bench_left >= 30)); then
   [ -s "$out/bench/summary.txt" ] && cat "$out/bench/summary.txt"
 else
   echo "GPU benchmarks: not run, only $bench_left s left of GPU_CHECK_TOTAL_S"
+fi
+
+# Not a GPU check: small psum over gRPC against a bare gRPC round trip
+# (bench/grpc_ratio.sh), which a 2-core machine cannot separate from its own
+# scheduling; this machine has the cores to. In what is left, if anything.
+ratio_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
+if ((ratio_left >= 30)) && [ -x "$build/bench/collectived_perf" ]; then
+  echo "== gRPC path against a bare round trip (bench/grpc_ratio.sh, at most $ratio_left s) =="
+  timeout "$ratio_left" "$here/bench/grpc_ratio.sh" --runs 9 --members 2,4 --iters 1000 \
+    --perf "$build/bench/collectived_perf" >"$out/grpc_ratio.txt" 2>&1 ||
+    echo "grpc_ratio: failed or cut off at $ratio_left s"
+  sed -n '/^# members  ratio/,$p' "$out/grpc_ratio.txt"
 fi
 
 if [ $ctest_status -ne 0 ]; then
