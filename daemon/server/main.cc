@@ -32,6 +32,7 @@
 #include "common/status_util.h"
 #include "common/unix_socket.h"
 #include "absl/strings/ascii.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_split.h"
 #include "daemon/cluster/cluster_client.h"
 #if COLLECTIVED_HAVE_GLOO
@@ -327,6 +328,10 @@ int Main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // An Abseil built without NDEBUG (Debian's) records every Mutex
+  // acquisition in one process-wide lock-order graph, under one global lock:
+  // a shared cost on every op. The TSan build checks lock order instead.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   char host[HOST_NAME_MAX + 1] = {};
   gethostname(host, sizeof(host) - 1);
