@@ -251,13 +251,14 @@ absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
     h.joined_at = now;
     h.last_heartbeat = now;
     h.expires_at = now + options_.lease_ttl;
+    // Under mu_: a Leave right after this Join cancels it.
+    h.timer = timer_.Schedule(h.expires_at, [this, lease_id] { OnLeaseTimer(lease_id); });
     leases_[lease_id] = id;
     grant.lease_id = lease_id;
     grant.ttl = options_.lease_ttl;
     grant.hosts = HostsLocked();
   }
   Deliver(answers);
-  timer_.Schedule(now + options_.lease_ttl, [this, lease_id] { OnLeaseTimer(lease_id); });
   LogEvent(LogLevel::kInfo, "cluster_host_joined",
            {{"host_id", id}, {"address", std::string(address)},
             {"lease_ttl_ms", absl::StrCat(absl::ToInt64Milliseconds(options_.lease_ttl))}});
@@ -317,6 +318,9 @@ void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::strin
   auto h = hosts_.find(host_id);
   if (h == hosts_.end()) return;
   const std::string lease_id = h->second.lease_id;
+  // A lease that expired is ended from its own timer, which has started
+  // (Cancel does nothing then); a left or replaced one stops its timer here.
+  timer_.Cancel(h->second.timer);
   leases_.erase(lease_id);
   hosts_.erase(h);
   if (auto owned = owned_.find(lease_id); owned != owned_.end()) {
@@ -355,11 +359,11 @@ void InMemoryCoordinator::OnLeaseTimer(const std::string& lease_id) {
     if (shutdown_) return;
     auto it = leases_.find(lease_id);
     if (it == leases_.end()) return;  // left or replaced
-    const Host& h = hosts_[it->second];
+    Host& h = hosts_[it->second];
     const absl::Time now = absl::Now();
     if (now < h.expires_at) {
       // Renewed since: look again at the new expiry.
-      timer_.Schedule(h.expires_at, [this, lease_id] { OnLeaseTimer(lease_id); });
+      h.timer = timer_.Schedule(h.expires_at, [this, lease_id] { OnLeaseTimer(lease_id); });
       return;
     }
     host_id = it->second;
@@ -984,6 +988,8 @@ int64_t InMemoryCoordinator::mesh_key_count() {
   MutexLock lock(&mu_);
   return static_cast<int64_t>(meshes_.size());
 }
+
+int64_t InMemoryCoordinator::timer_count() { return static_cast<int64_t>(timer_.pending()); }
 
 int64_t InMemoryCoordinator::key_count() {
   MutexLock lock(&mu_);

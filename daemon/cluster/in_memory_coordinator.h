@@ -88,6 +88,8 @@ class InMemoryCoordinator final : public Coordinator {
   int64_t mesh_key_count();
   // Gets and MeshWaits waiting now.
   int64_t waiter_count();
+  // Timer callbacks pending (lease expiries and wait deadlines; for tests).
+  int64_t timer_count();
   void CancelWait(WaitId id) override;
 
   // Ended generations whose reasons a key keeps.
@@ -102,6 +104,8 @@ class InMemoryCoordinator final : public Coordinator {
     absl::Time joined_at;
     absl::Time last_heartbeat;
     absl::Time expires_at;
+    // The lease's expiry check (cancelled when the lease ends otherwise).
+    DeadlineTimer::TimerId timer = 0;
   };
   struct Entry {
     std::string value;

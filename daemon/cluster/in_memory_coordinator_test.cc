@@ -112,6 +112,25 @@ TEST(InMemoryCoordinatorTest, JoinAgainReplacesTheLiveLease) {
   EXPECT_EQ(c.key_count(), 0);
 }
 
+TEST(InMemoryCoordinatorTest, ARejoinOrLeaveStopsTheEndedLeasesTimer) {
+  // An hour-long ttl: no timer fires during the test, so each one still
+  // pending is a lease's that was never cancelled.
+  InMemoryCoordinator c({.lease_ttl = absl::Hours(1)});
+  std::string lease;
+  for (int i = 0; i < 1000; ++i) {
+    auto g = c.Join("h", "127.0.0.1:1");
+    ASSERT_TRUE(g.ok()) << g.status();
+    lease = g->lease_id;
+  }
+  auto other = c.Join("other", "127.0.0.1:2");
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(c.timer_count(), 2);  // one per live lease
+  ASSERT_TRUE(c.Leave(lease).ok());
+  EXPECT_EQ(c.timer_count(), 1);
+  ASSERT_TRUE(c.Leave(other->lease_id).ok());
+  EXPECT_EQ(c.timer_count(), 0);
+}
+
 TEST(InMemoryCoordinatorTest, LeaveRemovesTheHostAtOnce) {
   InMemoryCoordinator c;
   auto a = c.Join("a", "127.0.0.1:1");

@@ -41,6 +41,11 @@ void DeadlineTimer::Cancel(TimerId id) {
   deadline_of_.erase(it);
 }
 
+size_t DeadlineTimer::pending() {
+  MutexLock lock(&mu_);
+  return queue_.size();
+}
+
 void DeadlineTimer::Loop() {
   MutexLock lock(&mu_);
   for (;;) {

@@ -7,6 +7,7 @@
 #ifndef COLLECTIVED_DAEMON_CORE_TIMER_H_
 #define COLLECTIVED_DAEMON_CORE_TIMER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -32,6 +33,8 @@ class DeadlineTimer {
   TimerId Schedule(absl::Time deadline, std::function<void()> fn);
   // Drops the callback if it has not started; no-op for unknown ids and 0.
   void Cancel(TimerId id);
+  // Callbacks scheduled and not yet started (for tests and stats).
+  size_t pending();
   // Stops the thread (waiting for a running callback); later callbacks are
   // dropped. Idempotent; the destructor calls it.
   void Stop();
