@@ -662,11 +662,12 @@ absl::Status InMemoryCoordinator::NotFullLocked(const std::string& key,
 
 absl::Status InMemoryCoordinator::NotLiveLocked(const std::string& key, int64_t generation) {
   auto it = meshes_.find(key);
-  if (it == meshes_.end() || generation > it->second.last_generation) {
+  if (it == meshes_.end() || generation > it->second.last_generation ||
+      generation < it->second.first_generation) {
     return absl::NotFoundError(absl::StrCat(
         "mesh '", key, "' has no generation ", generation,
-        " (never registered, or ended more than ", absl::FormatDuration(kMeshMemory),
-        " ago)"));
+        " (never registered, or forgotten: ended more than ", absl::FormatDuration(kMeshMemory),
+        " ago, or sooner to make room for other meshes)"));
   }
   for (const MeshEnding& e : it->second.endings) {
     if (e.generation == generation) {
@@ -751,6 +752,7 @@ absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration
       }
       it = meshes_.emplace(reg.key, MeshRecord()).first;
       it->second.last_generation = forgotten_generations_;
+      it->second.first_generation = forgotten_generations_ + 1;
     }
     MeshRecord& record = it->second;
     if (record.live != nullptr) {

@@ -16,7 +16,8 @@
 // than kMeshMemory ago, or earlier when max_meshes records exist and a new key
 // needs one (the record idle the longest goes). Generation numbers never
 // repeat: a forgotten key starts again above every number a forgotten key
-// had. MeshWait / MeshLeave on a forgotten key answer NOT_FOUND. A host's
+// had. MeshWait / MeshLeave on a forgotten key answer NOT_FOUND, as they do
+// for the numbers below a key's first after it was registered again. A host's
 // lease ending (expiry, Leave, a new Join of the host) ends every live
 // generation in which the host holds members.
 //
@@ -140,6 +141,10 @@ class InMemoryCoordinator final : public Coordinator {
     std::string reason;
   };
   struct MeshRecord {
+    // The first generation number this record issued: a key forgotten and
+    // registered again starts above every forgotten key's numbers, so the
+    // numbers below were never this record's.
+    int64_t first_generation = 1;
     int64_t last_generation = 0;
     std::unique_ptr<MeshGeneration> live;  // null when none
     std::deque<MeshEnding> endings;  // the last kKeptMeshEndings, oldest first

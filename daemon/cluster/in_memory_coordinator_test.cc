@@ -815,6 +815,15 @@ TEST(InMemoryCoordinatorMeshTest, AFullRegistryForgetsAnEndedMeshAndNeverRepeats
   ASSERT_TRUE(c.MeshLeave("L", 2, "a", a->lease_id, {0}, true, "done").ok());
   // K again: above every number a forgotten key had, never 1 again.
   ASSERT_EQ(*c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 3);
+  // The numbers below 3 are not this K's: not found, not "ended".
+  EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(WaitNow(c, "K", 2).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.MeshLeave("K", 1, "a", a->lease_id, {0}, true, "late").code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(WaitNow(c, "K", 4).status().code(), absl::StatusCode::kNotFound);
+  // Its own ended generation is still named as ended.
+  ASSERT_TRUE(c.MeshLeave("K", 3, "a", a->lease_id, {0}, true, "done").ok());
+  EXPECT_EQ(WaitNow(c, "K", 3).status().code(), absl::StatusCode::kAborted);
 }
 
 TEST(InMemoryCoordinatorMeshTest, BadMeshInputIsRefusedAndChangesNothing) {
