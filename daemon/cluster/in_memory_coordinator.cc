@@ -235,12 +235,12 @@ absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
   const std::string lease_id = RandomId("l-");
   const absl::Time now = absl::Now();
   LeaseGrant grant;
-  std::vector<MeshAnswer> answers;
+  Outbox after;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
     if (hosts_.count(id) > 0) {
-      EndLeaseLocked(id, "replaced by a new join of the host", &answers);
+      EndLeaseLocked(id, "replaced by a new join of the host", &after);
     } else if (static_cast<int>(hosts_.size()) >= options_.max_hosts) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the cluster has ", hosts_.size(), " hosts, the most allowed"));
@@ -258,7 +258,7 @@ absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
     grant.ttl = options_.lease_ttl;
     grant.hosts = HostsLocked();
   }
-  Deliver(answers);
+  Deliver(after);
   LogEvent(LogLevel::kInfo, "cluster_host_joined",
            {{"host_id", id}, {"address", std::string(address)},
             {"lease_ttl_ms", absl::StrCat(absl::ToInt64Milliseconds(options_.lease_ttl))}});
@@ -285,16 +285,16 @@ absl::Status InMemoryCoordinator::Heartbeat(absl::string_view lease_id) {
 absl::Status InMemoryCoordinator::Leave(absl::string_view lease_id) {
   if (lease_id.empty()) return absl::InvalidArgumentError("lease_id is empty");
   std::string host_id;
-  std::vector<MeshAnswer> answers;
+  Outbox after;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
     auto it = leases_.find(lease_id);
     if (it == leases_.end()) return absl::NotFoundError("lease not found");
     host_id = it->second;
-    EndLeaseLocked(host_id, "left", &answers);
+    EndLeaseLocked(host_id, "left", &after);
   }
-  Deliver(answers);
+  Deliver(after);
   LogEvent(LogLevel::kInfo, "cluster_host_left", {{"host_id", host_id}});
   return absl::OkStatus();
 }
@@ -314,7 +314,7 @@ std::vector<HostRecord> InMemoryCoordinator::HostsLocked() {
 }
 
 void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::string_view why,
-                                         std::vector<MeshAnswer>* answers) {
+                                         Outbox* out) {
   auto h = hosts_.find(host_id);
   if (h == hosts_.end()) return;
   const std::string lease_id = h->second.lease_id;
@@ -335,10 +335,12 @@ void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::strin
   for (auto& [key, record] : meshes_) {
     if (record.live != nullptr && record.live->host_members.count(host_id) > 0) {
       EndGenerationLocked(key, record,
-                          absl::StrCat("host ", host_id, "'s lease ended (", why, ")"), answers);
+                          absl::StrCat("host ", host_id, "'s lease ended (", why, ")"), out);
     }
   }
-  LogEvent(LogLevel::kDebug, "cluster_lease_ended", {{"host_id", host_id}, {"why", std::string(why)}});
+  out->logs.push_back([host_id, why = std::string(why)] {
+    LogEvent(LogLevel::kDebug, "cluster_lease_ended", {{"host_id", host_id}, {"why", why}});
+  });
 }
 
 void InMemoryCoordinator::EraseKeyLocked(std::map<std::string, Entry, std::less<>>::iterator it) {
@@ -353,7 +355,7 @@ void InMemoryCoordinator::EraseKeyLocked(std::map<std::string, Entry, std::less<
 
 void InMemoryCoordinator::OnLeaseTimer(const std::string& lease_id) {
   std::string host_id;
-  std::vector<MeshAnswer> answers;
+  Outbox after;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return;
@@ -367,9 +369,9 @@ void InMemoryCoordinator::OnLeaseTimer(const std::string& lease_id) {
       return;
     }
     host_id = it->second;
-    EndLeaseLocked(host_id, "expired", &answers);
+    EndLeaseLocked(host_id, "expired", &after);
   }
-  Deliver(answers);
+  Deliver(after);
   LogEvent(LogLevel::kWarn, "cluster_lease_expired",
            {{"host_id", host_id},
             {"lease_ttl_ms", absl::StrCat(absl::ToInt64Milliseconds(options_.lease_ttl))}});
@@ -609,9 +611,11 @@ void InMemoryCoordinator::Shutdown() {
 
 // ---- The mesh registry ----
 
-void InMemoryCoordinator::Deliver(std::vector<MeshAnswer>& answers) {
-  for (MeshAnswer& a : answers) a.done(std::move(a.result));
-  answers.clear();
+void InMemoryCoordinator::Deliver(Outbox& out) {
+  for (std::function<void()>& log : out.logs) log();
+  out.logs.clear();
+  for (MeshAnswer& a : out.answers) a.done(std::move(a.result));
+  out.answers.clear();
 }
 
 int64_t InMemoryCoordinator::WaiterCountLocked() {
@@ -680,7 +684,7 @@ absl::Status InMemoryCoordinator::NotLiveLocked(const std::string& key, int64_t 
 }
 
 void InMemoryCoordinator::EndGenerationLocked(const std::string& key, MeshRecord& record,
-                                              std::string reason, std::vector<MeshAnswer>* out) {
+                                              std::string reason, Outbox* out) {
   MeshGeneration& gen = *record.live;
   const absl::Status aborted =
       absl::AbortedError(absl::StrCat(MeshName(key, gen.number), " ended: ", reason));
@@ -688,14 +692,16 @@ void InMemoryCoordinator::EndGenerationLocked(const std::string& key, MeshRecord
     auto w = mesh_waiters_.find(id);
     if (w == mesh_waiters_.end()) continue;
     timer_.Cancel(w->second.timer);
-    out->push_back({std::move(w->second.done), aborted});
+    out->answers.push_back({std::move(w->second.done), aborted});
     mesh_waiters_.erase(w);
   }
   // The keys its hosts connected through are of no use any more.
   const int64_t deleted = DeletePrefixLocked(MeshStorePrefix(key, gen.number) + "/");
-  LogEvent(LogLevel::kInfo, "cluster_mesh_ended",
-           {{"key", key}, {"generation", absl::StrCat(gen.number)}, {"reason", reason},
-            {"store_keys_deleted", absl::StrCat(deleted)}});
+  out->logs.push_back([key, number = gen.number, reason, deleted] {
+    LogEvent(LogLevel::kInfo, "cluster_mesh_ended",
+             {{"key", key}, {"generation", absl::StrCat(number)}, {"reason", reason},
+              {"store_keys_deleted", absl::StrCat(deleted)}});
+  });
   record.endings.push_back({gen.number, std::move(reason)});
   while (record.endings.size() > kKeptMeshEndings) record.endings.pop_front();
   record.idle_since = absl::Now();
@@ -730,7 +736,7 @@ bool InMemoryCoordinator::SweepMeshesLocked(bool need_room) {
 
 absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration& reg) {
   if (absl::Status st = ValidateMeshRegistration(reg); !st.ok()) return st;
-  std::vector<MeshAnswer> answers;
+  Outbox after;
   int64_t number = 0;
   bool became_ready = false;
   {
@@ -815,13 +821,13 @@ absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration
         auto w = mesh_waiters_.find(id);
         if (w == mesh_waiters_.end()) continue;
         timer_.Cancel(w->second.timer);
-        answers.push_back({std::move(w->second.done), membership});
+        after.answers.push_back({std::move(w->second.done), membership});
         mesh_waiters_.erase(w);
       }
       gen.waiters.clear();
     }
   }
-  Deliver(answers);
+  Deliver(after);
   if (became_ready) {
     LogEvent(LogLevel::kInfo, "cluster_mesh_ready",
              {{"key", reg.key}, {"generation", absl::StrCat(number)},
@@ -940,7 +946,7 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
     return absl::InvalidArgumentError(absl::StrCat(
         "reason is ", reason.size(), " bytes; at most ", kMaxMeshReasonBytes, " are allowed"));
   }
-  std::vector<MeshAnswer> answers;
+  Outbox after;
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
@@ -967,7 +973,7 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
           it->first, record,
           absl::StrCat("host ", host, ": ",
                        reason.empty() ? (broken ? "broke" : "left the formed mesh") : reason),
-          &answers);
+          &after);
     } else {
       for (int32_t i : indices) {
         auto m = gen.member_host.find(i);
@@ -978,11 +984,11 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
         }
       }
       if (gen.member_host.empty()) {
-        EndGenerationLocked(it->first, record, "every member left", &answers);
+        EndGenerationLocked(it->first, record, "every member left", &after);
       }
     }
   }
-  Deliver(answers);
+  Deliver(after);
   return absl::OkStatus();
 }
 

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -160,12 +161,20 @@ class InMemoryCoordinator final : public Coordinator {
     MeshWaitCallback done;
     absl::StatusOr<MeshMembership> result;
   };
+  // What a call does once it has unlocked mu_ (Deliver): its log lines (a
+  // write to stderr may block, and must not hold up the whole coordinator),
+  // then its MeshWait answers.
+  struct Outbox {
+    std::vector<std::function<void()>> logs;
+    std::vector<MeshAnswer> answers;
+  };
 
   // Ends the lease of `host_id` (expiry, leave or replacement): removes the
   // host, deletes the keys its lease owns and ends the live mesh generations
-  // it holds members of (their waiters' answers go to `answers`).
-  void EndLeaseLocked(const std::string& host_id, absl::string_view why,
-                      std::vector<MeshAnswer>* answers) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // it holds members of (their waiters' answers and the log lines go to
+  // `out`).
+  void EndLeaseLocked(const std::string& host_id, absl::string_view why, Outbox* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes every key starting with `prefix`; how many.
   int64_t DeletePrefixLocked(absl::string_view prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseKeyLocked(std::map<std::string, Entry, std::less<>>::iterator it)
@@ -192,7 +201,7 @@ class InMemoryCoordinator final : public Coordinator {
   // Ends the live generation of `record` for `reason`: its waiters get
   // ABORTED (into `out`), the reason is kept.
   void EndGenerationLocked(const std::string& key, MeshRecord& record, std::string reason,
-                           std::vector<MeshAnswer>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           Outbox* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   MeshMembership MembershipLocked(const MeshGeneration& gen) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DEADLINE_EXCEEDED for a generation still forming: the missing indices
   // and who registered how many.
@@ -207,7 +216,7 @@ class InMemoryCoordinator final : public Coordinator {
   // record idle the longest). False when no room could be made.
   bool SweepMeshesLocked(bool need_room) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnMeshWaitTimeout(uint64_t waiter_id);
-  static void Deliver(std::vector<MeshAnswer>& answers);
+  static void Deliver(Outbox& out);
 
   const InMemoryCoordinatorOptions options_;
   Mutex mu_;

@@ -3,14 +3,21 @@
 // polls against a deadline.
 #include "daemon/cluster/in_memory_coordinator.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
+#include "daemon/util/log.h"
 #include "tests/harness/eventually.h"
 
 namespace collectived {
@@ -824,6 +831,63 @@ TEST(InMemoryCoordinatorMeshTest, AFullRegistryForgetsAnEndedMeshAndNeverRepeats
   // Its own ended generation is still named as ended.
   ASSERT_TRUE(c.MeshLeave("K", 3, "a", a->lease_id, {0}, true, "done").ok());
   EXPECT_EQ(WaitNow(c, "K", 3).status().code(), absl::StatusCode::kAborted);
+}
+
+TEST(InMemoryCoordinatorMeshTest, ALogLineStuckOnStderrDoesNotHoldUpTheCoordinator) {
+  InMemoryCoordinator c;
+  auto a = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1));
+  SetLogLevel(LogLevel::kInfo);  // the generation's end is logged at info
+  // stderr into a pipe that nobody reads yet, full: the next line's writer
+  // blocks in write(2) until the pipe is drained.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
+  const char filler[4096] = {};
+  while (write(pipe_fds[1], filler, sizeof(filler)) > 0 || errno == EINTR) {
+  }
+  ASSERT_EQ(errno, EAGAIN);
+  ASSERT_EQ(fcntl(pipe_fds[1], F_SETFL, 0), 0);
+  std::fflush(stderr);
+  const int saved_stderr = dup(2);
+  ASSERT_GE(saved_stderr, 0);
+  ASSERT_EQ(dup2(pipe_fds[1], 2), 2);
+
+  // Ends the generation, then logs it: its thread stays in the log's write.
+  std::thread leaver([&] {
+    EXPECT_TRUE(c.MeshLeave("K", 1, "a", a->lease_id, {0}, true, "stuck log").ok());
+  });
+  // Meanwhile another caller gets its answer (the end, once it happened).
+  std::vector<std::future<absl::StatusCode>> probes;  // kept: a stuck one is joined below
+  bool stuck = false, ended = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+       !ended && !stuck && absl::Now() < deadline;) {
+    probes.push_back(std::async(std::launch::async,
+                                [&c] { return WaitNow(c, "K", 1).status().code(); }));
+    if (probes.back().wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+      stuck = true;
+    } else if (probes.back().get() == absl::StatusCode::kAborted) {
+      ended = true;
+    } else {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  // Unblock the writer whatever happened, and give stderr back.
+  ASSERT_EQ(dup2(saved_stderr, 2), 2);
+  close(saved_stderr);
+  close(pipe_fds[1]);
+  std::thread drainer([fd = pipe_fds[0]] {
+    char buf[4096];
+    while (read(fd, buf, sizeof(buf)) > 0 || errno == EINTR) {
+    }
+    close(fd);
+  });
+  leaver.join();
+  drainer.join();
+  EXPECT_FALSE(stuck) << "a MeshWait waited for the coordinator lock while a log line was "
+                         "stuck on stderr";
+  EXPECT_TRUE(ended);
 }
 
 TEST(InMemoryCoordinatorMeshTest, BadMeshInputIsRefusedAndChangesNothing) {
