@@ -1003,7 +1003,10 @@ int RunMember(const Config& cfg) {
   collectived::ClientOptions options{.socket_path = cfg.socket,
                                      .client_name = absl::StrCat("perf-", n, "-", me)};
   options.fast_path = cfg.fast_path;
-  if (cfg.spin_us >= 0) options.fast_path_spin = absl::Microseconds(cfg.spin_us);
+  if (cfg.spin_us >= 0) {
+    options.fast_path_spin = absl::Microseconds(cfg.spin_us);
+    options.grpc_spin = absl::Microseconds(cfg.spin_us);
+  }
   auto client = collectived::Client::Connect(options);
   if (!client.ok()) return MemberFail(fd, absl::StrCat("connect: ", client.status().ToString()));
   // The buffers first: a device the daemon cannot use fails every member the

@@ -5,9 +5,10 @@
 # one after another (bench/README.md, "The gRPC path").
 #
 #   bench/grpc_ratio.sh [--runs N] [--members 2,4] [--iters N] [--bytes SIZE]
-#                       [--perf PATH]
+#                       [--perf PATH] [--perf-args "ARGS"]
 #
-# Prints one line per run (the three medians in µs and their ratios), then per
+# --perf-args: more collectived_perf flags (e.g. "--spin-us=0"). Prints one
+# line per run (the three medians in µs and their ratios), then per
 # member count the median and range of each ratio over the runs and how many
 # runs had psum <= 1.3x grpc_echo. Exit status 0 when every run finished
 # (whatever the ratios), 1 otherwise.
@@ -18,6 +19,7 @@ members=2,4
 iters=2000
 bytes=8
 perf="$here/build/bench/collectived_perf"
+perf_args=""
 while (($#)); do
   case "$1" in
     --runs) runs="$2"; shift 2 ;;
@@ -25,7 +27,8 @@ while (($#)); do
     --iters) iters="$2"; shift 2 ;;
     --bytes) bytes="$2"; shift 2 ;;
     --perf) perf="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --perf-args) perf_args="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "grpc_ratio.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +46,7 @@ for m in ${members//,/ }; do
     # One line per op: its name and its median time.
     got=$("$perf" --path grpc --daemon-args=--member-op-bytes=0 \
         --op psum,grpc_echo,grpc_rendezvous --iters "$iters" \
-        --min-bytes "$bytes" --max-bytes "$bytes" --members "$m" 2>&1 |
+        --min-bytes "$bytes" --max-bytes "$bytes" --members "$m" $perf_args 2>&1 |
       awk '/^# collectived_perf: op /{op=$4; sub(",", "", op)}
            /^ +[0-9]/{print op, $4}')
     line=$(awk -v m="$m" -v i="$i" '

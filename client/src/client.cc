@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -451,7 +452,8 @@ class FastQueue final : public OpWaiter {
 class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<GrpcStream> {
  public:
   // Opens the stream (its start completes on the queue).
-  GrpcStream(v1::Collective::Stub* stub, const std::string& session_id) {
+  GrpcStream(v1::Collective::Stub* stub, const std::string& session_id, absl::Duration spin)
+      : spin_(spin) {
     ctx_.AddMetadata(kSessionMetadataKey, session_id);
     MutexLock lock(&mu_);
     stream_ = stub->PrepareAsyncExecute(&ctx_, &cq_);
@@ -568,10 +570,7 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
       void* tag = nullptr;
       bool ok = false;
       mu_.Unlock();
-      grpc::CompletionQueue::NextStatus r =
-          deadline == absl::InfinitePast()
-              ? cq_.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC))
-              : cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(deadline));
+      grpc::CompletionQueue::NextStatus r = Next(&tag, &ok, deadline);
       mu_.Lock();
       driving_ = false;
       if (r == grpc::CompletionQueue::GOT_EVENT) {
@@ -581,6 +580,21 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
       }
       return done();  // the deadline, or the queue shut down
     }
+  }
+
+  // The queue's next event: polls it (yielding the CPU between looks) for
+  // spin_, then sleeps in it until `deadline` (InfinitePast: one look).
+  grpc::CompletionQueue::NextStatus Next(void** tag, bool* ok, absl::Time deadline) {
+    grpc::CompletionQueue::NextStatus r =
+        cq_.AsyncNext(tag, ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
+    if (r != grpc::CompletionQueue::TIMEOUT || deadline == absl::InfinitePast()) return r;
+    const absl::Time spin_end = std::min(deadline, absl::Now() + spin_);
+    while (r == grpc::CompletionQueue::TIMEOUT && absl::Now() < spin_end) {
+      sched_yield();
+      r = cq_.AsyncNext(tag, ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
+    }
+    if (r != grpc::CompletionQueue::TIMEOUT) return r;
+    return cq_.AsyncNext(tag, ok, absl::ToChronoTime(deadline));
   }
 
   void HandleLocked(Op op, bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -661,6 +675,7 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
     for (auto& [tag, p] : orphans) p.state->Complete(failure_, -1, {}, DType::kInvalid);
   }
 
+  const absl::Duration spin_;
   grpc::CompletionQueue cq_;
   grpc::ClientContext ctx_;
   Mutex mu_;
@@ -1188,7 +1203,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
   std::shared_ptr<GrpcStream> Stream(bool open) {
     MutexLock lock(&stream_mu_);
     if (stream_ == nullptr && open && !closed_.load()) {
-      stream_ = std::make_shared<GrpcStream>(stub_.get(), session_id_);
+      stream_ = std::make_shared<GrpcStream>(stub_.get(), session_id_, options_.grpc_spin);
     }
     return stream_;
   }

@@ -1,8 +1,10 @@
 // The SDK's gRPC Execute stream (ClientOptions::fast_path = false), driven by
 // the threads that wait (no reader thread): several threads of one client
 // waiting on ops of different meshes at once, futures waited in any order,
-// futures polled without waiting, and a daemon killed under waiters.
+// futures polled without waiting, a waiter that polls only briefly before it
+// sleeps, and a daemon killed under waiters.
 #include <signal.h>
+#include <time.h>
 
 #include <gtest/gtest.h>
 
@@ -130,6 +132,48 @@ TEST(GrpcStreamTest, FuturesWaitedInAnyOrderOrOnlyPolledComplete) {
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < kMembers; ++i) EXPECT_EQ(errors[i], "") << "member " << i;
+}
+
+// CPU time the calling thread has used.
+absl::Duration ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+
+TEST(GrpcStreamTest, AWaiterPollsForItsSpinThenSleepsUntilTheAnswer) {
+  // No member-side ops: the op goes over the stream.
+  auto d = Daemon::Start({"--member-op-bytes=0"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<Member> m = Join(**d, 1, 4);
+  ASSERT_EQ(m.size(), static_cast<size_t>(kMembers));
+  for (int i = 0; i < kMembers; ++i) {
+    float* x = static_cast<float*>(m[i].buffers[0].data());
+    for (int e = 0; e < 4; ++e) x[e] = static_cast<float>(i + 1);
+  }
+  // Member 0 waits a second for member 1's submission: after its spin
+  // (ClientOptions::grpc_spin, 200 us) it sleeps, so it uses a small part
+  // of that second's CPU, not all of it.
+  absl::Status st0;
+  absl::Duration cpu, wall;
+  std::thread waiter([&] {
+    const absl::Duration cpu0 = ThreadCpuTime();
+    const absl::Time t0 = absl::Now();
+    st0 = m[0].meshes[0]->psum(Array::Of<float>(m[0].buffers[0], {4}), "x");
+    wall = absl::Now() - t0;
+    cpu = ThreadCpuTime() - cpu0;
+  });
+  absl::SleepFor(absl::Seconds(1));
+  const absl::Status st1 = m[1].meshes[0]->psum(Array::Of<float>(m[1].buffers[0], {4}), "x");
+  waiter.join();
+  ASSERT_TRUE(st0.ok()) << st0;
+  ASSERT_TRUE(st1.ok()) << st1;
+  for (int i = 0; i < kMembers; ++i) {
+    EXPECT_EQ(static_cast<float*>(m[i].buffers[0].data())[3], 3.0f) << "member " << i;
+  }
+  EXPECT_GE(wall, absl::Milliseconds(900));
+  EXPECT_LT(cpu, absl::Milliseconds(300))
+      << "the waiting thread used " << cpu << " of CPU in " << wall << ": it polled, not slept";
 }
 
 TEST(GrpcStreamTest, AKilledDaemonFailsEveryWaiterPromptly) {

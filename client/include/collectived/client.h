@@ -73,6 +73,13 @@ struct ClientOptions {
   // the queue's futex. Polling costs a core; sleeping costs a wake-up (a few
   // microseconds) when the op completes.
   absl::Duration fast_path_spin = absl::Microseconds(200);
+  // How long a thread waiting for an op on the gRPC Execute stream polls the
+  // stream (yielding the CPU between looks) before it sleeps until the
+  // answer. Polling spares the wake-up of a sleeping thread when the answer
+  // arrives (tens of microseconds on a VM whose CPU went idle); yielding lets
+  // the daemon and the other members run on a machine with fewer cores than
+  // threads that want one.
+  absl::Duration grpc_spin = absl::Microseconds(200);
 };
 
 // A shared-memory region allocated by the daemon and mapped in this process.
