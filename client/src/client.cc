@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cerrno>
 #include <deque>
@@ -85,7 +86,7 @@ class OpState {
  public:
   // `queue`: the fast-path queue or the gRPC stream the op was submitted
   // on (null: completed before it was sent). A waiter on it drives it.
-  // `small`: a fast-path waiter may poll for it (fastq::kSpinOpBytes).
+  // `small`: a waiter may poll for it (fastq::kSpinOpBytes).
   OpState(absl::Duration default_wait, std::shared_ptr<OpWaiter> queue = nullptr,
           bool small = true)
       : default_wait_(default_wait), queue_(std::move(queue)), small_(small) {}
@@ -499,9 +500,11 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
     WriteNextLocked();
   }
 
+  // Polls first (spin_) only for small ops, as the fast path does.
   bool Wait(OpState* state, absl::Time deadline) override {
     MutexLock lock(&mu_);
-    return DriveUntil([state] { return state->Ready(); }, deadline);
+    return DriveUntil([state] { return state->Ready(); }, deadline,
+                      state->small() ? spin_ : absl::ZeroDuration());
   }
 
   // Waits (driving the stream) until every op sent for `mesh_id` completed:
@@ -552,10 +555,14 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
   };
 
   // Drives the stream until `done()` or `deadline` (InfinitePast: handles
-  // what is queued without blocking); returns done(). mu_ is held on entry
-  // and exit, released while sleeping in the queue or waiting for the role.
+  // what is queued without blocking); returns done(). For the first `spin`
+  // the driver polls the queue (Next) before sleeping in it. mu_ is held on
+  // entry and exit, released while sleeping in the queue or waiting for the
+  // role.
   template <typename Done>
-  bool DriveUntil(Done done, absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  bool DriveUntil(Done done, absl::Time deadline, absl::Duration spin = absl::ZeroDuration())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const auto spin_end = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
     for (;;) {
       if (done()) return true;
       if (outstanding_ == 0) return done();  // nothing can come any more
@@ -570,7 +577,7 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
       void* tag = nullptr;
       bool ok = false;
       mu_.Unlock();
-      grpc::CompletionQueue::NextStatus r = Next(&tag, &ok, deadline);
+      grpc::CompletionQueue::NextStatus r = Next(&tag, &ok, deadline, spin_end);
       mu_.Lock();
       driving_ = false;
       if (r == grpc::CompletionQueue::GOT_EVENT) {
@@ -582,14 +589,16 @@ class GrpcStream final : public OpWaiter, public std::enable_shared_from_this<Gr
     }
   }
 
-  // The queue's next event: polls it (yielding the CPU between looks) for
-  // spin_, then sleeps in it until `deadline` (InfinitePast: one look).
-  grpc::CompletionQueue::NextStatus Next(void** tag, bool* ok, absl::Time deadline) {
+  // The queue's next event: polls it (yielding the CPU between looks) until
+  // `spin_end` or `deadline`, then sleeps in it until `deadline`
+  // (InfinitePast: one look).
+  grpc::CompletionQueue::NextStatus Next(void** tag, bool* ok, absl::Time deadline,
+                                         std::chrono::steady_clock::time_point spin_end) {
     grpc::CompletionQueue::NextStatus r =
         cq_.AsyncNext(tag, ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
     if (r != grpc::CompletionQueue::TIMEOUT || deadline == absl::InfinitePast()) return r;
-    const absl::Time spin_end = std::min(deadline, absl::Now() + spin_);
-    while (r == grpc::CompletionQueue::TIMEOUT && absl::Now() < spin_end) {
+    while (r == grpc::CompletionQueue::TIMEOUT && std::chrono::steady_clock::now() < spin_end &&
+           absl::Now() < deadline) {
       sched_yield();
       r = cq_.AsyncNext(tag, ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
     }
@@ -1185,7 +1194,8 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
   OpFuture SubmitStream(const v1::OpSpec& op, absl::Duration wait) {
     std::shared_ptr<GrpcStream> stream = closed_.load() ? nullptr : Stream(/*open=*/true);
-    auto state = std::make_shared<OpState>(wait, stream);
+    auto state = std::make_shared<OpState>(
+        wait, stream, fastq::PollsFor(DTypeSize(static_cast<DType>(op.dtype())), op.shape()));
     if (stream == nullptr) {
       state->Complete(absl::FailedPreconditionError("client is closed"), -1, {}, DType::kInvalid);
     } else {

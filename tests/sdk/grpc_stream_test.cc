@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,12 +32,14 @@ struct Member {
 };
 
 // kMembers clients on the gRPC path, each in `meshes` meshes (one buffer of
-// `elems` floats per mesh).
-std::vector<Member> Join(const Daemon& d, int meshes, int64_t elems) {
+// `elems` floats per mesh); `grpc_spin`: ClientOptions::grpc_spin when set.
+std::vector<Member> Join(const Daemon& d, int meshes, int64_t elems,
+                         std::optional<absl::Duration> grpc_spin = std::nullopt) {
   std::vector<Member> m(kMembers);
   for (int i = 0; i < kMembers; ++i) {
     ClientOptions o{.socket_path = d.socket(), .client_name = absl::StrCat("grpc-", i)};
     o.fast_path = false;
+    if (grpc_spin) o.grpc_spin = *grpc_spin;
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return {};
@@ -145,15 +148,17 @@ TEST(GrpcStreamTest, AWaiterPollsForItsSpinThenSleepsUntilTheAnswer) {
   // No member-side ops: the op goes over the stream.
   auto d = Daemon::Start({"--member-op-bytes=0"});
   ASSERT_TRUE(d.ok()) << d.status();
-  std::vector<Member> m = Join(**d, 1, 4);
+  // A spin long enough to see in the waiter's CPU time.
+  constexpr absl::Duration kSpin = absl::Milliseconds(300);
+  std::vector<Member> m = Join(**d, 1, 4, kSpin);
   ASSERT_EQ(m.size(), static_cast<size_t>(kMembers));
   for (int i = 0; i < kMembers; ++i) {
     float* x = static_cast<float*>(m[i].buffers[0].data());
     for (int e = 0; e < 4; ++e) x[e] = static_cast<float>(i + 1);
   }
-  // Member 0 waits a second for member 1's submission: after its spin
-  // (ClientOptions::grpc_spin, 200 us) it sleeps, so it uses a small part
-  // of that second's CPU, not all of it.
+  // Member 0 waits 1.5 s for member 1's submission: it polls for kSpin
+  // (yielding, so it gets a share of a CPU, loaded or not), then sleeps, so
+  // it uses some CPU but far less than the whole wait.
   absl::Status st0;
   absl::Duration cpu, wall;
   std::thread waiter([&] {
@@ -163,7 +168,7 @@ TEST(GrpcStreamTest, AWaiterPollsForItsSpinThenSleepsUntilTheAnswer) {
     wall = absl::Now() - t0;
     cpu = ThreadCpuTime() - cpu0;
   });
-  absl::SleepFor(absl::Seconds(1));
+  absl::SleepFor(absl::Milliseconds(1500));
   const absl::Status st1 = m[1].meshes[0]->psum(Array::Of<float>(m[1].buffers[0], {4}), "x");
   waiter.join();
   ASSERT_TRUE(st0.ok()) << st0;
@@ -171,8 +176,10 @@ TEST(GrpcStreamTest, AWaiterPollsForItsSpinThenSleepsUntilTheAnswer) {
   for (int i = 0; i < kMembers; ++i) {
     EXPECT_EQ(static_cast<float*>(m[i].buffers[0].data())[3], 3.0f) << "member " << i;
   }
-  EXPECT_GE(wall, absl::Milliseconds(900));
-  EXPECT_LT(cpu, absl::Milliseconds(300))
+  EXPECT_GE(wall, absl::Milliseconds(1000));
+  EXPECT_GE(cpu, kSpin / 10) << "the waiting thread used " << cpu << " of CPU in " << wall
+                             << ": it slept at once, without polling";
+  EXPECT_LT(cpu, absl::Milliseconds(900))
       << "the waiting thread used " << cpu << " of CPU in " << wall << ": it polled, not slept";
 }
 

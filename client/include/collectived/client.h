@@ -75,7 +75,7 @@ struct ClientOptions {
   absl::Duration fast_path_spin = absl::Microseconds(200);
   // How long a thread waiting for an op on the gRPC Execute stream polls the
   // stream (yielding the CPU between looks) before it sleeps until the
-  // answer. Polling spares the wake-up of a sleeping thread when the answer
+  // answer; as on the fast path, only for ops of up to 4 MiB of input. Polling spares the wake-up of a sleeping thread when the answer
   // arrives (tens of microseconds on a VM whose CPU went idle); yielding lets
   // the daemon and the other members run on a machine with fewer cores than
   // threads that want one.
