@@ -612,10 +612,10 @@ void InMemoryCoordinator::Shutdown() {
 // ---- The mesh registry ----
 
 void InMemoryCoordinator::Deliver(Outbox& out) {
-  for (std::function<void()>& log : out.logs) log();
-  out.logs.clear();
   for (MeshAnswer& a : out.answers) a.done(std::move(a.result));
   out.answers.clear();
+  for (std::function<void()>& log : out.logs) log();
+  out.logs.clear();
 }
 
 int64_t InMemoryCoordinator::WaiterCountLocked() {

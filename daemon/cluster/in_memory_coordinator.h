@@ -161,9 +161,9 @@ class InMemoryCoordinator final : public Coordinator {
     MeshWaitCallback done;
     absl::StatusOr<MeshMembership> result;
   };
-  // What a call does once it has unlocked mu_ (Deliver): its log lines (a
-  // write to stderr may block, and must not hold up the whole coordinator),
-  // then its MeshWait answers.
+  // What a call does once it has unlocked mu_ (Deliver): its MeshWait
+  // answers, then its log lines (a write to stderr may block, and must not
+  // hold up the whole coordinator or the answers).
   struct Outbox {
     std::vector<std::function<void()>> logs;
     std::vector<MeshAnswer> answers;
