@@ -328,9 +328,11 @@ int Main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  // An Abseil built without NDEBUG (Debian's) records every Mutex
-  // acquisition in one process-wide lock-order graph, under one global lock:
-  // a shared cost on every op. The TSan build checks lock order instead.
+  // An Abseil built without NDEBUG (Debian's) records every absl::Mutex
+  // acquisition (gRPC's locks; the daemon's own Mutex is std::mutex,
+  // common/sync.h) in one process-wide lock-order graph, under one global
+  // lock: a shared cost on every RPC and op, to check locks that are not
+  // this project's.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   char host[HOST_NAME_MAX + 1] = {};
