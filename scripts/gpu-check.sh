@@ -385,9 +385,11 @@ fi
 ratio_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
 if ((ratio_left >= 30)) && [ -x "$build/bench/collectived_perf" ]; then
   echo "== gRPC path against a bare round trip (bench/grpc_ratio.sh, at most $ratio_left s) =="
-  timeout "$ratio_left" "$here/bench/grpc_ratio.sh" --runs 9 --members 2,4 --iters 1000 \
-    --perf "$build/bench/collectived_perf" >"$out/grpc_ratio.txt" 2>&1 ||
-    echo "grpc_ratio: failed or cut off at $ratio_left s"
+  if ! timeout "$ratio_left" "$here/bench/grpc_ratio.sh" --runs 9 --members 2,4 --iters 1000 \
+      --perf "$build/bench/collectived_perf" >"$out/grpc_ratio.txt" 2>&1; then
+    echo "grpc_ratio: failed or cut off at $ratio_left s; its last lines:"
+    tail -n 8 "$out/grpc_ratio.txt"
+  fi
   sed -n '/^# members  ratio/,$p' "$out/grpc_ratio.txt"
 fi
 
