@@ -1,7 +1,14 @@
 #include "daemon/util/log.h"
 
+#include <poll.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <mutex>
+#include <string>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -80,20 +87,68 @@ bool LogEnabled(LogLevel level) {
   return static_cast<int>(level) >= g_level.load(std::memory_order_relaxed);
 }
 
+namespace {
+
+std::string LinePrefix(LogLevel level, absl::string_view event) {
+  return absl::StrCat(
+      "ts=", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone()),
+      " level=", LevelName(level), " event=", event);
+}
+
+// Lines go to stderr one write at a time, under g_write_mu, so concurrent
+// lines stay whole. A stderr that does not drain (a pipe whose reader
+// stopped, a terminal stopped with ^S) must not stop the daemon: threads log
+// while holding the engine's or the coordinator's lock. So a line waits at
+// most kStuckWaitMs for room; past that stderr counts as stuck, and lines are
+// dropped at once (and counted) until there is room again; the first line
+// written then is preceded by one that says how many were lost.
+constexpr int kStuckWaitMs = 100;
+std::mutex g_write_mu;
+bool g_stuck = false;    // guarded by g_write_mu
+int64_t g_dropped = 0;   // guarded by g_write_mu
+
+void WriteLine(std::string line) {
+  std::lock_guard<std::mutex> lock(g_write_mu);
+  const int fd = fileno(stderr);
+  pollfd p{};
+  p.fd = fd;
+  p.events = POLLOUT;
+  int ready;
+  do {
+    ready = poll(&p, 1, g_stuck ? 0 : kStuckWaitMs);
+  } while (ready < 0 && errno == EINTR);
+  if (ready == 0) {  // no room: drop the line
+    g_stuck = true;
+    ++g_dropped;
+    return;
+  }
+  // Room, or an error that the write reports at once (a closed stderr).
+  if (g_dropped > 0) {
+    line = absl::StrCat(LinePrefix(LogLevel::kWarn, "log_lines_dropped"), " count=", g_dropped,
+                        " reason=\"stderr did not drain for ", kStuckWaitMs, " ms\"\n", line);
+  }
+  g_stuck = false;
+  g_dropped = 0;
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
 void LogEvent(LogLevel level, absl::string_view event,
               std::initializer_list<LogField> fields) {
   if (!LogEnabled(level)) return;
-  std::string line = absl::StrCat(
-      "ts=", absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(),
-                              absl::UTCTimeZone()),
-      " level=", LevelName(level), " event=", event);
+  std::string line = LinePrefix(level, event);
   for (const auto& [key, value] : fields) {
     absl::StrAppend(&line, " ", key, "=");
     AppendValue(&line, value);
   }
   line.push_back('\n');
-  // One write call per line keeps concurrent lines whole.
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  WriteLine(std::move(line));
 }
 
 }  // namespace collectived

@@ -1,7 +1,9 @@
 // Structured, leveled logs: one logfmt line per event on stderr, e.g.
 //   ts=2026-12-02T10:00:00.123Z level=warn event=op_failed mesh=train seq=4 msg="..."
 //
-// Thread-safe: lines from concurrent threads never interleave.
+// Thread-safe: lines from concurrent threads never interleave. Never blocks
+// on a stderr that does not drain for more than 100 ms: lines are then
+// dropped (and counted in a log_lines_dropped line once stderr drains).
 #ifndef COLLECTIVED_DAEMON_UTIL_LOG_H_
 #define COLLECTIVED_DAEMON_UTIL_LOG_H_
 
