@@ -227,13 +227,22 @@ inline void RingAll(const View& v, int64_t except) {
 
 // Where member `m` stands at place (d, s) (key Key(d, s)): its entry is
 // there, it took the daemon path at this place (its D is past d), or
-// neither yet. The entry is looked at first: a member that ran this place
-// member-side may already be on the daemon path for its next op.
+// neither yet. A member that ran this place member-side may already be on
+// the daemon path for its next op, so a D past d means the daemon path only
+// if the entry is not there after D was read: the member may have
+// published, run this place and sent its next op to the daemon between the
+// two loads (its entry stays until it publishes at s + 2, which needs this
+// waiter's entry at s + 1). Taking that for the daemon path sent this
+// member's op to the daemon alone, where it met the other members' next op,
+// and left this member a place behind them.
 enum class Presence { kHere, kDaemonPath, kNotYet };
 inline Presence PresenceAt(const View& v, uint32_t m, uint32_t d, uint64_t s, uint64_t key) {
-  if (v.entry(m, s)->key.load(std::memory_order_seq_cst) == key) return Presence::kHere;
+  const std::atomic<uint64_t>& entry_key = v.entry(m, s)->key;
+  if (entry_key.load(std::memory_order_seq_cst) == key) return Presence::kHere;
   const uint32_t ops = v.slot(m)->daemon_ops.v.load(std::memory_order_seq_cst);
-  return static_cast<int32_t>(ops - d) > 0 ? Presence::kDaemonPath : Presence::kNotYet;
+  if (static_cast<int32_t>(ops - d) <= 0) return Presence::kNotYet;
+  return entry_key.load(std::memory_order_seq_cst) == key ? Presence::kHere
+                                                          : Presence::kDaemonPath;
 }
 
 // Marks the segment broken with status code `code` and `reason` unless it
