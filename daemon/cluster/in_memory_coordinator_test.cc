@@ -3,22 +3,21 @@
 // polls against a deadline.
 #include "daemon/cluster/in_memory_coordinator.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
+#include <chrono>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "daemon/util/log.h"
 #include "tests/harness/eventually.h"
+#include "tests/harness/full_stderr.h"
 
 namespace collectived {
 namespace {
@@ -839,20 +838,12 @@ TEST(InMemoryCoordinatorMeshTest, ALogLineStuckOnStderrDoesNotHoldUpTheCoordinat
   ASSERT_TRUE(a.ok());
   ASSERT_TRUE(IsGeneration(c.MeshRegister(Reg("K", "a", a->lease_id, {0})), 1));
   SetLogLevel(LogLevel::kInfo);  // the generation's end is logged at info
-  // stderr into a pipe that nobody reads yet, full: the next line's writer
-  // blocks in write(2) until the pipe is drained.
-  int pipe_fds[2];
-  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
-  ASSERT_EQ(fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
-  const char filler[4096] = {};
-  while (write(pipe_fds[1], filler, sizeof(filler)) > 0 || errno == EINTR) {
-  }
-  ASSERT_EQ(errno, EAGAIN);
-  ASSERT_EQ(fcntl(pipe_fds[1], F_SETFL, 0), 0);
-  std::fflush(stderr);
-  const int saved_stderr = dup(2);
-  ASSERT_GE(saved_stderr, 0);
-  ASSERT_EQ(dup2(pipe_fds[1], 2), 2);
+  // The line's writer waits for room as long as it takes (not LogEvent's
+  // usual 100 ms), so a write under the coordinator's lock would hold it.
+  SetLogStderrWait(absl::InfiniteDuration());
+  absl::Cleanup usual_wait = [] { SetLogStderrWait(absl::Milliseconds(100)); };
+  testing::FullStderr full;
+  ASSERT_TRUE(full.ok());
 
   // Ends the generation, then logs it: its thread stays in the log's write.
   std::thread leaver([&] {
@@ -873,19 +864,10 @@ TEST(InMemoryCoordinatorMeshTest, ALogLineStuckOnStderrDoesNotHoldUpTheCoordinat
       absl::SleepFor(absl::Milliseconds(5));
     }
   }
-  // Unblock the writer whatever happened, and give stderr back (no ASSERT
-  // from here on: the threads must be joined).
-  EXPECT_EQ(dup2(saved_stderr, 2), 2);
-  close(saved_stderr);
-  close(pipe_fds[1]);
-  std::thread drainer([fd = pipe_fds[0]] {
-    char buf[4096];
-    while (read(fd, buf, sizeof(buf)) > 0 || errno == EINTR) {
-    }
-    close(fd);
-  });
+  // Unblock the writer whatever happened (no ASSERT from here on: the
+  // threads must be joined).
+  full.Restore();
   leaver.join();
-  drainer.join();
   EXPECT_FALSE(stuck) << "a MeshWait waited for the coordinator lock while a log line was "
                          "stuck on stderr";
   EXPECT_TRUE(ended);

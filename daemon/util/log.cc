@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -17,6 +18,8 @@ namespace collectived {
 namespace {
 
 std::atomic<int> g_level{static_cast<int>(LogLevel::kInfo)};
+// SetLogStderrWait, in milliseconds; -1: no bound (see WriteLine).
+std::atomic<int> g_stuck_wait_ms{100};
 
 absl::string_view LevelName(LogLevel level) {
   switch (level) {
@@ -83,6 +86,14 @@ bool ParseLogLevel(absl::string_view text, LogLevel* level) {
   return false;
 }
 
+void SetLogStderrWait(absl::Duration wait) {
+  g_stuck_wait_ms.store(wait == absl::InfiniteDuration()
+                            ? -1
+                            : static_cast<int>(std::clamp<int64_t>(
+                                  absl::ToInt64Milliseconds(wait), 0, 24 * 3600 * 1000)),
+                        std::memory_order_relaxed);
+}
+
 bool LogEnabled(LogLevel level) {
   return static_cast<int>(level) >= g_level.load(std::memory_order_relaxed);
 }
@@ -99,10 +110,9 @@ std::string LinePrefix(LogLevel level, absl::string_view event) {
 // lines stay whole. A stderr that does not drain (a pipe whose reader
 // stopped, a terminal stopped with ^S) must not stop the daemon: threads log
 // while holding the engine's or the coordinator's lock. So a line waits at
-// most kStuckWaitMs for room; past that stderr counts as stuck, and lines are
+// most g_stuck_wait_ms for room; past that stderr counts as stuck, and lines are
 // dropped at once (and counted) until there is room again; the first line
 // written then is preceded by one that says how many were lost.
-constexpr int kStuckWaitMs = 100;
 std::mutex g_write_mu;
 bool g_stuck = false;    // guarded by g_write_mu
 int64_t g_dropped = 0;   // guarded by g_write_mu
@@ -113,9 +123,10 @@ void WriteLine(std::string line) {
   pollfd p{};
   p.fd = fd;
   p.events = POLLOUT;
+  const int wait_ms = g_stuck_wait_ms.load(std::memory_order_relaxed);
   int ready;
   do {
-    ready = poll(&p, 1, g_stuck ? 0 : kStuckWaitMs);
+    ready = poll(&p, 1, g_stuck ? 0 : wait_ms);
   } while (ready < 0 && errno == EINTR);
   if (ready == 0) {  // no room: drop the line
     g_stuck = true;
@@ -125,7 +136,7 @@ void WriteLine(std::string line) {
   // Room, or an error that the write reports at once (a closed stderr).
   if (g_dropped > 0) {
     line = absl::StrCat(LinePrefix(LogLevel::kWarn, "log_lines_dropped"), " count=", g_dropped,
-                        " reason=\"stderr did not drain for ", kStuckWaitMs, " ms\"\n", line);
+                        " reason=\"stderr did not drain for ", wait_ms, " ms\"\n", line);
   }
   g_stuck = false;
   g_dropped = 0;

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace collectived {
 
@@ -23,6 +24,10 @@ void SetLogLevel(LogLevel level);
 // Parses "debug", "info", "warn" or "error"; false if unknown.
 bool ParseLogLevel(absl::string_view text, LogLevel* level);
 bool LogEnabled(LogLevel level);
+// How long a line waits for room on a stderr that does not drain before
+// lines are dropped (default 100 ms; InfiniteDuration: never dropped, the
+// writer waits as long as it takes).
+void SetLogStderrWait(absl::Duration wait);
 
 using LogField = std::pair<absl::string_view, std::string>;
 

@@ -1,25 +1,21 @@
 #include "daemon/util/log.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <future>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/harness/full_stderr.h"
 
 namespace collectived {
 namespace {
 
 std::string Logged(const std::string& value) {
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   LogEvent(LogLevel::kWarn, "probe", {{"reason", value}});
-  return testing::internal::GetCapturedStderr();
+  return ::testing::internal::GetCapturedStderr();
 }
 
 TEST(LogTest, PlainValuesAreWrittenAsTheyAre) {
@@ -51,54 +47,24 @@ TEST(LogTest, QuotesAndBackslashesAreEscaped) {
 }
 
 TEST(LogTest, AStderrThatDoesNotDrainDropsLinesInsteadOfBlocking) {
-  // stderr into a pipe that nobody reads yet, full.
-  int pipe_fds[2];
-  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
-  ASSERT_EQ(fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK), 0);
-  const char filler[4096] = {};
-  int64_t filled = 0;
-  for (ssize_t n; (n = write(pipe_fds[1], filler, sizeof(filler))) > 0 || errno == EINTR;) {
-    if (n > 0) filled += n;
-  }
-  ASSERT_EQ(errno, EAGAIN);
-  ASSERT_EQ(fcntl(pipe_fds[1], F_SETFL, 0), 0);
-  std::fflush(stderr);
-  const int saved_stderr = dup(2);
-  ASSERT_GE(saved_stderr, 0);
-  ASSERT_EQ(dup2(pipe_fds[1], 2), 2);
-
+  testing::FullStderr full;
+  ASSERT_TRUE(full.ok());
   // 50 lines: the first waits a moment for room, the others are dropped.
   auto logger = std::async(std::launch::async, [] {
     for (int i = 0; i < 50; ++i) LogEvent(LogLevel::kWarn, "stuck_probe", {{"i", absl::StrCat(i)}});
   });
   const bool returned = logger.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  // Drain the filler (unblocking the logger if it blocked), then log again:
-  // that line says how many were dropped. No ASSERT from here on: stderr
-  // must be given back and the logger waited for.
-  std::string drained;
-  char buf[4096];
-  for (int64_t left = filled; left > 0;) {
-    const ssize_t n = read(pipe_fds[0], buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    left -= n;
-  }
+  // Room again (unblocking the logger if it blocked); the next line says
+  // how many were dropped.
+  full.DrainFiller();
   logger.wait();
   LogEvent(LogLevel::kWarn, "after_drain");
-  EXPECT_EQ(dup2(saved_stderr, 2), 2);
-  close(saved_stderr);
-  close(pipe_fds[1]);
-  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof(buf))) != 0;) {
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;
-    drained.append(buf, static_cast<size_t>(n));
-  }
-  close(pipe_fds[0]);
+  const std::string written = full.Restore();
 
   EXPECT_TRUE(returned) << "LogEvent blocked on a stderr that did not drain";
-  EXPECT_TRUE(absl::StrContains(drained, " event=log_lines_dropped count=50 ")) << drained;
-  EXPECT_TRUE(absl::StrContains(drained, " event=after_drain\n")) << drained;
-  EXPECT_FALSE(absl::StrContains(drained, "stuck_probe")) << drained;
+  EXPECT_TRUE(absl::StrContains(written, " event=log_lines_dropped count=50 ")) << written;
+  EXPECT_TRUE(absl::StrContains(written, " event=after_drain\n")) << written;
+  EXPECT_FALSE(absl::StrContains(written, "stuck_probe")) << written;
 }
 
 }  // namespace
