@@ -72,10 +72,13 @@ def start(code, sock, n, rank, *extra):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def collect(proc):
-    """(returncode, stdout, stderr) of a member; a hung one is killed."""
+def collect(proc, deadline=None):
+    """(returncode, stdout, stderr) of a member; one still running at the
+    deadline (time.monotonic(); default TIMEOUT from now) is killed."""
+    if deadline is None:
+        deadline = time.monotonic() + TIMEOUT
     try:
-        out, err = proc.communicate(timeout=TIMEOUT)
+        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
@@ -94,11 +97,16 @@ def finish(proc):
     return result(out)
 
 
-def run_members(code, sock, n, *extra):
-    """Runs n members; every one must succeed (all their outputs shown if not)."""
+def run_members(code, sock, n, *extra, extra_procs=(), timeout=TIMEOUT):
+    """Runs n members, and beside them one process per (code, *args) of
+    extra_procs (its RANK is n); every one must succeed within timeout seconds
+    of the start (all their outputs shown if not). Their results, the extra
+    processes' last."""
     procs = [start(code, sock, n, r, *extra) for r in range(n)]
-    done = [collect(p) for p in procs]
+    procs += [start(c, sock, n, n, *args) for c, *args in extra_procs]
+    deadline = time.monotonic() + timeout
+    done = [collect(p, deadline) for p in procs]
     if any(rc != 0 for rc, _, _ in done):
-        pytest.fail("\n".join(f"--- member {r}: rc {rc}\n{out}{err}"
+        pytest.fail("\n".join(f"--- process {r}: rc {rc}\n{out}{err}"
                               for r, (rc, out, err) in enumerate(done)))
     return [result(out) for _, out, _ in done]

@@ -13,25 +13,15 @@ from members import run_members
 
 jax = pytest.importorskip("jax")
 
-CONFORMANCE = """
+# Shared by the members and the reference process: the cases (jax.lax's
+# function, collectived.jax's) and every member's input for a dtype.
+CASES = """
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp
     jax.config.update("jax_enable_x64", True)
-    from jax.sharding import Mesh as JaxMesh, PartitionSpec as P
     import collectived.jax as cjax
-
-    c = collectived.connect(socket=SOCK, name=f"jax{RANK}")
-    mesh = c.join_mesh("jax-conf", {"data": 2, "model": 2}, coordinate=[RANK // 2, RANK % 2],
-                       timeout=60, op_timeout=30)
-    devices = np.array(jax.devices()[:4]).reshape(2, 2)
-    jmesh = JaxMesh(devices, ("data", "model"))
     AX = ("data", "model")
-
-    def reference(fn, data):
-        # fn over the four devices as members; this member's output.
-        sm = jax.shard_map(lambda b: fn(b[0])[None], mesh=jmesh, in_specs=P(AX),
-                           out_specs=P(AX), check_vma=False)
-        return np.asarray(jax.jit(sm)(jnp.asarray(data)))[RANK]
+    mesh = None   # the members' collectived mesh; set before `ours` runs
 
     cases = {
         "psum_data": (lambda x: jax.lax.psum(x, "data"),
@@ -55,48 +45,65 @@ CONFORMANCE = """
                                                      tiled=True, mesh=mesh)),
         "all_to_all": (lambda x: jax.lax.all_to_all(x, AX, 0, 1, tiled=True),
                        lambda x: cjax.all_to_all(x, AX, 0, 1, tiled=True, mesh=mesh)),
-        "all_to_all_untiled": (lambda x: jax.lax.all_to_all(x, "data", 0, 1),
+        "all_to_all_untiled": (lambda x: jax.lax.all_to_all(x[:2], "data", 0, 1),
                                lambda x: cjax.all_to_all(x[:2], "data", 0, 1, mesh=mesh)),
     }
-    def compare(data):
-      results = {}
-      for name, (lax_fn, ours) in cases.items():
-        if name == "all_to_all_untiled":
-            lax_fn = (lambda f: lambda x: f(x[:2]))(lax_fn)
+
+    def inputs(name):
+        # Every member's input: [4 members, 4, 6], random in the dtype's range.
+        dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
+        rng = np.random.default_rng(7)
+        if dtype == np.bool_:
+            return rng.integers(0, 2, (4, 4, 6)).astype(bool)
+        if dtype.kind in "iu":
+            return rng.integers(0, 50, (4, 4, 6)).astype(dtype)
+        return rng.standard_normal((4, 4, 6)).astype(np.float32).astype(dtype)
+
+    def run(fn):
+        # [dtype, shape, hex of the bytes] of fn's result, or ["rejects", why].
         try:
-            want = reference(lax_fn, data)
-        except Exception as e:  # jax.lax rejects it (e.g. psum_scatter of bool)
-            want = None
-            why = type(e).__name__
-        try:
-            got = np.asarray(jax.jit(ours)(jnp.asarray(data[RANK])))
+            got = np.asarray(fn())
         except Exception as e:
-            got = None
-            mine = f"{type(e).__name__}: {str(e)[:300]}"
-        if want is None:
-            results[name] = "both reject" if got is None else f"jax rejects ({why}), we do not"
-        elif got is None:
-            results[name] = f"we reject: {mine}"
-        elif got.dtype != want.dtype or got.shape != want.shape:
-            results[name] = f"{got.dtype}{got.shape} != jax's {want.dtype}{want.shape}"
-        elif got.tobytes() != want.tobytes():
-            results[name] = f"values differ: {got.ravel()[:6]} vs {want.ravel()[:6]}"
-        else:
-            results[name] = "same bits"
-      return results
+            return ["rejects", f"{type(e).__name__}: {str(e)[:300]}"]
+        return [str(got.dtype), list(got.shape), got.tobytes().hex()]
+"""
+
+# jax.lax's results: every case over four CPU devices of one process, in
+# shard_map; the row of device r is what member r must get. Computed once,
+# beside the members, not in each of them.
+REFERENCE = CASES + """
+    from jax.sharding import Mesh as JaxMesh, PartitionSpec as P
+    jmesh = JaxMesh(np.array(jax.devices()[:4]).reshape(2, 2), AX)
+
+    def reference(fn, data):
+        sm = jax.shard_map(lambda b: fn(b[0])[None], mesh=jmesh, in_specs=P(AX),
+                           out_specs=P(AX), check_vma=False)
+        return [np.asarray(row) for row in np.asarray(jax.jit(sm)(jnp.asarray(data)))]
 
     everything = {}
     for name in sys.argv[4].split(","):
-        dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
-        rng = np.random.default_rng(7)
-        # Every member's input: [4 members, 4, 6], random in the dtype's range.
-        if dtype == np.bool_:
-            data = rng.integers(0, 2, (4, 4, 6)).astype(bool)
-        elif dtype.kind in "iu":
-            data = rng.integers(0, 50, (4, 4, 6)).astype(dtype)
-        else:
-            data = rng.standard_normal((4, 4, 6)).astype(np.float32).astype(dtype)
-        everything[name] = compare(data)
+        data = inputs(name)
+        everything[name] = {}
+        for case, (lax_fn, _) in cases.items():
+            try:
+                rows = reference(lax_fn, data)
+            except Exception as e:   # jax.lax rejects it (e.g. psum_scatter of bool)
+                everything[name][case] = [["rejects", type(e).__name__]] * 4
+                continue
+            everything[name][case] = [run(lambda: row) for row in rows]
+    emit(**everything)
+"""
+
+# Each member runs every case in jax.jit through collectived on its row.
+CONFORMANCE = CASES + """
+    c = collectived.connect(socket=SOCK, name=f"jax{RANK}")
+    mesh = c.join_mesh("jax-conf", {"data": 2, "model": 2}, coordinate=[RANK // 2, RANK % 2],
+                       timeout=60, op_timeout=30)
+    everything = {}
+    for name in sys.argv[4].split(","):
+        mine = jnp.asarray(inputs(name)[RANK])
+        everything[name] = {case: run(lambda: jax.jit(ours)(mine))
+                            for case, (_, ours) in cases.items()}
     emit(**everything)
 """
 
@@ -105,18 +112,32 @@ DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32",
 
 
 def test_results_are_jax_laxs_bits(daemon):
-    # One run for every dtype (starting jax in four processes is the cost).
-    results = run_members(CONFORMANCE, daemon, 4, ",".join(DTYPES))
-    for rank, r in enumerate(results):
-        assert sorted(r) == sorted(DTYPES)
-        for dtype, cases in r.items():
-            # jax.lax rejects exactly psum_scatter of bool among these; so
-            # must we, and every other case must give jax.lax's bits.
-            want = {k: "same bits" for k in cases}
-            if dtype == "bool":
-                want["psum_scatter"] = "both reject"
-            assert cases == want, f"member {rank}, {dtype}"
-
+    # One run for every dtype: starting jax and compiling every case is the
+    # cost, and four members plus the reference share the machine's cores, so
+    # the processes get far more than the usual member timeout.
+    dtypes = ",".join(DTYPES)
+    results = run_members(CONFORMANCE, daemon, 4, dtypes, extra_procs=[(REFERENCE, dtypes)],
+                          timeout=300)
+    want_all = results.pop()
+    assert sorted(want_all) == sorted(DTYPES)
+    for rank, got_all in enumerate(results):
+        assert sorted(got_all) == sorted(DTYPES)
+        for dtype in DTYPES:
+            got, want = got_all[dtype], want_all[dtype]
+            assert sorted(got) == sorted(want)
+            for case in want:
+                g, w = got[case], want[case][rank]
+                where = f"member {rank}, {dtype}, {case}"
+                # jax.lax rejects exactly psum_scatter of bool among these;
+                # so must we, and every other case must give jax.lax's bits.
+                rejected = (dtype, case) == ("bool", "psum_scatter")
+                assert (w[0] == "rejects") == rejected, f"{where}: jax.lax gave {w}"
+                if rejected:
+                    assert g[0] == "rejects", f"{where}: jax.lax rejects ({w[1]}), we give {g}"
+                else:
+                    assert g[0] != "rejects", f"{where}: we reject: {g[1]}"
+                    assert g[:2] == w[:2], f"{where}: {g[0]}{g[1]} != jax's {w[0]}{w[1]}"
+                    assert g[2] == w[2], f"{where}: values differ: {g[2][:48]} vs {w[2][:48]}"
 
 
 ORDER = """
