@@ -338,9 +338,8 @@ void InMemoryCoordinator::EndLeaseLocked(const std::string& host_id, absl::strin
                           absl::StrCat("host ", host_id, "'s lease ended (", why, ")"), out);
     }
   }
-  out->logs.push_back([host_id, why = std::string(why)] {
-    LogEvent(LogLevel::kDebug, "cluster_lease_ended", {{"host_id", host_id}, {"why", why}});
-  });
+  LogEventLater(out->logs, LogLevel::kDebug, "cluster_lease_ended",
+                {{"host_id", host_id}, {"why", std::string(why)}});
 }
 
 void InMemoryCoordinator::EraseKeyLocked(std::map<std::string, Entry, std::less<>>::iterator it) {
@@ -697,11 +696,11 @@ void InMemoryCoordinator::EndGenerationLocked(const std::string& key, MeshRecord
   }
   // The keys its hosts connected through are of no use any more.
   const int64_t deleted = DeletePrefixLocked(MeshStorePrefix(key, gen.number) + "/");
-  out->logs.push_back([key, number = gen.number, reason, deleted] {
-    LogEvent(LogLevel::kInfo, "cluster_mesh_ended",
-             {{"key", key}, {"generation", absl::StrCat(number)}, {"reason", reason},
-              {"store_keys_deleted", absl::StrCat(deleted)}});
-  });
+  LogEventLater(out->logs, LogLevel::kInfo, "cluster_mesh_ended",
+                {{"key", key},
+                 {"generation", absl::StrCat(gen.number)},
+                 {"reason", reason},
+                 {"store_keys_deleted", absl::StrCat(deleted)}});
   record.endings.push_back({gen.number, std::move(reason)});
   while (record.endings.size() > kKeptMeshEndings) record.endings.pop_front();
   record.idle_since = absl::Now();

@@ -210,6 +210,7 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
         absl::StrCat("client_name is ", client_name.size(), " bytes; the limit is ", kMaxClientName));
   }
   v1::CreateSessionResponse resp;
+  Callbacks logs;
   {
     MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("daemon is shutting down");
@@ -236,10 +237,11 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
     });
     resp.set_session_id(s->id);
     resp.set_attach_token(s->token);
-    LogEvent(LogLevel::kInfo, "session_created",
-             {{"session", DisplayId(s->id)}, {"client", s->client_name}});
+    LogEventLater(logs, LogLevel::kInfo, "session_created",
+                  {{"session", DisplayId(s->id)}, {"client", s->client_name}});
     sessions_.emplace(s->id, std::move(s));
   }
+  Run(logs);
   resp.set_side_socket_path(options_.side_socket_path);
   resp.set_attach_timeout_ms(Millis(options_.attach_timeout));
   resp.set_daemon_id(options_.daemon_id);
@@ -248,20 +250,22 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
 
 absl::Status Engine::AttachSession(const std::string& session_id, const std::string& token,
                                    int pid, int uid) {
-  MutexLock lock(&mu_);
-  auto s = GetSession(session_id);
-  if (!s.ok()) return s.status();
-  Session* session = *s;
-  if (session->token != token) {
-    return absl::PermissionDeniedError("attach token does not match the session");
+  {
+    MutexLock lock(&mu_);
+    auto s = GetSession(session_id);
+    if (!s.ok()) return s.status();
+    Session* session = *s;
+    if (session->token != token) {
+      return absl::PermissionDeniedError("attach token does not match the session");
+    }
+    if (session->attached) {
+      return absl::FailedPreconditionError("session is already attached to a side socket");
+    }
+    session->attached = true;
+    session->pid = pid;
+    session->uid = uid;
+    timer_->Cancel(session->attach_timer);
   }
-  if (session->attached) {
-    return absl::FailedPreconditionError("session is already attached to a side socket");
-  }
-  session->attached = true;
-  session->pid = pid;
-  session->uid = uid;
-  timer_->Cancel(session->attach_timer);
   LogEvent(LogLevel::kInfo, "session_attached",
            {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(pid)}, {"uid", absl::StrCat(uid)}});
   return absl::OkStatus();
@@ -312,8 +316,8 @@ void Engine::CloseSessionLocked(const std::string& session_id, const std::string
       });
     }
   }
-  LogEvent(LogLevel::kInfo, "session_closed",
-           {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(session->pid)},
+  LogEventLater(cbs, LogLevel::kInfo, "session_closed",
+                {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(session->pid)},
             {"buffers", absl::StrCat(session->buffers.size())}, {"reason", reason}});
   sessions_.erase(session_id);
 }
@@ -652,8 +656,8 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
       mesh = m.get();
       mesh_by_name_[m->key] = m->id;
       meshes_.emplace(m->id, std::move(m));
-      LogEvent(LogLevel::kInfo, "mesh_forming",
-               {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(shape)},
+      LogEventLater(cbs, LogLevel::kInfo, "mesh_forming",
+                    {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(shape)},
                 {"generation", absl::StrCat(mesh->generation)}});
     }
     int index = -1;
@@ -732,8 +736,8 @@ void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
         segment_bytes_ + layout.total_bytes > options_.member_segment_total_bytes) {
       // Its members learn it from MeshInfo (member_op_bytes 0): the mesh
       // works, through the daemon only.
-      LogEvent(LogLevel::kWarn, "member_segment_refused",
-               {{"mesh", mesh.name},
+      LogEventLater(cbs, LogLevel::kWarn, "member_segment_refused",
+                    {{"mesh", mesh.name},
                 {"segment_bytes", absl::StrCat(layout.total_bytes)},
                 {"in_use", absl::StrCat(segment_bytes_)},
                 {"limit", absl::StrCat(options_.member_segment_total_bytes)}});
@@ -748,8 +752,8 @@ void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
       } else {
         // Every member learns it from MeshInfo: the mesh works, through the
         // daemon only.
-        LogEvent(LogLevel::kWarn, "member_segment_failed",
-                 {{"mesh", mesh.name}, {"error", std::string(segment.status().message())}});
+        LogEventLater(cbs, LogLevel::kWarn, "member_segment_failed",
+                      {{"mesh", mesh.name}, {"error", std::string(segment.status().message())}});
       }
     }
   }
@@ -762,9 +766,11 @@ void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
     cbs.push_back([done = std::move(waiter.done), resp = std::move(resp)] { done(resp); });
   }
   mesh.join_waiters.clear();
-  LogEvent(LogLevel::kInfo, "mesh_ready",
-           {{"mesh", mesh.name}, {"id", mesh.id}, {"generation", absl::StrCat(mesh.generation)},
-            {"members", absl::StrCat(mesh.shape.num_members())}});
+  LogEventLater(cbs, LogLevel::kInfo, "mesh_ready",
+                {{"mesh", mesh.name},
+                 {"id", mesh.id},
+                 {"generation", absl::StrCat(mesh.generation)},
+                 {"members", absl::StrCat(mesh.shape.num_members())}});
 }
 
 void Engine::RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Callbacks& cbs) {
@@ -867,8 +873,8 @@ void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, in
         Run(retry);
       });
     } else if (!generation.ok()) {
-      LogEvent(LogLevel::kWarn, "join_refused",
-               {{"mesh", mesh->name}, {"index", absl::StrCat(index)},
+      LogEventLater(cbs, LogLevel::kWarn, "join_refused",
+                    {{"mesh", mesh->name}, {"index", absl::StrCat(index)},
                 {"error", generation.status().ToString()}});
       RemoveJoiner(*mesh, index, generation.status(), cbs);
       MaybeEraseMesh(mesh_id);
@@ -953,8 +959,8 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
         for (int index : expired) RemoveJoiner(mesh, index, formed.status(), cbs);
         StartForm(mesh, next, cbs);
       } else {
-        LogEvent(LogLevel::kWarn, "mesh_not_formed",
-                 {{"mesh", mesh.name}, {"error", formed.status().ToString()}});
+        LogEventLater(cbs, LogLevel::kWarn, "mesh_not_formed",
+                      {{"mesh", mesh.name}, {"error", formed.status().ToString()}});
         FailForming(it, formed.status(), cbs);
       }
     } else {
@@ -1005,8 +1011,8 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
           mesh.op_timeout_set = true;
         }
         mesh.cross = std::shared_ptr<CrossHostMesh>(std::move(formed->mesh));
-        LogEvent(LogLevel::kInfo, "mesh_formed_across_hosts",
-                 {{"mesh", mesh.name}, {"generation", absl::StrCat(mesh.generation)},
+        LogEventLater(cbs, LogLevel::kInfo, "mesh_formed_across_hosts",
+                      {{"mesh", mesh.name}, {"generation", absl::StrCat(mesh.generation)},
                   {"hosts", absl::StrJoin(t.hosts, ",")},
                   {"local_members", absl::StrCat(local)}});
         CompleteJoin(mesh, cbs);
@@ -1044,7 +1050,8 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
           status.message(), "; the cluster's mesh registry could not be reached: ",
           mesh.registry_error.message()));
     }
-    LogEvent(LogLevel::kWarn, "join_timeout", {{"mesh", mesh.name}, {"error", status.ToString()}});
+    LogEventLater(cbs, LogLevel::kWarn, "join_timeout",
+                  {{"mesh", mesh.name}, {"error", status.ToString()}});
     RemoveJoiner(mesh, index, status, cbs);
     if (mesh.join_waiters.empty()) {
       mesh_by_name_.erase(mesh.key);
@@ -1080,9 +1087,11 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
     FailOp(mesh, it->second, status, cbs);
     it = mesh.pending.erase(it);
   }
-  LogEvent(level, "mesh_broken",
-           {{"mesh", mesh.name}, {"id", mesh.id}, {"generation", absl::StrCat(mesh.generation)},
-            {"reason", reason}});
+  LogEventLater(cbs, level, "mesh_broken",
+                {{"mesh", mesh.name},
+                 {"id", mesh.id},
+                 {"generation", absl::StrCat(mesh.generation)},
+                 {"reason", reason}});
 }
 
 void Engine::MarkSegmentBroken(Mesh& mesh, const absl::Status& status) {
@@ -1721,8 +1730,8 @@ void Engine::FailOp(Mesh& mesh, PendingOp& op, const absl::Status& status, Callb
   if (options_.op_observer) {
     options_.op_observer(kind, status.code(), member_bytes, absl::Now() - op.first_submit);
   }
-  LogEvent(LogLevel::kWarn, "op_failed",
-           {{"mesh", mesh.name}, {"seq", absl::StrCat(op.sequence)},
+  LogEventLater(cbs, LogLevel::kWarn, "op_failed",
+                {{"mesh", mesh.name}, {"seq", absl::StrCat(op.sequence)},
             {"code", absl::StatusCodeToString(status.code())},
             {"error", std::string(status.message())}});
 }
@@ -2344,7 +2353,7 @@ void Engine::Shutdown(const std::string& reason) {
         it = mesh->pending.erase(it);
       }
     }
-    LogEvent(LogLevel::kInfo, "engine_shutdown", {{"reason", reason}});
+    LogEventLater(cbs, LogLevel::kInfo, "engine_shutdown", {{"reason", reason}});
   }
   Run(cbs);
 }

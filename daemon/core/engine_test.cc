@@ -7,15 +7,20 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <set>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "daemon/exec/cpu_executor.h"
 #include "daemon/memory/buffer_allocator.h"
+#include "daemon/util/log.h"
 #include "tests/fakes/fake_gpu.h"
+#include "tests/harness/full_stderr.h"
 
 namespace collectived {
 namespace {
@@ -610,6 +615,51 @@ TEST_F(EngineTest, ShutdownFailsPendingWorkWithUnavailable) {
   EXPECT_EQ(op.Get().status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(join.Get().status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(engine_->CreateSession("late").status().code(), absl::StatusCode::kUnavailable);
+}
+
+// The engine writes its log lines after unlocking: a stderr that does not
+// drain holds up the thread whose line it is, not every other caller.
+TEST_F(EngineTest, ALogLineStuckOnStderrDoesNotHoldUpTheEngine) {
+  auto members = FormMesh("stuck-log", 2);
+  SetLogLevel(LogLevel::kInfo);  // session_closed and mesh_broken are logged at info and warn
+  // A line's writer waits for room as long as it takes (not LogEvent's
+  // usual 100 ms), so a write under the engine's lock would hold it.
+  SetLogStderrWait(absl::InfiniteDuration());
+  absl::Cleanup usual_wait = [] { SetLogStderrWait(absl::Milliseconds(100)); };
+  testing::FullStderr full;
+  ASSERT_TRUE(full.ok());
+
+  // Breaks the mesh and closes the session, then logs both: its thread
+  // stays in the log's write.
+  std::thread closer([&] { EXPECT_TRUE(engine_->CloseSession(members[1].first, "stuck log").ok()); });
+  // Meanwhile another caller gets its answer (the broken mesh, once it is).
+  std::vector<std::future<std::string>> probes;  // kept: a stuck one is joined below
+  bool stuck = false, broken = false;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
+       !broken && !stuck && absl::Now() < deadline;) {
+    probes.push_back(std::async(std::launch::async, [this] {
+      v1::ListMeshesResponse list = engine_->ListMeshes();
+      return list.meshes_size() == 1 ? list.meshes(0).state() : std::string("?");
+    }));
+    if (probes.back().wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+      stuck = true;
+    } else if (probes.back().get() == "BROKEN") {
+      broken = true;
+    } else {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+  // Unblock the writer whatever happened (no ASSERT from here on: the
+  // threads must be joined); its lines then land in the pipe.
+  full.DrainFiller();
+  closer.join();
+  const std::string written = full.Restore();
+  EXPECT_FALSE(stuck) << "a ListMeshes waited for the engine's lock while a log line was stuck "
+                         "on stderr";
+  EXPECT_TRUE(broken);
+  // The lines were written, whole, once stderr drained.
+  EXPECT_NE(written.find(" event=mesh_broken mesh=stuck-log "), std::string::npos) << written;
+  EXPECT_NE(written.find(" event=session_closed "), std::string::npos) << written;
 }
 
 TEST_F(EngineTest, UnattachedSessionsExpire) {

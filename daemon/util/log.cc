@@ -108,8 +108,10 @@ std::string LinePrefix(LogLevel level, absl::string_view event) {
 
 // Lines go to stderr one write at a time, under g_write_mu, so concurrent
 // lines stay whole. A stderr that does not drain (a pipe whose reader
-// stopped, a terminal stopped with ^S) must not stop the daemon: threads log
-// while holding the engine's or the coordinator's lock. So a line waits at
+// stopped, a terminal stopped with ^S) must not stop the daemon. The engine
+// and the coordinator write after unlocking (LogEventLater), so a stuck
+// write holds up its own thread only; that thread may be serving an RPC or
+// running the timer, so it must not wait forever either. So a line waits at
 // most g_stuck_wait_ms for room; past that stderr counts as stuck, and lines are
 // dropped at once (and counted) until there is room again; the first line
 // written then is preceded by one that says how many were lost.
@@ -150,16 +152,31 @@ void WriteLine(std::string line) {
 
 }  // namespace
 
-void LogEvent(LogLevel level, absl::string_view event,
-              std::initializer_list<LogField> fields) {
-  if (!LogEnabled(level)) return;
+namespace {
+
+std::string FormatLine(LogLevel level, absl::string_view event,
+                       std::initializer_list<LogField> fields) {
   std::string line = LinePrefix(level, event);
   for (const auto& [key, value] : fields) {
     absl::StrAppend(&line, " ", key, "=");
     AppendValue(&line, value);
   }
   line.push_back('\n');
-  WriteLine(std::move(line));
+  return line;
+}
+
+}  // namespace
+
+void LogEvent(LogLevel level, absl::string_view event,
+              std::initializer_list<LogField> fields) {
+  if (!LogEnabled(level)) return;
+  WriteLine(FormatLine(level, event, fields));
+}
+
+void LogEventLater(std::vector<std::function<void()>>& later, LogLevel level,
+                   absl::string_view event, std::initializer_list<LogField> fields) {
+  if (!LogEnabled(level)) return;
+  later.push_back([line = FormatLine(level, event, fields)]() mutable { WriteLine(std::move(line)); });
 }
 
 }  // namespace collectived

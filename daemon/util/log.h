@@ -7,10 +7,13 @@
 #ifndef COLLECTIVED_DAEMON_UTIL_LOG_H_
 #define COLLECTIVED_DAEMON_UTIL_LOG_H_
 
+#include <functional>
 #include <initializer_list>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
+#include <vector>
+
+#include "absl/strings/string_view.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -34,6 +37,12 @@ using LogField = std::pair<absl::string_view, std::string>;
 // Prints one event with its fields; values with spaces or quotes are quoted.
 void LogEvent(LogLevel level, absl::string_view event,
               std::initializer_list<LogField> fields = {});
+
+// The same line, formatted now (its time is now), written when `later`'s
+// callbacks run: for code that holds a lock, so that no write (which may
+// wait for a stderr that does not drain) happens under it.
+void LogEventLater(std::vector<std::function<void()>>& later, LogLevel level,
+                   absl::string_view event, std::initializer_list<LogField> fields = {});
 
 }  // namespace collectived
 
