@@ -18,7 +18,9 @@
 //    (a member died or left, a daemon-path op timed out), and wakes every
 //    waiter;
 //  - a waiter whose deadline passes asks it ("EXPIRED <mesh id>"): it reads
-//    the counters, names the members that are missing, and breaks the mesh.
+//    the counters, names the members that are missing, and breaks the mesh;
+//  - a member that gives up marks the segment broken itself; the daemon
+//    breaks the mesh at the first daemon-path op that follows.
 // The daemon writes the words it owns and reads the entries' keys and
 // signature text only, bounded and checked: a corrupt segment hurts only the
 // members of its mesh.

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "collectived/member_ops_code.h"
@@ -380,6 +381,21 @@ std::string EntrySignature(const member_ops::Entry& e) {
     if (c < 0x20 || c > 0x7e) c = '?';
   }
   return what;
+}
+
+// Why a member marked the segment broken (it gave up on a member-side op),
+// bounded and printable (a member may write anything there).
+std::string MemberBrokenReason(const member_ops::View& v) {
+  const member_ops::Header* h = v.header();
+  const uint32_t code = h->broken.v.load(std::memory_order_seq_cst);
+  std::string reason(h->reason, std::min<size_t>(h->reason_len, member_ops::kMaxReason));
+  for (char& c : reason) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  if (reason.empty() || code == member_ops::kBrokenWriting) {
+    return "a member marked the mesh's member-side segment broken";
+  }
+  return reason;
 }
 
 // Whether place key `a` is after place key `b` (member_ops::Key: D first,
@@ -1504,6 +1520,8 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
                                                   const v1::OpSpec& op, bool retain,
                                                   OpDone done) {
   Callbacks cbs;
+  // Run after unlocking, on every return (a refusal may have broken the mesh).
+  absl::Cleanup run_callbacks = [&cbs] { Run(cbs); };
   v1::SubmitResponse resp;
   {
     MutexLock lock(&mu_);
@@ -1547,6 +1565,15 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     if (mesh.state == MeshState::kForming) {
       return absl::FailedPreconditionError(
           absl::StrCat("mesh '", mesh.name, "' has not formed yet"));
+    }
+    // A member that gave up on a member-side op marked the segment broken;
+    // from then on every member sends its ops here, and a member that had
+    // not reached that op yet would send it too, to be matched with the
+    // others' next ones (a mismatch, or with equal signatures wrong
+    // results). The mesh breaks instead, for the reason that member gave.
+    if (mesh.state == MeshState::kReady && mesh.segment &&
+        mesh.seg.header()->broken.v.load(std::memory_order_seq_cst) != 0) {
+      BreakMesh(mesh, MemberBrokenReason(mesh.seg), cbs);
     }
     if (mesh.state == MeshState::kBroken) {
       return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ",
@@ -1689,8 +1716,7 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
     resp.set_out_dtype(ToProto(plan->out_dtype));
     if (pending.submitted == mesh.local_members) OnOpFull(mesh, pending, cbs);
   }
-  Run(cbs);
-  return resp;
+  return resp;  // then run_callbacks
 }
 
 void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs) {

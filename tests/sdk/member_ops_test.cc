@@ -821,5 +821,61 @@ TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
   }));
 }
 
+// A member that gives up on a member-side op marks the segment broken and
+// takes the daemon path from then on, as every member does; a member that
+// had not reached that op would send it to the daemon too, to be matched
+// with the others' next ops. The daemon breaks the mesh instead, for the
+// reason the member gave, at the first op that reaches it.
+TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
+  auto d = Daemon::Start({"--op_timeout_ms=2000"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  // A raw member (the one that gives up) and an SDK member.
+  RawSession raw(**d, "raw");
+  ASSERT_OK(raw.Attach());
+  auto sdk = Client::Connect({.socket_path = (*d)->socket(), .client_name = "sdk"});
+  ASSERT_TRUE(sdk.ok()) << sdk.status();
+  absl::StatusOr<std::unique_ptr<Mesh>> mesh;
+  std::thread joiner([&] {
+    mesh = (*sdk)->JoinMesh({.name = "gave-up", .axes = {{"i", 2}}, .coordinate = {1}});
+  });
+  ASSERT_OK(raw.Join("gave-up", 2, 0));
+  joiner.join();
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto reply = raw.Request(absl::StrCat("SEGMENT ", raw.mesh_id()));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_TRUE(reply->fd.valid()) << reply->data;
+  const size_t bytes = std::stoul(reply->data.substr(3));
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
+  ASSERT_NE(base, MAP_FAILED);
+  const member_ops::View view{static_cast<uint8_t*>(base), member_ops::ValidLayout(base, bytes, 2)};
+  ASSERT_GT(view.layout.total_bytes, 0u);
+  // As MemberOps::Abandon writes it (a control byte included: the daemon
+  // shows member-written text printable only).
+  const std::string reason = "a member gave up on a member-side op: test\x01";
+  member_ops::MarkBroken(view, static_cast<uint32_t>(absl::StatusCode::kAborted), reason.data(),
+                         reason.size());
+  munmap(base, bytes);
+
+  // The SDK member's next op goes to the daemon, which breaks the mesh
+  // rather than wait for the raw member's op there (the op timeout).
+  Buffer b = *(*sdk)->Allocate(64);
+  const absl::Time start = absl::Now();
+  const absl::Status st = (*mesh)->psum(Array::Of<float>(b, {4}), "i");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+  EXPECT_CONTAINS(st.message(), "is broken: a member gave up on a member-side op: test?");
+  // Every later op of either member fails the same way.
+  const absl::Status again = (*mesh)->psum(Array::Of<float>(b, {4}), "i");
+  EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
+  auto stub = Stub(**d);
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  v1::DescribeMeshRequest req;
+  req.set_mesh_id(raw.mesh_id());
+  v1::MeshInfo info;
+  ASSERT_TRUE(stub->DescribeMesh(&ctx, req, &info).ok());
+  EXPECT_EQ(info.state(), "BROKEN");
+}
+
 }  // namespace
 }  // namespace collectived::testing
