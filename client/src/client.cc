@@ -1636,10 +1636,24 @@ struct Mesh::OpCall {
 };
 
 absl::Status Mesh::Run(const OpCall& call) {
+  absl::Status status;
+  OpFuture future;
+  if (RunOrDispatch(call, nullptr, &status, &future)) return status;
+  return future.Wait();
+}
+
+bool Mesh::RunOrDispatch(const OpCall& call, const std::function<bool()>* interrupted,
+                         absl::Status* status, OpFuture* future) {
   const Array* x = call.x;
   const Array* out = call.out;
-  if (absl::Status st = CheckOut(out); !st.ok()) return st;
-  if (member_side_ == nullptr) return Dispatch(OpRequest{call.Spec(id_)}).Wait();
+  if (absl::Status st = CheckOut(out); !st.ok()) {
+    *status = std::move(st);
+    return true;
+  }
+  if (member_side_ == nullptr) {
+    *future = Dispatch(OpRequest{call.Spec(id_)});
+    return false;
+  }
   internal::MemberIoRegion io;
   // Host memory of this client's session mapped in this process.
   auto MappedHost = [this](const Buffer* b) {
@@ -1664,21 +1678,47 @@ absl::Status Mesh::Run(const OpCall& call) {
       if (shared_out) io.shared_out = &out->buffer->id();
     }
   }
-  OpFuture f;
-  {
-    // Held until the op is member-side or submitted to the daemon: another
-    // thread's op must not take this place in between.
-    MemberSide& side = *member_side_;
-    MutexLock lock(&side.mu);
-    if (stream() == nullptr && side.Idle()) {
-      std::optional<absl::Status> st =
-          side.ops->TryRun(call.Key(), [&] { return call.Spec(id_); }, io);
-      if (st) return *st;
+  // Held until the op is member-side or submitted to the daemon: another
+  // thread's op must not take this place in between.
+  MemberSide& side = *member_side_;
+  MutexLock lock(&side.mu);
+  if (stream() == nullptr && side.Idle()) {
+    std::optional<absl::Status> st =
+        side.ops->TryRun(call.Key(), [&] { return call.Spec(id_); }, io, interrupted);
+    if (st) {
+      *status = *std::move(st);
+      return true;
     }
-    f = Dispatch(OpRequest{call.Spec(id_)});
-    side.Track(f);
   }
-  return f.Wait();
+  *future = Dispatch(OpRequest{call.Spec(id_)});
+  side.Track(*future);
+  return false;
+}
+
+OpFuture Mesh::start(const Collective& op, const std::function<bool()>& interrupted) {
+  auto go = [&](const OpCall& call) {
+    absl::Status status;
+    OpFuture future;
+    return RunOrDispatch(call, &interrupted, &status, &future) ? FailedOp(std::move(status))
+                                                                : future;
+  };
+  const Array* x = &op.x;
+  const Array* out = op.out ? &*op.out : nullptr;
+  switch (op.kind) {
+    case CollectiveKind::kPsum: return go(OpCall{v1::PSUM, x, op.axes, out});
+    case CollectiveKind::kPmean: return go(OpCall{v1::PMEAN, x, op.axes, out});
+    case CollectiveKind::kPmax: return go(OpCall{v1::PMAX, x, op.axes, out});
+    case CollectiveKind::kPmin: return go(OpCall{v1::PMIN, x, op.axes, out});
+    case CollectiveKind::kBarrier: return go(OpCall{v1::BARRIER, nullptr, op.axes, nullptr});
+    case CollectiveKind::kAllGather:
+      if (out != nullptr) {
+        return go(OpCall{v1::ALL_GATHER, x, op.axes, out, AllGatherOptions{op.axis, op.tiled}});
+      }
+      break;
+    default:
+      break;
+  }
+  return submit(op);
 }
 
 #define COLLECTIVED_REDUCTION(name, KIND)                                                  \

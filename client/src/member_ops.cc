@@ -14,6 +14,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "collectived/member_ops_code.h"
@@ -327,15 +328,27 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
     member_ops::Slot& slot = *view_.slot(index_);
     for (;;) {
       // Between sleeps: is the daemon still there (it cannot mark the
-      // segment if it was killed)?
-      bool alive = true;
-      if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready,
-                               [&] { return alive = DaemonAlive(); }, spin, kSlice, deadline)) {
+      // segment if it was killed)? Does the caller want to stop waiting?
+      bool alive = true, interrupted = false;
+      auto idle = [&] {
+        if (interrupted_ != nullptr && (*interrupted_)()) {
+          interrupted = true;
+          return false;
+        }
+        return alive = DaemonAlive();
+      };
+      if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready, idle, spin, kSlice, deadline)) {
         break;
       }
       // A dead daemon: every waiter finds out by itself (no mark, which
       // would turn the others' UNAVAILABLE into ABORTED).
       if (!alive) return DaemonLost();
+      if (interrupted) {
+        // This member's entry is published: the others must not wait for
+        // it, nor run this place without it.
+        return Abandon(absl::CancelledError(absl::StrCat(
+            "member ", index_, " was interrupted while it waited in member-side ", signature)));
+      }
       if (absl::Now() >= give_up) {
         return Abandon(absl::DeadlineExceededError(absl::StrCat(
             "member-side ", signature, ": the members' entries never agreed within ",
@@ -373,7 +386,10 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
 
 std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
                                               absl::FunctionRef<v1::OpSpec()> spec,
-                                              const MemberIoRegion& io) {
+                                              const MemberIoRegion& io,
+                                              const std::function<bool()>* interrupted) {
+  interrupted_ = interrupted;
+  absl::Cleanup forget = [this] { interrupted_ = nullptr; };
   // A broken mesh or a daemon that is gone: the daemon path says so, with
   // its usual errors. The daemon is looked at (one poll()) at most once a
   // millisecond: ops complete member-side for at most that long after it

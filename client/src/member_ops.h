@@ -81,9 +81,13 @@ class MemberOps {
   // broken mesh or a missing member give the daemon's ABORTED or
   // DEADLINE_EXCEEDED).
   // `spec` builds the op's OpSpec (with the fields `key` describes): called
-  // only when the op has not the last op's plan.
+  // only when the op has not the last op's plan. `interrupted` (may be
+  // null) is called about every kSlice while this member waits for the
+  // others; once it returns true, this member gives up the op (Abandon:
+  // the mesh breaks for every member) and the outcome is CANCELLED.
   std::optional<absl::Status> TryRun(const MemberOpKey& key, absl::FunctionRef<v1::OpSpec()> spec,
-                                     const MemberIoRegion& io);
+                                     const MemberIoRegion& io,
+                                     const std::function<bool()>* interrupted = nullptr);
 
   // Member-side ops this member completed, for diagnostics.
   uint64_t completed() const { return ops_; }
@@ -135,6 +139,8 @@ class MemberOps {
   const absl::Duration op_timeout_;
   const int live_fd_;  // duplicate of the side socket, polled for hangup
   ExpiredFn expired_;
+  // TryRun's `interrupted`, while it runs (Meet calls it).
+  const std::function<bool()>* interrupted_ = nullptr;
   // Whether a waiter polls without yielding first: when this process may
   // use at least as many CPUs as the mesh has members (else a busy peer
   // could hold the CPU another member needs).

@@ -821,6 +821,61 @@ TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
   }));
 }
 
+// Mesh::start: a small op runs among the members (the future is complete
+// when start returns, nothing went through the daemon); a waiter whose
+// `interrupted` says so gives the op up, and the mesh breaks for everyone.
+TEST(MemberOpsTest, StartRunsMemberSideAndAnInterruptedWaiterGivesTheOpUp) {
+  auto r = Members::Start(2, {});
+  ASSERT_NE(r, nullptr);
+  const int64_t daemon_ops_before = DaemonOps(*r->daemon);
+  const std::function<bool()> never = [] { return false; };
+  for (int i = 0; i < 2; ++i) {
+    float* x = reinterpret_cast<float*>(r->in(i));
+    for (int e = 0; e < 4; ++e) x[e] = static_cast<float>(i + 1);
+  }
+  std::vector<OpFuture> ran(2);
+  std::vector<bool> complete(2);
+  ExpectAllOk(OnAll(2, [&](int i) {
+    ran[i] = r->mesh(i).start({.kind = CollectiveKind::kPsum,
+                               .x = Array::Of<float>(r->m.buffers[i], {4}),
+                               .axes = AxisNames("x")},
+                              never);
+    complete[i] = ran[i].Ready();
+    return ran[i].Wait();
+  }));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(complete[i]) << "member " << i << ": start returned before the op completed";
+    EXPECT_EQ(reinterpret_cast<float*>(r->in(i))[3], 3.0f) << "member " << i;
+  }
+  EXPECT_EQ(DaemonOps(*r->daemon), daemon_ops_before);
+
+  // Member 0 waits for member 1, which is not coming; 300 ms in, member 0
+  // is interrupted.
+  const absl::Time start = absl::Now();
+  std::atomic<int> asked{0};
+  const std::function<bool()> after_300ms = [&] {
+    ++asked;
+    return absl::Now() - start > absl::Milliseconds(300);
+  };
+  OpFuture given_up = r->mesh(0).start(
+      {.kind = CollectiveKind::kPsum, .x = Array::Of<float>(r->m.buffers[0], {4}),
+       .axes = AxisNames("x")},
+      after_300ms);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  ASSERT_TRUE(given_up.Ready());
+  const absl::Status st0 = given_up.Wait();
+  EXPECT_EQ(st0.code(), absl::StatusCode::kCancelled) << st0;
+  EXPECT_CONTAINS(st0.message(), "member 0 was interrupted");
+  EXPECT_GE(asked.load(), 2) << "asked only when the wait was long";
+  // Member 1 learns why at its op, and the mesh stays broken.
+  const absl::Status st1 =
+      r->mesh(1).psum(Array::Of<float>(r->m.buffers[1], {4}), "x");
+  EXPECT_EQ(st1.code(), absl::StatusCode::kAborted) << st1;
+  EXPECT_CONTAINS(st1.message(), "member 0 was interrupted");
+  const absl::Status again = r->mesh(0).psum(Array::Of<float>(r->m.buffers[0], {4}), "x");
+  EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
+}
+
 // A member that gives up on a member-side op marks the segment broken and
 // takes the daemon path from then on, as every member does; a member that
 // had not reached that op would send it to the daemon too, to be matched

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -397,6 +398,18 @@ class Mesh {
   // and failures are the daemon's (see README, "Member-side small ops").
   // The synchronous methods above (psum, ..., barrier) do the same.
   absl::Status run(const Collective& op);
+  // run(op) for a caller that must be able to stop waiting (a language
+  // binding's Ctrl-C), as a future: complete when the op ran among the
+  // members (or was refused here), else the daemon's answer, to wait for as
+  // the caller likes. While the op waits for the other members among
+  // themselves, `interrupted` is called about every 10 ms (not during the
+  // first fraction of a millisecond); once it returns true this member
+  // gives the op up: the future fails with CANCELLED, and the mesh breaks
+  // for every member (ABORTED, saying this member was interrupted), as it
+  // does when a member gives up a member-side op (README, "Member-side
+  // small ops"). `interrupted` is called on this thread, only during this
+  // call.
+  OpFuture start(const Collective& op, const std::function<bool()>& interrupted);
 
   // Stream-ordered submission, for GPU buffers (an SDK built with CUDA).
   // After set_stream(s), every op this Mesh submits is ordered with the CUDA
@@ -474,7 +487,13 @@ class Mesh {
   // Runs `call` and waits for it: member-side when it can, else through the
   // daemon.
   absl::Status Run(const OpCall& call);
-  // A future already failed with `status` (an op refused in this process).
+  // Runs `call` member-side when it can (true; its outcome in *status),
+  // else sends it to the daemon (false; its future in *future).
+  // `interrupted`: see start (may be null).
+  bool RunOrDispatch(const OpCall& call, const std::function<bool()>* interrupted,
+                     absl::Status* status, OpFuture* future);
+  // A future already completed with `status` (an op refused in this process,
+  // or one that ran member-side: OK included).
   OpFuture FailedOp(absl::Status status) const;
 
   std::shared_ptr<ClientImpl> client_;

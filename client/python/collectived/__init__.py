@@ -28,9 +28,12 @@ Every member must run the same collectives in the same order. Errors are
 exceptions carrying the daemon's status code and message (``Aborted`` naming
 the member that died, ``DeadlineExceeded`` naming those that never
 submitted, ...), all subclasses of ``collectived.Error``. Waits release the
-GIL and return on Ctrl-C (``KeyboardInterrupt``; the op itself still runs to
-completion or to its deadline in the daemon, and writes its result when it
-completes).
+GIL and return on Ctrl-C (``KeyboardInterrupt``). An op on the daemon path
+still runs to completion or to its deadline there, and writes its result
+when it completes. A small psum, pmean, pmax or pmin in place on an array in
+a shared buffer runs among the members themselves; Ctrl-C while it waits for
+the others there gives it up, and the mesh breaks (every member's ops then
+fail with ``Aborted``, saying this member was interrupted).
 
 ``*_async`` forms return a ``Future`` (``result(timeout)``, ``done()``, and
 ``await fut`` in asyncio).

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -308,11 +309,23 @@ class PyMesh {
     Collective op{.kind = k,
                   .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
                   .axes = AxesOf(axes)};
+    // Among the members when the op is small (no round trip through the
+    // daemon), else through it. A signal while the members wait for each
+    // other there (Ctrl-C) gives the op up (Mesh::start: the mesh breaks)
+    // and raises what the handler raised; the daemon path waits as WaitFor.
+    std::optional<nb::python_error> raised;
+    const std::function<bool()> interrupted = [&raised] {
+      nb::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() == 0) return false;
+      raised.emplace();  // takes the handler's exception
+      return true;
+    };
     OpFuture f;
     {
       nb::gil_scoped_release unlocked;
-      f = mesh_->submit(op);
+      f = mesh_->start(op, interrupted);
     }
+    if (raised) throw nb::python_error(std::move(*raised));
     WaitFor(f, -1.0);
     return true;
   }

@@ -10,11 +10,14 @@ import the collectived package from PYTHONPATH (the build tree's
 """
 
 import signal
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
 
-from members import finish, run_members, start
+from members import PRELUDE, finish, run_members, start
 
 EVERY_OP = """
     # A 2x2 mesh; member (d, m) holds x = base + 10*d + m (values exact in
@@ -241,30 +244,55 @@ def test_a_member_that_dies_aborts_the_others(daemon):
 
 
 def test_ctrl_c_interrupts_a_wait(daemon):
+    # A small psum in place runs among the members: Ctrl-C while member 0
+    # waits there gives the op up, and the mesh breaks for member 1 too.
     code = """
         with collectived.connect(socket=SOCK) as c:
             mesh = c.join_mesh("sigint", {"i": 2}, coordinate=[RANK], timeout=30, op_timeout=60)
+            x = mesh.zeros((4,), np.float32)
             if RANK == 1:
-                time.sleep(30)   # never submits; killed by the test
+                sys.stdin.readline()   # until member 0 was interrupted
+                try:
+                    mesh.psum(x, "i")
+                    emit(error=None)
+                except collectived.Error as e:
+                    emit(error=type(e).__name__, message=e.message)
+                sys.exit(0)
             print("waiting", flush=True)
             t = time.monotonic()
             try:
-                mesh.psum(mesh.zeros((4,), np.float32), "i")
+                mesh.psum(x, "i")
                 emit(interrupted=False)
             except KeyboardInterrupt:
-                emit(interrupted=True, s=time.monotonic() - t)
+                s = time.monotonic() - t
+                try:
+                    mesh.psum(x, "i")
+                    after = None
+                except collectived.Error as e:
+                    after = type(e).__name__
+                emit(interrupted=True, s=s, after=after)
     """
     waiter = start(code, daemon, 2, 0)
-    sleeper = start(code, daemon, 2, 1)
-    assert waiter.stdout.readline().strip() == "waiting"
-    time.sleep(0.3)
-    sent = time.monotonic()
-    waiter.send_signal(signal.SIGINT)
-    r = finish(waiter)
-    assert time.monotonic() - sent < 5
-    assert r["interrupted"] is True
-    sleeper.kill()
-    sleeper.communicate()
+    other = subprocess.Popen(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code), daemon, "1", "2"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        sent = time.monotonic()
+        waiter.send_signal(signal.SIGINT)
+        r = finish(waiter)
+        assert time.monotonic() - sent < 5
+        assert r["interrupted"] is True, r
+        assert r["after"] == "Aborted", r
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        r1 = finish(other)
+        assert r1["error"] == "Aborted", r1
+        assert "member 0 was interrupted" in r1["message"], r1
+    finally:
+        other.kill()
+        other.communicate()
 
 
 def test_objects_may_die_in_any_order_and_dropped_buffers_are_freed(daemon):
