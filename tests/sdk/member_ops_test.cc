@@ -753,21 +753,62 @@ TEST(MemberOpsTest, AMemberThatGoesAwayWakesTheWaitersNamingIt) {
   }
 }
 
+// A mesh of two members: member 0 a raw session of the test, which maps the
+// mesh's segment and may write anything there; member 1 an SDK client.
+struct RawAndSdk {
+  explicit RawAndSdk(const Daemon& d) : daemon(d), raw(d, "raw") {}
+  ~RawAndSdk() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+  RawAndSdk(const RawAndSdk&) = delete;
+  RawAndSdk& operator=(const RawAndSdk&) = delete;
+
+  // Joins mesh `name` (axis "i" of 2) and maps its segment.
+  absl::Status Join(const std::string& name) {
+    if (absl::Status st = raw.Attach(); !st.ok()) return st;
+    auto c = Client::Connect({.socket_path = daemon.socket(), .client_name = "sdk"});
+    if (!c.ok()) return c.status();
+    sdk = *std::move(c);
+    absl::StatusOr<std::unique_ptr<Mesh>> m;
+    std::thread joiner([&] {
+      m = sdk->JoinMesh({.name = name, .axes = {{"i", 2}}, .coordinate = {1}});
+    });
+    const absl::Status joined = raw.Join(name, 2, 0);
+    joiner.join();
+    if (!joined.ok()) return joined;
+    if (!m.ok()) return m.status();
+    mesh = *std::move(m);
+    auto reply = raw.Request(absl::StrCat("SEGMENT ", raw.mesh_id()));
+    if (!reply.ok()) return reply.status();
+    if (!reply->fd.valid()) return absl::InternalError(absl::StrCat("SEGMENT: ", reply->data));
+    bytes = std::stoul(reply->data.substr(3));
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
+    if (p == MAP_FAILED) return absl::InternalError("mapping the segment failed");
+    base = p;
+    view = member_ops::View{static_cast<uint8_t*>(base), member_ops::ValidLayout(base, bytes, 2)};
+    if (view.layout.total_bytes == 0) return absl::InternalError("the segment's layout is invalid");
+    return absl::OkStatus();
+  }
+
+  const Daemon& daemon;
+  RawSession raw;
+  std::unique_ptr<Client> sdk;
+  std::unique_ptr<Mesh> mesh;
+  void* base = nullptr;
+  size_t bytes = 0;
+  member_ops::View view;
+};
+
 TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
   auto d = Daemon::Start({"--op_timeout_ms=500"});
   ASSERT_TRUE(d.ok()) << d.status();
   // A raw member and an SDK member of one mesh.
-  RawSession raw(**d, "raw");
-  ASSERT_OK(raw.Attach());
-  auto sdk = Client::Connect({.socket_path = (*d)->socket(), .client_name = "sdk"});
-  ASSERT_TRUE(sdk.ok()) << sdk.status();
-  absl::StatusOr<std::unique_ptr<Mesh>> mesh;
-  std::thread joiner([&] {
-    mesh = (*sdk)->JoinMesh({.name = "scribbled", .axes = {{"i", 2}}, .coordinate = {1}});
-  });
-  ASSERT_OK(raw.Join("scribbled", 2, 0));
-  joiner.join();
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  RawAndSdk members(**d);
+  ASSERT_OK(members.Join("scribbled"));
+  RawSession& raw = members.raw;
+  void* const base = members.base;
+  const size_t bytes = members.bytes;
+  const member_ops::View& view = members.view;
   // A session that is not a member gets nothing.
   RawSession stranger(**d, "stranger");
   ASSERT_OK(stranger.Attach());
@@ -776,14 +817,6 @@ TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
   EXPECT_CONTAINS(refused->data, "ERR");
   EXPECT_FALSE(refused->fd.valid());
 
-  auto reply = raw.Request(absl::StrCat("SEGMENT ", raw.mesh_id()));
-  ASSERT_TRUE(reply.ok()) << reply.status();
-  ASSERT_TRUE(reply->fd.valid()) << reply->data;
-  const size_t bytes = std::stoul(reply->data.substr(3));
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
-  ASSERT_NE(base, MAP_FAILED);
-  const member_ops::View view{static_cast<uint8_t*>(base), member_ops::ValidLayout(base, bytes, 2)};
-  ASSERT_GT(view.layout.total_bytes, 0u);
   // Garbage everywhere, then questions about it.
   std::mt19937 rng(7);
   for (size_t i = 0; i < bytes; ++i) static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(rng());
@@ -802,12 +835,11 @@ TEST(MemberOpsTest, ASegmentOnlyItsMembersMapAndCorruptOnlyHurtsItsMesh) {
     ASSERT_TRUE(answer.ok()) << answer.status();
   }
   // The SDK member ends within its deadline, whatever the segment says.
-  Buffer b = *(*sdk)->Allocate(64);
+  Buffer b = *members.sdk->Allocate(64);
   const absl::Time start = absl::Now();
-  absl::Status st = (*mesh)->psum(Array::Of<float>(b, {4}), "i");
+  absl::Status st = members.mesh->psum(Array::Of<float>(b, {4}), "i");
   EXPECT_FALSE(st.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
-  munmap(base, bytes);
   // The daemon and other meshes are unharmed.
   auto r = Members::Start(2, {}, "fine");
   ASSERT_NE(r, nullptr);
@@ -885,48 +917,30 @@ TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
   auto d = Daemon::Start({"--op_timeout_ms=2000"});
   ASSERT_TRUE(d.ok()) << d.status();
   // A raw member (the one that gives up) and an SDK member.
-  RawSession raw(**d, "raw");
-  ASSERT_OK(raw.Attach());
-  auto sdk = Client::Connect({.socket_path = (*d)->socket(), .client_name = "sdk"});
-  ASSERT_TRUE(sdk.ok()) << sdk.status();
-  absl::StatusOr<std::unique_ptr<Mesh>> mesh;
-  std::thread joiner([&] {
-    mesh = (*sdk)->JoinMesh({.name = "gave-up", .axes = {{"i", 2}}, .coordinate = {1}});
-  });
-  ASSERT_OK(raw.Join("gave-up", 2, 0));
-  joiner.join();
-  ASSERT_TRUE(mesh.ok()) << mesh.status();
-  auto reply = raw.Request(absl::StrCat("SEGMENT ", raw.mesh_id()));
-  ASSERT_TRUE(reply.ok()) << reply.status();
-  ASSERT_TRUE(reply->fd.valid()) << reply->data;
-  const size_t bytes = std::stoul(reply->data.substr(3));
-  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, reply->fd.get(), 0);
-  ASSERT_NE(base, MAP_FAILED);
-  const member_ops::View view{static_cast<uint8_t*>(base), member_ops::ValidLayout(base, bytes, 2)};
-  ASSERT_GT(view.layout.total_bytes, 0u);
+  RawAndSdk members(**d);
+  ASSERT_OK(members.Join("gave-up"));
   // As MemberOps::Abandon writes it (a control byte included: the daemon
   // shows member-written text printable only).
   const std::string reason = "a member gave up on a member-side op: test\x01";
-  member_ops::MarkBroken(view, static_cast<uint32_t>(absl::StatusCode::kAborted), reason.data(),
-                         reason.size());
-  munmap(base, bytes);
+  member_ops::MarkBroken(members.view, static_cast<uint32_t>(absl::StatusCode::kAborted),
+                         reason.data(), reason.size());
 
   // The SDK member's next op goes to the daemon, which breaks the mesh
   // rather than wait for the raw member's op there (the op timeout).
-  Buffer b = *(*sdk)->Allocate(64);
+  Buffer b = *members.sdk->Allocate(64);
   const absl::Time start = absl::Now();
-  const absl::Status st = (*mesh)->psum(Array::Of<float>(b, {4}), "i");
+  const absl::Status st = members.mesh->psum(Array::Of<float>(b, {4}), "i");
   EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << st;
   EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
   EXPECT_CONTAINS(st.message(), "is broken: a member gave up on a member-side op: test?");
   // Every later op of either member fails the same way.
-  const absl::Status again = (*mesh)->psum(Array::Of<float>(b, {4}), "i");
+  const absl::Status again = members.mesh->psum(Array::Of<float>(b, {4}), "i");
   EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
   auto stub = Stub(**d);
   grpc::ClientContext ctx;
   SetDeadline(ctx);
   v1::DescribeMeshRequest req;
-  req.set_mesh_id(raw.mesh_id());
+  req.set_mesh_id(members.raw.mesh_id());
   v1::MeshInfo info;
   ASSERT_TRUE(stub->DescribeMesh(&ctx, req, &info).ok());
   EXPECT_EQ(info.state(), "BROKEN");
