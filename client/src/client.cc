@@ -23,6 +23,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -1487,9 +1488,26 @@ OpFuture Mesh::FailedOp(absl::Status status) const {
   return OpFuture(state);
 }
 
+namespace {
+
+// The member-side state whose op this thread waits in while the op's
+// interrupted() check runs (Mesh::start): code that check runs (a signal
+// handler) must not start an op of that mesh, which would wait for the lock
+// this thread holds.
+thread_local const void* t_waiting_in = nullptr;
+
+absl::Status ReenteredFromInterruptCheck() {
+  return absl::FailedPreconditionError(
+      "an op of this mesh was started from its own interrupted() check (a signal handler?) "
+      "while this thread waits in a member-side op of the mesh; it would wait for itself");
+}
+
+}  // namespace
+
 OpFuture Mesh::Submit(const OpRequest& request) {
   if (!request.error.ok()) return FailedOp(request.error);
   if (member_side_ == nullptr) return Dispatch(request);
+  if (t_waiting_in == member_side_.get()) return FailedOp(ReenteredFromInterruptCheck());
   MutexLock lock(&member_side_->mu);
   OpFuture f = Dispatch(request);
   member_side_->Track(f);
@@ -1654,6 +1672,10 @@ bool Mesh::RunOrDispatch(const OpCall& call, const std::function<bool()>* interr
     *future = Dispatch(OpRequest{call.Spec(id_)});
     return false;
   }
+  if (t_waiting_in == member_side_.get()) {
+    *status = ReenteredFromInterruptCheck();
+    return true;
+  }
   internal::MemberIoRegion io;
   // Host memory of this client's session mapped in this process.
   auto MappedHost = [this](const Buffer* b) {
@@ -1683,6 +1705,9 @@ bool Mesh::RunOrDispatch(const OpCall& call, const std::function<bool()>* interr
   MemberSide& side = *member_side_;
   MutexLock lock(&side.mu);
   if (stream() == nullptr && side.Idle()) {
+    const void* const outer = t_waiting_in;
+    if (interrupted != nullptr) t_waiting_in = &side;
+    absl::Cleanup restore = [outer] { t_waiting_in = outer; };
     std::optional<absl::Status> st =
         side.ops->TryRun(call.Key(), [&] { return call.Spec(id_); }, io, interrupted);
     if (st) {

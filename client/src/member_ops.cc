@@ -248,6 +248,19 @@ bool MemberOps::HasPlanFor(const MemberOpKey& key) const {
          c.gather_tiled == key.gather_tiled && same(c.shape, key.shape) && same(c.axes, key.axes);
 }
 
+bool MemberOps::AskInterrupted(absl::string_view signature) {
+  try {
+    return (*interrupted_)();
+  } catch (...) {
+    // Its entry is published: the others must not wait for it, nor run
+    // this place without it.
+    Abandon(absl::CancelledError(absl::StrCat("member ", index_, "'s interrupted() check threw "
+                                              "while it waited in member-side ", signature)))
+        .IgnoreError();  // the exception says what happened
+    throw;
+  }
+}
+
 std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const uint8_t* payload,
                                             uint64_t payload_bytes, int64_t now,
                                             absl::Duration timeout) {
@@ -331,7 +344,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
       // segment if it was killed)? Does the caller want to stop waiting?
       bool alive = true, interrupted = false;
       auto idle = [&] {
-        if (interrupted_ != nullptr && (*interrupted_)()) {
+        if (interrupted_ != nullptr && AskInterrupted(signature)) {
           interrupted = true;
           return false;
         }
@@ -388,7 +401,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
                                               absl::FunctionRef<v1::OpSpec()> spec,
                                               const MemberIoRegion& io,
                                               const std::function<bool()>* interrupted) {
-  interrupted_ = interrupted;
+  interrupted_ = interrupted != nullptr && *interrupted ? interrupted : nullptr;
   absl::Cleanup forget = [this] { interrupted_ = nullptr; };
   // A broken mesh or a daemon that is gone: the daemon path says so, with
   // its usual errors. The daemon is looked at (one poll()) at most once a

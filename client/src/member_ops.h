@@ -130,6 +130,9 @@ class MemberOps {
   absl::Status Abandon(absl::Status status);
   // UNAVAILABLE: the daemon went away while this member waited.
   static absl::Status DaemonLost();
+  // Calls interrupted_ (set); one that throws gives the op up (Abandon)
+  // before the exception goes on.
+  bool AskInterrupted(absl::string_view signature);
 
   void* base_;
   uint64_t bytes_;

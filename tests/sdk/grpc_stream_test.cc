@@ -168,12 +168,14 @@ TEST(GrpcStreamTest, AWaiterPollsForItsSpinThenSleepsUntilTheAnswer) {
   // 'S'. (Its CPU time would depend on what else runs.)
   absl::Status st0;
   std::atomic<pid_t> tid{0};
+  std::atomic<int64_t> t0_ns{0};  // when the waiter called psum
   std::thread waiter([&] {
     tid = static_cast<pid_t>(gettid());
+    t0_ns = absl::ToUnixNanos(absl::Now());
     st0 = m[0].meshes[0]->psum(Array::Of<float>(m[0].buffers[0], {4}), "x");
   });
-  while (tid.load() == 0) absl::SleepFor(absl::Milliseconds(1));
-  const absl::Time t0 = absl::Now();
+  while (t0_ns.load() == 0) absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time t0 = absl::FromUnixNanos(t0_ns.load());
   int early = 0, early_running = 0, late = 0, late_sleeping = 0;
   std::string seen;  // "state@ms" of every sample, for the failure message
   for (absl::Duration at; (at = absl::Now() - t0) < absl::Milliseconds(1500);) {

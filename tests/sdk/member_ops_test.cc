@@ -866,7 +866,7 @@ TEST(MemberOpsTest, StartRunsMemberSideAndAnInterruptedWaiterGivesTheOpUp) {
     for (int e = 0; e < 4; ++e) x[e] = static_cast<float>(i + 1);
   }
   std::vector<OpFuture> ran(2);
-  std::vector<bool> complete(2);
+  std::vector<char> complete(2);  // not vector<bool>: each thread writes its own element
   ExpectAllOk(OnAll(2, [&](int i) {
     ran[i] = r->mesh(i).start({.kind = CollectiveKind::kPsum,
                                .x = Array::Of<float>(r->m.buffers[i], {4}),
@@ -885,8 +885,14 @@ TEST(MemberOpsTest, StartRunsMemberSideAndAnInterruptedWaiterGivesTheOpUp) {
   // is interrupted.
   const absl::Time start = absl::Now();
   std::atomic<int> asked{0};
+  // An op of this mesh started from the check (as a signal handler might)
+  // is refused: it would wait for the lock the waiting thread holds.
+  absl::Status nested_sync, nested_async;
   const std::function<bool()> after_300ms = [&] {
-    ++asked;
+    if (asked++ == 0) {
+      nested_sync = r->mesh(0).psum(Array::Of<float>(r->out[0], {4}), "x");
+      nested_async = r->mesh(0).psum_async(Array::Of<float>(r->out[0], {4}), "x").Wait();
+    }
     return absl::Now() - start > absl::Milliseconds(300);
   };
   OpFuture given_up = r->mesh(0).start(
@@ -899,6 +905,10 @@ TEST(MemberOpsTest, StartRunsMemberSideAndAnInterruptedWaiterGivesTheOpUp) {
   EXPECT_EQ(st0.code(), absl::StatusCode::kCancelled) << st0;
   EXPECT_CONTAINS(st0.message(), "member 0 was interrupted");
   EXPECT_GE(asked.load(), 2) << "asked only when the wait was long";
+  for (const absl::Status& nested : {nested_sync, nested_async}) {
+    EXPECT_EQ(nested.code(), absl::StatusCode::kFailedPrecondition) << nested;
+    EXPECT_CONTAINS(nested.message(), "it would wait for itself");
+  }
   // Member 1 learns why at its op, and the mesh stays broken.
   const absl::Status st1 =
       r->mesh(1).psum(Array::Of<float>(r->m.buffers[1], {4}), "x");

@@ -407,8 +407,15 @@ class Mesh {
   // gives the op up: the future fails with CANCELLED, and the mesh breaks
   // for every member (ABORTED, saying this member was interrupted), as it
   // does when a member gives up a member-side op (README, "Member-side
-  // small ops"). `interrupted` is called on this thread, only during this
-  // call.
+  // small ops"). Unless the others arrived at that very moment: the op then
+  // completes (or goes to the daemon) as if never interrupted.
+  // `interrupted` is called on this thread, only during this call, with
+  // the mesh's member-side lock held: an op of this mesh started from it
+  // fails with FAILED_PRECONDITION (it would wait for itself). If it
+  // throws, the op is given up as above and the exception propagates. An
+  // empty function is never called. A future of an op that ran member-side
+  // carries its status only (no sequence, timing or traffic: the daemon
+  // never saw it).
   OpFuture start(const Collective& op, const std::function<bool()>& interrupted);
 
   // Stream-ordered submission, for GPU buffers (an SDK built with CUDA).

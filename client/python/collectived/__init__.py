@@ -33,7 +33,10 @@ still runs to completion or to its deadline there, and writes its result
 when it completes. A small psum, pmean, pmax or pmin in place on an array in
 a shared buffer runs among the members themselves; Ctrl-C while it waits for
 the others there gives it up, and the mesh breaks (every member's ops then
-fail with ``Aborted``, saying this member was interrupted).
+fail with ``Aborted``, saying this member was interrupted), unless the others
+arrived at that very moment (the op then completes). Signal handlers run
+during that wait must not start a collective on the same mesh (it fails
+with ``FailedPrecondition``: it would wait for the op it interrupted).
 
 ``*_async`` forms return a ``Future`` (``result(timeout)``, ``done()``, and
 ``await fut`` in asyncio).
@@ -438,8 +441,9 @@ class Mesh:
     member_side_status = property(
         lambda self: self._ext.member_side_status,
         doc="None when small synchronous ops of this member can run among the members "
-            "(member-side small ops: the JAX FFI handler's, and the C++ SDK's); otherwise "
-            "why every op goes through the daemon. Python's own calls always do.")
+            "(member-side small ops: in-place psum, pmean, pmax and pmin on arrays in "
+            "shared buffers, the JAX FFI handler's, and the C++ SDK's); otherwise why "
+            "every op goes through the daemon.")
 
     @property
     def axes(self) -> Dict[str, int]:
