@@ -1313,23 +1313,6 @@ struct Mesh::OpRequest {
   absl::Status error;
 };
 
-absl::Status Mesh::run(const Collective& op) {
-  const Array& x = op.x;
-  switch (op.kind) {
-    case CollectiveKind::kPsum: return psum(x, op.axes, op.out);
-    case CollectiveKind::kPmean: return pmean(x, op.axes, op.out);
-    case CollectiveKind::kPmax: return pmax(x, op.axes, op.out);
-    case CollectiveKind::kPmin: return pmin(x, op.axes, op.out);
-    case CollectiveKind::kBarrier: return barrier(op.axes);
-    case CollectiveKind::kAllGather:
-      if (op.out) return all_gather(x, op.axes, *op.out, {op.axis, op.tiled});
-      break;
-    default:
-      break;
-  }
-  return submit(op).Wait();
-}
-
 
 OpFuture Mesh::submit(const Collective& op) {
   const Array& x = op.x;
@@ -1720,30 +1703,38 @@ bool Mesh::RunOrDispatch(const OpCall& call, const std::function<bool()>* interr
   return false;
 }
 
-OpFuture Mesh::start(const Collective& op, const std::function<bool()>& interrupted) {
-  auto go = [&](const OpCall& call) {
-    absl::Status status;
-    OpFuture future;
-    return RunOrDispatch(call, &interrupted, &status, &future) ? FailedOp(std::move(status))
-                                                                : future;
-  };
+std::optional<Mesh::OpCall> Mesh::SyncCall(const Collective& op) {
   const Array* x = &op.x;
   const Array* out = op.out ? &*op.out : nullptr;
   switch (op.kind) {
-    case CollectiveKind::kPsum: return go(OpCall{v1::PSUM, x, op.axes, out});
-    case CollectiveKind::kPmean: return go(OpCall{v1::PMEAN, x, op.axes, out});
-    case CollectiveKind::kPmax: return go(OpCall{v1::PMAX, x, op.axes, out});
-    case CollectiveKind::kPmin: return go(OpCall{v1::PMIN, x, op.axes, out});
-    case CollectiveKind::kBarrier: return go(OpCall{v1::BARRIER, nullptr, op.axes, nullptr});
+    case CollectiveKind::kPsum: return OpCall{v1::PSUM, x, op.axes, out};
+    case CollectiveKind::kPmean: return OpCall{v1::PMEAN, x, op.axes, out};
+    case CollectiveKind::kPmax: return OpCall{v1::PMAX, x, op.axes, out};
+    case CollectiveKind::kPmin: return OpCall{v1::PMIN, x, op.axes, out};
+    case CollectiveKind::kBarrier: return OpCall{v1::BARRIER, nullptr, op.axes, nullptr};
     case CollectiveKind::kAllGather:
       if (out != nullptr) {
-        return go(OpCall{v1::ALL_GATHER, x, op.axes, out, AllGatherOptions{op.axis, op.tiled}});
+        return OpCall{v1::ALL_GATHER, x, op.axes, out, AllGatherOptions{op.axis, op.tiled}};
       }
       break;
     default:
       break;
   }
-  return submit(op);
+  return std::nullopt;
+}
+
+absl::Status Mesh::run(const Collective& op) {
+  if (std::optional<OpCall> call = SyncCall(op)) return Run(*call);
+  return submit(op).Wait();
+}
+
+OpFuture Mesh::start(const Collective& op, const std::function<bool()>& interrupted) {
+  std::optional<OpCall> call = SyncCall(op);
+  if (!call) return submit(op);
+  absl::Status status;
+  OpFuture future;
+  return RunOrDispatch(*call, &interrupted, &status, &future) ? FailedOp(std::move(status))
+                                                               : future;
 }
 
 #define COLLECTIVED_REDUCTION(name, KIND)                                                  \

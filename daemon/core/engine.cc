@@ -373,14 +373,19 @@ int64_t MostMemberSideOps(const member_ops::View& seg) {
   return most;
 }
 
-// The signature text of a member's entry, bounded and printable (a member
-// may write anything there).
-std::string EntrySignature(const member_ops::Entry& e) {
-  std::string what(e.signature, std::min<size_t>(e.sig_len, member_ops::kMaxSignature));
-  for (char& c : what) {
+// Text a member wrote in the segment (it may write anything there):
+// at most `limit` of its `len` bytes, anything but printable ASCII as '?'.
+std::string MemberText(const char* text, size_t len, size_t limit) {
+  std::string out(text, std::min(len, limit));
+  for (char& c : out) {
     if (c < 0x20 || c > 0x7e) c = '?';
   }
-  return what;
+  return out;
+}
+
+// The signature text of a member's entry.
+std::string EntrySignature(const member_ops::Entry& e) {
+  return MemberText(e.signature, e.sig_len, member_ops::kMaxSignature);
 }
 
 // Why a member marked the segment broken (it gave up on a member-side op),
@@ -388,10 +393,7 @@ std::string EntrySignature(const member_ops::Entry& e) {
 std::string MemberBrokenReason(const member_ops::View& v) {
   const member_ops::Header* h = v.header();
   const uint32_t code = h->broken.v.load(std::memory_order_seq_cst);
-  std::string reason(h->reason, std::min<size_t>(h->reason_len, member_ops::kMaxReason));
-  for (char& c : reason) {
-    if (c < 0x20 || c > 0x7e) c = '?';
-  }
+  const std::string reason = MemberText(h->reason, h->reason_len, member_ops::kMaxReason);
   if (reason.empty() || code == member_ops::kBrokenWriting) {
     return "a member marked the mesh's member-side segment broken";
   }

@@ -150,10 +150,6 @@ void WriteLine(std::string line) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 std::string FormatLine(LogLevel level, absl::string_view event,
                        std::initializer_list<LogField> fields) {
   std::string line = LinePrefix(level, event);

@@ -494,6 +494,9 @@ class Mesh {
   // Runs `call` and waits for it: member-side when it can, else through the
   // daemon.
   absl::Status Run(const OpCall& call);
+  // `op` as a synchronous call, for the kinds that may run member-side
+  // (run, start); nullopt for the others, which always go to the daemon.
+  static std::optional<OpCall> SyncCall(const Collective& op);
   // Runs `call` member-side when it can (true; its outcome in *status),
   // else sends it to the daemon (false; its future in *future).
   // `interrupted`: see start (may be null).
