@@ -3,6 +3,7 @@
 #   request      an OpSpec off the wire (planning, engine, executor)
 #   side_socket  packets with descriptors on the descriptor side socket
 #   fast_queue   what a client writes into its shared-memory op queue
+#   host_handshake  what a stranger or a connected host sends between daemons
 #   scripts/fuzz.sh [seconds per target]      (default 60)
 # New inputs go to scratch corpora; the checked-in seeds are in
 # tests/fuzz/corpus/<target>. A crash leaves its input in build-fuzz/ and fails.
@@ -10,7 +11,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 seconds="${1:-60}"
-targets=(request side_socket fast_queue)
+targets=(request side_socket fast_queue host_handshake)
 command -v clang++ >/dev/null || { echo "clang++ is needed (apt-get install clang)" >&2; exit 1; }
 # The fuzz targets are host code: no CUDA (nvcc would get clang's fuzzer flags).
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \

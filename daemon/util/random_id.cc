@@ -11,20 +11,22 @@
 
 namespace collectived {
 
-std::string RandomId(absl::string_view prefix) {
-  uint8_t bytes[16];
+std::string RandomBytes(size_t n) {
+  std::string out(n, '\0');
   size_t got = 0;
-  while (got < sizeof(bytes)) {
-    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0) {
+  while (got < n) {
+    const ssize_t r = getrandom(out.data() + got, n - got, 0);
+    if (r < 0) {
       if (errno == EINTR) continue;
-      std::abort();  // no entropy source: ids would be guessable
+      std::abort();  // no entropy source: ids and keys would be guessable
     }
-    got += static_cast<size_t>(n);
+    got += static_cast<size_t>(r);
   }
-  return absl::StrCat(
-      prefix, absl::BytesToHexString(absl::string_view(
-                  reinterpret_cast<const char*>(bytes), sizeof(bytes))));
+  return out;
+}
+
+std::string RandomId(absl::string_view prefix) {
+  return absl::StrCat(prefix, absl::BytesToHexString(RandomBytes(16)));
 }
 
 }  // namespace collectived

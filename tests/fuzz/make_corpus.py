@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/):
 request (one serialized OpSpec per file), side_socket (packet scripts, see
-side_socket_fuzzer.cc) and fast_queue (queue contents, see
-fast_queue_fuzzer.cc).
+side_socket_fuzzer.cc), fast_queue (queue contents, see fast_queue_fuzzer.cc)
+and host_handshake (handshake bytes and frames, see host_handshake_fuzzer.cc).
 
 Run by hand from the repository root (needs grpcio-tools):
     python3 tests/fuzz/make_corpus.py
@@ -46,6 +46,43 @@ def queue(*entries, overwrite=None):
         which, value = overwrite
         data += bytes([which]) + value.to_bytes(4, "little")
     return data
+
+
+
+def host_handshake_seeds():
+    """Seeds of host_handshake_fuzzer.cc: its first byte picks the case."""
+    import hashlib
+    import struct
+
+    def field(b):
+        return struct.pack("<Q", len(b)) + b
+
+    def tag(mesh, generation):
+        return hashlib.sha256(field(b"collectived mesh tag v1") + field(mesh)
+                              + struct.pack("<Q", generation)).digest()
+
+    def hello(lane, frm, to, t, nonce=b"n" * 32):
+        return b"CDLINK01" + struct.pack("<IIII", lane, frm, to, 0) + t + nonce
+
+    def frame(kind, length, slot, total, offset, payload=b""):
+        return struct.pack("<IIQQQ", kind, length, slot, total, offset) + payload
+
+    good = tag(b"fuzz/mesh", 1)
+    return {
+        "server_hello_bad_proof": b"\x00\x00" + hello(0, 1, 0, good) + b"p" * 32,
+        "server_hello_in_pieces": b"\x00\x03\x01\x07\x10" + hello(1, 3, 0, good) + b"q" * 32,
+        "server_other_mesh": b"\x00\x00" + hello(0, 1, 0, tag(b"fuzz/mesh", 2)),
+        "server_http": b"\x00\x00GET / HTTP/1.1\r\n\r\n",
+        "client_challenge": b"\x01CDLINK01" + b"c" * 64 + b"A",
+        "frames_data": b"\x02" + frame(2, 4, 0, 4, 0, b"abcd"),
+        "frames_ready_break": b"\x02" + frame(1, 0, 5, 16, 0) + frame(3, 6, 10, 0, 0, b"reason"),
+        "frames_query_answer": b"\x02" + frame(4, 0, 7, 0, 0) + frame(5, 3, 7, 0, 0, b"ans"),
+        "frames_too_long": b"\x02" + frame(2, 128, 1, 128, 0, b"x" * 128),
+        "frames_split": b"\x02" + frame(2, 2, 2, 4, 0, b"ab") + frame(2, 2, 2, 4, 2, b"cd"),
+        "frames_unknown": b"\x02" + frame(99, 0, 0, 0, 0),
+        "frames_partial_header": b"\x02" + frame(2, 4, 0, 4, 0)[:17],
+    }
+
 
 
 with tempfile.TemporaryDirectory() as gen:
@@ -117,3 +154,6 @@ with tempfile.TemporaryDirectory() as gen:
         "eight": queue(*[entry(ops[k]) for k in ("psum", "pmean_int8", "pmax_bf16", "pmin_bool",
                                                  "ppermute", "psum_scatter", "all_to_all", "broadcast")]),
     })
+
+    write("host_handshake", host_handshake_seeds())
+
