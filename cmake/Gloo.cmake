@@ -1,5 +1,5 @@
-# Gloo (CPU collectives across hosts; the cluster's Gloo store and the
-# gloo_perf peer benchmark). Debian's libgloo-dev ships a CMake package
+# Gloo (the gloo_perf peer benchmark: bare Gloo's ring, what collectived's
+# meshes across hosts are compared with). Debian's libgloo-dev ships a CMake package
 # (GlooConfig.cmake, imported target `gloo`); elsewhere fall back to looking
 # for the header and library. Sets COLLECTIVED_GLOO_TARGET (empty when Gloo
 # is not found) and COLLECTIVED_GLOO_WHAT (for STATUS lines).

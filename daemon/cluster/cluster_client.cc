@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/cluster/coordinator_service.h"
+#include "daemon/cluster/lease_file.h"
 #include "daemon/util/log.h"
 
 namespace collectived {
@@ -21,8 +23,20 @@ constexpr int kMaxReceiveBytes =
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& address) {
   if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat("coordinator ", address, ": ", s.error_message()));
+  const auto code = static_cast<absl::StatusCode>(s.error_code());
+  std::string what = s.error_message();
+  if (code == absl::StatusCode::kUnimplemented) {
+    // A server without the Cluster service answers with no text at all.
+    what = absl::StrCat(
+        "it does not serve the cluster coordinator (collectived.v1.Cluster)",
+        what.empty() ? "" : absl::StrCat(": ", what),
+        "; point --cluster at a daemon started with --coordinator, or use etcd "
+        "(--cluster=etcd://HOST:PORT)");
+  } else if (what.empty()) {
+    what = absl::StrCat(absl::StatusCodeToString(code), " with no message (is ", address,
+                        " a collectived daemon's --tcp address?)");
+  }
+  return absl::Status(code, absl::StrCat("coordinator ", address, ": ", what));
 }
 
 }  // namespace
@@ -35,6 +49,10 @@ const char* ClusterStateName(ClusterState state) {
     case ClusterState::kStopped: return "stopped";
   }
   return "unknown";
+}
+
+std::string ClusterClient::description() const {
+  return absl::StrJoin(options_.coordinators, ",");
 }
 
 absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
@@ -75,6 +93,7 @@ void ClusterClient::Start() {
   MutexLock lock(&mu_);
   if (started_ || stopping_) return;
   started_ = true;
+  previous_lease_ = ReadLeaseFile(options_.lease_file);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -169,9 +188,18 @@ absl::Status ClusterClient::JoinOnce() {
     v1::JoinClusterRequest req;
     req.set_host_id(options_.host_id);
     req.set_address(options_.address);
+    req.set_previous_lease_id(previous_lease_);
     v1::JoinClusterResponse resp;
     last = FromGrpc(stubs_[i]->JoinCluster(&ctx, req, &resp), options_.coordinators[i]);
+    // Another daemon holds the host id: every coordinator would say so.
+    if (absl::IsAlreadyExists(last)) return last;
     if (!last.ok()) continue;
+    previous_lease_ = resp.lease_id();
+    if (absl::Status st = WriteLeaseFile(options_.lease_file, previous_lease_); !st.ok()) {
+      LogEvent(LogLevel::kWarn, "cluster_lease_file",
+               {{"error", st.ToString()},
+                {"effect", "a restart of this daemon waits for its lease to end"}});
+    }
     {
       MutexLock lock(&mu_);
       lease_ = resp.lease_id();
@@ -299,7 +327,7 @@ absl::StatusOr<std::vector<std::string>> ClusterClient::Get(const std::vector<st
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::KeyGetResponse resp;
   absl::Status st =
-      CallCurrent(&v1::Cluster::Stub::KeyGet, req, &resp, timeout + options_.rpc_timeout);
+      CallCurrent(&v1::Cluster::Stub::KeyGet, req, &resp, timeout + AnswerMargin());
   if (!st.ok()) return st;
   if (resp.entries_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat("coordinator answered ", resp.entries_size(),
@@ -335,7 +363,8 @@ absl::StatusOr<std::vector<HostRecord>> ClusterClient::ListHosts() {
   return out;
 }
 
-absl::StatusOr<int64_t> ClusterClient::MeshRegister(MeshRegistration registration) {
+absl::StatusOr<int64_t> ClusterClient::MeshRegister(MeshRegistration registration,
+                                                    absl::Time deadline) {
   v1::MeshRegisterRequest req;
   {
     MutexLock lock(&mu_);
@@ -350,8 +379,10 @@ absl::StatusOr<int64_t> ClusterClient::MeshRegister(MeshRegistration registratio
   req.set_op_timeout_ms(registration.op_timeout_ms);
   for (int32_t i : registration.indices) req.add_indices(i);
   v1::MeshRegisterResponse resp;
-  absl::Status st =
-      CallCurrent(&v1::Cluster::Stub::MeshRegister, req, &resp, options_.rpc_timeout);
+  // By the joiner's deadline (a few ms at least, so that a call is made).
+  const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(10));
+  absl::Status st = CallCurrent(&v1::Cluster::Stub::MeshRegister, req, &resp,
+                                std::min(options_.rpc_timeout, left));
   if (!st.ok()) return st;
   return resp.generation();
 }
@@ -369,11 +400,12 @@ absl::StatusOr<MeshMembership> ClusterClient::MeshWait(const std::string& key,
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   v1::MeshWaitResponse resp;
   absl::Status st =
-      CallCurrent(&v1::Cluster::Stub::MeshWait, req, &resp, timeout + options_.rpc_timeout);
+      CallCurrent(&v1::Cluster::Stub::MeshWait, req, &resp, timeout + AnswerMargin());
   if (!st.ok()) return st;
   MeshMembership m;
   m.generation = resp.generation();
   m.op_timeout_ms = resp.op_timeout_ms();
+  m.secret = resp.secret();
   for (std::string& h : *resp.mutable_member_host()) m.member_host.push_back(std::move(h));
   for (const v1::HostInfo& h : resp.hosts()) {
     m.hosts.push_back({h.host_id(), h.address(), absl::FromUnixMillis(h.joined_at_unix_ms()),

@@ -8,7 +8,8 @@
 // makes the daemon fail: state() says where it stands, and every change of
 // state is logged (event=cluster_state).
 //
-// Every RPC has a deadline (rpc_timeout; a Get's wait plus rpc_timeout).
+// Every RPC has a deadline (rpc_timeout; a Get's or MeshWait's wait plus at
+// most half a second).
 // Thread-safety: every method may be called from any thread; Set/Get/Delete
 // block the calling thread for at most their deadline (they are for
 // rendezvous, not for gRPC reactions).
@@ -28,6 +29,7 @@
 #include "absl/time/time.h"
 #include "collectived/v1/cluster.grpc.pb.h"
 #include "common/sync.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/cluster/coordinator.h"
 
 namespace collectived {
@@ -47,68 +49,65 @@ struct ClusterClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   // Pause between attempts while no coordinator answers.
   absl::Duration retry_interval = absl::Seconds(1);
+  // Where this daemon keeps its lease (lease_file.h), so that it takes its
+  // host id back at once when it restarts ("" keeps it in memory only).
+  std::string lease_file;
 };
 
-enum class ClusterState {
-  kStarting,     // not joined yet, no attempt failed yet
-  kJoined,       // holds a lease
-  kUnavailable,  // the last attempt reached no coordinator (or was refused)
-  kStopped,
-};
-const char* ClusterStateName(ClusterState state);
-
-class ClusterClient {
+class ClusterClient final : public Cluster {
  public:
   // Validates the options (INVALID_ARGUMENT) and builds the channels; starts
   // nothing.
   static absl::StatusOr<std::unique_ptr<ClusterClient>> Create(ClusterClientOptions options);
   // Stop(/*leave=*/false) if still running.
-  ~ClusterClient();
+  ~ClusterClient() override;
   ClusterClient(const ClusterClient&) = delete;
   ClusterClient& operator=(const ClusterClient&) = delete;
 
   // Starts the membership thread. Call once.
-  void Start();
+  void Start() override;
   // Stops the thread (waiting for an RPC in flight, at most rpc_timeout);
   // with `leave`, ends the lease (LeaveCluster, within rpc_timeout) if one is
   // held. Idempotent; not to be called from two threads at once.
-  void Stop(bool leave);
+  void Stop(bool leave) override;
 
-  ClusterState state();
+  ClusterState state() override;
   // The held lease ("" when not joined).
-  std::string lease_id();
+  std::string lease_id() override;
   // The last error of the membership thread (OK while joined).
-  absl::Status last_error();
+  absl::Status last_error() override;
   // Waits until state() == `want`; false after `timeout`.
-  bool WaitForState(ClusterState want, absl::Duration timeout);
+  bool WaitForState(ClusterState want, absl::Duration timeout) override;
 
   // Store operations on the coordinator that answered last (see
   // Coordinator for their meaning). With `owned`, the key belongs to this
   // daemon's lease (FAILED_PRECONDITION when not joined).
   absl::Status Set(const std::string& key, const std::string& value, bool overwrite,
-                   bool owned = false);
+                   bool owned = false) override;
   // Waits at most `timeout` (capped at kMaxKeyWait) for every key; the
   // values in the order of `keys`.
   absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                               absl::Duration timeout);
+                                               absl::Duration timeout) override;
   absl::StatusOr<int64_t> Delete(const std::vector<std::string>& keys,
-                                 const std::string& prefix);
-  absl::StatusOr<std::vector<HostRecord>> ListHosts();
+                                 const std::string& prefix) override;
+  absl::StatusOr<std::vector<HostRecord>> ListHosts() override;
 
   // The mesh registry (Coordinator::MeshRegister and the rest) on the
   // coordinator in use. MeshRegister fills in this daemon's host id and
   // lease (FAILED_PRECONDITION when not joined); MeshWait blocks for at most
   // `timeout` (capped at kMaxKeyWait) plus rpc_timeout; MeshLeave speaks
   // for this daemon's host id.
-  absl::StatusOr<int64_t> MeshRegister(MeshRegistration registration);
+  absl::StatusOr<int64_t> MeshRegister(MeshRegistration registration,
+                                       absl::Time deadline = absl::InfiniteFuture()) override;
   absl::StatusOr<MeshMembership> MeshWait(const std::string& key, int64_t generation,
-                                          absl::Duration timeout);
+                                          absl::Duration timeout) override;
   absl::Status MeshLeave(const std::string& key, int64_t generation,
                          const std::vector<int32_t>& indices, bool broken,
-                         const std::string& reason);
+                         const std::string& reason) override;
 
-  const std::string& host_id() const { return options_.host_id; }
-  const std::string& address() const { return options_.address; }
+  const std::string& host_id() const override { return options_.host_id; }
+  const std::string& address() const override { return options_.address; }
+  std::string description() const override;
   const std::vector<std::string>& coordinators() const { return options_.coordinators; }
 
  private:
@@ -125,6 +124,13 @@ class ClusterClient {
   absl::Status CallCurrent(grpc::Status (v1::Cluster::Stub::*rpc)(grpc::ClientContext*,
                                                                  const Request&, Response*),
                            const Request& req, Response* resp, absl::Duration timeout);
+  // How long past a waiting call's wait its answer may take: the
+  // coordinator answers when the wait ends, so a call whose caller has a
+  // deadline never outlasts it by more than this (a hung coordinator
+  // included).
+  absl::Duration AnswerMargin() const {
+    return std::min(options_.rpc_timeout, absl::Milliseconds(500));
+  }
   // Sleeps `d` unless stopping; false when stopping.
   bool SleepUnlessStopping(absl::Duration d);
 
@@ -135,6 +141,9 @@ class ClusterClient {
   ClusterState state_ ABSL_GUARDED_BY(mu_) = ClusterState::kStarting;
   absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   std::string lease_ ABSL_GUARDED_BY(mu_);
+  // The lease held last (shown when joining again; from lease_file at
+  // start). Only the membership thread uses it.
+  std::string previous_lease_;
   absl::Duration ttl_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
   size_t current_ ABSL_GUARDED_BY(mu_) = 0;  // index of the coordinator in use
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,16 +6,43 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/cluster/gloo_mesh.h"
-#include "daemon/cluster/gloo_store.h"
+#include "daemon/cluster/host_mesh.h"
+#include "daemon/cluster/peer_auth.h"
 #include "daemon/util/log.h"
-#include "gloo/rendezvous/prefix_store.h"
 
 namespace collectived {
 namespace {
 
 // The longest one registry wait lasts before Form looks at Stop again.
 constexpr absl::Duration kWaitSlice = absl::Seconds(1);
+// The least time a mesh that filled gets to connect its hosts, even when it
+// filled at its joiners' deadline.
+constexpr absl::Duration kMinConnect = absl::Milliseconds(500);
+
+// The cluster's store as the meshes' address book: keys owned by this
+// daemon's lease (they go with it), waits retried while the store cannot be
+// reached, all within the deadline.
+class ClusterAddressBook final : public AddressBook {
+ public:
+  explicit ClusterAddressBook(Cluster* cluster) : cluster_(cluster) {}
+  absl::Status Publish(const std::string& key, const std::string& value) override {
+    return cluster_->Set(key, value, /*overwrite=*/false, /*owned=*/true);
+  }
+  absl::StatusOr<std::vector<std::string>> Lookup(const std::vector<std::string>& keys,
+                                                  absl::Time deadline) override {
+    for (;;) {
+      const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+      auto values = cluster_->Get(keys, left);
+      if (values.ok() || absl::Now() >= deadline || !absl::IsUnavailable(values.status())) {
+        return values;
+      }
+      absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+    }
+  }
+
+ private:
+  Cluster* const cluster_;
+};
 
 }  // namespace
 
@@ -36,7 +63,7 @@ ClusterRendezvous::ClusterRendezvous(ClusterRendezvousOptions options)
 
 ClusterRendezvous::~ClusterRendezvous() { Stop(); }
 
-void ClusterRendezvous::Attach(ClusterClient* client, std::string bind_host) {
+void ClusterRendezvous::Attach(Cluster* client, std::string bind_host) {
   MutexLock lock(&mu_);
   client_ = client;
   bind_host_ = std::move(bind_host);
@@ -65,7 +92,7 @@ bool ClusterRendezvous::Schedule(std::unique_ptr<ThreadPool> ClusterRendezvous::
   return true;
 }
 
-absl::StatusOr<ClusterClient*> ClusterRendezvous::Client() {
+absl::StatusOr<Cluster*> ClusterRendezvous::Client() {
   MutexLock lock(&mu_);
   if (stopped_) return absl::UnavailableError("the daemon is leaving the cluster");
   if (client_ == nullptr) {
@@ -74,10 +101,10 @@ absl::StatusOr<ClusterClient*> ClusterRendezvous::Client() {
   return client_;
 }
 
-void ClusterRendezvous::Register(const MeshJoinInfo& info, int index,
+void ClusterRendezvous::Register(const MeshJoinInfo& info, int index, absl::Time deadline,
                                  absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) {
   auto cb = std::make_shared<absl::AnyInvocable<void(absl::StatusOr<int64_t>)>>(std::move(done));
-  const bool scheduled = Schedule(&ClusterRendezvous::serial_, [this, info, index, cb] {
+  const bool scheduled = Schedule(&ClusterRendezvous::serial_, [this, info, index, deadline, cb] {
     auto client = Client();
     if (!client.ok()) {
       (*cb)(client.status());
@@ -98,7 +125,7 @@ void ClusterRendezvous::Register(const MeshJoinInfo& info, int index,
           why.ok() ? std::string(" yet") : absl::StrCat(": ", why.message()))));
       return;
     }
-    absl::StatusOr<int64_t> g = (*client)->MeshRegister(std::move(r));
+    absl::StatusOr<int64_t> g = (*client)->MeshRegister(std::move(r), deadline);
     // The registry was not reached, or this daemon's lease is gone: not a
     // refusal of the join (the engine tries again).
     if (!g.ok() && (absl::IsDeadlineExceeded(g.status()) || absl::IsNotFound(g.status()) ||
@@ -149,7 +176,7 @@ void ClusterRendezvous::Form(const std::string& key, int64_t generation, absl::T
 RendezvousStatus ClusterRendezvous::Status() {
   RendezvousStatus s;
   s.serves_coordinator = options_.serves_coordinator;
-  ClusterClient* client;
+  Cluster* client;
   bool stopped;
   {
     MutexLock lock(&mu_);
@@ -167,7 +194,7 @@ RendezvousStatus ClusterRendezvous::Status() {
   // The client is destroyed at the end of main, after the servers and the
   // metrics endpoint (every caller of the engine's GetStats) have stopped.
   s.state = ClusterStateName(client->state());
-  s.coordinator = absl::StrJoin(client->coordinators(), ",");
+  s.coordinator = client->description();
   const absl::Status error = client->last_error();
   if (!error.ok()) s.last_error = std::string(error.message());
   return s;
@@ -217,20 +244,24 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, in
     return absl::InternalError(absl::StrCat("the registry's mesh '", key, "' generation ",
                                             generation, " has no member on this host"));
   }
-  ClusterClient* client;
+  Cluster* client;
   std::string bind_host;
   {
     MutexLock lock(&mu_);
     client = client_;
     bind_host = bind_host_;
   }
-  ClusterGlooStore store(client, std::chrono::milliseconds(
-                                     absl::ToInt64Milliseconds(options_.connect_timeout)));
-  gloo::rendezvous::PrefixStore prefixed(MeshStorePrefix(key, generation), store);
-  auto mesh = ConnectGlooMesh(
-      prefixed, t, bind_host,
-      std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.connect_timeout)),
-      options_.gloo);
+  TransportSecurity security;
+  security.key = peer_auth::MeshKey(options_.cluster_token, key, generation, membership->secret);
+  security.tag = peer_auth::MeshTag(key, generation);
+  security.tls = options_.tls;
+  security.description = absl::StrCat("mesh '", key, "' generation ", generation);
+  ClusterAddressBook book(client);
+  const absl::Time now = absl::Now();
+  const absl::Time connect_by =
+      std::min(std::max(deadline, now + kMinConnect), now + options_.connect_timeout);
+  auto mesh = ConnectHostMesh(book, MeshStorePrefix(key, generation), t, bind_host,
+                              std::move(security), connect_by, options_.mesh);
   if (!mesh.ok()) {
     return absl::Status(mesh.status().code(),
                         absl::StrCat("connecting the hosts of mesh '", key, "' generation ",
@@ -239,7 +270,8 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, in
   }
   formed.mesh = *std::move(mesh);
   if (cancel.load()) {
-    formed.mesh->Abort("the mesh went away on this host");
+    formed.mesh->Abort(absl::AbortedError(absl::StrCat(
+        "the mesh went away on host ", options_.host_id, " while its hosts connected")));
     return cancelled;
   }
   return formed;

@@ -1,8 +1,12 @@
 // ClusterRendezvous: the engine's MeshRendezvous (daemon/core/rendezvous.h)
-// on a cluster: the coordinator's mesh registry (through the ClusterClient)
-// decides membership and generations, and Gloo connects the hosts of each
-// formed mesh (ConnectGlooMesh, rendezvous through the coordinator's
-// key-value store under MeshStorePrefix(mesh key, generation) + "/").
+// on a cluster: the cluster's mesh registry (through the Cluster: the
+// in-memory coordinator's client, or etcd) decides membership and
+// generations, and the daemon's own transport connects the hosts of each
+// formed mesh (ConnectHostMesh, addresses published in the cluster's store
+// under MeshStorePrefix(mesh key, generation)), every connection
+// authenticated with the generation's key (peer_auth.h: the cluster token,
+// the mesh, the generation and the registry's secret for it) and, where the
+// daemon has certificates, over mutual TLS.
 //
 // Threads: registrations and leaves go, in call order, through one thread
 // (so a member's Leave never overtakes its Register); each Form runs on a
@@ -25,8 +29,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
 #include "common/sync.h"
-#include "daemon/cluster/cluster_client.h"
-#include "daemon/cluster/gloo_mesh.h"
+#include "daemon/cluster/cluster.h"
+#include "daemon/cluster/host_mesh.h"
+#include "daemon/cluster/peer_stream.h"
 #include "daemon/core/rendezvous.h"
 #include "daemon/exec/thread_pool.h"
 
@@ -35,14 +40,22 @@ namespace collectived {
 struct ClusterRendezvousOptions {
   // This daemon's host id (the cluster client's).
   std::string host_id;
-  // How long connecting a formed mesh's hosts may take.
+  // How long connecting a formed mesh's hosts may take (and at most until
+  // the joiners' deadline, but at least kMinConnect).
   absl::Duration connect_timeout = absl::Seconds(30);
+  // The cluster's token ("" for none): with the registry's secret, the key
+  // of every mesh generation's connections.
+  std::string cluster_token;
+  // The daemon's certificates: the connections between hosts run over
+  // mutual TLS, and each host's certificate must name its host id. Null:
+  // plaintext, authenticated by the key.
+  std::shared_ptr<const TlsConfig> tls;
   // Meshes forming at once beyond which Forms queue.
   int form_threads = 16;
   // Whether this daemon serves the coordinator (reported in Status).
   bool serves_coordinator = false;
   // How formed meshes run their ops across hosts.
-  GlooMeshOptions gloo;
+  HostMeshOptions mesh;
 };
 
 class ClusterRendezvous final : public MeshRendezvous {
@@ -52,16 +65,16 @@ class ClusterRendezvous final : public MeshRendezvous {
   ClusterRendezvous(const ClusterRendezvous&) = delete;
   ClusterRendezvous& operator=(const ClusterRendezvous&) = delete;
 
-  // The cluster client (must outlive Stop) and the host or address Gloo
-  // binds its connections to (this daemon's advertised host).
-  void Attach(ClusterClient* client, std::string bind_host);
+  // The cluster (must outlive Stop) and the host or address the meshes'
+  // connections listen on (this daemon's advertised host).
+  void Attach(Cluster* cluster, std::string bind_host);
   // Drains and joins the threads; later calls answer UNAVAILABLE.
   // Idempotent.
   void Stop();
 
   std::string host_id() const override { return options_.host_id; }
   RendezvousStatus Status() override;
-  void Register(const MeshJoinInfo& info, int index,
+  void Register(const MeshJoinInfo& info, int index, absl::Time deadline,
                 absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) override;
   void Form(const std::string& key, int64_t generation, absl::Time deadline,
             std::shared_ptr<const std::atomic<bool>> cancel,
@@ -70,8 +83,8 @@ class ClusterRendezvous final : public MeshRendezvous {
              const std::string& reason) override;
 
  private:
-  // The client, or UNAVAILABLE before Attach / after Stop.
-  absl::StatusOr<ClusterClient*> Client();
+  // The cluster, or UNAVAILABLE before Attach / after Stop.
+  absl::StatusOr<Cluster*> Client();
   absl::StatusOr<FormedMesh> FormNow(const std::string& key, int64_t generation,
                                      absl::Time deadline, const std::atomic<bool>& cancel);
   // Schedules `fn` on `pool` unless stopped (then false, nothing runs).
@@ -79,7 +92,7 @@ class ClusterRendezvous final : public MeshRendezvous {
 
   const ClusterRendezvousOptions options_;
   Mutex mu_;
-  ClusterClient* client_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Cluster* client_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string bind_host_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   // Scheduled on under mu_ while not stopped; Stop takes them out and joins

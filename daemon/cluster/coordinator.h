@@ -85,7 +85,11 @@ struct MeshMembership {
   // The generation's hosts, ascending host id, with their addresses.
   std::vector<HostRecord> hosts;
   int64_t op_timeout_ms = 0;
+  // Random bytes drawn for this generation (kMeshSecretBytes), handed only
+  // to the registry's callers: what the hosts key their connections with.
+  std::string secret;
 };
+inline constexpr size_t kMeshSecretBytes = 32;
 
 inline constexpr int64_t kMaxMeshMembers = 65536;
 
@@ -111,6 +115,20 @@ struct SetOptions {
   std::string lease_id;
 };
 
+// The first character of `text` for which `ok` is false, quoted for an
+// error message, or "" if all are fine.
+template <typename Ok>
+inline std::string FirstBadChar(absl::string_view text, Ok ok) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (!ok(text[i])) {
+      const unsigned char c = static_cast<unsigned char>(text[i]);
+      return c >= 0x21 && c < 0x7f ? absl::StrCat("'", std::string(1, text[i]), "' at ", i)
+                                   : absl::StrCat("byte 0x", absl::Hex(c), " at ", i);
+    }
+  }
+  return "";
+}
+
 // 1-64 characters of [A-Za-z0-9._-].
 absl::Status ValidateHostId(absl::string_view host_id);
 // 1-256 printable ASCII characters without spaces.
@@ -132,11 +150,14 @@ class Coordinator {
 
   virtual ~Coordinator() = default;
 
-  // Grants `host_id` (advertising `address`) a new lease. A host id that
-  // holds a lease already loses it (its owned keys go too): a daemon that
-  // restarted replaces its former self. RESOURCE_EXHAUSTED past the host cap.
-  virtual absl::StatusOr<LeaseGrant> Join(absl::string_view host_id,
-                                          absl::string_view address) = 0;
+  // Grants `host_id` (advertising `address`) a new lease. A host id whose
+  // lease is live is refused with ALREADY_EXISTS naming the live daemon's
+  // address, unless `previous_lease_id` is that lease: a daemon that
+  // restarted (or lost touch) replaces its former self at once, and the old
+  // lease ends (its owned keys go too). Two daemons claiming one host id
+  // never replace each other. RESOURCE_EXHAUSTED past the host cap.
+  virtual absl::StatusOr<LeaseGrant> Join(absl::string_view host_id, absl::string_view address,
+                                          absl::string_view previous_lease_id = {}) = 0;
   // Renews `lease_id` for a full ttl; NOT_FOUND if it has ended.
   virtual absl::Status Heartbeat(absl::string_view lease_id) = 0;
   // Ends `lease_id` at once; NOT_FOUND if it has ended already.

@@ -6,7 +6,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include <grpc/grpc_security_constants.h>
 #include "common/sync.h"
 
 namespace collectived {
@@ -149,11 +152,39 @@ absl::Status CoordinatorService::CheckToken(grpc::CallbackServerContext* ctx) co
   return absl::OkStatus();
 }
 
+namespace {
+
+// With mutual TLS, the host id a daemon joins as must be one of the names
+// its verified client certificate carries (a DNS name or the common name):
+// a daemon cannot speak for another host. Without a client certificate
+// there is nothing to check.
+absl::Status CheckHostCertificate(const grpc::CallbackServerContext* ctx,
+                                  absl::string_view host_id) {
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
+  std::vector<std::string> names;
+  for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+      names.emplace_back(v.data(), v.size());
+      if (absl::EqualsIgnoreCase(names.back(), host_id)) return absl::OkStatus();
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "host id '", host_id, "' is not named by the client certificate (it carries ",
+      names.empty() ? std::string("no names") : absl::StrJoin(names, ", "),
+      "): with TLS a host's certificate must name its host id"));
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* CoordinatorService::JoinCluster(grpc::CallbackServerContext* ctx,
                                                           const v1::JoinClusterRequest* req,
                                                           v1::JoinClusterResponse* resp) {
   if (absl::Status st = CheckToken(ctx); !st.ok()) return Finish(ctx, st);
-  auto grant = coordinator_->Join(req->host_id(), req->address());
+  if (absl::Status st = CheckHostCertificate(ctx, req->host_id()); !st.ok()) {
+    return Finish(ctx, st);
+  }
+  auto grant = coordinator_->Join(req->host_id(), req->address(), req->previous_lease_id());
   if (grant.ok()) {
     resp->set_lease_id(grant->lease_id);
     resp->set_lease_ttl_ms(absl::ToInt64Milliseconds(grant->ttl));
@@ -276,6 +307,7 @@ grpc::ServerUnaryReactor* CoordinatorService::MeshWait(grpc::CallbackServerConte
         reactor->Respond(r.status(), bytes, [&] {
           resp->set_generation(r->generation);
           resp->set_op_timeout_ms(r->op_timeout_ms);
+          resp->set_secret(r->secret);
           for (std::string& h : r->member_host) resp->add_member_host(std::move(h));
           for (const HostRecord& h : r->hosts) ToProto(h, resp->add_hosts());
         });

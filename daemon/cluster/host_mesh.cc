@@ -1,18 +1,18 @@
-#include "daemon/cluster/gloo_mesh.h"
+#include "daemon/cluster/host_mesh.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <exception>
 #include <functional>
+#include <map>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <system_error>
@@ -21,15 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include <gloo/common/error.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
-
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
@@ -43,23 +35,32 @@ constexpr uint32_t kMagic = 0x434f4c47;  // "COLG"
 // 2: the chain schedule (its chunk size in the header). 3: the kind of
 // memory (GPU ops across hosts). 4: the replication threshold. 5: the size
 // after the version, a 4 KiB receive and one header slot for every op. 6:
-// two Gloo contexts, one a direction (store keys under "c0/" and "c1/").
-constexpr uint32_t kVersion = 6;
+// two Gloo contexts, one a direction. 7: the daemon's own authenticated
+// transport (host_transport.h) instead of Gloo's; a host of version 6 or
+// earlier fails the handshake (another magic), before any header.
+constexpr uint32_t kVersion = 7;
 constexpr int kSlotShift = 24;
 // The header exchange's slot: the same for every op (data slots are
 // (sequence << kSlotShift) | n), so that hosts at different op counts still
 // meet there and learn that they differ. Ops of a mesh run one at a time and
-// Gloo matches a pair's messages of one slot in order.
+// the transport matches a pair's messages of one slot in order.
 constexpr uint64_t kHeaderSlot = uint64_t{1} << 63;
-// The Gloo contexts of a mesh (GlooCrossHostMesh::Connections).
-constexpr int kGlooContexts = 2;
-// Transfers of at least this many bytes go over the context of their
-// direction, smaller ones (and headers) over the first (Connections): a small
-// transfer's time is its wakeups, and two device threads a host are more of
-// them (2-host psums of 1-16 KiB took a median of 260-300 us with every
-// transfer directed against 130-270 us). Every host of a mesh runs the same
-// build (the wire version), so both ends of a transfer pick the same context.
+// The connections of a pair of hosts (HostMesh::LaneOf).
+constexpr int kLanes = 2;
+// Transfers of at least this many bytes go over the lane of their
+// direction, smaller ones (and headers) over the first (LaneOf): a small
+// transfer's time is its wakeups, and two I/O threads a host are more of
+// them (over Gloo, 2-host psums of 1-16 KiB took a median of 260-300 us
+// with every transfer directed against 130-270 us). Every host of a mesh
+// runs the same build (the wire version), so both ends of a transfer pick
+// the same lane.
 constexpr uint64_t kDirectedMinBytes = 256 * 1024;
+// How long before an op's deadline the hosts whose header has not come are
+// asked what their members are doing (at most a quarter of the op's time),
+// and how long past the deadline their answers are awaited when they have
+// not come by then.
+constexpr absl::Duration kQueryLead = absl::Milliseconds(150);
+constexpr absl::Duration kAnswerGrace = absl::Milliseconds(50);
 
 // The chain's chunk for an op of `bytes`: the configured one, but small
 // enough for four chunks down to 1 MiB, since an op of one chunk crosses
@@ -72,9 +73,9 @@ uint64_t ChainChunkBytes(uint64_t configured, uint64_t bytes) {
 
 // The fixed-size signature of an op every host sends every other. magic,
 // version and bytes lead, in every version: a header is received into
-// kHeaderCapacity bytes (Gloo ends the process when a message is longer
-// than its receive, and says nothing when it is shorter), and nothing past
-// them is read unless all three match this build's.
+// kHeaderCapacity bytes (the transport refuses a message longer than its
+// receive), and nothing past them is read unless all three match this
+// build's and as many bytes came.
 struct WireHeader {
   uint32_t magic;
   uint32_t version;
@@ -92,12 +93,12 @@ struct WireHeader {
   uint64_t in_bytes;
   uint64_t out_bytes;
   uint64_t hash;
-  // The chain's chunk and the replication threshold (GlooMeshOptions):
+  // The chain's chunk and the replication threshold (HostMeshOptions):
   // they set the schedule and the transfers' sizes.
   uint64_t chunk_bytes;
   uint64_t replicate_below_bytes;
   // The kind of memory the op runs on (Executor::buffer_kind: "memfd",
-  // "cuda"): it picks the transport (Gloo, or the executor's HostLink).
+  // "cuda"): it picks the transport (the host transport, or the executor's HostLink).
   char memory[16];
   char signature[160];
   char text[192];
@@ -115,14 +116,15 @@ void CopyText(char* dst, size_t size, absl::string_view text) {
 
 std::string Text(const char* s, size_t size) { return std::string(s, strnlen(s, size)); }
 
-// What a host's header bytes say: its header when magic, version and size
-// are this build's; else a header that differs from every host's in its wire
-// version (and names no op).
-WireHeader ParseHeader(const std::array<uint8_t, kHeaderCapacity>& raw) {
+// What a host's header bytes say (`got` of them came): its header when
+// magic, version and size are this build's; else a header that differs
+// from every host's in its wire version (and names no op).
+WireHeader ParseHeader(const std::array<uint8_t, kHeaderCapacity>& raw, uint64_t got) {
   WireHeader h{};
-  uint32_t lead[3];
-  std::memcpy(lead, raw.data(), sizeof(lead));
-  if (lead[0] != kMagic || lead[1] != kVersion || lead[2] != sizeof(WireHeader)) {
+  uint32_t lead[3] = {0, 0, 0};
+  std::memcpy(lead, raw.data(), std::min<uint64_t>(sizeof(lead), got));
+  if (lead[0] != kMagic || lead[1] != kVersion || lead[2] != sizeof(WireHeader) ||
+      got != sizeof(WireHeader)) {
     h.magic = lead[0];
     h.version = lead[1] == kVersion ? ~kVersion : lead[1];
     h.bytes = lead[2];
@@ -135,16 +137,6 @@ WireHeader ParseHeader(const std::array<uint8_t, kHeaderCapacity>& raw) {
   }
   std::memcpy(&h, raw.data(), sizeof(h));
   return h;
-}
-
-// A Gloo wait until `deadline`: at least a millisecond, and at most 30 days
-// (Gloo adds it to the clock in nanoseconds: an op timeout of INT64_MAX ms
-// would overflow, time out at once and close every connection).
-std::chrono::milliseconds GlooTimeout(absl::Time deadline) {
-  constexpr int64_t kLongest = int64_t{30} * 24 * 3600 * 1000;
-  const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-  return std::chrono::milliseconds(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(left + absl::Microseconds(999)), 1, kLongest));
 }
 
 // FNV-1a, 64 bits: the same on every host (absl::Hash is seeded per process).
@@ -175,7 +167,7 @@ class Fnv {
 
 // The plan, and the mesh's layout of members on hosts: with both the same,
 // every host runs the same schedule, so every slot's sender and receiver
-// agree on its size (Gloo's device thread aborts the process otherwise).
+// agree on its size (the transport breaks the mesh otherwise).
 uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
   Fnv f;
   f.Int(static_cast<int64_t>(topology.hosts.size()));
@@ -201,7 +193,7 @@ uint64_t PlanHash(const OpPlan& plan, const MeshTopology& topology) {
 }
 
 WireHeader MakeHeader(const OpPlan& plan, const MeshTopology& topology, int64_t sequence,
-                      size_t members, const GlooMeshOptions& options, absl::string_view memory,
+                      size_t members, const HostMeshOptions& options, absl::string_view memory,
                       const absl::Status& verdict) {
   WireHeader h;
   std::memset(&h, 0, sizeof(h));
@@ -373,60 +365,116 @@ class ScratchPool {
   uint64_t free_bytes_ = 0;
 };
 
-class GlooCrossHostMesh;
+class HostMesh;
 
 // One posted send or receive of an op.
 struct Posted {
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  std::unique_ptr<HostTransfer> transfer;
   int rank = 0;
   bool send = false;
 };
 
-class GlooCrossHostMesh final : public CrossHostMesh {
+// What the transport reports before the engine's observer is installed is
+// kept for it (the transport is connected before the mesh exists).
+class ObserverRelay {
  public:
-  GlooCrossHostMesh(MeshTopology topology,
-                    std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts,
-                    const GlooMeshOptions& options)
-      : topology_(std::move(topology)), options_(options), contexts_(std::move(contexts)) {
+  void Broken(const absl::Status& why) {
+    std::function<void(const absl::Status&)> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!broken_.ok()) return;
+      broken_ = why;
+      cb = observer_.on_broken;
+    }
+    if (cb) cb(why);
+  }
+  // Nothing while no observer is installed: the asking host then says this
+  // host did not answer.
+  std::optional<std::string> Query(int64_t sequence) {
+    std::function<std::string(int64_t)> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cb = observer_.on_query;
+    }
+    if (!cb) return std::nullopt;
+    return cb(sequence);
+  }
+  void Install(CrossHostObserver observer) {
+    absl::Status earlier;
+    std::function<void(const absl::Status&)> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      observer_ = std::move(observer);
+      earlier = broken_;
+      cb = observer_.on_broken;
+    }
+    if (!earlier.ok() && cb) cb(earlier);
+  }
+  // The engine's mesh is going: nothing more reaches it.
+  void Detach() {
+    std::lock_guard<std::mutex> lock(mu_);
+    observer_ = CrossHostObserver{};
+  }
+
+ private:
+  std::mutex mu_;
+  CrossHostObserver observer_;
+  absl::Status broken_;
+};
+
+class HostMesh final : public CrossHostMesh {
+ public:
+  HostMesh(MeshTopology topology, std::unique_ptr<HostTransport> transport,
+           std::shared_ptr<ObserverRelay> relay, const HostMeshOptions& options)
+      : topology_(std::move(topology)), options_(options), transport_(std::move(transport)),
+        relay_(std::move(relay)) {
     worker_ = std::thread([this] { Loop(); });
   }
 
-  ~GlooCrossHostMesh() override {
-    Abort("mesh closed");
+  ~HostMesh() override {
+    relay_->Detach();
+    Abort(absl::AbortedError(
+        absl::StrCat("the mesh was closed on host ", topology_.hosts[topology_.self])));
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
     worker_.join();
+    // Transfers go before their transport.
+    header_recvs_.clear();
+    transport_.reset();
   }
 
   void Start(std::shared_ptr<const OpPlan> plan, int64_t sequence, std::vector<MemberIo> io,
-             Executor* executor, absl::Status verdict, absl::Time deadline, Done done) override {
+             Executor* executor, absl::Status verdict, absl::Time deadline, Done done,
+             absl::Duration timeout) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(Op{std::move(plan), sequence, std::move(io), executor, std::move(verdict),
-                          deadline, std::move(done)});
+                          deadline, timeout, std::move(done)});
     }
     cv_.notify_all();
   }
 
-  void Abort(const std::string& reason) override {
+  void Abort(const absl::Status& why_in) override {
+    const absl::Status why = why_in.ok() ? absl::AbortedError("the mesh was aborted") : why_in;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (aborted_) return;
       aborted_ = true;
-      abort_reason_ = reason;
-      for (gloo::transport::UnboundBuffer* b : outstanding_) {
-        b->abortWaitRecv();
-        b->abortWaitSend();
-      }
-      // An op on the link waits on the link's flag, not on Gloo (its watch
-      // may have received every fence already).
-      if (stop_link_) stop_link_(reason);
+      abort_status_ = why;
+      // An op on the link waits on the link's flag, not on the transport
+      // (its watch may have received every fence already).
+      if (stop_link_) stop_link_(why);
     }
+    // Every transfer in flight fails with `why`, and the other hosts are
+    // told.
+    transport_->Break(why);
     cv_.notify_all();
   }
+
+  void Observe(CrossHostObserver observer) override { relay_->Install(std::move(observer)); }
 
   // --- Used by the op in flight (the worker thread) ---
 
@@ -435,35 +483,14 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   const std::string& host(int rank) const { return topology_.hosts[rank]; }
 
   // Posts a send of [p, p + bytes) to `rank` (or a receive into it from
-  // `rank`) on `slot`, over the context Connections picks.
+  // `rank`) on `slot`, over the lane LaneOf picks.
   absl::Status Post(std::vector<Posted>& posted, bool send, int rank, uint8_t* p, uint64_t bytes,
                     uint64_t slot, bool directed = false) {
-    Posted x;
-    x.rank = rank;
-    x.send = send;
-    try {
-      x.buffer = Connections(send ? self() : rank, send ? rank : self(), directed)
-                     .createUnboundBuffer(p, bytes);
-    } catch (const std::exception& e) {
-      return absl::AbortedError(absl::StrCat("host ", host(rank), ": connection lost (", e.what(),
-                                             ")"));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_) return absl::AbortedError(abort_reason_);
-      outstanding_.push_back(x.buffer.get());
-    }
-    gloo::transport::UnboundBuffer* b = x.buffer.get();
-    posted.push_back(std::move(x));
-    try {
-      if (send) {
-        b->send(rank, slot, 0, bytes);
-      } else {
-        b->recv(rank, slot, 0, bytes);
-      }
-    } catch (const std::exception& e) {
-      return TransferError(rank, e, absl::InfiniteFuture());
-    }
+    const int lane = LaneOf(send ? self() : rank, send ? rank : self(), directed);
+    auto t = send ? transport_->Send(rank, lane, slot, p, bytes)
+                  : transport_->Recv(rank, lane, slot, p, bytes);
+    if (!t.ok()) return Failure(t.status());
+    posted.push_back(Posted{*std::move(t), rank, send});
     return absl::OkStatus();
   }
 
@@ -480,71 +507,20 @@ class GlooCrossHostMesh final : public CrossHostMesh {
     return Forget(posted, status);
   }
 
-  // The header exchange's wait: the headers of every other host (`recvs`,
-  // which stay posted), then this host's `sends`, which it forgets. Once a
-  // host's header is late, the other hosts' headers are only checked for
-  // (they had until the deadline too), so that every host that did not take
-  // part is named.
-  absl::Status WaitHeaders(std::vector<Posted>& recvs, std::vector<Posted>& sends,
-                           absl::Time deadline) {
-    std::vector<std::string> missing;
-    std::string what;
-    absl::Status status;
-    for (Posted& x : recvs) {
-      const absl::Status st = WaitOne(x, missing.empty() ? deadline : absl::Now());
-      if (st.ok()) continue;
-      if (st.code() != absl::StatusCode::kDeadlineExceeded) {
-        status = st;
-        break;
-      }
-      missing.push_back(host(x.rank));
-      if (what.empty()) what = last_gloo_error_;
-    }
-    if (status.ok() && !missing.empty()) {
-      status = absl::DeadlineExceededError(absl::StrCat(
-          "op ", sequence_, " of the mesh: ", missing.size() == 1 ? "host " : "hosts ",
-          absl::StrJoin(missing, ", "), " did not take part within the op timeout (", what, ")"));
-    }
-    for (Posted& x : sends) {
-      if (!status.ok()) break;
-      status = WaitOne(x, deadline);
-    }
-    return Forget(sends, status);
-  }
-
-  // Waits for one posted transfer until `deadline` (at least a millisecond).
+  // Waits for one posted transfer until `deadline`.
   absl::Status WaitOne(Posted& x, absl::Time deadline) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (aborted_) return absl::AbortedError(abort_reason_);
+    absl::Status st = x.transfer->Wait(deadline);
+    if (st.ok()) return st;
+    if (absl::IsDeadlineExceeded(st) && transport_->broken().ok()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("op ", sequence_, " of the mesh: host ", host(x.rank),
+                       " did not take part within the op timeout"));
     }
-    const auto timeout = GlooTimeout(deadline);
-    try {
-      const bool completed = x.send ? x.buffer->waitSend(timeout) : x.buffer->waitRecv(timeout);
-      if (!completed) {
-        std::lock_guard<std::mutex> lock(mu_);
-        return absl::AbortedError(aborted_ ? abort_reason_ : "transfer aborted");
-      }
-    } catch (const std::exception& e) {
-      return TransferError(x.rank, e, deadline);
-    }
-    return absl::OkStatus();
+    return Failure(st);
   }
 
   // Forgets the posted transfers (without waiting for them); returns `status`.
   absl::Status Forget(std::vector<Posted>& posted, absl::Status status) {
-    // One pass (an op may post tens of thousands of transfers), under mu_.
-    absl::flat_hash_set<const gloo::transport::UnboundBuffer*> mine;
-    mine.reserve(posted.size());
-    for (const Posted& x : posted) mine.insert(x.buffer.get());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      outstanding_.erase(std::remove_if(outstanding_.begin(), outstanding_.end(),
-                                        [&mine](gloo::transport::UnboundBuffer* b) {
-                                          return mine.count(b) > 0;
-                                        }),
-                         outstanding_.end());
-    }
     posted.clear();
     return status;
   }
@@ -552,8 +528,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   uint8_t* placeholder() const { return placeholder_base_; }
   ScratchPool& scratch() { return scratch_; }
   // Where the fence of an op on the link from `rank` lands (the mesh's, not
-  // the op's: a receive forgotten after a failure may still complete
-  // until the connections are closed).
+  // the op's).
   uint8_t* fence_in(int rank) { return &fence_in_[static_cast<size_t>(rank)]; }
 
  private:
@@ -564,6 +539,7 @@ class GlooCrossHostMesh final : public CrossHostMesh {
     Executor* executor = nullptr;
     absl::Status verdict;
     absl::Time deadline;
+    absl::Duration timeout;
     Done done;
   };
   struct Result {
@@ -572,34 +548,18 @@ class GlooCrossHostMesh final : public CrossHostMesh {
     Traffic traffic;
   };
 
-  absl::Status TransferError(int rank, const std::exception& e, absl::Time deadline) {
-    last_gloo_error_ = e.what();
-    const bool timed_out =
-        std::strstr(e.what(), "Timed out") != nullptr || absl::Now() >= deadline;
-    if (timed_out) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("op ", sequence_, " of the mesh: host ", host(rank),
-                       " did not take part within the op timeout (", e.what(), ")"));
-    }
-    return absl::AbortedError(
-        absl::StrCat("host ", host(rank), ": connection lost (", e.what(), ")"));
+  // A transfer's failure: once the mesh is aborted here, its reason (the
+  // transport fails every transfer with it); else what the transport says
+  // (it names the cause).
+  absl::Status Failure(const absl::Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_ ? abort_status_ : st;
   }
 
   void Loop() {
     for (;;) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || (aborted_ && !contexts_.empty()); });
-      if (aborted_ && !contexts_.empty()) {
-        // Close the connections (outside the lock): the peers' ops fail.
-        // The header receives hold a transport context: they go first.
-        std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts;
-        contexts.swap(contexts_);
-        lock.unlock();
-        Forget(header_recvs_, absl::OkStatus()).IgnoreError();
-        contexts.clear();
-        link_.reset();
-        continue;
-      }
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) {
         if (stop_) return;
         continue;
@@ -607,68 +567,75 @@ class GlooCrossHostMesh final : public CrossHostMesh {
       Op op = std::move(queue_.front());
       queue_.pop_front();
       const bool aborted = aborted_;
-      const std::string reason = aborted_ ? abort_reason_ : broken_reason_;
+      const absl::Status abort_status = abort_status_;
+      const absl::Status broken = broken_;
       lock.unlock();
       Result r;
       if (aborted) {
-        r.status = absl::AbortedError(reason);
+        r.status = abort_status;
         r.broken = true;
-      } else if (!reason.empty()) {
-        r.status = absl::AbortedError(absl::StrCat("the mesh broke in an earlier op: ", reason));
+      } else if (!broken.ok()) {
+        r.status = absl::AbortedError(
+            absl::StrCat("the mesh broke in an earlier op: ", broken.message()));
         r.broken = true;
       } else {
         r = Run(op);
         if (r.broken) {
-          std::lock_guard<std::mutex> relock(mu_);
-          broken_reason_ = std::string(r.status.message());
+          {
+            std::lock_guard<std::mutex> relock(mu_);
+            broken_ = r.status;
+          }
+          // The other hosts learn why at once (they may be waiting on this
+          // host), before the connections shut down; when the transport
+          // broke first, it told them its cause already.
+          transport_->Break(r.status);
         }
       }
+      // An op of a mesh that broke: the header receives go now, before the
+      // transport (their owner is this thread).
+      if (r.broken) header_recvs_.clear();
       op.done(std::move(r.status), r.broken, r.traffic);
     }
   }
 
   Result Run(Op& op);
   Result ExchangeHeaders(const Op& op, absl::Status verdict);
-  // The op's data phase over the executor's HostLink (memory Gloo cannot
-  // move), connecting it first if this is the mesh's first such op.
+  // The header exchange's wait: the headers of every other host, asking the
+  // late ones what their members are doing shortly before the deadline.
+  absl::Status WaitHeaders(const Op& op, std::vector<Posted>& sends);
+  // The op's data phase over the executor's HostLink (memory the transport
+  // cannot move), connecting it first if this is the mesh's first such op.
   Result RunOverLink(const Op& op, const std::vector<MemberIo>& io, int device);
   // Connects link_: rank 0 makes the id and sends it to the other hosts
-  // over the Gloo context; every host then connects on `device` (until
-  // the deadline, or `abort`).
+  // over the transport; every host then connects on `device` (until the
+  // deadline, or `abort`).
   absl::Status ConnectLink(const Op& op, int device, const std::atomic<bool>& abort);
   // The device of this host's members of `op` (on the link), or why the op
   // cannot run over the link.
   absl::Status LinkDevice(const Op& op, const std::vector<int>& rank_of, int* device) const;
 
-  const MeshTopology topology_;
-  const GlooMeshOptions options_;
-  // The connections: kGlooContexts Gloo contexts (see Connections). Only
-  // the worker uses them once the mesh is constructed; cleared (under mu_)
-  // after an Abort.
-  std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts_;
-  // The context of a message from rank `from` to rank `to`: the first, or
+  // The lane of a message from rank `from` to rank `to`: the first, or
   // when `directed`, the first for messages to a higher rank and the second
-  // for those to a lower one. A Gloo context's one device thread serves
-  // both directions of a pair, and a send written in place holds the pair's
-  // lock so that the thread skips its reads meanwhile: over one context a
-  // host's large send to a peer and its receive from that peer take turns;
-  // over a context a direction both move at once, on a device thread each.
-  // Both ends of a message pick the same context, and the messages of one
-  // slot between two hosts all go over one pair, which keeps them in order.
-  gloo::rendezvous::Context& Connections(int from, int to, bool directed) {
-    return *contexts_[directed && from > to ? 1 : 0];
-  }
+  // for those to a lower one, so that a host's large send to a peer and its
+  // receive from that peer move at once, on an I/O thread each. Both ends
+  // of a message pick the same lane, and the messages of one slot between
+  // two hosts all go over one lane, which keeps them in order.
+  static int LaneOf(int from, int to, bool directed) { return directed && from > to ? 1 : 0; }
+
+  const MeshTopology topology_;
+  const HostMeshOptions options_;
+  std::unique_ptr<HostTransport> transport_;
+  const std::shared_ptr<ObserverRelay> relay_;
   int64_t sequence_ = 0;  // of the op in flight
-  std::string last_gloo_error_;  // the message of the last Gloo exception
   Placeholder placeholder_;
   uint8_t* placeholder_base_ = nullptr;
   ScratchPool scratch_{options_.scratch_keep_bytes};  // the host ops' scratch
   std::vector<uint8_t> fence_in_ = std::vector<uint8_t>(topology_.hosts.size());
   // Set (under mu_) while an op runs over the link: stops its waits.
-  std::function<void(const std::string&)> stop_link_;
+  std::function<void(const absl::Status&)> stop_link_;
   // The executor's link between the hosts (GPU ops), made by the first op
   // that needs it; only the worker uses it. Dropped when an op over it
-  // fails, and after an Abort (an op's LinkWatch stops a link's waits).
+  // fails.
   std::unique_ptr<HostLink> link_;
 
   std::mutex mu_;
@@ -676,35 +643,30 @@ class GlooCrossHostMesh final : public CrossHostMesh {
   std::deque<Op> queue_;
   bool aborted_ = false;
   bool stop_ = false;
-  std::string abort_reason_;
-  // Why an earlier op broke the connections ("" while they are fine).
-  std::string broken_reason_;
-  // The receive of each other host's next header (Gloo sends a message only
-  // once its receive is posted: posted ahead, a host's header goes out as
-  // soon as it starts the op). Posted again as soon as one has come; only
-  // the worker uses them; dropped before the connections are closed, since
-  // each holds Gloo's transport context. header_in_ is zeroed before each
-  // receive, so that a shorter header reads as another wire format.
+  absl::Status abort_status_;
+  // Why an earlier op broke the connections (OK while they are fine).
+  absl::Status broken_;
+  // The receive of each other host's next header, posted as soon as the
+  // last one came (so that a host's header goes out the moment it starts
+  // the op). Only the worker uses them; header_in_ holds what they receive.
   std::vector<std::array<uint8_t, kHeaderCapacity>> header_in_;  // per rank
   std::vector<Posted> header_recvs_;
   // Why posting them again failed (the next op fails with it, broken).
   absl::Status next_headers_;
-  // Buffers the op in flight waits on (Abort aborts their waits).
-  std::vector<gloo::transport::UnboundBuffer*> outstanding_;
   std::thread worker_;
 };
 
-// This host's view of the global schedule: see the comment of gloo_mesh.h.
-class GlooFabric final : public Fabric {
+// This host's view of the global schedule: see the comment of host_mesh.h.
+class HostFabric final : public Fabric {
  public:
-  GlooFabric(GlooCrossHostMesh* mesh, Executor* executor, int64_t sequence, absl::Time deadline)
+  HostFabric(HostMesh* mesh, Executor* executor, int64_t sequence, absl::Time deadline)
       : mesh_(mesh), executor_(executor), sequence_(sequence), deadline_(deadline) {}
-  ~GlooFabric() override { FreeScratch(); }
+  ~HostFabric() override { FreeScratch(); }
 
   absl::StatusOr<uint8_t*> Scratch(int part, uint64_t bytes) override {
     if (part != mesh_->self()) return mesh_->placeholder();
     uint8_t* p = mesh_->scratch().Get(bytes);
-    if (p == nullptr) return absl::ResourceExhaustedError("gloo mesh: scratch allocation");
+    if (p == nullptr) return absl::ResourceExhaustedError("host mesh: scratch allocation");
     return p;
   }
 
@@ -768,7 +730,7 @@ class GlooFabric final : public Fabric {
  private:
   void FreeScratch() { mesh_->scratch().Release(/*reuse=*/first_error_.ok()); }
 
-  GlooCrossHostMesh* const mesh_;
+  HostMesh* const mesh_;
   Executor* const executor_;
   const int64_t sequence_;
   const absl::Time deadline_;
@@ -777,7 +739,81 @@ class GlooFabric final : public Fabric {
   Traffic traffic_;
 };
 
-GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl::Status verdict) {
+absl::Status HostMesh::WaitHeaders(const Op& op, std::vector<Posted>& sends) {
+  // Shortly before the deadline, the hosts whose header has not come are
+  // asked what their members are doing.
+  const absl::Time now = absl::Now();
+  const absl::Duration lead =
+      std::min(kQueryLead, std::max(absl::ZeroDuration(), (op.deadline - now) / 4));
+  const absl::Time query_at = op.deadline == absl::InfiniteFuture() ? op.deadline
+                                                                    : op.deadline - lead;
+  std::vector<int> late;
+  for (absl::Time until : {query_at, op.deadline}) {
+    late.clear();
+    for (Posted& x : header_recvs_) {
+      const absl::Status st = x.transfer->Wait(late.empty() ? until : absl::Now());
+      if (st.ok()) continue;
+      if (!absl::IsDeadlineExceeded(st) || !transport_->broken().ok()) return Failure(st);
+      late.push_back(x.rank);
+    }
+    if (late.empty()) break;
+    if (until == query_at && query_at < op.deadline) {
+      for (int rank : late) transport_->Query(rank, op.sequence);
+    }
+  }
+  if (!late.empty()) {
+    // What the late hosts said their members are doing (their answers may
+    // still be on their way).
+    const std::map<int, std::string> answers =
+        transport_->Answers(late, op.sequence, absl::Now() + kAnswerGrace);
+    std::vector<std::string> waiting, missing, silent, behind;
+    std::set<int> late_set(late.begin(), late.end());
+    for (size_t m = 0; m < topology_.member_host.size(); ++m) {
+      const auto it = std::find(topology_.hosts.begin(), topology_.hosts.end(),
+                                topology_.member_host[m]);
+      const int rank = static_cast<int>(it - topology_.hosts.begin());
+      if (late_set.count(rank) == 0) waiting.push_back(absl::StrCat(m));
+    }
+    for (int rank : late) {
+      auto a = answers.find(rank);
+      if (a == answers.end()) {
+        silent.push_back(host(rank));
+      } else if (a->second.empty()) {
+        behind.push_back(host(rank));
+      } else {
+        missing.push_back(a->second);
+      }
+    }
+    std::string text = absl::StrCat("op ", op.sequence, " timed out");
+    if (op.timeout > absl::ZeroDuration()) {
+      absl::StrAppend(&text, " after ", absl::ToInt64Milliseconds(op.timeout), " ms");
+    }
+    absl::StrAppend(&text, ": members ", absl::StrJoin(waiting, ","), " are waiting in ",
+                    op.plan->signature);
+    if (!missing.empty()) absl::StrAppend(&text, "; missing: ", absl::StrJoin(missing, "; "));
+    if (!behind.empty()) {
+      absl::StrAppend(&text, "; ", behind.size() == 1 ? "host " : "hosts ",
+                      absl::StrJoin(behind, ", "),
+                      " had every member's op but did not start it in time (busy with an "
+                      "earlier op?)");
+    }
+    if (!silent.empty()) {
+      absl::StrAppend(&text, "; ", silent.size() == 1 ? "host " : "hosts ",
+                      absl::StrJoin(silent, ", "),
+                      " did not take part within the op timeout and did not answer (a cut "
+                      "link, or a daemon that hangs)");
+    }
+    return absl::DeadlineExceededError(text);
+  }
+  absl::Status status;
+  for (Posted& x : sends) {
+    if (!status.ok()) break;
+    status = WaitOne(x, op.deadline);
+  }
+  return Forget(sends, status);
+}
+
+HostMesh::Result HostMesh::ExchangeHeaders(const Op& op, absl::Status verdict) {
   Result r;
   const int size = static_cast<int>(topology_.hosts.size());
   const int self = topology_.self;
@@ -789,6 +825,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
     header_in_.resize(size);
     for (int rank = 0; rank < size && status.ok(); ++rank) {
       if (rank == self) continue;
+      header_in_[rank].fill(0);
       status = Post(header_recvs_, /*send=*/false, rank, header_in_[rank].data(), kHeaderCapacity,
                     kHeaderSlot);
     }
@@ -799,24 +836,26 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
     status = Post(sends, /*send=*/true, rank, reinterpret_cast<uint8_t*>(&headers[self]),
                   sizeof(WireHeader), kHeaderSlot);
   }
-  status = status.ok() ? WaitHeaders(header_recvs_, sends, op.deadline) : Forget(sends, status);
+  status = status.ok() ? WaitHeaders(op, sends) : Forget(sends, status);
   if (!status.ok()) {
     r.status = status;
     r.broken = true;
     return r;
   }
-  for (Posted& x : header_recvs_) {
-    headers[x.rank] = ParseHeader(header_in_[x.rank]);
+  std::vector<Posted> received;
+  received.swap(header_recvs_);
+  for (Posted& x : received) {
+    headers[x.rank] = ParseHeader(header_in_[x.rank], x.transfer->bytes());
     // The next op's header may come as soon as its host starts it. A
-    // connection that fails here is the next op's error, not this one's: a
-    // host that finished this op may close its connections at once.
+    // receive that cannot be posted again is the next op's failure, not
+    // this one's: a host that finished this op may break the mesh at once.
     header_in_[x.rank].fill(0);
-    try {
-      if (next_headers_.ok()) x.buffer->recv(x.rank, kHeaderSlot, 0, kHeaderCapacity);
-    } catch (const std::exception& e) {
-      next_headers_ = TransferError(x.rank, e, absl::InfiniteFuture());
+    if (next_headers_.ok()) {
+      next_headers_ = Post(header_recvs_, /*send=*/false, x.rank, header_in_[x.rank].data(),
+                           kHeaderCapacity, kHeaderSlot);
     }
   }
+  if (!next_headers_.ok()) header_recvs_.clear();
   // Every host computes the same verdict from the same headers. Hosts at
   // different op counts or in another wire format come first: no later op
   // could agree, so that (not a refusal) is the answer, and the mesh breaks.
@@ -868,7 +907,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::ExchangeHeaders(const Op& op, absl:
   return r;
 }
 
-GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
+HostMesh::Result HostMesh::Run(Op& op) {
   sequence_ = op.sequence;
   const OpPlan& plan = *op.plan;
   // This host's own checks join its verdict: the other hosts learn them in
@@ -894,7 +933,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
     }
     rank_of[m] = static_cast<int>(it - topology_.hosts.begin());
   }
-  // Memory Gloo cannot move goes over the executor's link, on one device
+  // Memory the transport cannot move goes over the executor's link, on one device
   // per host: the device of this host's members.
   const bool over_link = op.executor != nullptr && op.executor->buffer_kind() != "memfd";
   int device = -1;
@@ -925,7 +964,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
     }
   }
   if (over_link) return RunOverLink(op, io, device);
-  GlooFabric fabric(this, op.executor, op.sequence, op.deadline);
+  HostFabric fabric(this, op.executor, op.sequence, op.deadline);
   SpanningTraffic moved;
   SpanningOptions options;
   options.chain = true;
@@ -939,7 +978,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::Run(Op& op) {
   return r;
 }
 
-absl::Status GlooCrossHostMesh::LinkDevice(const Op& op, const std::vector<int>& rank_of,
+absl::Status HostMesh::LinkDevice(const Op& op, const std::vector<int>& rank_of,
                                            int* device) const {
   const std::string where = absl::StrCat("op ", op.sequence, " of the mesh runs on ",
                                          op.executor->buffer_kind(), " memory");
@@ -968,7 +1007,7 @@ absl::Status GlooCrossHostMesh::LinkDevice(const Op& op, const std::vector<int>&
   return absl::OkStatus();
 }
 
-absl::Status GlooCrossHostMesh::ConnectLink(const Op& op, int device,
+absl::Status HostMesh::ConnectLink(const Op& op, int device,
                                             const std::atomic<bool>& abort) {
   // What rank 0 sends every other host: the link's id, or why it has none.
   struct LinkId {
@@ -1019,17 +1058,16 @@ absl::Status GlooCrossHostMesh::ConnectLink(const Op& op, int device,
 }
 
 // While an op runs over the executor's link (NCCL), nothing of it is posted
-// on the Gloo connections, and NCCL itself notices a host that went away
-// late or never (a connect in progress waits for it): the op would wait for
-// its deadline. So each host posts a receive of every other host's fence
-// for the op, a thread waits for them, and a connection lost (the other
-// host's daemon died, or its mesh broke and it closed the connections)
-// stops the link's waits at once. A host sends its fence when its part of
-// the op is done; every host then waits for the others' fences, so every
-// posted receive is matched before the op ends.
+// on the transport, and NCCL itself notices a host that went away late or
+// never (a connect in progress waits for it): the op would wait for its
+// deadline. So each host posts a receive of every other host's fence for
+// the op, a thread waits for them, and a failure of the transport (another
+// host gone, or its BREAK) stops the link's waits at once. A host sends its
+// fence when its part of the op is done; every host then waits for the
+// others' fences, so every posted receive is matched before the op ends.
 class LinkWatch {
  public:
-  LinkWatch(GlooCrossHostMesh* mesh, int64_t sequence, absl::Time deadline)
+  LinkWatch(HostMesh* mesh, int64_t sequence, absl::Time deadline)
       : mesh_(mesh),
         slot_((static_cast<uint64_t>(sequence) << kSlotShift) | ((uint64_t{1} << kSlotShift) - 2)),
         deadline_(deadline) {
@@ -1042,12 +1080,9 @@ class LinkWatch {
       StopFor(std::move(status));
       return;
     }
-    // One thread per other host: a Gloo receive waits on one connection, and
-    // a wait that times out breaks the whole context, so none is polled.
     try {
-      for (Posted& x : recvs_) threads_.emplace_back([this, &x] { Watch(x); });
+      thread_ = std::thread([this] { Watch(); });
     } catch (const std::system_error& e) {
-      // The threads started are stopped and joined with the rest (Stop).
       StopFor(absl::ResourceExhaustedError(
           absl::StrCat("cannot start a thread to watch the connections between the hosts: ",
                        e.what())));
@@ -1079,8 +1114,8 @@ class LinkWatch {
   absl::Status Finish(absl::Status status) {
     const bool stopped_first = stop_.load(std::memory_order_acquire);
     if (status.ok() && !stopped_first) {
-      // Only read by Gloo; static, so that a send forgotten after a failure
-      // never reads freed memory.
+      // Static, so that a send withdrawn after a failure never reads freed
+      // memory.
       static uint8_t fence = 1;
       std::vector<Posted> sends;
       for (int rank = 0; rank < mesh_->size() && status.ok(); ++rank) {
@@ -1088,10 +1123,8 @@ class LinkWatch {
         status = mesh_->Post(sends, /*send=*/true, rank, &fence, 1, slot_);
       }
       status = status.ok() ? mesh_->WaitAll(sends, deadline_) : mesh_->Forget(sends, status);
-      if (status.ok()) {
-        for (std::thread& t : threads_) t.join();
-        threads_.clear();
-      }
+      // Every fence came (or the watch stopped): the thread is done.
+      if (status.ok() && thread_.joinable()) thread_.join();
     }
     Stop();
     std::lock_guard<std::mutex> lock(mu_);
@@ -1102,61 +1135,66 @@ class LinkWatch {
   }
 
  private:
-  void Watch(Posted& x) {
-    const auto timeout = GlooTimeout(deadline_);
-    try {
-      if (x.buffer->waitRecv(timeout)) return;
-      // Stop() ends a watch that is no longer needed; else the mesh's Abort
-      // ended it.
-      if (!stopping_.load(std::memory_order_acquire)) {
-        StopFor(absl::AbortedError("the mesh was aborted"));
+  // Waits for every other host's fence (all at once: any one failing stops
+  // the link), in slices so that Stop is seen.
+  void Watch() {
+    for (;;) {
+      if (stopping_.load(std::memory_order_acquire)) return;
+      Posted* pending = nullptr;
+      std::vector<std::string> late;
+      for (Posted& x : recvs_) {
+        if (!x.transfer->done()) {
+          if (pending == nullptr) pending = &x;
+          late.push_back(mesh_->host(x.rank));
+          continue;
+        }
+        // Done: its outcome is there at once.
+        const absl::Status st = mesh_->WaitOne(x, absl::InfinitePast());
+        if (!st.ok()) {
+          StopFor(st);
+          return;
+        }
       }
-    } catch (const std::exception& e) {
-      if (std::strstr(e.what(), "Timed out") != nullptr || absl::Now() >= deadline_) {
-        StopFor(absl::DeadlineExceededError(
-            absl::StrCat("host ", mesh_->host(x.rank), " did not finish its part within the op ",
-                         "timeout (", e.what(), ")")));
-      } else {
-        StopFor(absl::AbortedError(
-            absl::StrCat("host ", mesh_->host(x.rank), ": connection lost (", e.what(), ")")));
+      if (pending == nullptr) return;
+      if (absl::Now() >= deadline_) {
+        StopFor(absl::DeadlineExceededError(absl::StrCat(
+            late.size() == 1 ? "host " : "hosts ", absl::StrJoin(late, ", "),
+            late.size() == 1 ? " did not finish its part" : " did not finish their parts",
+            " within the op timeout")));
+        return;
       }
+      // Any transfer's completion wakes this wait.
+      (void)pending->transfer->Wait(std::min(deadline_, absl::Now() + absl::Milliseconds(20)));
     }
   }
 
-  // Stops the threads (their receives' waits aborted) and forgets the
-  // receives.
+  // Stops the thread and forgets the receives.
   void Stop() {
-    if (!threads_.empty()) {
-      stopping_.store(true, std::memory_order_release);
-      for (Posted& x : recvs_) x.buffer->abortWaitRecv();
-      for (std::thread& t : threads_) t.join();
-      threads_.clear();
-    }
+    stopping_.store(true, std::memory_order_release);
+    if (thread_.joinable()) thread_.join();
     mesh_->Forget(recvs_, absl::OkStatus()).IgnoreError();
   }
 
-  GlooCrossHostMesh* const mesh_;
+  HostMesh* const mesh_;
   const uint64_t slot_;
   const absl::Time deadline_;
   std::vector<Posted> recvs_;
-  std::vector<std::thread> threads_;  // one per entry of recvs_
+  std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> stopping_{false};  // Stop() is ending the threads
+  std::atomic<bool> stopping_{false};  // Stop() is ending the thread
   std::mutex mu_;
   absl::Status why_ ABSL_GUARDED_BY(mu_);  // why the watch stopped
 };
 
-GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
+HostMesh::Result HostMesh::RunOverLink(const Op& op,
                                                          const std::vector<MemberIo>& io,
                                                          int device) {
   Result r;
   LinkWatch watch(this, op.sequence, op.deadline);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_) watch.StopFor(absl::AbortedError(abort_reason_));
-    stop_link_ = [&watch](const std::string& reason) {
-      watch.StopFor(absl::AbortedError(reason));
-    };
+    if (aborted_) watch.StopFor(abort_status_);
+    stop_link_ = [&watch](const absl::Status& why) { watch.StopFor(why); };
   }
   absl::Status status;
   if (watch.stop().load(std::memory_order_acquire)) {
@@ -1190,7 +1228,7 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) {
-      r.status = absl::AbortedError(abort_reason_);
+      r.status = abort_status_;
       return r;
     }
   }
@@ -1213,73 +1251,25 @@ GlooCrossHostMesh::Result GlooCrossHostMesh::RunOverLink(const Op& op,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectGlooMesh(gloo::rendezvous::Store& store,
-                                                               const MeshTopology& topology,
-                                                               const std::string& bind_host,
-                                                               std::chrono::milliseconds timeout,
-                                                               const GlooMeshOptions& options) {
+absl::StatusOr<std::unique_ptr<CrossHostMesh>> ConnectHostMesh(
+    AddressBook& book, const std::string& prefix, const MeshTopology& topology,
+    const std::string& bind_host, TransportSecurity security, absl::Time deadline,
+    const HostMeshOptions& options) {
   const int size = static_cast<int>(topology.hosts.size());
   if (size < 1 || topology.self < 0 || topology.self >= size) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gloo mesh: rank ", topology.self, " of ", size, " hosts"));
+        absl::StrCat("host mesh: rank ", topology.self, " of ", size, " hosts"));
   }
-  const auto start = std::chrono::steady_clock::now();
-  // A Gloo error, `late` when it came at or after the timeout.
-  auto failure = [&](const std::exception& e, bool late) {
-    const std::string message =
-        absl::StrCat("gloo mesh: connecting rank ", topology.self, " of ", size, " at ",
-                     bind_host, ": ", e.what());
-    if (late || std::strstr(e.what(), "Timed out") != nullptr) {
-      return absl::DeadlineExceededError(message);
-    }
-    return absl::UnavailableError(message);
-  };
-  try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = bind_host;
-    // Two contexts (GlooCrossHostMesh::Connections), each on its own device
-    // (a device thread each), under a prefix each in the store, connected
-    // at once (the second on a thread of its own; Gloo's stores and the
-    // cluster's may be called from several threads).
-    std::vector<std::shared_ptr<gloo::rendezvous::Context>> contexts(kGlooContexts);
-    std::vector<std::exception_ptr> failed(kGlooContexts);
-    // Failed at or after the timeout (bytes, not vector<bool>: one thread each).
-    std::vector<uint8_t> late(kGlooContexts, 0);
-    auto connect = [&](int i) {
-      try {
-        std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-        auto context = std::make_shared<gloo::rendezvous::Context>(topology.self, size);
-        context->setTimeout(timeout);
-        gloo::rendezvous::PrefixStore prefixed(absl::StrCat("c", i), store);
-        context->connectFullMesh(prefixed, device);
-        contexts[i] = std::move(context);
-      } catch (...) {
-        failed[i] = std::current_exception();
-        late[i] = std::chrono::steady_clock::now() - start >= timeout ? 1 : 0;
-      }
-    };
-    std::vector<std::thread> threads;
-    for (int i = 1; i < kGlooContexts; ++i) threads.emplace_back(connect, i);
-    connect(0);
-    for (std::thread& t : threads) t.join();
-    // The first failure, as it was when it happened (the other context may
-    // have waited out the timeout meanwhile).
-    for (int i = 0; i < kGlooContexts; ++i) {
-      if (!failed[i]) continue;
-      try {
-        std::rethrow_exception(failed[i]);
-      } catch (const std::exception& e) {
-        return failure(e, late[i] != 0);
-      } catch (...) {
-        return absl::UnknownError(absl::StrCat("gloo mesh: connecting rank ", topology.self,
-                                               " of ", size, ": unknown exception"));
-      }
-    }
-    return std::unique_ptr<CrossHostMesh>(
-        new GlooCrossHostMesh(topology, std::move(contexts), options));
-  } catch (const std::exception& e) {
-    return failure(e, std::chrono::steady_clock::now() - start >= timeout);
-  }
+  auto relay = std::make_shared<ObserverRelay>();
+  TransportOptions transport_options = options.transport;
+  transport_options.lanes = kLanes;
+  transport_options.on_break = [relay](int, const absl::Status& why) { relay->Broken(why); };
+  transport_options.on_query = [relay](int64_t sequence) { return relay->Query(sequence); };
+  auto transport = HostTransport::Connect(book, prefix, topology.hosts, topology.self, bind_host,
+                                          std::move(security), deadline, transport_options);
+  if (!transport.ok()) return transport.status();
+  return std::unique_ptr<CrossHostMesh>(
+      new HostMesh(topology, *std::move(transport), std::move(relay), options));
 }
 
 }  // namespace collectived

@@ -18,90 +18,7 @@ bool IsIdChar(char c) {
          c == '.' || c == '_' || c == '-';
 }
 
-// The first character of `text` for which `ok` is false, quoted for an
-// error message, or "" if all are fine.
-template <typename Ok>
-std::string FirstBadChar(absl::string_view text, Ok ok) {
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (!ok(text[i])) {
-      const unsigned char c = static_cast<unsigned char>(text[i]);
-      return c >= 0x21 && c < 0x7f ? absl::StrCat("'", std::string(1, text[i]), "' at ", i)
-                                   : absl::StrCat("byte 0x", absl::Hex(c), " at ", i);
-    }
-  }
-  return "";
-}
 
-
-// Whether `a` equals `b`, in time that depends on their lengths only.
-bool SameToken(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = static_cast<unsigned char>(diff | (static_cast<unsigned char>(a[i]) ^
-                                              static_cast<unsigned char>(b[i])));
-  }
-  return diff == 0;
-}
-
-std::string MeshName(absl::string_view key, int64_t generation) {
-  return absl::StrCat("mesh '", key, "' generation ", generation);
-}
-
-absl::Status ValidateMeshGeneration(int64_t generation) {
-  if (generation < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("generation is ", generation, "; generations start at 1"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateMeshRegistration(const MeshRegistration& r) {
-  if (absl::Status st = ValidateKey(r.key); !st.ok()) return st;
-  if (absl::Status st = ValidateHostId(r.host_id); !st.ok()) return st;
-  if (r.lease_id.empty()) return absl::InvalidArgumentError("lease_id is empty");
-  if (r.axes.empty()) return absl::InvalidArgumentError("axes is empty");
-  if (r.axes.size() > kMaxMeshAxesLength) {
-    return absl::InvalidArgumentError(absl::StrCat("axes is ", r.axes.size(),
-                                                   " characters long; at most ",
-                                                   kMaxMeshAxesLength, " are allowed"));
-  }
-  if (std::string bad = FirstBadChar(r.axes, [](char c) { return c >= 0x20 && c < 0x7f; });
-      !bad.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("axes has ", bad, "; only printable characters are allowed"));
-  }
-  if (r.members < 1 || r.members > kMaxMeshMembers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("members is ", r.members, "; it must be 1..", kMaxMeshMembers));
-  }
-  if (r.token.size() > kMaxMeshTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token is ", r.token.size(), " bytes; at most ", kMaxMeshTokenBytes, " are allowed"));
-  }
-  if (r.op_timeout_ms < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("op_timeout_ms is ", r.op_timeout_ms, "; it must be >= 0"));
-  }
-  if (r.indices.empty()) return absl::InvalidArgumentError("indices is empty");
-  if (r.indices.size() > kMaxKeysPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("indices has ", r.indices.size(),
-                                                   " entries; at most ", kMaxKeysPerRequest,
-                                                   " are allowed"));
-  }
-  std::set<int32_t> seen;
-  for (int32_t i : r.indices) {
-    if (i < 0 || i >= r.members) {
-      return absl::InvalidArgumentError(absl::StrCat("index ", i, " is out of range: the mesh has ",
-                                                     r.members, " members (0..", r.members - 1,
-                                                     ")"));
-    }
-    if (!seen.insert(i).second) {
-      return absl::InvalidArgumentError(absl::StrCat("index ", i, " is repeated"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -195,21 +112,6 @@ absl::StatusOr<absl::Duration> ValidateGet(const std::vector<std::string>& keys,
   return CheckedWait(timeout);
 }
 
-// Most items an error text names.
-constexpr size_t kNamed = 16;
-
-// A list of `total` items for an error text (`items`: at least the first
-// kNamed of them, or all): at most kNamed named, then how many more.
-std::string BoundedList(const std::vector<std::string>& items, size_t total) {
-  const size_t named = std::min({items.size(), total, kNamed});
-  std::string text = absl::StrJoin(items.begin(), items.begin() + named, ", ");
-  if (total > named) absl::StrAppend(&text, " and ", total - named, " more");
-  return text;
-}
-std::string BoundedList(const std::vector<std::string>& items) {
-  return BoundedList(items, items.size());
-}
-
 absl::StatusOr<absl::Duration> ValidateMeshWait(absl::string_view key, int64_t generation,
                                                 absl::Duration timeout) {
   if (absl::Status st = ValidateKey(key); !st.ok()) return st;
@@ -228,7 +130,8 @@ InMemoryCoordinator::~InMemoryCoordinator() {
 }
 
 absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
-                                                     absl::string_view address) {
+                                                     absl::string_view address,
+                                                     absl::string_view previous_lease_id) {
   if (absl::Status st = ValidateHostId(host_id); !st.ok()) return st;
   if (absl::Status st = ValidateAddress(address); !st.ok()) return st;
   const std::string id(host_id);
@@ -239,8 +142,18 @@ absl::StatusOr<LeaseGrant> InMemoryCoordinator::Join(absl::string_view host_id,
   {
     MutexLock lock(&mu_);
     if (shutdown_) return absl::UnavailableError("the coordinator is shutting down");
-    if (hosts_.count(id) > 0) {
-      EndLeaseLocked(id, "replaced by a new join of the host", &after);
+    if (auto live = hosts_.find(id); live != hosts_.end()) {
+      if (previous_lease_id.empty() || previous_lease_id != live->second.lease_id) {
+        const Host& h = live->second;
+        return absl::AlreadyExistsError(absl::StrCat(
+            "host id '", id, "' is held by a live daemon at ", h.address, " (last heartbeat ",
+            absl::ToInt64Milliseconds(now - h.last_heartbeat), " ms ago; its lease ends ",
+            absl::ToInt64Milliseconds(options_.lease_ttl),
+            " ms after its last heartbeat): give this daemon another --host-id, or stop the "
+            "other one (a restarted daemon that presents its previous lease is let in at "
+            "once)"));
+      }
+      EndLeaseLocked(id, "replaced by its own daemon, which joined again", &after);
     } else if (static_cast<int>(hosts_.size()) >= options_.max_hosts) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the cluster has ", hosts_.size(), " hosts, the most allowed"));
@@ -622,45 +535,21 @@ int64_t InMemoryCoordinator::WaiterCountLocked() {
 }
 
 MeshMembership InMemoryCoordinator::MembershipLocked(const MeshGeneration& gen) {
-  MeshMembership m;
-  m.generation = gen.number;
-  m.op_timeout_ms = gen.op_timeout_ms;
-  m.member_host.reserve(gen.member_host.size());
-  for (const auto& [index, host] : gen.member_host) m.member_host.push_back(host);
-  for (const auto& [id, count] : gen.host_members) {
+  return MembershipOf(gen, [this](const std::string& id) {
     HostRecord r;
-    r.host_id = id;
     // Every host of a live generation holds a lease (a lease's end ends it).
     if (auto h = hosts_.find(id); h != hosts_.end()) {
       r.address = h->second.address;
       r.joined_at = h->second.joined_at;
       r.last_heartbeat = h->second.last_heartbeat;
     }
-    m.hosts.push_back(std::move(r));
-  }
-  return m;
+    return r;
+  });
 }
 
 absl::Status InMemoryCoordinator::NotFullLocked(const std::string& key,
                                                 const MeshGeneration& gen) {
-  // Both lists are bounded (the text travels in the answer's trailers,
-  // which clients limit to a few KiB); so is the work under mu_: the scan
-  // stops at the kNamed-th missing index.
-  std::vector<std::string> missing;
-  for (int64_t i = 0; i < gen.members && missing.size() < kNamed; ++i) {
-    if (gen.member_host.count(static_cast<int32_t>(i)) == 0) missing.push_back(absl::StrCat(i));
-  }
-  std::string text = absl::StrCat(
-      MeshName(key, gen.number), " did not fill before the deadline: ", gen.member_host.size(),
-      " of ", gen.members, " members registered; missing ",
-      BoundedList(missing, static_cast<size_t>(gen.members) - gen.member_host.size()));
-  std::vector<std::string> by_host;
-  for (const auto& [id, count] : gen.host_members) {
-    by_host.push_back(absl::StrCat(id, " (", count, ")"));
-  }
-  absl::StrAppend(&text, "; registered by ",
-                  by_host.empty() ? std::string("no host") : BoundedList(by_host));
-  return absl::DeadlineExceededError(text);
+  return NotFullError(key, gen);
 }
 
 absl::Status InMemoryCoordinator::NotLiveLocked(const std::string& key, int64_t generation) {
@@ -761,59 +650,16 @@ absl::StatusOr<int64_t> InMemoryCoordinator::MeshRegister(const MeshRegistration
     }
     MeshRecord& record = it->second;
     if (record.live != nullptr) {
-      const MeshGeneration& gen = *record.live;
-      const std::string name = MeshName(reg.key, gen.number);
-      if (!SameToken(reg.token, gen.token)) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("mesh '", reg.key, "' needs the join token its first member set (host ",
-                         gen.first_host, ")"));
-      }
-      if (reg.axes != gen.axes || reg.members != gen.members) {
-        std::vector<std::string> asks;
-        if (reg.axes != gen.axes) asks.push_back(absl::StrCat("(", reg.axes, ")"));
-        if (reg.members != gen.members) asks.push_back(absl::StrCat(reg.members, " members"));
-        return absl::FailedPreconditionError(absl::StrCat(
-            name, " is ", gen.ready ? "ready" : "forming", " with axes (", gen.axes, ") and ",
-            gen.members, " members (first registered by host ", gen.first_host, "); host ",
-            reg.host_id, " asks for ", absl::StrJoin(asks, " and ")));
-      }
-      if (reg.op_timeout_ms != 0 && gen.op_timeout_ms != 0 &&
-          reg.op_timeout_ms != gen.op_timeout_ms) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            name, " has op timeout ", gen.op_timeout_ms, " ms (asked by host ",
-            gen.op_timeout_host, "); host ", reg.host_id, " asks for ", reg.op_timeout_ms,
-            " ms"));
-      }
-      if (gen.ready) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(name, " is already full (", gen.members, " members)"));
-      }
-      for (int32_t i : reg.indices) {
-        if (auto taken = gen.member_host.find(i); taken != gen.member_host.end()) {
-          return absl::AlreadyExistsError(absl::StrCat("member ", i, " of ", name,
-                                                       " is already registered by host ",
-                                                       taken->second));
-        }
-      }
+      if (absl::Status st = CheckRegistration(reg.key, *record.live, reg); !st.ok()) return st;
     } else {
-      auto gen = std::make_unique<MeshGeneration>();
-      gen->number = ++record.last_generation;
-      gen->axes = reg.axes;
-      gen->members = reg.members;
-      gen->token = reg.token;
-      gen->first_host = reg.host_id;
-      record.live = std::move(gen);
+      record.live = std::make_unique<MeshGeneration>();
+      static_cast<RegistryGeneration&>(*record.live) =
+          StartGeneration(++record.last_generation, reg);
     }
     MeshGeneration& gen = *record.live;
     number = gen.number;
-    if (gen.op_timeout_ms == 0 && reg.op_timeout_ms != 0) {
-      gen.op_timeout_ms = reg.op_timeout_ms;
-      gen.op_timeout_host = reg.host_id;
-    }
-    for (int32_t i : reg.indices) gen.member_host[i] = reg.host_id;
-    gen.host_members[reg.host_id] += static_cast<int64_t>(reg.indices.size());
-    if (static_cast<int64_t>(gen.member_host.size()) == gen.members) {
-      gen.ready = true;
+    AddRegistration(gen, reg);
+    if (gen.full()) {
       became_ready = true;
       const MeshMembership membership = MembershipLocked(gen);
       for (uint64_t id : gen.waiters) {
@@ -855,7 +701,7 @@ WaitId InMemoryCoordinator::MeshWait(std::string key, int64_t generation,
       now_result = absl::UnavailableError("the coordinator is shutting down");
     } else if (gen == nullptr) {
       now_result = NotLiveLocked(key, generation);
-    } else if (gen->ready) {
+    } else if (gen->full()) {
       now_result = MembershipLocked(*gen);
     } else if (timeout == absl::ZeroDuration()) {
       now_result = NotFullLocked(key, *gen);
@@ -966,7 +812,7 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
     const std::string host(host_id);
     // Only a host with members in the generation can end it or free indices.
     if (gen.host_members.count(host) == 0) return absl::OkStatus();
-    if (broken || gen.ready) {
+    if (broken || gen.full()) {
       // Members leaving a formed mesh break it.
       EndGenerationLocked(
           it->first, record,
@@ -974,14 +820,7 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
                        reason.empty() ? (broken ? "broke" : "left the formed mesh") : reason),
           &after);
     } else {
-      for (int32_t i : indices) {
-        auto m = gen.member_host.find(i);
-        if (m == gen.member_host.end() || m->second != host) continue;
-        gen.member_host.erase(m);
-        if (auto h = gen.host_members.find(host); h != gen.host_members.end() && --h->second == 0) {
-          gen.host_members.erase(h);
-        }
-      }
+      RemoveRegistrations(gen, host, indices);
       if (gen.member_host.empty()) {
         EndGenerationLocked(it->first, record, "every member left", &after);
       }

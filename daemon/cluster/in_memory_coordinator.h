@@ -40,6 +40,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/sync.h"
 #include "daemon/cluster/coordinator.h"
+#include "daemon/cluster/mesh_registry.h"
 #include "daemon/core/timer.h"
 
 namespace collectived {
@@ -67,7 +68,8 @@ class InMemoryCoordinator final : public Coordinator {
   InMemoryCoordinator(const InMemoryCoordinator&) = delete;
   InMemoryCoordinator& operator=(const InMemoryCoordinator&) = delete;
 
-  absl::StatusOr<LeaseGrant> Join(absl::string_view host_id, absl::string_view address) override;
+  absl::StatusOr<LeaseGrant> Join(absl::string_view host_id, absl::string_view address,
+                                  absl::string_view previous_lease_id = {}) override;
   absl::Status Heartbeat(absl::string_view lease_id) override;
   absl::Status Leave(absl::string_view lease_id) override;
   std::vector<HostRecord> ListHosts() override;
@@ -124,17 +126,8 @@ class InMemoryCoordinator final : public Coordinator {
     absl::StatusOr<std::vector<KeyValue>> result;
   };
 
-  struct MeshGeneration {
-    int64_t number = 0;
-    std::string axes;
-    int64_t members = 0;
-    std::string token;
-    std::string first_host;  // the host of the first registration
-    int64_t op_timeout_ms = 0;
-    std::string op_timeout_host;  // the host that set op_timeout_ms
-    std::map<int32_t, std::string> member_host;  // index -> host id
-    std::map<std::string, int64_t> host_members;  // host id -> indices held
-    bool ready = false;
+  // A live generation (mesh_registry.h) and its waiting MeshWaits.
+  struct MeshGeneration : RegistryGeneration {
     std::set<uint64_t> waiters;  // ids in mesh_waiters_
   };
   struct MeshEnding {

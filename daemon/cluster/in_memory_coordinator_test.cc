@@ -106,16 +106,39 @@ TEST(InMemoryCoordinatorTest, RejoinAfterExpiryGetsANewLease) {
   EXPECT_EQ(c.ListHosts().at(0).address, "127.0.0.1:2");
 }
 
-TEST(InMemoryCoordinatorTest, JoinAgainReplacesTheLiveLease) {
+TEST(InMemoryCoordinatorTest, ASecondDaemonClaimingALiveHostIdIsRefusedNamingTheLiveOne) {
   InMemoryCoordinator c;
   auto first = c.Join("a", "127.0.0.1:1");
   ASSERT_TRUE(first.ok());
   ASSERT_TRUE(c.Set("k", "v", {.lease_id = first->lease_id}).ok());
-  auto second = c.Join("a", "127.0.0.1:2");
-  ASSERT_TRUE(second.ok());
+  for (const std::string previous : {"", "l-someone-elses-lease"}) {
+    auto second = c.Join("a", "127.0.0.1:2", previous);
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists) << second.status();
+    EXPECT_NE(second.status().message().find(
+                  "host id 'a' is held by a live daemon at 127.0.0.1:1"),
+              std::string::npos)
+        << second.status();
+  }
+  // Nothing changed: the live daemon keeps its lease and its keys.
+  EXPECT_TRUE(c.Heartbeat(first->lease_id).ok());
+  EXPECT_EQ(c.ListHosts().at(0).address, "127.0.0.1:1");
+  EXPECT_EQ(c.key_count(), 1);
+}
+
+TEST(InMemoryCoordinatorTest, ARestartedDaemonWithItsPreviousLeaseReplacesItAtOnce) {
+  InMemoryCoordinator c;
+  auto first = c.Join("a", "127.0.0.1:1");
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(c.Set("k", "v", {.lease_id = first->lease_id}).ok());
+  auto second = c.Join("a", "127.0.0.1:2", first->lease_id);
+  ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(c.Heartbeat(first->lease_id).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(c.ListHosts().size(), 1u);
+  EXPECT_EQ(c.ListHosts().at(0).address, "127.0.0.1:2");
   EXPECT_EQ(c.key_count(), 0);
+  // A lease that ended lets anyone in.
+  ASSERT_TRUE(c.Leave(second->lease_id).ok());
+  EXPECT_TRUE(c.Join("a", "127.0.0.1:3").ok());
 }
 
 TEST(InMemoryCoordinatorTest, ARejoinOrLeaveStopsTheEndedLeasesTimer) {
@@ -124,7 +147,7 @@ TEST(InMemoryCoordinatorTest, ARejoinOrLeaveStopsTheEndedLeasesTimer) {
   InMemoryCoordinator c({.lease_ttl = absl::Hours(1)});
   std::string lease;
   for (int i = 0; i < 1000; ++i) {
-    auto g = c.Join("h", "127.0.0.1:1");
+    auto g = c.Join("h", "127.0.0.1:1", lease);
     ASSERT_TRUE(g.ok()) << g.status();
     lease = g->lease_id;
   }
@@ -759,12 +782,12 @@ TEST(InMemoryCoordinatorMeshTest, LeaveAndRejoinEndTheGenerationsOfTheHost) {
   ASSERT_TRUE(c.MeshRegister(Reg("M", "b", b->lease_id, {0})).ok());
   MeshWaitResult w;
   c.MeshWait("L", 1, absl::Seconds(30), w.Callback());
-  auto again = c.Join("a", "127.0.0.1:3");
+  auto again = c.Join("a", "127.0.0.1:3", a->lease_id);
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE(w.done.WaitForNotificationWithTimeout(kPatience));
   EXPECT_EQ(w.result.status().message(),
-            "mesh 'L' generation 1 ended: host a's lease ended (replaced by a new join of the "
-            "host)");
+            "mesh 'L' generation 1 ended: host a's lease ended (replaced by its own daemon, "
+            "which joined again)");
   EXPECT_EQ(WaitNow(c, "K", 1).status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(WaitNow(c, "M", 1).status().code(), absl::StatusCode::kDeadlineExceeded);
   ASSERT_TRUE(c.Leave(b->lease_id).ok());

@@ -8,6 +8,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "collectived/member_ops_code.h"
 #include "common/fast_queue.h"
@@ -94,9 +95,11 @@ namespace {
 // Set while this thread runs an op inline (see EngineOptions::inline_op_bytes).
 thread_local bool t_running_inline = false;
 
-// How much later than the registry's deadline a cluster mesh's joiner times
-// out on its own (see JoinWaiter::deadline).
-constexpr absl::Duration kClusterJoinGrace = absl::Seconds(2);
+// How much later than its deadline a cluster mesh's joiner times out on its
+// own while the registry is being asked (a Form is in flight), so that the
+// registry's answer, which names the missing members of every host, comes
+// first. Without a Form (no registry reached) it times out at its deadline.
+constexpr absl::Duration kClusterJoinGrace = absl::Milliseconds(500);
 // The longest MeshKey of a cluster mesh (see JoinMesh).
 constexpr size_t kMaxClusterMeshKey = 180;
 // How soon a registration that found no coordinator is tried again.
@@ -289,8 +292,6 @@ void Engine::CloseSessionLocked(const std::string& session_id, const std::string
                                 Callbacks& cbs) {
   Session* session = FindSession(session_id);
   timer_->Cancel(session->attach_timer);
-  const std::string who = absl::StrCat("session ", DisplayId(session_id), " (pid ", session->pid,
-                                       ", client '", session->client_name, "')");
   const std::map<std::string, int> memberships = session->meshes;
   for (const auto& [mesh_id, index] : memberships) {
     auto it = meshes_.find(mesh_id);
@@ -301,9 +302,9 @@ void Engine::CloseSessionLocked(const std::string& session_id, const std::string
                    absl::AbortedError(absl::StrCat("session closed: ", reason)), cbs);
     } else {
       if (mesh.state == MeshState::kReady) {
-        BreakMesh(mesh,
-                  absl::StrCat("member ", index, " ", CoordString(mesh.shape.Coordinate(index)),
-                               " [", who, "] is gone: ", reason),
+        // The same words on every host of the mesh: its index, coordinate,
+        // pid, host and name.
+        BreakMesh(mesh, absl::StrCat("member ", MemberLabel(mesh, index), " is gone: ", reason),
                   cbs);
       }
       mesh.member_left[index] = true;
@@ -713,9 +714,8 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
         req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : options_.join_timeout;
     std::string mesh_id = mesh->id;
     waiter.deadline = absl::Now() + timeout;
-    waiter.timer = timer_->Schedule(
-        waiter.deadline + (mesh->cluster ? kClusterJoinGrace : absl::ZeroDuration()),
-        [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
+    waiter.timer = timer_->Schedule(waiter.deadline,
+                                    [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
     mesh->join_waiters[index] = std::move(waiter);
     if (mesh->cluster && static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
       // Every member joined here: a mesh of this host alone, whatever the
@@ -827,8 +827,18 @@ void Engine::TellCluster(const Mesh& mesh, std::vector<int> indices, bool broken
 
 void Engine::RetireCross(Mesh& mesh) {
   if (!mesh.cross) return;
-  runners_->Schedule([cross = std::move(mesh.cross)]() mutable {
-    cross->Abort("mesh closed");
+  // A broken mesh closes with why it broke (this host may close it before
+  // its BreakMesh's own Abort ran): the other hosts are told the cause, not
+  // that it closed.
+  const absl::Status why =
+      !mesh.broken_status.ok()
+          ? mesh.broken_status
+          : absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' was closed on host ",
+                                            options_.rendezvous != nullptr
+                                                ? options_.rendezvous->host_id()
+                                                : options_.host));
+  runners_->Schedule([cross = std::move(mesh.cross), why]() mutable {
+    cross->Abort(why);
     cross.reset();
   });
   mesh.cross = nullptr;
@@ -871,6 +881,14 @@ void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, in
       } else {
         give_back("joined another generation");
       }
+    } else if (absl::IsUnavailable(generation.status()) &&
+               mesh->join_waiters.count(index) > 0 &&
+               absl::Now() >= mesh->join_waiters.at(index).deadline) {
+      // The registry could not be reached before the joiner's deadline
+      // (the call ran until it): the joiner fails now, saying why.
+      mesh->registry_error = generation.status();
+      OnJoinDeadlineLocked(*mesh, index, cbs);
+      MaybeEraseMesh(mesh_id);
     } else if (absl::IsUnavailable(generation.status())) {
       // No coordinator (yet): the mesh may still fill on this host alone,
       // and the registration is tried again while the joiner waits.
@@ -928,9 +946,13 @@ void Engine::Register(const Mesh& mesh, int index, const std::string& session_id
                       Callbacks& cbs) {
   MeshJoinInfo info = mesh.join_info;
   if (mesh.op_timeout_set) info.op_timeout_ms = Millis(mesh.op_timeout);
-  cbs.push_back([this, info = std::move(info), mesh_id = mesh.id, index, session_id] {
+  auto waiter = mesh.join_waiters.find(index);
+  const absl::Time deadline =
+      waiter != mesh.join_waiters.end() ? waiter->second.deadline : absl::Now();
+  cbs.push_back([this, info = std::move(info), mesh_id = mesh.id, index, session_id, deadline] {
     options_.rendezvous->Register(
-        info, index, [this, mesh_id, key = info.key, index, session_id](absl::StatusOr<int64_t> g) {
+        info, index, deadline,
+        [this, mesh_id, key = info.key, index, session_id](absl::StatusOr<int64_t> g) {
           OnRegistered(mesh_id, key, index, session_id, std::move(g));
         });
   });
@@ -1029,6 +1051,19 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
           mesh.op_timeout_set = true;
         }
         mesh.cross = std::shared_ptr<CrossHostMesh>(std::move(formed->mesh));
+        // What the other hosts say between ops reaches the engine: a break
+        // (named), a question about a late op. Installed outside the lock
+        // (an earlier break is reported at once).
+        cbs.push_back([this, cross = mesh.cross, mesh_id] {
+          CrossHostObserver observer;
+          observer.on_broken = [this, mesh_id](const absl::Status& why) {
+            OnCrossBroken(mesh_id, why);
+          };
+          observer.on_query = [this, mesh_id](int64_t sequence) {
+            return MissingAt(mesh_id, sequence);
+          };
+          cross->Observe(std::move(observer));
+        });
         LogEventLater(cbs, LogLevel::kInfo, "mesh_formed_across_hosts",
                       {{"mesh", mesh.name}, {"generation", absl::StrCat(mesh.generation)},
                   {"hosts", absl::StrJoin(t.hosts, ",")},
@@ -1037,7 +1072,10 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
       }
     }
   }
-  if (orphan) orphan->Abort("the mesh did not form on this host");
+  if (orphan) {
+    orphan->Abort(absl::AbortedError(absl::StrCat("the mesh did not form on host ",
+                                                  options_.rendezvous->host_id())));
+  }
   orphan.reset();
   Run(cbs);
 }
@@ -1050,6 +1088,22 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
     if (it == meshes_.end()) return;
     Mesh& mesh = *it->second;
     if (mesh.state != MeshState::kForming || !mesh.join_waiters.count(index)) return;
+    JoinWaiter& waiter = mesh.join_waiters.at(index);
+    if (mesh.cluster && mesh.form_cancel && absl::Now() < waiter.deadline + kClusterJoinGrace) {
+      // The registry answers at this deadline too, naming every host's
+      // missing members: its answer first.
+      waiter.timer = timer_->Schedule(waiter.deadline + kClusterJoinGrace,
+                                      [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
+      return;
+    }
+    OnJoinDeadlineLocked(mesh, index, cbs);
+    MaybeEraseMesh(mesh_id);
+  }
+  Run(cbs);
+}
+
+void Engine::OnJoinDeadlineLocked(Mesh& mesh, int index, Callbacks& cbs) {
+  {
     std::vector<std::string> joined, missing;
     for (int i = 0; i < mesh.shape.num_members(); ++i) {
       if (mesh.member_session[i].empty()) {
@@ -1071,18 +1125,15 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
     LogEventLater(cbs, LogLevel::kWarn, "join_timeout",
                   {{"mesh", mesh.name}, {"error", status.ToString()}});
     RemoveJoiner(mesh, index, status, cbs);
-    if (mesh.join_waiters.empty()) {
-      mesh_by_name_.erase(mesh.key);
-      EraseMesh(it);
-    }
   }
-  Run(cbs);
 }
 
-void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, LogLevel level) {
+void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, LogLevel level,
+                       absl::StatusCode code, bool from_other_host) {
   if (mesh.state == MeshState::kBroken) return;
   mesh.state = MeshState::kBroken;
   mesh.broken_reason = reason;
+  mesh.broken_status = absl::Status(code, reason);
   auto name = mesh_by_name_.find(mesh.key);
   if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
   absl::Status status = absl::AbortedError(absl::StrCat(
@@ -1091,8 +1142,10 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
   // Across hosts: the registry ends the generation, and closing the
   // connections fails the other hosts' ops in flight.
   TellCluster(mesh, {}, true, reason, cbs);
-  if (mesh.cross) {
-    cbs.push_back([cross = mesh.cross, status] { cross->Abort(std::string(status.message())); });
+  if (mesh.cross && !from_other_host) {
+    // The other hosts are told the reason itself (their messages add their
+    // own mesh prefix).
+    cbs.push_back([cross = mesh.cross, why = absl::Status(code, reason)] { cross->Abort(why); });
   }
   for (auto it = mesh.pending.begin(); it != mesh.pending.end();) {
     if (it->second.running) {
@@ -1994,8 +2047,8 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
     // The connections run it on their thread and call back; the buffers
     // stay referenced until then.
     start_cross = [this, cross = mesh.cross, executor, plan, io = std::move(io),
-                   keep = std::move(keep), mesh_id, seq,
-                   deadline = op.deadline](absl::Status verdict) {
+                   keep = std::move(keep), mesh_id, seq, deadline = op.deadline,
+                   timeout = op.deadline - op.first_submit](absl::Status verdict) {
       const int64_t started_ns = fastq::MonotonicNs();
       // The callback runs on the mesh's thread and holds a reference to the
       // mesh until it has returned, then drops it on a runner: the thread
@@ -2013,7 +2066,8 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
                      runners_->Schedule([cross = std::move(cross)] {});
                      MutexLock lock(&mu_);
                      if (--cross_ops_in_flight_ == 0) cross_idle_.SignalAll();
-                   });
+                   },
+                   timeout);
     };
     run = [start_cross, verdict = op.verdict] { start_cross(verdict); };
   } else {
@@ -2100,13 +2154,22 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
       for (auto& sub : op.subs) {
         if (sub) DeliverOutcome(*sub, outcome, cbs);
       }
+    } else if (mesh.cross && !absl::StartsWith(status.message(), "mesh '")) {
+      // What the other hosts or the connections said, in the words of this
+      // mesh's other failures.
+      FailOp(mesh, op,
+             absl::Status(status.code(), absl::StrCat("mesh '", mesh.name, "': ", status.message())),
+             cbs);
     } else {
       FailOp(mesh, op, status, cbs);
     }
     ++mesh.completed;
     mesh.pending.erase(op_it);
-    // The connections to the other hosts failed: the mesh cannot go on.
-    if (broken) BreakMesh(mesh, std::string(status.message()), cbs);
+    // The connections to the other hosts failed: the mesh cannot go on (and
+    // the other hosts are told why, with its code).
+    if (broken) {
+      BreakMesh(mesh, std::string(status.message()), cbs, LogLevel::kWarn, status.code());
+    }
     if (mesh.state == MeshState::kBroken) {
       MaybeEraseMesh(mesh_id);
     } else {
@@ -2145,10 +2208,38 @@ void Engine::OnOpDeadline(const std::string& mesh_id, int64_t sequence) {
         absl::StrCat("mesh '", mesh.name, "': ", reason));
     FailOp(mesh, op, status, cbs);
     mesh.pending.erase(op_it);
-    // The members no longer agree on the op sequence: the mesh cannot go on.
-    BreakMesh(mesh, reason, cbs);
+    // The members no longer agree on the op sequence: the mesh cannot go on
+    // (the other hosts' members get the same DEADLINE_EXCEEDED and words).
+    BreakMesh(mesh, reason, cbs, LogLevel::kWarn, absl::StatusCode::kDeadlineExceeded);
   }
   Run(cbs);
+}
+
+void Engine::OnCrossBroken(const std::string& mesh_id, const absl::Status& why) {
+  Callbacks cbs;
+  {
+    MutexLock lock(&mu_);
+    auto it = meshes_.find(mesh_id);
+    if (it == meshes_.end() || it->second->state != MeshState::kReady) return;
+    BreakMesh(*it->second, std::string(why.message()), cbs, LogLevel::kWarn, why.code(),
+              /*from_other_host=*/true);
+    MaybeEraseMesh(mesh_id);
+  }
+  Run(cbs);
+}
+
+std::string Engine::MissingAt(const std::string& mesh_id, int64_t sequence) {
+  MutexLock lock(&mu_);
+  auto it = meshes_.find(mesh_id);
+  if (it == meshes_.end()) return "(the mesh is gone from this host)";
+  const Mesh& mesh = *it->second;
+  std::vector<std::string> missing;
+  for (int i = 0; i < mesh.shape.num_members(); ++i) {
+    if (!mesh.member_session[i].empty() && mesh.next_sequence[i] <= sequence) {
+      missing.push_back(MemberLabel(mesh, i));
+    }
+  }
+  return absl::StrJoin(missing, "; ");
 }
 
 void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration timeout,
@@ -2367,9 +2458,10 @@ void Engine::Shutdown(const std::string& reason) {
       mesh->join_waiters.clear();
       MarkSegmentBroken(*mesh, status);  // members waiting member-side
       if (mesh->cross) {
-        cbs.push_back([cross = mesh->cross, reason] {
-          cross->Abort(absl::StrCat("daemon shutting down: ", reason));
-        });
+        cbs.push_back([cross = mesh->cross,
+                       why = absl::UnavailableError(absl::StrCat(
+                           "the daemon of host ", options_.rendezvous->host_id(),
+                           " is shutting down (", reason, ")"))] { cross->Abort(why); });
       }
       for (auto it = mesh->pending.begin(); it != mesh->pending.end();) {
         if (it->second.running) {

@@ -278,9 +278,9 @@ class Engine {
 
   struct JoinWaiter {
     std::string session_id;
-    // When the join times out (a cluster mesh's local timer fires a grace
-    // period later, so that the registry's answer, which names the missing
-    // members of every host, comes first).
+    // When the join times out (while a cluster mesh asks the registry, its
+    // local timer waits kClusterJoinGrace more, so that the registry's
+    // answer, which names the missing members of every host, comes first).
     absl::Time deadline;
     DeadlineTimer::TimerId timer = 0;
     std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done;
@@ -296,6 +296,8 @@ class Engine {
     int64_t generation = 1;
     MeshState state = MeshState::kForming;
     std::string broken_reason;
+    // The reason with its code (what the other hosts were told).
+    absl::Status broken_status;
     bool assign = false;  // coordinates assigned by the daemon
     absl::Duration op_timeout;
     bool op_timeout_set = false;
@@ -362,6 +364,12 @@ class Engine {
   void CompleteJoin(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnJoinDeadline(const std::string& mesh_id, int index)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails joiner `index` of `mesh` at its deadline: DEADLINE_EXCEEDED
+  // naming who joined and who is missing, or UNAVAILABLE when the cluster's
+  // registry could not be reached. The caller erases the mesh if it is left
+  // empty (MaybeEraseMesh).
+  void OnJoinDeadlineLocked(Mesh& mesh, int index, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the op's outputs in mesh-shared buffers (SharedBuffer::
   // shared_mesh) follow the rule: every member's output is the same region
   // of one such buffer, no input overlaps it, the op's result is the same
@@ -372,9 +380,25 @@ class Engine {
   void RemoveJoiner(Mesh& mesh, int index, const absl::Status& status, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the mesh's pending ops with ABORTED; `level` is that of the log
-  // line (a member leaving on purpose is not a warning).
+  // line (a member leaving on purpose is not a warning). Across hosts, the
+  // other hosts are told `reason` with `code` (an op that timed out:
+  // DEADLINE_EXCEEDED), which their members' op in flight fails with.
+  // `from_other_host`: another host broke it and told every host already;
+  // the connections are then left as they are, so that an op in flight
+  // here that needs nothing more from that host still finishes (they close
+  // when the mesh goes).
   void BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs,
-                 LogLevel level = LogLevel::kWarn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                 LogLevel level = LogLevel::kWarn,
+                 absl::StatusCode code = absl::StatusCode::kAborted, bool from_other_host = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Another host broke cross-host mesh `mesh_id` (or is gone): the mesh
+  // breaks here for its reason (CrossHostObserver::on_broken).
+  void OnCrossBroken(const std::string& mesh_id, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The local members of mesh `mesh_id` that have not submitted op
+  // `sequence` ("" when every one did): what another host asks when that
+  // op is late there (CrossHostObserver::on_query).
+  std::string MissingAt(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `status` into the mesh's segment (the first status only) and
   // wakes every member waiting on it.
   void MarkSegmentBroken(Mesh& mesh, const absl::Status& status)

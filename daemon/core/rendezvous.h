@@ -27,6 +27,7 @@
 #define COLLECTIVED_DAEMON_CORE_RENDEZVOUS_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -69,6 +70,19 @@ struct MeshTopology {
   int64_t op_timeout_ms = 0;
 };
 
+// What the engine is told by a mesh's connections, and asked, between ops.
+// Called on a thread of the connections, never with their locks held.
+struct CrossHostObserver {
+  // Another host broke the mesh (its code and reason: "member 4 (1,1) pid
+  // N host h1 'x' is gone: ..."), or is gone, or could not be understood:
+  // called at most once.
+  std::function<void(const absl::Status& why)> on_broken;
+  // Another host asks what this host's members are doing at op `sequence`
+  // of the mesh: the members it still waits for ("5 (2,1) pid N host h2
+  // 'x'; ..."), or "" when every local member submitted it.
+  std::function<std::string(int64_t sequence)> on_query;
+};
+
 // One mesh's connections to its other hosts. Ops are started one at a time
 // (the engine starts the next once the previous one called back).
 class CrossHostMesh {
@@ -89,13 +103,20 @@ class CrossHostMesh {
   // fails on every host with FAILED_PRECONDITION naming this host. Fails
   // with DEADLINE_EXCEEDED, naming the hosts that did not take part, at
   // `deadline`. Returns at once; `done` runs on the mesh's thread.
+  // `timeout`, the op's deadline from its first submission, is for the
+  // messages that say how long it waited.
   virtual void Start(std::shared_ptr<const OpPlan> plan, int64_t sequence,
                      std::vector<MemberIo> io, Executor* executor, absl::Status verdict,
-                     absl::Time deadline, Done done) = 0;
-  // Closes the connections: the op in flight (if any) fails with ABORTED
-  // naming `reason` here, and the other hosts' ops fail as they find the
-  // connections closed. Later Starts fail at once. Idempotent.
-  virtual void Abort(const std::string& reason) = 0;
+                     absl::Time deadline, Done done,
+                     absl::Duration timeout = absl::ZeroDuration()) = 0;
+  // Breaks the mesh here for `why`: the other hosts are told (its code and
+  // message, which should name the cause: the member, the host) before the
+  // connections close, the op in flight (if any) fails with `why`, and
+  // later Starts fail at once. Idempotent: the first cause stands.
+  virtual void Abort(const absl::Status& why) = 0;
+  // Installs the engine's observer (once, before the first Start). A break
+  // by another host that came earlier is reported at once, on this thread.
+  virtual void Observe(CrossHostObserver observer) = 0;
 };
 
 struct FormedMesh {
@@ -120,12 +141,13 @@ class MeshRendezvous {
   // This daemon's host id in the cluster.
   virtual std::string host_id() const = 0;
 
-  // Registers member `index` of mesh `info`, joined on this host. `done`
-  // gets the generation the mesh will have, or why the join is refused
-  // (the registry's FAILED_PRECONDITION, ALREADY_EXISTS, PERMISSION_DENIED,
-  // or UNAVAILABLE while no coordinator answers). Registrations are sent in
-  // the order of the calls.
-  virtual void Register(const MeshJoinInfo& info, int index,
+  // Registers member `index` of mesh `info`, joined on this host, answering
+  // by `deadline` (the joiner's) at the latest. `done` gets the generation
+  // the mesh will have, or why the join is refused (the registry's
+  // FAILED_PRECONDITION, ALREADY_EXISTS, PERMISSION_DENIED, or UNAVAILABLE
+  // while the registry cannot be reached). Registrations are sent in the
+  // order of the calls.
+  virtual void Register(const MeshJoinInfo& info, int index, absl::Time deadline,
                         absl::AnyInvocable<void(absl::StatusOr<int64_t>)> done) = 0;
 
   // Waits until generation `generation` of mesh `key` is full (or `deadline`

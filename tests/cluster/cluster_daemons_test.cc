@@ -237,9 +237,11 @@ absl::StatusOr<std::string> Shell(const std::string& dir, const std::string& scr
   return RunShell("cd '" + dir + "' && " + script);
 }
 
-// A cluster CA and a certificate it signs for 127.0.0.1 (no extended key
-// usage: the daemons use it as servers and as clients), and the same from
-// another CA. False (with the reason in `why`) when openssl is missing.
+// A cluster CA and certificates it signs for hosts `coord` and `good`, and
+// another CA with one for `rogue`: each names its host id (common name and
+// DNS name, as a host's certificate must) and 127.0.0.1 (no extended key
+// usage: the daemons use them as servers and as clients). False (with the
+// reason in `why`) when openssl is missing.
 bool MakePki(const std::string& dir, std::string* why) {
   if (!Shell(dir, "command -v openssl").ok()) {
     *why = "openssl is not installed";
@@ -247,38 +249,40 @@ bool MakePki(const std::string& dir, std::string* why) {
   }
   const std::string script = R"(
 set -e
-printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > san.ext
 for ca in ca rogue; do
   openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=$ca -keyout $ca.key -out $ca.pem 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -subj /CN=daemon -keyout $ca-daemon.key -out $ca-daemon.csr 2>/dev/null
-  openssl x509 -req -in $ca-daemon.csr -CA $ca.pem -CAkey $ca.key -CAcreateserial -days 1 \
-    -extfile san.ext -out $ca-daemon.pem 2>/dev/null
 done
+cert() {  # host ca
+  printf 'subjectAltName=DNS:%s,IP:127.0.0.1,DNS:localhost\n' $1 > $1.ext
+  openssl req -newkey rsa:2048 -nodes -subj /CN=$1 -keyout host-$1.key -out host-$1.csr 2>/dev/null
+  openssl x509 -req -in host-$1.csr -CA $2.pem -CAkey $2.key -CAcreateserial -days 1 \
+    -extfile $1.ext -out host-$1.pem 2>/dev/null
+}
+cert coord ca; cert good ca; cert rogue rogue
 )";
   auto out = Shell(dir, script);
-  if (!out.ok()) {
-    *why = out.status().ToString();
-    return false;
-  }
+  EXPECT_TRUE(out.ok()) << out.status();
   return true;
 }
 
 // Daemon to daemon over mTLS: the coordinator requires a client certificate
 // of the cluster's CA; a member with one joins, a member with another CA's
 // certificate or none (plaintext) cannot, and reports the cluster
-// unavailable.
+// unavailable. A daemon whose certificate does not name its host id does
+// not start.
 TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
   const std::string dir = MakeTempDir();
   std::string why;
   if (!MakePki(dir, &why)) GTEST_SKIP() << why;
-  auto tls_flags = [&](const std::string& ca) {
-    return std::vector<std::string>{"--tls-cert=" + dir + "/" + ca + "-daemon.pem",
-                                    "--tls-key=" + dir + "/" + ca + "-daemon.key",
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  auto tls_flags = [&](const std::string& host, const std::string& ca) {
+    return std::vector<std::string>{"--tls-cert=" + dir + "/host-" + host + ".pem",
+                                    "--tls-key=" + dir + "/host-" + host + ".key",
                                     "--tls-client-ca=" + dir + "/" + ca + ".pem"};
   };
   std::vector<std::string> flags = {"--tcp=127.0.0.1:0", "--coordinator", "--host-id=coord",
                                     "--cluster-lease-ms=1000"};
-  for (auto& f : tls_flags("ca")) flags.push_back(f);
+  for (auto& f : tls_flags("coord", "ca")) flags.push_back(f);
   auto coord = Daemon::Start(flags);
   ASSERT_TRUE(coord.ok()) << coord.status();
   const int port = ListeningPort(**coord);
@@ -286,19 +290,27 @@ TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
   EXPECT_NE((*coord)->output().find("tcp_security=mtls"), std::string::npos);
   const std::string cluster_flag = absl::StrCat("--cluster=127.0.0.1:", port);
 
-  auto member = [&](const std::string& id, const std::string& ca) {
+  auto member = [&](const std::string& id, const std::string& cert, const std::string& ca) {
     std::vector<std::string> f = {"--tcp=127.0.0.1:0", cluster_flag, "--host-id=" + id};
     if (!ca.empty()) {
-      for (auto& x : tls_flags(ca)) f.push_back(x);
+      for (auto& x : tls_flags(cert, ca)) f.push_back(x);
     }
     return Daemon::Start(f);
   };
-  auto good = member("good", "ca");
+  auto good = member("good", "good", "ca");
   ASSERT_TRUE(good.ok()) << good.status();
-  auto rogue = member("rogue", "rogue");
+  auto rogue = member("rogue", "rogue", "rogue");
   ASSERT_TRUE(rogue.ok()) << rogue.status();
-  auto plain = member("plain", "");
+  auto plain = member("plain", "", "");
   ASSERT_TRUE(plain.ok()) << plain.status();
+  // A certificate of the cluster's CA that names another host.
+  auto other = member("other", "good", "ca");
+  ASSERT_FALSE(other.ok());
+  EXPECT_NE(other.status().message().find(
+                "the host id 'other' is not named by this daemon's certificate (it carries "
+                "names good, localhost, good)"),
+            std::string::npos)
+      << other.status();
 
   ASSERT_TRUE((*good)->WaitForOutput("event=cluster_state state=joined host_id=good", kPatience))
       << (*good)->output();
@@ -317,8 +329,8 @@ TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
   };
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = read("ca.pem");
-  ssl.pem_cert_chain = read("ca-daemon.pem");
-  ssl.pem_private_key = read("ca-daemon.key");
+  ssl.pem_cert_chain = read("host-good.pem");
+  ssl.pem_private_key = read("host-good.key");
   auto stub = v1::Cluster::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
                                                        grpc::SslCredentials(ssl)));
   grpc::ClientContext ctx;
@@ -331,6 +343,69 @@ TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
   for (const auto& h : resp.hosts()) ids.push_back(h.host_id());
   // The coordinator joined itself over TLS too.
   EXPECT_EQ(ids, (std::vector<std::string>{"coord", "good"}));
+}
+
+// Host ids are unique in a cluster: a second daemon claiming a live host's
+// id is refused (it says so, naming the live daemon's address) and changes
+// nothing for the live one; the same daemon restarted on its socket shows
+// its previous lease and takes its id back at once, long before the lease
+// would have ended.
+TEST(ClusterDaemonsTest, ASecondDaemonWithALiveHostIdIsRefusedAndARestartIsNot) {
+  // A long lease: a restart that had to wait for it would take 20 s.
+  auto coord = Daemon::Start({"--tcp=127.0.0.1:0", "--coordinator", "--host-id=coord",
+                              "--cluster-lease-ms=20000"});
+  ASSERT_TRUE(coord.ok()) << coord.status();
+  const int port = ListeningPort(**coord);
+  ASSERT_GT(port, 0) << (*coord)->output();
+  const std::string cluster_flag = absl::StrCat("--cluster=127.0.0.1:", port);
+  auto h1 = Daemon::Start({"--tcp=127.0.0.1:0", cluster_flag, "--host-id=h1"});
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  ASSERT_TRUE((*h1)->WaitForOutput("event=cluster_state state=joined host_id=h1", kPatience))
+      << (*h1)->output();
+  const int h1_port = ListeningPort(**h1);
+  ClusterView view(port);
+  auto address_of_h1 = [&] {
+    std::vector<v1::HostInfo> hosts;
+    EXPECT_TRUE(view.List(&hosts, "").ok());
+    for (const auto& h : hosts) {
+      if (h.host_id() == "h1") return h.address();
+    }
+    return std::string("<none>");
+  };
+  ASSERT_EQ(address_of_h1(), absl::StrCat("127.0.0.1:", h1_port));
+
+  // An impostor with h1's id.
+  auto impostor = Daemon::Start({"--tcp=127.0.0.1:0", cluster_flag, "--host-id=h1"});
+  ASSERT_TRUE(impostor.ok()) << impostor.status();
+  ASSERT_TRUE((*impostor)->WaitForOutput("event=cluster_state state=unavailable host_id=h1",
+                                         kPatience))
+      << (*impostor)->output();
+  EXPECT_NE((*impostor)->output().find(absl::StrCat(
+                "ALREADY_EXISTS: coordinator 127.0.0.1:", port,
+                ": host id 'h1' is held by a live daemon at 127.0.0.1:", h1_port)),
+            std::string::npos)
+      << (*impostor)->output();
+  // Over several heartbeats, the live daemon keeps its lease: never
+  // replaced, never rejoining.
+  absl::SleepFor(absl::Milliseconds(1500));
+  EXPECT_EQ(address_of_h1(), absl::StrCat("127.0.0.1:", h1_port));
+  EXPECT_EQ((*h1)->output().find("state=unavailable"), std::string::npos) << (*h1)->output();
+  EXPECT_EQ((*h1)->output().find("cluster_joined", (*h1)->output().find("cluster_joined") + 1),
+            std::string::npos)
+      << "h1 joined twice: " << (*h1)->output();
+  impostor->reset();
+
+  // h1 is killed and restarted on its socket: it is back at once.
+  const std::string socket = (*h1)->socket();
+  h1->reset();  // SIGKILL
+  const absl::Time restarted = absl::Now();
+  auto again = Daemon::StartAt(socket, {"--tcp=127.0.0.1:0", cluster_flag, "--host-id=h1"});
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)->WaitForOutput("event=cluster_state state=joined host_id=h1",
+                                      absl::Seconds(10)))
+      << (*again)->output();
+  EXPECT_LT(absl::Now() - restarted, absl::Seconds(10));
+  EXPECT_EQ(address_of_h1(), absl::StrCat("127.0.0.1:", ListeningPort(**again)));
 }
 
 // Flags that cannot work are refused at start, with a message.

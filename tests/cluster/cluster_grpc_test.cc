@@ -18,15 +18,6 @@
 #include "daemon/cluster/in_memory_coordinator.h"
 #include "tests/harness/eventually.h"
 
-#ifdef COLLECTIVED_TEST_HAVE_GLOO
-#include "daemon/cluster/gloo_store.h"
-#include "gloo/allreduce.h"
-#include "gloo/common/error.h"
-#include "gloo/math.h"
-#include "gloo/rendezvous/context.h"
-#include "gloo/rendezvous/prefix_store.h"
-#include "gloo/transport/tcp/device.h"
-#endif
 
 namespace collectived {
 namespace {
@@ -547,81 +538,6 @@ TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
   EXPECT_EQ(coord->coordinator->mesh_key_count(), 1);
 }
 
-#ifdef COLLECTIVED_TEST_HAVE_GLOO
-
-// Three Gloo contexts (one thread and one cluster client each, as three
-// daemons would have) rendezvous through the coordinator and run a real
-// gloo::allreduce over TCP on loopback.
-TEST(ClusterGlooStoreTest, GlooContextsRendezvousAndAllreduce) {
-  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
-  ASSERT_NE(coord, nullptr);
-  constexpr int kRanks = 3;
-  constexpr size_t kElems = 4096;
-  std::vector<std::string> errors(kRanks);
-  std::vector<std::vector<float>> data(kRanks, std::vector<float>(kElems));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto client = MakeClient(coord->address(), absl::StrCat("gloo-", r));
-        ClusterGlooStore base(client.get(), std::chrono::seconds(20));
-        gloo::rendezvous::PrefixStore store("job/allreduce/gen-1", base);
-        gloo::transport::tcp::attr attr;
-        attr.hostname = "127.0.0.1";
-        attr.ai_family = AF_INET;
-        auto dev = gloo::transport::tcp::CreateDevice(attr);
-        auto ctx = std::make_shared<gloo::rendezvous::Context>(r, kRanks);
-        ctx->setTimeout(std::chrono::seconds(20));
-        ctx->connectFullMesh(store, dev);
-        for (size_t i = 0; i < kElems; ++i) data[r][i] = static_cast<float>(r + 1) * i;
-        gloo::AllreduceOptions opts(ctx);
-        opts.setOutput(data[r].data(), kElems);
-        void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
-        opts.setReduceFunction(sum);
-        opts.setTimeout(std::chrono::seconds(20));
-        gloo::allreduce(opts);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < kRanks; ++r) {
-    ASSERT_EQ(errors[r], "") << "rank " << r;
-    for (size_t i = 0; i < kElems; ++i) {
-      // (1 + 2 + 3) * i, exact in float for these magnitudes.
-      ASSERT_EQ(data[r][i], 6.0f * i) << "rank " << r << " element " << i;
-    }
-  }
-  // Every rank's address went through the store.
-  EXPECT_GE(coord->coordinator->key_count(), kRanks);
-}
-
-TEST(ClusterGlooStoreTest, WaitTimesOutNamingTheKeyAndSetRefusesADuplicate) {
-  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
-  ASSERT_NE(coord, nullptr);
-  auto client = MakeClient(coord->address(), "gloo-0");
-  ClusterGlooStore store(client.get(), std::chrono::milliseconds(200));
-  try {
-    store.wait({"rank_5"}, std::chrono::milliseconds(100));
-    FAIL() << "wait returned";
-  } catch (const gloo::IoException& e) {
-    EXPECT_NE(std::string(e.what()).find("rank_5"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("DEADLINE_EXCEEDED"), std::string::npos) << e.what();
-  }
-  try {
-    store.get("rank_6");
-    FAIL() << "get returned";
-  } catch (const gloo::IoException& e) {
-    EXPECT_NE(std::string(e.what()).find("rank_6"), std::string::npos) << e.what();
-  }
-  store.set("rank_0", {'a', 'b'});
-  EXPECT_EQ(store.get("rank_0"), (std::vector<char>{'a', 'b'}));
-  EXPECT_THROW(store.set("rank_0", {'c'}), gloo::IoException);
-  EXPECT_EQ(store.get("rank_0"), (std::vector<char>{'a', 'b'}));
-}
-
-#endif  // COLLECTIVED_TEST_HAVE_GLOO
 
 }  // namespace
 }  // namespace collectived
