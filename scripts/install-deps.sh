@@ -7,7 +7,7 @@ packages=(
   cmake g++ make pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev
-  docker-compose python3-pip openssl clang libclang-rt-14-dev
+  docker-compose python3-pip openssl clang libclang-rt-14-dev etcd-server etcd-client
   libopenmpi-dev openmpi-bin libgloo-dev prometheus-cpp-dev python3-dev python3-venv
 )
 missing=()

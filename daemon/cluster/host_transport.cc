@@ -407,7 +407,7 @@ struct HostTransport::Lane {
 HostTransport::HostTransport(std::vector<std::string> hosts, int self,
                              TransportSecurity security, TransportOptions options)
     : hosts_(std::move(hosts)), self_(self), security_(std::move(security)),
-      options_(std::move(options)), rank_dead_(hosts_.size()) {}
+      options_(std::move(options)), dead_(hosts_.size() * static_cast<size_t>(options_.lanes)) {}
 
 HostTransport::Connection& HostTransport::conn(int rank, int lane) {
   return *conns_[static_cast<size_t>(rank * options_.lanes + lane)];
@@ -1195,16 +1195,18 @@ void HostTransport::PeerFailed(Connection& c, const absl::Status& why) {
     std::lock_guard<std::mutex> lock(state_mu_);
     // After a local break every connection is detached already; a peer
     // whose failure was seen is not failed twice.
-    if (!broken_.ok() || !rank_dead_[c.rank].ok()) return;
-    rank_dead_[c.rank] = why;
+    const size_t at = static_cast<size_t>(c.rank * options_.lanes + c.lane);
+    if (!broken_.ok() || !dead_[at].ok()) return;
+    dead_[at] = why;
     first = !reported_;
     reported_ = true;
     if (broken_at_ == absl::InfinitePast()) broken_at_ = absl::Now();
   }
   answers_cv_.notify_all();
-  // Every connection with that host ends; the others go on, so an op that
-  // needs nothing more from it can still finish.
-  for (int l = 0; l < options_.lanes; ++l) Detach(conn(c.rank, l), why);
+  // This connection ends; the others go on until theirs end too (a peer
+  // that breaks sends a BREAK on each, after what it sent there before),
+  // so an op that needs nothing more from that host can still finish.
+  Detach(c, why);
   for (auto& lane : lanes_) Wake(*lane);
   if (first && options_.on_break) options_.on_break(c.rank, why);
 }
@@ -1270,7 +1272,7 @@ void HostTransport::Detach(Connection& c, const absl::Status& why) {
 
 absl::Status HostTransport::Failed(const Connection& c) const {
   std::lock_guard<std::mutex> lock(state_mu_);
-  return broken_.ok() ? rank_dead_[c.rank] : broken_;
+  return broken_.ok() ? dead_[static_cast<size_t>(c.rank * options_.lanes + c.lane)] : broken_;
 }
 
 absl::Status HostTransport::broken() const {
@@ -1297,7 +1299,10 @@ std::map<int, std::string> HostTransport::Answers(const std::vector<int>& ranks,
   // Every rank answered, or can no longer.
   auto have = [&] {
     for (int r : ranks) {
-      if (answers_.count({r, sequence}) == 0 && rank_dead_[r].ok()) return false;
+      // Queries and answers travel on lane 0.
+      if (answers_.count({r, sequence}) == 0 && dead_[static_cast<size_t>(r * options_.lanes)].ok()) {
+        return false;
+      }
     }
     return true;
   };

@@ -37,11 +37,12 @@
 // cause, not the connection that happened to close first. On the receiving
 // host, a peer's BREAK, its connection ending without one (its daemon ended
 // or was killed: the kernel closed its sockets; the host is named as
-// gone), or anything malformed it sent ends every connection with that
-// host: its transfers fail with that cause, while the transfers with the
-// other hosts go on, so an op that needs nothing more from it can still
-// finish (a barrier another host completed just before it broke the mesh
-// does). The first such failure is reported once through on_break; a host
+// gone), or anything malformed it sent ends that connection: its transfers
+// fail with that cause, while the other connections go on until their own
+// BREAK or end comes, after what the peer sent on them before. So an op
+// that needs nothing more from a host can still finish (a barrier another
+// host completed just before it broke the mesh does, whichever of its
+// connections its BREAK reaches first). The first such failure is reported once through on_break; a host
 // whose op fails breaks its own transport with the op's status, which
 // carries the cause on to the others. A host whose peers stopped answering
 // without closing (a cut link) is seen at the waits' deadlines; Query asks
@@ -248,9 +249,9 @@ class HostTransport {
   void UpdateEvents(Connection& c);
   // Marks `t` done or failed and wakes its waiters.
   void Complete(HostTransfer& t, const absl::Status& status);
-  // A peer-caused failure on `c` (its BREAK, its end, what it sent): every
-  // connection with that host ends, its transfers fail with `why`; the
-  // first such failure is reported (on_break).
+  // A peer-caused failure on `c` (its BREAK, its end, what it sent): the
+  // connection ends, its transfers fail with `why`; the first such failure
+  // is reported (on_break).
   void PeerFailed(Connection& c, const absl::Status& why);
   // Fails `c`'s transfers with `why`, sends the peer a BREAK with it and
   // shuts the connection down.
@@ -272,9 +273,9 @@ class HostTransport {
 
   mutable std::mutex state_mu_;  // leaf
   absl::Status broken_;          // under state_mu_
-  // Why each host's connections ended (OK while they work), under
-  // state_mu_.
-  std::vector<absl::Status> rank_dead_;
+  // Why each connection ended (OK while it works; by rank * lanes + lane),
+  // under state_mu_.
+  std::vector<absl::Status> dead_;
   absl::Time broken_at_ = absl::InfinitePast();  // under state_mu_
   bool reported_ = false;        // on_break called (under state_mu_)
   std::map<std::pair<int, int64_t>, std::string> answers_;  // under state_mu_

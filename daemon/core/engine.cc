@@ -862,6 +862,7 @@ void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, in
     MutexLock lock(&mu_);
     auto it = meshes_.find(mesh_id);
     Mesh* mesh = it == meshes_.end() ? nullptr : it->second.get();
+    if (mesh != nullptr) --mesh->registering;
     // Gives this registration back to the registry.
     auto give_back = [&](const char* why) {
       if (!generation.ok()) return;
@@ -942,13 +943,14 @@ void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, in
   Run(cbs);
 }
 
-void Engine::Register(const Mesh& mesh, int index, const std::string& session_id,
+void Engine::Register(Mesh& mesh, int index, const std::string& session_id,
                       Callbacks& cbs) {
   MeshJoinInfo info = mesh.join_info;
   if (mesh.op_timeout_set) info.op_timeout_ms = Millis(mesh.op_timeout);
   auto waiter = mesh.join_waiters.find(index);
   const absl::Time deadline =
       waiter != mesh.join_waiters.end() ? waiter->second.deadline : absl::Now();
+  ++mesh.registering;
   cbs.push_back([this, info = std::move(info), mesh_id = mesh.id, index, session_id, deadline] {
     options_.rendezvous->Register(
         info, index, deadline,
@@ -1089,9 +1091,10 @@ void Engine::OnJoinDeadline(const std::string& mesh_id, int index) {
     Mesh& mesh = *it->second;
     if (mesh.state != MeshState::kForming || !mesh.join_waiters.count(index)) return;
     JoinWaiter& waiter = mesh.join_waiters.at(index);
-    if (mesh.cluster && mesh.form_cancel && absl::Now() < waiter.deadline + kClusterJoinGrace) {
-      // The registry answers at this deadline too, naming every host's
-      // missing members: its answer first.
+    if (mesh.cluster && (mesh.form_cancel || mesh.registering > 0) &&
+        absl::Now() < waiter.deadline + kClusterJoinGrace) {
+      // The registry answers at this deadline too (naming every host's
+      // missing members, or why it cannot be reached): its answer first.
       waiter.timer = timer_->Schedule(waiter.deadline + kClusterJoinGrace,
                                       [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
       return;

@@ -324,6 +324,8 @@ class Engine {
     // may fill here), and times out with it.
     absl::Status registry_error;
     int64_t cluster_generation = 0;
+    // Registrations sent to the registry and not answered yet.
+    int registering = 0;
     // By member index: the registry accepted this host's registration of
     // it (for cluster_generation): exactly such an index is given back when
     // its joiner goes.
@@ -420,7 +422,7 @@ class Engine {
   // Cluster meshes: registers member `index` (after unlocking, through
   // `cbs`); the registry's answer to member `index`'s registration,
   // and the answer to Form.
-  void Register(const Mesh& mesh, int index, const std::string& session_id, Callbacks& cbs)
+  void Register(Mesh& mesh, int index, const std::string& session_id, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnRegistered(const std::string& mesh_id, const std::string& key, int index,
                     const std::string& session_id, absl::StatusOr<int64_t> generation)

@@ -35,9 +35,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/str_split.h"
 #include "daemon/cluster/cluster_client.h"
-#if COLLECTIVED_HAVE_GLOO
 #include "daemon/cluster/cluster_rendezvous.h"
-#endif
+#include "daemon/cluster/etcd_cluster.h"
+#include "daemon/cluster/peer_stream.h"
 #include "daemon/cluster/coordinator_service.h"
 #include "daemon/cluster/in_memory_coordinator.h"
 #include "daemon/core/engine.h"
@@ -122,8 +122,23 @@ ABSL_FLAG(bool, coordinator, false,
           "Serve the cluster coordinator (collectived.v1.Cluster: membership and the "
           "rendezvous key-value store) on the --tcp listener; this daemon joins it too.");
 ABSL_FLAG(std::string, cluster, "",
-          "Join the cluster of the coordinator at ADDR[,ADDR] (tried in order). Needs --tcp, "
-          "whose address is advertised to the other hosts (see --cluster-advertise).");
+          "Join the cluster of the coordinator at ADDR[,ADDR] (tried in order), or the "
+          "cluster kept in etcd at etcd://HOST:PORT[,HOST:PORT...] (etcds:// for TLS; no "
+          "daemon is then the coordinator). Needs --tcp, whose address is advertised to the "
+          "other hosts (see --cluster-advertise).");
+ABSL_FLAG(std::string, etcd_prefix, "/collectived/",
+          "With --cluster=etcd://...: the prefix of every key the cluster keeps in etcd "
+          "(clusters sharing an etcd need different ones); ends with '/'.");
+ABSL_FLAG(std::string, etcd_user, "",
+          "With --cluster=etcd://...: the etcd user (etcd authentication); its password is "
+          "in --etcd-password-file.");
+ABSL_FLAG(std::string, etcd_password_file, "",
+          "File holding the password of --etcd-user (surrounding whitespace stripped). "
+          "Never logged.");
+ABSL_FLAG(std::string, etcd_ca, "",
+          "With --cluster=etcds://...: PEM CA bundle that signs etcd's server certificates "
+          "(default: --tls-client-ca). --tls-cert/--tls-key, when given, are the client "
+          "certificate etcd sees.");
 ABSL_FLAG(std::string, host_id, "",
           "This daemon's host id in the cluster, [A-Za-z0-9._-]{1,64} (default: the host name).");
 ABSL_FLAG(std::string, cluster_advertise, "",
@@ -147,7 +162,8 @@ ABSL_FLAG(int64_t, cluster_chunk_bytes, int64_t{4} << 20,
           "trip); at least 4096.");
 ABSL_FLAG(int64_t, cluster_lease_ms, 10000,
           "With --coordinator: a host that does not heartbeat for this long leaves the "
-          "cluster (members heartbeat every third of it).");
+          "cluster (members heartbeat every third of it). With --cluster=etcd://...: this "
+          "daemon's etcd lease (whole seconds, at least 1 s).");
 
 namespace collectived {
 namespace {
@@ -229,6 +245,39 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClusterCredentials(
     auto ca_pem = ReadFile(ca);
     if (!ca_pem.ok()) return ca_pem.status();
     ssl.pem_root_certs = *ca_pem;
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+// Credentials for etcd: TLS (etcds://) verifying etcd with --etcd-ca (or
+// --tls-client-ca), presenting --tls-cert/--tls-key when given; plaintext
+// (etcd://) to loopback only, unless --cluster-plaintext. Null: plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
+    const std::vector<std::string>& endpoints, bool tls) {
+  if (!tls) {
+    if (!AllLoopback(endpoints) && !absl::GetFlag(FLAGS_cluster_plaintext)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster=etcd://", absl::StrJoin(endpoints, ","),
+          " is not loopback: use etcds:// (TLS, with --etcd-ca), or --cluster-plaintext to "
+          "accept plaintext"));
+    }
+    return std::shared_ptr<grpc::ChannelCredentials>();
+  }
+  grpc::SslCredentialsOptions ssl;
+  std::string ca = absl::GetFlag(FLAGS_etcd_ca);
+  if (ca.empty()) ca = absl::GetFlag(FLAGS_tls_client_ca);
+  if (!ca.empty()) {
+    auto ca_pem = ReadFile(ca);
+    if (!ca_pem.ok()) return ca_pem.status();
+    ssl.pem_root_certs = *ca_pem;
+  }
+  if (const std::string cert = absl::GetFlag(FLAGS_tls_cert); !cert.empty()) {
+    auto cert_pem = ReadFile(cert);
+    if (!cert_pem.ok()) return cert_pem.status();
+    auto key_pem = ReadFile(absl::GetFlag(FLAGS_tls_key));
+    if (!key_pem.ok()) return key_pem.status();
+    ssl.pem_cert_chain = *cert_pem;
+    ssl.pem_private_key = *key_pem;
   }
   return grpc::SslCredentials(ssl);
 }
@@ -340,12 +389,33 @@ int Main(int argc, char** argv) {
   // The cluster: flags checked before anything listens.
   const std::string tcp = absl::GetFlag(FLAGS_tcp);
   const bool serve_coordinator = absl::GetFlag(FLAGS_coordinator);
+  // The cluster is kept in etcd (etcd:// or etcds://), or by a daemon's
+  // coordinator (host:port addresses).
+  const std::string cluster_flag = absl::GetFlag(FLAGS_cluster);
+  const bool etcd = absl::StartsWith(cluster_flag, "etcd://") ||
+                    absl::StartsWith(cluster_flag, "etcds://");
+  bool etcd_tls = false;
+  std::vector<std::string> etcd_endpoints;
+  if (etcd) {
+    auto endpoints = ParseEtcdAddress(cluster_flag, &etcd_tls);
+    if (!endpoints.ok()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster: ", endpoints.status().message())));
+    }
+    etcd_endpoints = *endpoints;
+    if (absl::GetFlag(FLAGS_coordinator)) {
+      return Fail(absl::InvalidArgumentError(
+          "--coordinator and --cluster=etcd://... name two coordinators: with etcd, no daemon "
+          "serves one (drop --coordinator)"));
+    }
+  }
   const std::vector<std::string> cluster_addrs =
-      absl::StrSplit(absl::GetFlag(FLAGS_cluster), ',', absl::SkipWhitespace());
+      etcd ? etcd_endpoints
+           : std::vector<std::string>(absl::StrSplit(cluster_flag, ',', absl::SkipWhitespace()));
   std::string host_id = absl::GetFlag(FLAGS_host_id);
   if (host_id.empty()) host_id = host;
   std::string cluster_token;
   std::shared_ptr<grpc::ChannelCredentials> cluster_creds;
+  std::shared_ptr<const TlsConfig> cluster_tls;
   std::unique_ptr<InMemoryCoordinator> coordinator;
   std::unique_ptr<CoordinatorService> coordinator_service;
   if (serve_coordinator || !cluster_addrs.empty()) {
@@ -375,10 +445,31 @@ int Main(int argc, char** argv) {
         return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-advertise: ", st.message())));
       }
     }
-    if (!cluster_addrs.empty()) {
+    if (etcd) {
+      auto creds = EtcdCredentials(cluster_addrs, etcd_tls);
+      if (!creds.ok()) return Fail(creds.status());
+      cluster_creds = *creds;
+    } else if (!cluster_addrs.empty()) {
       auto creds = ClusterCredentials(cluster_addrs);
       if (!creds.ok()) return Fail(creds.status());
       cluster_creds = *creds;
+    }
+    // With certificates, the connections between hosts are mutual TLS too,
+    // and each host's certificate must name its host id: the other hosts
+    // check it, so a daemon whose certificate does not is refused now.
+    if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+      if (absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+        return Fail(absl::InvalidArgumentError(
+            "--tls-cert in a cluster needs --tls-client-ca (the cluster's CA): the daemons "
+            "verify each other's certificates"));
+      }
+      auto tls = TlsConfig::Load({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                  absl::GetFlag(FLAGS_tls_client_ca)});
+      if (!tls.ok()) return Fail(tls.status());
+      if (absl::Status st = (*tls)->NamesHost(host_id); !st.ok()) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("--host-id: ", st.message())));
+      }
+      cluster_tls = *std::move(tls);
     }
   }
   if (serve_coordinator) {
@@ -405,7 +496,6 @@ int Main(int argc, char** argv) {
   EngineOptions options;
   // Meshes across hosts: the engine asks the rendezvous, which reaches the
   // cluster once the cluster client exists (below, after the listener).
-#if COLLECTIVED_HAVE_GLOO
   std::unique_ptr<ClusterRendezvous> rendezvous;
   if (serve_coordinator || !cluster_addrs.empty()) {
     ClusterRendezvousOptions ro;
@@ -414,22 +504,18 @@ int Main(int argc, char** argv) {
     if (chunk < 4096) {
       return Fail(absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096"));
     }
-    ro.gloo.chunk_bytes = static_cast<uint64_t>(chunk);
+    ro.mesh.chunk_bytes = static_cast<uint64_t>(chunk);
     const int64_t replicate = absl::GetFlag(FLAGS_cluster_replicate_bytes);
     if (replicate < 0) {
       return Fail(absl::InvalidArgumentError("--cluster-replicate-bytes must be >= 0"));
     }
-    ro.gloo.replicate_below_bytes = static_cast<uint64_t>(replicate);
+    ro.mesh.replicate_below_bytes = static_cast<uint64_t>(replicate);
     ro.serves_coordinator = serve_coordinator;
+    ro.cluster_token = cluster_token;
+    ro.tls = cluster_tls;
     rendezvous = std::make_unique<ClusterRendezvous>(ro);
     options.rendezvous = rendezvous.get();
   }
-#else
-  if (serve_coordinator || !cluster_addrs.empty()) {
-    LogEvent(LogLevel::kWarn, "cluster_without_gloo",
-             {{"effect", "this daemon was built without Gloo: its meshes stay on this host"}});
-  }
-#endif
   options.host = host;
   options.daemon_id = absl::StrCat(host, "/", getpid());
   options.side_socket_path = side_socket;
@@ -467,13 +553,11 @@ int Main(int argc, char** argv) {
     options.op_observer = metrics->Observer();
   }
   auto engine = std::make_unique<Engine>(options, SelectViable(std::move(candidates)));
-#if COLLECTIVED_HAVE_GLOO
   // On every way out (an early failure included) the rendezvous stops
   // before the engine goes: its queued calls answer into the engine.
   absl::Cleanup stop_rendezvous = [&rendezvous] {
     if (rendezvous) rendezvous->Stop();
   };
-#endif
   if (metrics != nullptr) {
     if (absl::Status st = metrics->Serve(metrics_address, engine.get()); !st.ok()) return Fail(st);
   }
@@ -541,8 +625,37 @@ int Main(int argc, char** argv) {
 
   // Cluster membership: joins in the background (a coordinator that is down
   // is retried, never fatal).
-  std::unique_ptr<ClusterClient> cluster_client;
-  if (serve_coordinator || !cluster_addrs.empty()) {
+  std::unique_ptr<Cluster> cluster_client;
+  if (etcd) {
+    const std::string advertised = AdvertisedAddress(tcp, tcp_port, host);
+    EtcdClusterOptions eo;
+    eo.etcd.endpoints = cluster_addrs;
+    eo.etcd.credentials = cluster_creds;
+    eo.etcd.username = absl::GetFlag(FLAGS_etcd_user);
+    if (const std::string f = absl::GetFlag(FLAGS_etcd_password_file); !f.empty()) {
+      auto pw = ReadFile(f);
+      if (!pw.ok()) return Fail(pw.status());
+      eo.etcd.password = std::string(absl::StripAsciiWhitespace(*pw));
+    }
+    // An attempt that hangs on a dead leader fails over after this.
+    eo.etcd.rpc_timeout = absl::Seconds(2);
+    eo.prefix = absl::GetFlag(FLAGS_etcd_prefix);
+    eo.host_id = host_id;
+    eo.address = advertised;
+    eo.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_cluster_lease_ms));
+    eo.lease_file = socket + ".lease";
+    auto cluster = EtcdCluster::Create(std::move(eo));
+    if (!cluster.ok()) return Fail(cluster.status());
+    cluster_client = *std::move(cluster);
+    LogEvent(LogLevel::kInfo, "cluster_starting",
+             {{"host_id", host_id}, {"address", advertised},
+              {"coordinator", cluster_client->description()},
+              {"lease_ms", absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))},
+              {"token", cluster_token.empty() ? "none" : "set"},
+              {"security", cluster_creds ? "tls" : "plaintext"}});
+    cluster_client->Start();
+    rendezvous->Attach(cluster_client.get(), AddressHost(advertised));
+  } else if (serve_coordinator || !cluster_addrs.empty()) {
     const std::string advertised = AdvertisedAddress(tcp, tcp_port, host);
     ClusterClientOptions cc;
     cc.coordinators = cluster_addrs;
@@ -565,6 +678,9 @@ int Main(int argc, char** argv) {
     cc.host_id = host_id;
     cc.address = advertised;
     cc.token = cluster_token;
+    // Beside the socket: a daemon restarted on the same socket takes its
+    // host id back at once; another daemon claiming it is refused.
+    cc.lease_file = socket + ".lease";
     auto client = ClusterClient::Create(std::move(cc));
     if (!client.ok()) return Fail(client.status());
     cluster_client = *std::move(client);
@@ -578,9 +694,7 @@ int Main(int argc, char** argv) {
               {"token", cluster_token.empty() ? "none" : "set"},
               {"security", cluster_creds ? "tls" : "plaintext"}});
     cluster_client->Start();
-#if COLLECTIVED_HAVE_GLOO
     rendezvous->Attach(cluster_client.get(), AddressHost(advertised));
-#endif
   }
 
   int sig = 0;
@@ -594,10 +708,8 @@ int Main(int argc, char** argv) {
   if (coordinator) coordinator->Shutdown();
   // Fail what is pending first, so every open RPC can finish, then stop.
   engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
-#if COLLECTIVED_HAVE_GLOO
   // Its queued calls answer the engine (UNAVAILABLE) before the engine goes.
   if (rendezvous) rendezvous->Stop();
-#endif
   unix_listener.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   side.Stop();
