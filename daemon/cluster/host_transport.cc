@@ -631,6 +631,16 @@ absl::StatusOr<std::unique_ptr<HostTransport>> HostTransport::Connect(
                       pending.end());
       }
       for (auto& p : pending) refuse(*p, "the mesh's hosts stopped accepting connections");
+      // Whoever is still waiting to be accepted is told no, and named.
+      for (;;) {
+        const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        Pending late;
+        late.peer = PeerAddress(fd);
+        late.stream = PeerStream::Plain(fd);
+        refuse(late, missing > 0 ? "the mesh's hosts stopped accepting connections"
+                                 : "every host of the mesh is connected already");
+      }
       if (missing > 0) {
         std::vector<std::string> late;
         for (int r = self + 1; r < size; ++r) {
