@@ -129,6 +129,23 @@ inline std::string FirstBadChar(absl::string_view text, Ok ok) {
   return "";
 }
 
+// Whether a certificate's name (a DNS subject alternative name or the
+// common name) names host `host_id`: equal ignoring case, or a wildcard
+// "*.rest" covering one leftmost label ("a.rest", not "a.b.rest"), as TLS
+// host names are checked.
+inline bool NameCoversHost(absl::string_view name, absl::string_view host_id) {
+  auto lower = [](absl::string_view s) {
+    std::string out(s);
+    for (char& c : out) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+    return out;
+  };
+  const std::string n = lower(name), h = lower(host_id);
+  if (n == h) return true;
+  if (n.size() < 3 || n[0] != '*' || n[1] != '.') return false;
+  const size_t dot = h.find('.');
+  return dot != std::string::npos && dot > 0 && h.substr(dot) == n.substr(1);
+}
+
 // 1-64 characters of [A-Za-z0-9._-].
 absl::Status ValidateHostId(absl::string_view host_id);
 // 1-256 printable ASCII characters without spaces.

@@ -166,7 +166,7 @@ absl::Status CheckHostCertificate(const grpc::CallbackServerContext* ctx,
   for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
     for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
       names.emplace_back(v.data(), v.size());
-      if (absl::EqualsIgnoreCase(names.back(), host_id)) return absl::OkStatus();
+      if (NameCoversHost(names.back(), host_id)) return absl::OkStatus();
     }
   }
   return absl::PermissionDeniedError(absl::StrCat(

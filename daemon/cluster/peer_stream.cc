@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "daemon/cluster/coordinator.h"
 
 namespace collectived {
 namespace {
@@ -51,7 +52,7 @@ std::vector<std::string> CertificateNames(X509* cert) {
 
 bool Names(const std::vector<std::string>& names, absl::string_view host_id) {
   for (const std::string& n : names) {
-    if (absl::EqualsIgnoreCase(n, host_id)) return true;
+    if (NameCoversHost(n, host_id)) return true;
   }
   return false;
 }

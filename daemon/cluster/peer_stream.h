@@ -4,8 +4,9 @@
 // the check that a certificate names a host id.
 //
 // A host's certificate names its host id when the id is one of its DNS
-// subject alternative names or its subject's common name (exactly, ignoring
-// case). Both ends of a TLS connection present certificates signed by the
+// subject alternative names or its subject's common name (ignoring case; a
+// wildcard "*.rest" covers one leftmost label: NameCoversHost,
+// coordinator.h). Both ends of a TLS connection present certificates signed by the
 // cluster's CA (mutual TLS), and the transport checks the peer's against the
 // host it expects at that rank of the mesh.
 //

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "daemon/cluster/coordinator.h"
 #include "daemon/cluster/host_transport.h"
 #include "daemon/cluster/peer_auth.h"
 #include "daemon/cluster/peer_stream.h"
@@ -222,6 +223,18 @@ TEST(PeerAuthTest, BytesArriveInAnyPieces) {
   }
   ASSERT_TRUE(client.Feed(verdict).ok());
   EXPECT_TRUE(server.done() && client.done());
+}
+
+TEST(CertificateNamesTest, ANameCoversItsHostAndAWildcardOneLeftmostLabel) {
+  EXPECT_TRUE(NameCoversHost("h1", "h1"));
+  EXPECT_TRUE(NameCoversHost("H1", "h1"));
+  EXPECT_FALSE(NameCoversHost("h1", "h10"));
+  EXPECT_TRUE(NameCoversHost("*.nodes.example", "gpu-3.nodes.example"));
+  EXPECT_FALSE(NameCoversHost("*.nodes.example", "a.gpu-3.nodes.example"));
+  EXPECT_FALSE(NameCoversHost("*.nodes.example", "nodes.example"));
+  EXPECT_FALSE(NameCoversHost("*.nodes.example", ".nodes.example"));
+  EXPECT_FALSE(NameCoversHost("*", "h1"));
+  EXPECT_FALSE(NameCoversHost("a*.nodes.example", "ab.nodes.example"));
 }
 
 // --- The transport ------------------------------------------------------

@@ -51,6 +51,17 @@ def check_compose(path):
     def argv_of(svc):
         return [str(a) for a in (svc.get("entrypoint") or []) + (svc.get("command") or [])]
 
+    # etcd services: built from deploy/Dockerfile's etcd stage, health-
+    # checked with etcdctl. They are neither daemons nor clients.
+    etcds = {n: svc for n, svc in services.items()
+             if ((svc.get("build") or {}).get("target") == "etcd")}
+    for name, svc in etcds.items():
+        if not str((svc.get("build") or {}).get("dockerfile", "")).endswith("deploy/Dockerfile"):
+            problem(where, f"etcd service {name} is not built from deploy/Dockerfile")
+        if "etcdctl" not in " ".join(map(str, (svc.get("healthcheck") or {}).get("test") or [])):
+            problem(where, f"etcd service {name} has no etcdctl healthcheck")
+        if not any(str(a).startswith("--advertise-client-urls=") for a in svc.get("command") or []):
+            problem(where, f"etcd service {name} does not say where clients reach it")
     # Daemons: the services whose healthcheck runs the probe (clients
     # disable the image's healthcheck). The others are clients.
     daemons = {n: svc for n, svc in services.items()
@@ -80,15 +91,23 @@ def check_compose(path):
         if name != "collectived" and svc.get("image") != daemon.get("image"):
             problem(where, f"daemon {name} does not run the image service collectived builds")
     # A cluster (daemons with --coordinator / --cluster): one coordinator per
-    # profile, every member daemon points at a coordinator service, and all
-    # have a host id and the token.
+    # profile, or an etcd service, every member daemon points at it (and
+    # waits for it to be healthy), and all have a host id and the token.
     coordinators = {}
+    etcd_profiles = set()
+    for name, svc in daemons.items():
+        for a in argv_of(svc):
+            if a.startswith("--cluster=etcd://") or a.startswith("--cluster=etcds://"):
+                etcd_profiles.add(tuple(svc.get("profiles") or []))
+                coordinators.setdefault(tuple(svc.get("profiles") or []), [])
     for name, svc in daemons.items():
         argv = argv_of(svc)
         if "--coordinator" in argv:
             coordinators.setdefault(tuple(svc.get("profiles") or []), []).append(name)
     for profile, names in coordinators.items():
-        if len(names) != 1:
+        if profile in etcd_profiles and names:
+            problem(where, f"profile {list(profile)}: kept in etcd and served by {names} too")
+        elif profile not in etcd_profiles and len(names) != 1:
             problem(where, f"profile {list(profile)}: {len(names)} coordinators ({names})")
     for name, svc in daemons.items():
         argv = argv_of(svc)
@@ -99,18 +118,25 @@ def check_compose(path):
             if not any(a.startswith(flag) for a in argv):
                 problem(where, f"cluster daemon {name} has no {flag}...")
         for a in argv:
-            if a.startswith("--cluster="):
-                for target in a.split("=", 1)[1].split(","):
-                    host = target.rsplit(":", 1)[0]
-                    if host not in coordinators.get(tuple(svc.get("profiles") or []), []):
-                        problem(where, f"cluster daemon {name} points at {target}, not at its "
-                                       "profile's coordinator service")
+            if not a.startswith("--cluster="):
+                continue
+            value = a.split("=", 1)[1]
+            scheme = value.split("://", 1)[0] if "://" in value else ""
+            for target in value.split("://", 1)[-1].split(","):
+                host = target.rsplit(":", 1)[0]
+                if scheme in ("etcd", "etcds"):
+                    if host not in etcds:
+                        problem(where, f"cluster daemon {name} points at {target}, not at an "
+                                       "etcd service")
+                elif host not in coordinators.get(tuple(svc.get("profiles") or []), []):
+                    problem(where, f"cluster daemon {name} points at {target}, not at its "
+                                   "profile's coordinator service")
                 dep = (svc.get("depends_on") or {}).get(host)
                 if not isinstance(dep, dict) or dep.get("condition") != "service_healthy":
                     problem(where, f"cluster daemon {name}: depends_on {host} without "
                                    "condition: service_healthy")
 
-    clients = [n for n in services if n not in daemons]
+    clients = [n for n in services if n not in daemons and n not in etcds]
     if not clients:
         problem(where, "no client (demo) services")
     # Members by mesh: the clients of one profile set run one demo mesh.
@@ -239,6 +265,9 @@ def check_k8s(directory):
             if kind == "Job" and ps.get("restartPolicy") not in ("Never", "OnFailure"):
                 problem(where, "a Job's pods need restartPolicy Never or OnFailure")
             volumes = {v.get("name"): v for v in ps.get("volumes") or []}
+            # A StatefulSet's claims are volumes of its pods too.
+            for claim in spec.get("volumeClaimTemplates") or []:
+                volumes[(claim.get("metadata") or {}).get("name")] = {"claim": True}
             containers = ps.get("containers") or []
             inits = ps.get("initContainers") or []
             if not containers:

@@ -8,9 +8,11 @@
 #    (all profiles): the daemon is built from deploy/Dockerfile and health-
 #    checked, every client shares its socket volume at /run/collectived and
 #    waits for it with condition: service_healthy, members 0..n-1 complete;
-#    the two-host profile "cluster": each daemon its own socket volume, one
-#    coordinator, every member daemon pointing at it, members spread over
-#    daemons only when they form a cluster.
+#    the two-host profile "cluster": each daemon its own socket volume, the
+#    cluster kept in an etcd service (built from the Dockerfile's etcd stage,
+#    health-checked with etcdctl) or served by one coordinator, every member
+#    daemon pointing at it and waiting for it, members spread over daemons
+#    only when they form a cluster.
 # 2. deploy/kubernetes: every YAML document parses (python3 + PyYAML) and has
 #    apiVersion/kind/metadata.name; pod specs: mounts name declared volumes,
 #    probes are well-formed exec probes of the socket, a native sidecar and a
@@ -122,7 +124,10 @@ else
 fi
 if grep -qs '^VERSION_CODENAME=bookworm' /etc/os-release && command -v apt-cache >/dev/null &&
    apt-cache show libgrpc++1.51 >/dev/null 2>&1; then
-  runtime_pkgs="$(awk '/^FROM /{s++} s>=2' deploy/Dockerfile | tr -d '\\' |
+  # The packages of the runtime stage: the lines after the last FROM,
+  # without comments.
+  runtime_pkgs="$(awk '/^FROM /{buf=""} {buf = buf $0 "\n"} END{printf "%s", buf}' deploy/Dockerfile |
+    grep -v '^[[:space:]]*#' | tr -d '\\' |
     grep -oE '(^|[[:space:]])lib[a-z0-9+.-]+|zlib1g' | tr -d ' \t' | sort -u)"
   missing=""
   for p in $runtime_pkgs; do apt-cache show "$p" >/dev/null 2>&1 || missing="$missing $p"; done
