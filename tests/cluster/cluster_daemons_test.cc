@@ -408,6 +408,42 @@ TEST(ClusterDaemonsTest, ASecondDaemonWithALiveHostIdIsRefusedAndARestartIsNot) 
   EXPECT_EQ(address_of_h1(), absl::StrCat("127.0.0.1:", ListeningPort(**again)));
 }
 
+// Misconfigurations say what to fix: --cluster at a daemon that serves no
+// coordinator, --coordinator together with etcd, a malformed etcd address,
+// plaintext etcd off loopback.
+TEST(ClusterDaemonsTest, MisconfigurationsSayWhatToFix) {
+  auto plain = Daemon::Start({"--tcp=127.0.0.1:0"});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const int port = ListeningPort(**plain);
+  ASSERT_GT(port, 0);
+  auto member = Daemon::Start({"--tcp=127.0.0.1:0", absl::StrCat("--cluster=127.0.0.1:", port),
+                               "--host-id=lost"});
+  ASSERT_TRUE(member.ok()) << member.status();
+  ASSERT_TRUE((*member)->WaitForOutput("event=cluster_state state=unavailable host_id=lost",
+                                       kPatience))
+      << (*member)->output();
+  EXPECT_NE((*member)->output().find(absl::StrCat(
+                "UNIMPLEMENTED: coordinator 127.0.0.1:", port,
+                ": it does not serve the cluster coordinator (collectived.v1.Cluster); point "
+                "--cluster at a daemon started with --coordinator")),
+            std::string::npos)
+      << (*member)->output();
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  for (const Case& c :
+       {Case{{"--tcp=127.0.0.1:0", "--coordinator", "--cluster=etcd://127.0.0.1:2379"},
+             "name two coordinators"},
+        Case{{"--tcp=127.0.0.1:0", "--cluster=etcd://127.0.0.1"}, "is not HOST:PORT"},
+        Case{{"--tcp=127.0.0.1:0", "--cluster=etcd://10.1.2.3:2379"}, "--cluster-plaintext"}}) {
+    auto d = Daemon::Start(c.flags);
+    ASSERT_FALSE(d.ok()) << Join(c.flags);
+    EXPECT_NE(d.status().message().find(c.message), std::string::npos)
+        << Join(c.flags) << ": " << d.status();
+  }
+}
+
 // Flags that cannot work are refused at start, with a message.
 TEST(ClusterDaemonsTest, BadClusterFlagsAreRefusedAtStart) {
   struct Case {
