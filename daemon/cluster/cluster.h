@@ -31,6 +31,9 @@ enum class ClusterState {
   kStopped,
 };
 const char* ClusterStateName(ClusterState state);
+// Logs host `host_id`'s new state (event=cluster_state; a warning with the
+// error unless joined).
+void LogClusterState(absl::string_view host_id, ClusterState state, const absl::Status& error);
 
 class Cluster {
  public:

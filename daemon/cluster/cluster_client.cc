@@ -55,6 +55,17 @@ std::string ClusterClient::description() const {
   return absl::StrJoin(options_.coordinators, ",");
 }
 
+void LogClusterState(absl::string_view host_id, ClusterState state, const absl::Status& error) {
+  if (state == ClusterState::kJoined) {
+    LogEvent(LogLevel::kInfo, "cluster_state",
+             {{"state", ClusterStateName(state)}, {"host_id", std::string(host_id)}});
+  } else {
+    LogEvent(LogLevel::kWarn, "cluster_state",
+             {{"state", ClusterStateName(state)}, {"host_id", std::string(host_id)},
+              {"error", error.ToString()}});
+  }
+}
+
 absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
     ClusterClientOptions options) {
   if (options.coordinators.empty()) {
@@ -162,15 +173,7 @@ void ClusterClient::SetState(ClusterState state, const absl::Status& error) {
     state_ = state;
     last_error_ = error;
   }
-  if (before == state) return;
-  if (state == ClusterState::kJoined) {
-    LogEvent(LogLevel::kInfo, "cluster_state",
-             {{"state", ClusterStateName(state)}, {"host_id", options_.host_id}});
-  } else {
-    LogEvent(LogLevel::kWarn, "cluster_state",
-             {{"state", ClusterStateName(state)}, {"host_id", options_.host_id},
-              {"error", error.ToString()}});
-  }
+  if (before != state) LogClusterState(options_.host_id, state, error);
 }
 
 bool ClusterClient::SleepUnlessStopping(absl::Duration d) {

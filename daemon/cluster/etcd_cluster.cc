@@ -191,20 +191,12 @@ void EtcdCluster::SetState(ClusterState state, const absl::Status& error) {
   bool changed;
   {
     MutexLock lock(&mu_);
-    changed = state_ != state || last_error_ != error;
+    changed = state_ != state;
     state_ = state;
     last_error_ = error;
     wake_.SignalAll();
   }
-  if (!changed) return;
-  if (error.ok()) {
-    LogEvent(LogLevel::kInfo, "cluster_state",
-             {{"state", ClusterStateName(state)}, {"host_id", options_.host_id}});
-  } else {
-    LogEvent(LogLevel::kWarn, "cluster_state",
-             {{"state", ClusterStateName(state)}, {"host_id", options_.host_id},
-              {"error", error.ToString()}});
-  }
+  if (changed) LogClusterState(options_.host_id, state, error);
 }
 
 bool EtcdCluster::SleepUnlessStopping(absl::Duration d) {
@@ -619,17 +611,7 @@ absl::StatusOr<MeshMembership> EtcdCluster::MeshWait(const std::string& key, int
 absl::Status EtcdCluster::MeshLeave(const std::string& key, int64_t generation,
                                     const std::vector<int32_t>& indices, bool broken,
                                     const std::string& reason) {
-  if (absl::Status st = ValidateKey(key); !st.ok()) return st;
-  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) return st;
-  if (indices.size() > kMaxKeysPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("indices has ", indices.size(),
-                                                   " entries; at most ", kMaxKeysPerRequest,
-                                                   " are allowed"));
-  }
-  if (reason.size() > kMaxMeshReasonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reason is ", reason.size(), " bytes; at most ", kMaxMeshReasonBytes, " are allowed"));
-  }
+  if (absl::Status st = ValidateMeshLeave(key, generation, indices, reason); !st.ok()) return st;
   const std::string host = options_.host_id;
   const std::string record_key = MeshKey(key);
   const absl::Time deadline = CallDeadline();

@@ -779,18 +779,8 @@ absl::Status InMemoryCoordinator::MeshLeave(absl::string_view key, int64_t gener
                                             absl::string_view host_id, absl::string_view lease_id,
                                             const std::vector<int32_t>& indices, bool broken,
                                             absl::string_view reason) {
-  if (absl::Status st = ValidateKey(key); !st.ok()) return st;
-  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) return st;
+  if (absl::Status st = ValidateMeshLeave(key, generation, indices, reason); !st.ok()) return st;
   if (absl::Status st = ValidateHostId(host_id); !st.ok()) return st;
-  if (indices.size() > kMaxKeysPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("indices has ", indices.size(),
-                                                   " entries; at most ", kMaxKeysPerRequest,
-                                                   " are allowed"));
-  }
-  if (reason.size() > kMaxMeshReasonBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reason is ", reason.size(), " bytes; at most ", kMaxMeshReasonBytes, " are allowed"));
-  }
   Outbox after;
   {
     MutexLock lock(&mu_);

@@ -94,6 +94,22 @@ absl::Status ValidateMeshRegistration(const MeshRegistration& r) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateMeshLeave(absl::string_view key, int64_t generation,
+                               const std::vector<int32_t>& indices, absl::string_view reason) {
+  if (absl::Status st = ValidateKey(key); !st.ok()) return st;
+  if (absl::Status st = ValidateMeshGeneration(generation); !st.ok()) return st;
+  if (indices.size() > kMaxKeysPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("indices has ", indices.size(),
+                                                   " entries; at most ", kMaxKeysPerRequest,
+                                                   " are allowed"));
+  }
+  if (reason.size() > kMaxMeshReasonBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reason is ", reason.size(), " bytes; at most ", kMaxMeshReasonBytes, " are allowed"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRegistration(absl::string_view key, const RegistryGeneration& gen,
                                const MeshRegistration& reg) {
   const std::string name = MeshName(key, gen.number);

@@ -58,6 +58,10 @@ std::string TokenDigest(absl::string_view token);
 absl::Status ValidateMeshRegistration(const MeshRegistration& r);
 // Generations start at 1.
 absl::Status ValidateMeshGeneration(int64_t generation);
+// A MeshLeave's fields: key, generation, at most kMaxKeysPerRequest indices
+// and kMaxMeshReasonBytes of reason.
+absl::Status ValidateMeshLeave(absl::string_view key, int64_t generation,
+                               const std::vector<int32_t>& indices, absl::string_view reason);
 
 // Whether `r` may join live generation `gen` of `key`: PERMISSION_DENIED
 // (another token), FAILED_PRECONDITION (other axes, member count or op

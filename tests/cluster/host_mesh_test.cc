@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "daemon/cluster/host_mesh.h"
 #include "daemon/cluster/peer_auth.h"
+#include "tests/harness/memory_book.h"
 #include "daemon/exec/cpu_executor.h"
 #include "tests/exec/executor_suite.h"
 
@@ -36,38 +37,7 @@ const bool kSigpipeIgnored = [] { return std::signal(SIGPIPE, SIG_IGN) != SIG_ER
 
 std::string HostId(int h) { return absl::StrCat("h", h); }
 
-// The hosts' address book: a map in memory, waits on a condition variable.
-class MemoryBook final : public AddressBook {
- public:
-  absl::Status Publish(const std::string& key, const std::string& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!values_.emplace(key, value).second) return absl::AlreadyExistsError(key);
-    cv_.notify_all();
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Lookup(const std::vector<std::string>& keys,
-                                                  absl::Time deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      std::vector<std::string> out;
-      for (const std::string& k : keys) {
-        auto it = values_.find(k);
-        if (it == values_.end()) break;
-        out.push_back(it->second);
-      }
-      if (out.size() == keys.size()) return out;
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("keys missing: ", absl::StrJoin(keys, ",")));
-      }
-      cv_.wait_for(lock, std::chrono::milliseconds(10));
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;
-};
+using ::collectived::testing::MemoryBook;
 
 // The connections' key of mesh generation `generation` (as the daemon makes
 // it from the token, the mesh and the registry's secret).

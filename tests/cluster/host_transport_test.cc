@@ -36,6 +36,7 @@
 #include "daemon/cluster/peer_auth.h"
 #include "daemon/cluster/peer_stream.h"
 #include "daemon/util/random_id.h"
+#include "tests/harness/memory_book.h"
 
 namespace collectived {
 namespace {
@@ -239,39 +240,7 @@ TEST(CertificateNamesTest, ANameCoversItsHostAndAWildcardOneLeftmostLabel) {
 
 // --- The transport ------------------------------------------------------
 
-class MemoryBook final : public AddressBook {
- public:
-  absl::Status Publish(const std::string& key, const std::string& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!values_.emplace(key, value).second) return absl::AlreadyExistsError(key);
-    cv_.notify_all();
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Lookup(const std::vector<std::string>& keys,
-                                                  absl::Time deadline) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      std::vector<std::string> out;
-      for (const std::string& k : keys) {
-        auto it = values_.find(k);
-        if (it == values_.end()) break;
-        out.push_back(it->second);
-      }
-      if (out.size() == keys.size()) return out;
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("keys missing");
-      cv_.wait_for(lock, std::chrono::milliseconds(5));
-    }
-  }
-  std::string Wait(const std::string& key) {
-    auto v = Lookup({key}, absl::Now() + absl::Seconds(30));
-    return v.ok() ? (*v)[0] : "";
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;
-};
+using ::collectived::testing::MemoryBook;
 
 TransportSecurity Security(const std::string& token = "token", int generation = 1) {
   TransportSecurity s;

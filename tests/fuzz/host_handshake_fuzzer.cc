@@ -35,6 +35,7 @@
 #include "daemon/cluster/host_transport.h"
 #include "daemon/cluster/peer_auth.h"
 #include "daemon/util/log.h"
+#include "tests/harness/memory_book.h"
 
 namespace collectived {
 namespace {
@@ -124,34 +125,7 @@ bool WriteAll(int fd, const std::string& bytes) {
   return true;
 }
 
-class Book final : public AddressBook {
- public:
-  absl::Status Publish(const std::string& key, const std::string& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    values_[key] = value;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Lookup(const std::vector<std::string>& keys,
-                                                  absl::Time deadline) override {
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        std::vector<std::string> out;
-        for (const auto& k : keys) {
-          if (values_.count(k) == 0) break;
-          out.push_back(values_[k]);
-        }
-        if (out.size() == keys.size()) return out;
-      }
-      if (absl::Now() >= deadline) return absl::DeadlineExceededError("no address");
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::string, std::string> values_;
-};
+using Book = ::collectived::testing::MemoryBook;
 
 void Frames(const uint8_t* data, size_t size) {
   Book book;
