@@ -217,55 +217,11 @@ bool AllLoopback(const std::vector<std::string>& addrs) {
   return std::all_of(addrs.begin(), addrs.end(), IsLoopback);
 }
 
-// Credentials for calls to the coordinator: TLS with the daemon's own
-// certificate (mTLS) and --tls-client-ca as the cluster's CA when
-// --tls-cert is given; plaintext otherwise, on loopback or with
-// --cluster-plaintext only. Null means plaintext.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClusterCredentials(
-    const std::vector<std::string>& coordinators) {
-  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key),
-                    ca = absl::GetFlag(FLAGS_tls_client_ca);
-  if (cert.empty()) {
-    if (!AllLoopback(coordinators) && !absl::GetFlag(FLAGS_cluster_plaintext)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--cluster=", absl::StrJoin(coordinators, ","),
-          " is not loopback: give --tls-cert and --tls-key (and --tls-client-ca, the "
-          "cluster's CA), or --cluster-plaintext to accept plaintext"));
-    }
-    return std::shared_ptr<grpc::ChannelCredentials>();
-  }
+// TLS credentials for the cluster's calls: the daemon's own certificate
+// (--tls-cert/--tls-key, when given) as its client certificate, and `ca`
+// ("" for the system's roots) to verify the server with.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTls(const std::string& ca) {
   grpc::SslCredentialsOptions ssl;
-  auto cert_pem = ReadFile(cert);
-  if (!cert_pem.ok()) return cert_pem.status();
-  auto key_pem = ReadFile(key);
-  if (!key_pem.ok()) return key_pem.status();
-  ssl.pem_cert_chain = *cert_pem;
-  ssl.pem_private_key = *key_pem;
-  if (!ca.empty()) {
-    auto ca_pem = ReadFile(ca);
-    if (!ca_pem.ok()) return ca_pem.status();
-    ssl.pem_root_certs = *ca_pem;
-  }
-  return grpc::SslCredentials(ssl);
-}
-
-// Credentials for etcd: TLS (etcds://) verifying etcd with --etcd-ca (or
-// --tls-client-ca), presenting --tls-cert/--tls-key when given; plaintext
-// (etcd://) to loopback only, unless --cluster-plaintext. Null: plaintext.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
-    const std::vector<std::string>& endpoints, bool tls) {
-  if (!tls) {
-    if (!AllLoopback(endpoints) && !absl::GetFlag(FLAGS_cluster_plaintext)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--cluster=etcd://", absl::StrJoin(endpoints, ","),
-          " is not loopback: use etcds:// (TLS, with --etcd-ca), or --cluster-plaintext to "
-          "accept plaintext"));
-    }
-    return std::shared_ptr<grpc::ChannelCredentials>();
-  }
-  grpc::SslCredentialsOptions ssl;
-  std::string ca = absl::GetFlag(FLAGS_etcd_ca);
-  if (ca.empty()) ca = absl::GetFlag(FLAGS_tls_client_ca);
   if (!ca.empty()) {
     auto ca_pem = ReadFile(ca);
     if (!ca_pem.ok()) return ca_pem.status();
@@ -280,6 +236,40 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
     ssl.pem_private_key = *key_pem;
   }
   return grpc::SslCredentials(ssl);
+}
+
+// Plaintext to `addresses` (null credentials) is allowed on loopback, or
+// with --cluster-plaintext; otherwise INVALID_ARGUMENT saying what to give.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Plaintext(
+    const std::vector<std::string>& addresses, absl::string_view what, absl::string_view fix) {
+  if (!AllLoopback(addresses) && !absl::GetFlag(FLAGS_cluster_plaintext)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, absl::StrJoin(addresses, ","),
+                                                   " is not loopback: ", fix,
+                                                   ", or --cluster-plaintext to accept plaintext"));
+  }
+  return std::shared_ptr<grpc::ChannelCredentials>();
+}
+
+// Credentials for calls to the coordinator: TLS with the daemon's own
+// certificate (mTLS) and --tls-client-ca as the cluster's CA when
+// --tls-cert is given; plaintext otherwise. Null means plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClusterCredentials(
+    const std::vector<std::string>& coordinators) {
+  if (absl::GetFlag(FLAGS_tls_cert).empty()) {
+    return Plaintext(coordinators, "--cluster=",
+                     "give --tls-cert and --tls-key (and --tls-client-ca, the cluster's CA)");
+  }
+  return ClientTls(absl::GetFlag(FLAGS_tls_client_ca));
+}
+
+// Credentials for etcd: TLS (etcds://) verifying etcd with --etcd-ca (or
+// --tls-client-ca), presenting --tls-cert/--tls-key when given; plaintext
+// (etcd://) otherwise. Null: plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
+    const std::vector<std::string>& endpoints, bool tls) {
+  if (!tls) return Plaintext(endpoints, "--cluster=etcd://", "use etcds:// (TLS, with --etcd-ca)");
+  const std::string ca = absl::GetFlag(FLAGS_etcd_ca);
+  return ClientTls(ca.empty() ? absl::GetFlag(FLAGS_tls_client_ca) : ca);
 }
 
 // The address this daemon advertises to the cluster: --cluster-advertise, or
