@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -228,6 +229,35 @@ TEST_F(EtcdDaemonsTest, AKilledDaemonsLeaseEndsTheGenerationItWasForming) {
   std::printf("daemon h2 killed while its mesh formed: the joiner on h0 was told %s later "
               "(lease 2 s)\n",
               absl::FormatDuration(absl::Now() - killed).c_str());
+}
+
+// etcd with authentication: a daemon with the right user and password
+// joins; one with a wrong password says so and never joins.
+TEST(EtcdAuthDaemonsTest, DaemonsAuthenticateToEtcd) {
+  if (std::string why = EtcdSkipReason(); !why.empty()) GTEST_SKIP() << why;
+  auto etcd = EtcdServers::Start({.nodes = 1, .root_password = "s3cret"});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  const std::string dir = MakeTempDir();
+  std::ofstream(dir + "/good") << "s3cret\n";
+  std::ofstream(dir + "/bad") << "guess\n";
+  auto start = [&](const std::string& id, const std::string& password) {
+    return Daemon::Start({"--tcp=127.0.0.1:0",
+                          absl::StrCat("--cluster=etcd://", (*etcd)->endpoint(0)),
+                          absl::StrCat("--host-id=", id), "--etcd-user=root",
+                          absl::StrCat("--etcd-password-file=", dir, "/", password)});
+  };
+  auto good = start("good", "good");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE((*good)->WaitForOutput("event=cluster_state state=joined host_id=good", kPatience))
+      << (*good)->output();
+  auto bad = start("bad", "bad");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  ASSERT_TRUE((*bad)->WaitForOutput("event=cluster_state state=unavailable host_id=bad", kPatience))
+      << (*bad)->output();
+  EXPECT_NE((*bad)->output().find("UNAUTHENTICATED"), std::string::npos) << (*bad)->output();
+  // The password is never logged.
+  EXPECT_EQ((*good)->output().find("s3cret"), std::string::npos);
+  EXPECT_EQ((*bad)->output().find("guess"), std::string::npos);
 }
 
 }  // namespace
