@@ -547,7 +547,9 @@ absl::StatusOr<std::unique_ptr<HostTransport>> HostTransport::Connect(
         }
         for (size_t i = 0; i < pending.size(); ++i) {
           Pending& p = *pending[i];
-          const short revents = fds[i + 2].revents;
+          // Connections accepted after the poll have no entry in fds: try them
+          // at once (their first bytes may be waiting already).
+          const short revents = i + 2 < fds.size() ? fds[i + 2].revents : p.want;
           if (absl::Now() >= p.expiry) {
             refuse(p, "did not complete the handshake in time");
             continue;
@@ -878,13 +880,17 @@ void HostTransport::Loop(Lane& lane) {
 absl::Status HostTransport::Flush(Connection& c) {
   for (;;) {
     if (c.tx_dead || c.shut) return absl::OkStatus();
-    iovec iov[2];
+    // Up to kControlBatch control frames go out in one write.
+    constexpr int kControlBatch = 16;
+    iovec iov[kControlBatch];
     int iovcnt = 0;
     bool data = false;
     if (!c.tx_in_frame && !c.control.empty()) {
-      const std::string& f = c.control.front();
-      iov[0] = {const_cast<char*>(f.data() + c.control_sent), f.size() - c.control_sent};
-      iovcnt = 1;
+      for (const std::string& f : c.control) {
+        const size_t skip = iovcnt == 0 ? c.control_sent : 0;
+        iov[iovcnt++] = {const_cast<char*>(f.data() + skip), f.size() - skip};
+        if (iovcnt == kControlBatch) break;
+      }
     } else if (c.tx_in_frame) {
       data = true;
       if (c.tx_hdr_sent < kFrameHeaderBytes) {
@@ -934,10 +940,12 @@ absl::Status HostTransport::Flush(Connection& c) {
           "): its daemon ended or was killed, or the network failed"));
     }
     if (!data) {
+      // The frames written whole go; the first one not is where the next
+      // write starts.
       c.control_sent += n;
-      if (c.control_sent == c.control.front().size()) {
+      while (!c.control.empty() && c.control_sent >= c.control.front().size()) {
+        c.control_sent -= c.control.front().size();
         c.control.pop_front();
-        c.control_sent = 0;
       }
       continue;
     }
