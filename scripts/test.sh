@@ -44,7 +44,7 @@ if [ "$quick" -eq 0 ]; then
     run_suite "asan+ubsan" build-asan "-LE nosan" "" -DCOLLECTIVED_SANITIZE=address -DCOLLECTIVED_WITH_CUDA=OFF \
       -DCOLLECTIVED_BUILD_BENCH=OFF
   # TSan runs the in-process concurrency tests (engine, executor, thread pool,
-  # timer, the Gloo mesh with hosts as threads): gRPC from Debian is not
+  # timer, the host mesh and its transport with hosts as threads): gRPC from Debian is not
   # TSan-instrumented, so processes that use it would report races TSan
   # cannot see the synchronization of; for the same reason tests/tsan.supp
   # names absl::Status's uninstrumented refcount.
