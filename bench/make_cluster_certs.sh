@@ -8,7 +8,9 @@
 #
 # then give collectived_perf (or compare.py --collectived-args) the daemons'
 # flags it prints:
-#   --daemon-args=--tls-cert=DIR/host.pem --tls-key=DIR/host.key --tls-client-ca=DIR/ca.pem
+#   '--daemon-args=--tls-cert=DIR/host.pem --tls-key=DIR/host.key --tls-client-ca=DIR/ca.pem'
+# (quoted: one argument of collectived_perf), e.g.
+#   compare.py --hosts 2 ... --collectived-args "$(bench/make_cluster_certs.sh DIR 2)"
 set -euo pipefail
 dir="${1:?usage: make_cluster_certs.sh DIR [HOSTS]}"
 hosts="${2:-8}"
@@ -23,4 +25,4 @@ openssl req -newkey rsa:2048 -nodes -subj /CN=h0 -keyout host.key -out host.csr 
 printf 'subjectAltName=%s\n' "$names" > host.ext
 openssl x509 -req -in host.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 7 \
   -extfile host.ext -out host.pem 2>/dev/null
-echo "--daemon-args=--tls-cert=$PWD/host.pem --tls-key=$PWD/host.key --tls-client-ca=$PWD/ca.pem"
+echo "'--daemon-args=--tls-cert=$PWD/host.pem --tls-key=$PWD/host.key --tls-client-ca=$PWD/ca.pem'"

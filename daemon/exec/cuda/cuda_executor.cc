@@ -272,7 +272,7 @@ class OpRun {
 
   absl::Status RunReduce() {
     if (plan_.continues_fold) {
-      // Only the host chain (spanning.h, over Gloo) continues a fold.
+      // Only the host chain (spanning.h, between daemons) continues a fold.
       return absl::UnimplementedError("cuda executor: a reduction that continues a fold");
     }
     const size_t in_es = DTypeSize(plan_.dtype);
