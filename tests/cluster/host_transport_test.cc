@@ -604,6 +604,17 @@ absl::StatusOr<std::unique_ptr<HostTransport>> HostZeroWith(
   return t;
 }
 
+// Host 0 of two with rank 1 played by a raw socket that completed the
+// handshake (into *peer): what a connected host that goes rogue can send.
+absl::StatusOr<std::unique_ptr<HostTransport>> HostZeroWithRawPeer(MemoryBook& book, int* peer,
+                                                                   Events* events) {
+  return HostZeroWith(book, [&](const std::string& address) {
+    *peer = Dial(address);
+    ASSERT_GE(*peer, 0);
+    ASSERT_TRUE(Handshake(*peer, Security(), 1, 0, 0));
+  }, events);
+}
+
 TEST(HostTransportTest, StrangersNeitherJoinNorDelayTheMesh) {
   MemoryBook book;
   Events events;
@@ -708,11 +719,7 @@ TEST(HostTransportTest, NothingAConnectedPeerSendsEndsTheProcess) {
     MemoryBook book;
     Events events;
     int peer = -1;
-    auto t = HostZeroWith(book, [&](const std::string& address) {
-      peer = Dial(address);
-      ASSERT_GE(peer, 0);
-      ASSERT_TRUE(Handshake(peer, Security(), 1, 0, 0));
-    }, &events);
+    auto t = HostZeroWithRawPeer(book, &peer, &events);
     ASSERT_TRUE(t.ok()) << t.status();
     std::vector<uint8_t> in(4);
     auto r = (*t)->Recv(1, 0, 1, in.data(), in.size());
@@ -738,11 +745,7 @@ TEST(HostTransportTest, RandomBytesFromAConnectedPeerNeverEndTheProcess) {
     MemoryBook book;
     Events events;
     int peer = -1;
-    auto t = HostZeroWith(book, [&](const std::string& address) {
-      peer = Dial(address);
-      ASSERT_GE(peer, 0);
-      ASSERT_TRUE(Handshake(peer, Security(), 1, 0, 0));
-    }, &events);
+    auto t = HostZeroWithRawPeer(book, &peer, &events);
     ASSERT_TRUE(t.ok()) << t.status();
     std::vector<uint8_t> in(64);
     auto r = (*t)->Recv(1, 0, rng() % 4, in.data(), in.size());
