@@ -268,8 +268,8 @@ cert coord ca; cert good ca; cert rogue rogue
 // Daemon to daemon over mTLS: the coordinator requires a client certificate
 // of the cluster's CA; a member with one joins, a member with another CA's
 // certificate or none (plaintext) cannot, and reports the cluster
-// unavailable. A daemon whose certificate does not name its host id does
-// not start.
+// unavailable. A daemon whose certificate does not name its host id, or
+// that has a certificate but not the cluster's CA, does not start.
 TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
   const std::string dir = MakeTempDir();
   std::string why;
@@ -311,6 +311,15 @@ TEST(ClusterDaemonsTest, MembersJoinOverMutualTlsAndOthersAreRefused) {
                 "names good, localhost, good)"),
             std::string::npos)
       << other.status();
+  // A certificate without the cluster's CA: the daemons could not verify
+  // each other.
+  auto no_ca = Daemon::Start({"--tcp=127.0.0.1:0", cluster_flag, "--host-id=good",
+                              "--tls-cert=" + dir + "/host-good.pem",
+                              "--tls-key=" + dir + "/host-good.key"});
+  ASSERT_FALSE(no_ca.ok());
+  EXPECT_NE(no_ca.status().message().find("--tls-cert in a cluster needs --tls-client-ca"),
+            std::string::npos)
+      << no_ca.status();
 
   ASSERT_TRUE((*good)->WaitForOutput("event=cluster_state state=joined host_id=good", kPatience))
       << (*good)->output();
