@@ -783,8 +783,12 @@ HostTransport::~HostTransport() {
   Break(absl::AbortedError(absl::StrCat("the mesh was closed on host ", hosts_[self_])));
   stopping_.store(true);
   for (auto& lane : lanes_) Wake(*lane);
+  // Every lane's thread ends before any lane's descriptors close: a lane
+  // wakes the others (PeerFailed), and a closed number may be reused.
   for (auto& lane : lanes_) {
     if (lane->thread.joinable()) lane->thread.join();
+  }
+  for (auto& lane : lanes_) {
     close(lane->epoll);
     close(lane->wake);
   }
