@@ -1737,6 +1737,18 @@ OpFuture Mesh::start(const Collective& op, const std::function<bool()>& interrup
                                                                : future;
 }
 
+bool Mesh::give_up(const OpFuture& op, absl::string_view why) {
+  if (op.state_ == nullptr || op.Ready()) return false;
+  const std::string reason = absl::StrCat("member ", index_, " gave up an op in flight: ", why);
+  if (member_side_ != nullptr) {
+    member_side_->ops->MarkBroken(reason);  // atomic in the segment: no lock
+    return true;
+  }
+  // No segment to mark: leaving breaks the mesh for the others.
+  Leave().IgnoreError();
+  return true;
+}
+
 #define COLLECTIVED_REDUCTION(name, KIND)                                                  \
   OpFuture Mesh::name##_async(const Array& x, const AxisNames& axes,                       \
                               std::optional<Array> out) {                                  \

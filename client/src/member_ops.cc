@@ -218,6 +218,11 @@ absl::Status MemberOps::Abandon(absl::Status status) {
   return status;
 }
 
+void MemberOps::MarkBroken(absl::string_view reason) {
+  member_ops::MarkBroken(view_, static_cast<uint32_t>(absl::StatusCode::kAborted), reason.data(),
+                         reason.size());
+}
+
 absl::Status MemberOps::Broken() const {
   const member_ops::Header* h = view_.header();
   uint32_t code = h->broken.v.load(std::memory_order_seq_cst);

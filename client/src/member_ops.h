@@ -89,6 +89,11 @@ class MemberOps {
                                      const MemberIoRegion& io,
                                      const std::function<bool()>* interrupted = nullptr);
 
+  // Marks the mesh broken for every member with `reason` (ABORTED): a
+  // member that gave up an op in flight on the daemon path. The daemon
+  // breaks the mesh at the next op of any member.
+  void MarkBroken(absl::string_view reason);
+
   // Member-side ops this member completed, for diagnostics.
   uint64_t completed() const { return ops_; }
 

@@ -418,6 +418,18 @@ class Mesh {
   // never saw it).
   OpFuture start(const Collective& op, const std::function<bool()>& interrupted);
 
+  // The caller stops waiting for `op`, an op of this mesh that went to the
+  // daemon (a language binding's Ctrl-C during a synchronous call): nobody
+  // will read its result, and this member's next op would be matched with
+  // the other members' next ones, one result behind. So unless `op` has
+  // completed, the mesh breaks for every member: the op in flight runs to
+  // its end, and from the next op of any member on, every op fails with
+  // ABORTED giving `why` (a mesh without a member-side segment, e.g. across
+  // hosts: this member leaves it, and the others' ops fail naming it).
+  // Returns whether it broke the mesh (false: `op` had completed, or is
+  // not valid).
+  bool give_up(const OpFuture& op, absl::string_view why);
+
   // Stream-ordered submission, for GPU buffers (an SDK built with CUDA).
   // After set_stream(s), every op this Mesh submits is ordered with the CUDA
   // stream `s` (a cudaStream_t or CUstream; null would be the legacy default

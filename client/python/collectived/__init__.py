@@ -28,13 +28,18 @@ Every member must run the same collectives in the same order. Errors are
 exceptions carrying the daemon's status code and message (``Aborted`` naming
 the member that died, ``DeadlineExceeded`` naming those that never
 submitted, ...), all subclasses of ``collectived.Error``. Waits release the
-GIL and return on Ctrl-C (``KeyboardInterrupt``). An op on the daemon path
-still runs to completion or to its deadline there, and writes its result
-when it completes. A small psum, pmean, pmax or pmin in place on an array in
-a shared buffer runs among the members themselves; Ctrl-C while it waits for
-the others there gives it up, and the mesh breaks (every member's ops then
-fail with ``Aborted``, saying this member was interrupted), unless the others
-arrived at that very moment (the op then completes). Signal handlers run
+GIL and return on Ctrl-C (``KeyboardInterrupt``). Ctrl-C during a
+synchronous call (``mesh.psum(x, ...)``) gives its op up: unless the op had
+completed, the mesh breaks (every member's ops then fail with ``Aborted``,
+saying this member gave its op up), because nobody can wait for that op
+again and this member's next op would otherwise be paired with the others'
+next ones, one result behind. An op given up on the daemon path still runs
+to its end there (it writes its result into the buffers when it completes);
+the mesh breaks at the next op of any member. A small psum, pmean, pmax or
+pmin in place on an array in a shared buffer runs among the members
+themselves, and is given up at once, unless the others arrived at that very
+moment (the op then completes). Ctrl-C while waiting on a ``Future``
+(``result()``) leaves its op in flight: wait for it again. Signal handlers run
 during that wait must not start a collective on the same mesh (it fails
 with ``FailedPrecondition``: it would wait for the op it interrupted).
 
@@ -228,7 +233,15 @@ class Future:
         collectived.Error). ``timeout``: seconds to wait, then TimeoutError
         with the op still in flight (default: the mesh's op timeout plus a
         grace period, after which the daemon has failed the op anyway)."""
-        self._ext.wait(-1.0 if timeout is None else float(timeout))
+        return self._result_after(timeout, give_up=False)
+
+    def _sync_result(self) -> Optional[np.ndarray]:
+        # A synchronous call's wait: Ctrl-C during it gives the op up (the
+        # mesh breaks unless the op completed; see the module's docstring).
+        return self._result_after(None, give_up=True)
+
+    def _result_after(self, timeout: Optional[float], give_up: bool) -> Optional[np.ndarray]:
+        self._ext.wait(-1.0 if timeout is None else float(timeout), give_up)
         with self._lock:
             if not self._finished:
                 # Once only, even when it fails (it hands staging blocks back).
@@ -570,26 +583,26 @@ class Mesh:
         the result is a new int32 array, as in JAX."""
         if out is None and inplace and self._ext.run_in_place(_PSUM, x, axes):
             return x  # in place in a shared buffer, without the general path
-        return self._submit(_PSUM, x, axes, out=out, inplace=inplace).result()
+        return self._submit(_PSUM, x, axes, out=out, inplace=inplace)._sync_result()
 
     def pmean(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmean. Integers and bool give floats (float32; float64 for
         64-bit integers), in a new array; results otherwise as psum."""
         if out is None and inplace and self._ext.run_in_place(_PMEAN, x, axes):
             return x  # in place in a shared buffer, without the general path
-        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace).result()
+        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace)._sync_result()
 
     def pmax(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmax; results as psum."""
         if out is None and inplace and self._ext.run_in_place(_PMAX, x, axes):
             return x  # in place in a shared buffer, without the general path
-        return self._submit(_PMAX, x, axes, out=out, inplace=inplace).result()
+        return self._submit(_PMAX, x, axes, out=out, inplace=inplace)._sync_result()
 
     def pmin(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmin; results as psum."""
         if out is None and inplace and self._ext.run_in_place(_PMIN, x, axes):
             return x  # in place in a shared buffer, without the general path
-        return self._submit(_PMIN, x, axes, out=out, inplace=inplace).result()
+        return self._submit(_PMIN, x, axes, out=out, inplace=inplace)._sync_result()
 
     def _gather_shape(self, x: np.ndarray, axes: Axes, axis: int, tiled: bool):
         n = self.axis_size(axes)
@@ -614,7 +627,7 @@ class Mesh:
                    out=None) -> np.ndarray:
         """jax.lax.all_gather: a new array (or ``out``) holding every group
         member's x, stacked at ``axis`` (concatenated when ``tiled``)."""
-        return self.all_gather_async(x, axes, axis=axis, tiled=tiled, out=out).result()
+        return self.all_gather_async(x, axes, axis=axis, tiled=tiled, out=out)._sync_result()
 
     def _scatter_shape(self, x: np.ndarray, axes: Axes, dim: int, tiled: bool):
         n = self.axis_size(axes)
@@ -647,7 +660,7 @@ class Mesh:
         """jax.lax.psum_scatter: this member's block of the sum, a new array
         (or ``out``)."""
         return self.psum_scatter_async(x, axes, scatter_dimension=scatter_dimension,
-                                       tiled=tiled, out=out).result()
+                                       tiled=tiled, out=out)._sync_result()
 
     def ppermute_async(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
                        inplace: bool = True) -> Future:
@@ -657,7 +670,7 @@ class Mesh:
                  inplace: bool = True) -> np.ndarray:
         """jax.lax.ppermute: (source, dest) index pairs along ``axes``; a
         member that is no dest receives zeros."""
-        return self.ppermute_async(x, axes, perm, out=out, inplace=inplace).result()
+        return self.ppermute_async(x, axes, perm, out=out, inplace=inplace)._sync_result()
 
     def all_to_all_async(self, x, axes: Axes, split_axis: int, concat_axis: int, *,
                          tiled: bool = False, out=None, inplace: bool = True) -> Future:
@@ -669,7 +682,7 @@ class Mesh:
         """jax.lax.all_to_all. In place (the result has x's byte size; its
         shape is the returned array's)."""
         return self.all_to_all_async(x, axes, split_axis, concat_axis, tiled=tiled, out=out,
-                                     inplace=inplace).result()
+                                     inplace=inplace)._sync_result()
 
     def broadcast_async(self, x, axes: Axes, root: int = 0, *, out=None,
                         inplace: bool = True) -> Future:
@@ -678,11 +691,11 @@ class Mesh:
     def broadcast(self, x, axes: Axes, root: int = 0, *, out=None,
                   inplace: bool = True) -> np.ndarray:
         """Every member of the group receives the x of group index ``root``."""
-        return self.broadcast_async(x, axes, root, out=out, inplace=inplace).result()
+        return self.broadcast_async(x, axes, root, out=out, inplace=inplace)._sync_result()
 
     def barrier_async(self, axes: Optional[Axes] = None) -> Future:
         return self._submit(_BARRIER, None, axes)
 
     def barrier(self, axes: Optional[Axes] = None) -> None:
         """Returns when every member of the group (default: the mesh) got here."""
-        self._submit(_BARRIER, None, axes).result()
+        self._submit(_BARRIER, None, axes)._sync_result()

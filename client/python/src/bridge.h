@@ -61,6 +61,11 @@ std::shared_ptr<MeshEntry> FindMesh(int64_t handle);
 // The XLA FFI handler (a PyCapsule for jax.ffi.register_ffi_target), or
 // null when this module was built without jaxlib's FFI headers.
 void* JaxFfiHandler();
+// Puts collectived.jax's SIGINT watch in front of Python's handler (no-op
+// without the FFI handler, or when SIGINT is ignored or default).
+void WatchInterrupts();
+// SIGINTs the watch has seen (tests).
+uint64_t InterruptsSeen();
 
 }  // namespace collectived::python
 

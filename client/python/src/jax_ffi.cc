@@ -13,10 +13,14 @@
 
 #ifdef COLLECTIVED_HAVE_JAX_FFI
 
+#include <signal.h>
+
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <string_view>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -54,6 +58,112 @@ DType DTypeOf(ffi::DataType t) {
     case ffi::DataType::F8E5M2: return DType::kF8E5M2;
     default: return DType::kInvalid;
   }
+}
+
+// Ctrl-C inside a jitted call. The call waits on one of XLA's threads while
+// Python's main thread waits for XLA with the GIL released: Python's own
+// handler would only run once XLA returns, and then amid the error XLA
+// raises (a KeyboardInterrupt thrown while the error propagates, or while
+// Python prints it at exit). So a SIGINT handler of ours sits in front of
+// Python's: while a call waits here (g_waiting), it only counts the signal
+// (g_sigints); the call sees the count change, gives its op up (breaking
+// the mesh unless the op completed, as Python's own calls do) and fails
+// with CANCELLED, which XLA raises as JaxRuntimeError (collectived.jax's
+// interruptible() turns it into KeyboardInterrupt). With no call waiting,
+// the signal goes to Python's handler as if we were not there; a signal
+// taken by a call whose op completed anyway is passed on the same way.
+// Python replaces the handler on signal.signal(SIGINT, ...):
+// WatchInterrupts() puts this one back in front (every trace, and every
+// call that has to wait).
+std::atomic<uint64_t> g_sigints{0};
+std::atomic<int> g_waiting{0};
+struct sigaction g_chained;  // written only before this handler is installed
+absl::Mutex g_watch_mu;
+
+void OnSigint(int sig, siginfo_t* info, void* context) {
+  if (g_waiting.load(std::memory_order_seq_cst) > 0) {
+    g_sigints.fetch_add(1, std::memory_order_seq_cst);
+    return;
+  }
+  if ((g_chained.sa_flags & SA_SIGINFO) != 0) {
+    if (g_chained.sa_sigaction != nullptr) g_chained.sa_sigaction(sig, info, context);
+  } else if (g_chained.sa_handler != SIG_IGN && g_chained.sa_handler != SIG_DFL &&
+             g_chained.sa_handler != nullptr) {
+    g_chained.sa_handler(sig);
+  }
+}
+
+}  // namespace
+
+uint64_t InterruptsSeen() { return g_sigints.load(std::memory_order_relaxed); }
+
+void WatchInterrupts() {
+  absl::MutexLock lock(&g_watch_mu);
+  struct sigaction current {};
+  if (sigaction(SIGINT, nullptr, &current) != 0) return;
+  const bool has_info = (current.sa_flags & SA_SIGINFO) != 0;
+  if (has_info && current.sa_sigaction == &OnSigint) return;  // in place
+  // Ignored: nothing to interrupt. Default: the process ends anyway.
+  if (!has_info && (current.sa_handler == SIG_IGN || current.sa_handler == SIG_DFL)) return;
+  g_chained = current;
+  struct sigaction ours = current;
+  ours.sa_flags = (current.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+  ours.sa_sigaction = &OnSigint;
+  sigaction(SIGINT, &ours, nullptr);
+}
+
+namespace {
+
+// Runs `op` as Mesh::run does (a small op among the members, else through
+// the daemon) and waits for it within its bound (the mesh's op timeout plus
+// grace); a SIGINT meanwhile gives the op up (see g_sigints).
+absl::Status RunInterruptibly(Mesh& mesh, const Collective& op) {
+  g_waiting.fetch_add(1, std::memory_order_seq_cst);
+  const uint64_t seen = g_sigints.load(std::memory_order_seq_cst);
+  bool gave_up = false;
+  absl::Cleanup done = [&] {
+    g_waiting.fetch_sub(1, std::memory_order_seq_cst);
+    // A signal taken while the op completed anyway: Python's, after all.
+    if (!gave_up && g_sigints.load(std::memory_order_seq_cst) != seen) raise(SIGINT);
+  };
+  bool watching = false;
+  auto interrupted = [&] {
+    if (!watching) {  // only calls that wait pay for the check
+      WatchInterrupts();
+      watching = true;
+    }
+    return g_sigints.load(std::memory_order_seq_cst) != seen;
+  };
+  constexpr absl::string_view kInterrupted =
+      "interrupted by SIGINT (Ctrl-C) while it waited inside a jitted JAX call";
+  OpFuture future = mesh.start(op, interrupted);
+  if (future.Ready()) {
+    absl::Status st = future.Wait(absl::ZeroDuration());
+    // Mesh::start gave a member-side op up.
+    if (absl::IsCancelled(st) && interrupted()) {
+      gave_up = true;
+      return absl::CancelledError(absl::StrCat(kInterrupted, ": ", st.message()));
+    }
+    return st;
+  }
+  const absl::Time deadline = absl::Now() + future.default_timeout();
+  while (!future.Ready()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the op did not complete within ", absl::FormatDuration(future.default_timeout()),
+          " (its op timeout plus grace: the daemon did not answer)"));
+    }
+    future.Wait(std::min(left, absl::Milliseconds(10))).IgnoreError();
+    if (!future.Ready() && interrupted()) {
+      gave_up = mesh.give_up(future, kInterrupted);
+      if (gave_up) {
+        return absl::CancelledError(absl::StrCat(
+            kInterrupted, ": this member gave its op up, and the mesh breaks for every member"));
+      }
+    }
+  }
+  return future.Wait(absl::ZeroDuration());
 }
 
 // Makes `buffer` at least `bytes` long (a new buffer, twice the size, when
@@ -129,8 +239,7 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
   auto dims = [](ffi::AnyBuffer::Dimensions d) { return std::vector<int64_t>(d.begin(), d.end()); };
   args.x = Array{&entry->in, 0, in_dt, dims(x.dimensions())};
   if (!in_place) args.out = Array{&entry->out, 0, out_dt, dims(out->dimensions())};
-  // Synchronous: a small op may run among the members (Mesh::run).
-  if (absl::Status st = entry->mesh->run(args); !st.ok()) return FromStatus(st);
+  if (absl::Status st = RunInterruptibly(*entry->mesh, args); !st.ok()) return FromStatus(st);
   const Buffer& result = in_place ? entry->in : entry->out;
   if (out_bytes > 0) std::memcpy(out->untyped_data(), result.data(), out_bytes);
   return ffi::Error::Success();
@@ -158,6 +267,8 @@ void* JaxFfiHandler() { return reinterpret_cast<void*>(&CollectivedCollective); 
 
 namespace collectived::python {
 void* JaxFfiHandler() { return nullptr; }
+void WatchInterrupts() {}
+uint64_t InterruptsSeen() { return 0; }
 }  // namespace collectived::python
 
 #endif

@@ -129,7 +129,8 @@ std::pair<PyBuffer*, uintptr_t> Registry::Find(uintptr_t address, size_t bytes,
 // TimeoutError (the op is still in flight); < 0: the future's own bound (the
 // mesh's op timeout plus grace), then DeadlineExceeded (the daemon did not
 // answer). Raises the op's error, or whatever a signal handler raised.
-void WaitFor(const OpFuture& future, double timeout) {
+void WaitFor(const OpFuture& future, double timeout,
+             const std::function<void()>& on_interrupt = nullptr) {
   const absl::Duration bound = timeout < 0 ? future.default_timeout() : Seconds(timeout);
   const absl::Time deadline = absl::Now() + bound;
   const absl::Duration slice = absl::Milliseconds(50);
@@ -151,7 +152,11 @@ void WaitFor(const OpFuture& future, double timeout) {
       nb::gil_scoped_release unlocked;
       future.Wait(std::min(left, slice)).IgnoreError();
     }
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    if (PyErr_CheckSignals() != 0) {
+      nb::python_error raised;  // takes the handler's exception
+      if (on_interrupt) on_interrupt();
+      throw raised;
+    }
   }
   Check(future.Wait(absl::ZeroDuration()));
 }
@@ -160,12 +165,26 @@ void WaitFor(const OpFuture& future, double timeout) {
 // mapped until it completed even when Python dropped every array.
 class PyFuture {
  public:
-  PyFuture(OpFuture future, std::vector<nb::object> keep)
-      : future_(std::move(future)), keep_(std::move(keep)) {}
+  PyFuture(OpFuture future, std::vector<nb::object> keep, std::weak_ptr<Mesh> mesh = {})
+      : future_(std::move(future)), keep_(std::move(keep)), mesh_(std::move(mesh)) {}
 
   bool done() const { return future_.Ready(); }
-  void wait(double timeout) {
-    WaitFor(future_, timeout);
+  // `give_up`: a synchronous call's wait. A signal (Ctrl-C) during it gives
+  // the op up (Mesh::give_up: the mesh breaks unless it completed), since
+  // nobody can wait for it again and this member's next op would pair with
+  // the others' next ones.
+  void wait(double timeout, bool give_up) {
+    std::function<void()> on_interrupt;
+    if (give_up) {
+      on_interrupt = [this] {
+        if (std::shared_ptr<Mesh> mesh = mesh_.lock()) {
+          nb::gil_scoped_release unlocked;
+          mesh->give_up(future_, "interrupted (a signal: KeyboardInterrupt?) while it waited "
+                                 "for a synchronous call's op on the daemon path");
+        }
+      };
+    }
+    WaitFor(future_, timeout, on_interrupt);
     keep_.clear();
   }
   // The error of a completed op (None when it succeeded or is not done).
@@ -191,6 +210,7 @@ class PyFuture {
  private:
   OpFuture future_;
   std::vector<nb::object> keep_;
+  std::weak_ptr<Mesh> mesh_;  // to give the op up (none: a client-level op)
 };
 
 // JAX's axis_name as Python spells it: a str, a tuple or list of str, or
@@ -276,7 +296,7 @@ class PyMesh {
       nb::gil_scoped_release unlocked;
       f = mesh_->submit(args);
     }
-    return PyFuture(std::move(f), std::move(keep));
+    return PyFuture(std::move(f), std::move(keep), mesh_);
   }
 
   // The common case without Python in the way: an in-place psum, pmean,
@@ -326,7 +346,11 @@ class PyMesh {
       f = mesh_->start(op, interrupted);
     }
     if (raised) throw nb::python_error(std::move(*raised));
-    WaitFor(f, -1.0);
+    WaitFor(f, -1.0, [&] {
+      nb::gil_scoped_release unlocked;
+      mesh_->give_up(f, "interrupted (a signal: KeyboardInterrupt?) while it waited for a "
+                        "synchronous call's op on the daemon path");
+    });
     return true;
   }
 
@@ -494,6 +518,10 @@ NB_MODULE(_collectived, m) {
       },
       "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
       "built without jaxlib's FFI headers.");
+  m.def("jax_watch_interrupts", &WatchInterrupts,
+        "Puts collectived.jax's SIGINT watch in front of Python's handler, so that Ctrl-C "
+        "reaches calls waiting inside jitted functions.");
+  m.def("jax_interrupts_seen", &InterruptsSeen, "SIGINTs collectived.jax's watch has counted.");
 
   m.def("_set_error_factory", [](nb::object factory) {
     if (error_factory == nullptr) error_factory = new nb::object();
@@ -520,7 +548,7 @@ NB_MODULE(_collectived, m) {
 
   nb::class_<PyFuture>(m, "Future")
       .def("done", &PyFuture::done)
-      .def("wait", &PyFuture::wait, nb::arg("timeout") = -1.0)
+      .def("wait", &PyFuture::wait, nb::arg("timeout") = -1.0, nb::arg("give_up") = false)
       .def("error", &PyFuture::error)
       .def_prop_ro("out_shape", &PyFuture::out_shape)
       .def_prop_ro("sequence", &PyFuture::sequence)

@@ -7,6 +7,8 @@ Skipped when jax is not installed or the module was built without jaxlib's
 FFI headers (collectived.jax then raises Unimplemented).
 """
 
+import time
+
 import pytest
 
 from members import run_members
@@ -18,7 +20,8 @@ jax = pytest.importorskip("jax")
 CASES = """
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp
-    jax.config.update("jax_enable_x64", True)
+    X64 = sys.argv[5] == "x64"
+    jax.config.update("jax_enable_x64", X64)
     import collectived.jax as cjax
     AX = ("data", "model")
     mesh = None   # the members' collectived mesh; set before `ours` runs
@@ -101,8 +104,9 @@ CONFORMANCE = CASES + """
                        timeout=60, op_timeout=30)
     everything = {}
     for name in sys.argv[4].split(","):
-        mine = jnp.asarray(inputs(name)[RANK])
-        everything[name] = {case: run(lambda: jax.jit(ours)(mine))
+        mine = inputs(name)[RANK]   # a numpy array, as users pass them
+        everything[name] = {case: {"jit": run(lambda: jax.jit(ours)(mine)),
+                                   "eager": run(lambda: ours(mine))}
                             for case, (_, ours) in cases.items()}
     emit(**everything)
 """
@@ -111,13 +115,17 @@ DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32",
           "int64", "uint64", "bool", "float8_e4m3fn", "float8_e5m2"]
 
 
-def test_results_are_jax_laxs_bits(daemon):
-    # One run for every dtype: starting jax and compiling every case is the
-    # cost, and four members plus the reference share the machine's cores, so
-    # the processes get far more than the usual member timeout.
+@pytest.mark.parametrize("x64", ["x64", "no_x64"])
+def test_results_are_jax_laxs_bits(daemon, x64):
+    # Every dtype, inside jax.jit and outside it, with JAX's 64-bit types on
+    # and off (off: float64 and int64 operands become float32 and int32, as
+    # JAX takes them). One run for every dtype: starting jax and compiling
+    # every case is the cost, and four members plus the reference share the
+    # machine's cores, so the processes get far more than the usual member
+    # timeout.
     dtypes = ",".join(DTYPES)
-    results = run_members(CONFORMANCE, daemon, 4, dtypes, extra_procs=[(REFERENCE, dtypes)],
-                          timeout=300)
+    results = run_members(CONFORMANCE, daemon, 4, dtypes, x64,
+                          extra_procs=[(REFERENCE, dtypes, x64)], timeout=400)
     want_all = results.pop()
     assert sorted(want_all) == sorted(DTYPES)
     for rank, got_all in enumerate(results):
@@ -125,9 +133,9 @@ def test_results_are_jax_laxs_bits(daemon):
         for dtype in DTYPES:
             got, want = got_all[dtype], want_all[dtype]
             assert sorted(got) == sorted(want)
-            for case in want:
-                g, w = got[case], want[case][rank]
-                where = f"member {rank}, {dtype}, {case}"
+            for case, mode in ((c, m) for c in want for m in ("jit", "eager")):
+                g, w = got[case][mode], want[case][rank]
+                where = f"member {rank}, {x64}, {dtype}, {case}, {mode}"
                 # jax.lax rejects exactly psum_scatter of bool among these;
                 # so must we, and every other case must give jax.lax's bits.
                 rejected = (dtype, case) == ("bool", "psum_scatter")
@@ -203,3 +211,212 @@ def test_the_training_example_learns_identically_in_every_process(daemon):
         assert sorted(by_process) == [0, 1, 2], out.stdout
         assert len(set(by_process.values())) == 1, f"step {step}: {by_process}"
     assert float(losses[30][0]) < float(losses[0][0]) / 2, losses
+
+
+# What jax.lax accepts beyond one array: pytrees, Python scalars (weakly
+# typed), tuples of axis names, jax.grad (with the transposes shard_map
+# applies), jax.vmap; and the refusal of axis_index_groups. Each of two
+# members compares its own results with jax.lax's in shard_map over two CPU
+# devices of its own (it knows both members' inputs).
+PARITY = """
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import jax, jax.numpy as jnp
+    from jax.sharding import Mesh as JaxMesh, PartitionSpec as P
+    from jax._src import dtypes as jdtypes
+    import collectived.jax as cjax
+    c = collectived.connect(socket=SOCK, name=f"parity{RANK}")
+    mesh = c.join_mesh("jax-parity", {"i": 2}, coordinate=[RANK], timeout=60, op_timeout=30)
+    jmesh = JaxMesh(np.array(jax.devices()[:2]), ("i",))
+
+    def reference(fn, *per_member):
+        # fn over both members' inputs in shard_map: member RANK's result.
+        stacked = [jax.tree_util.tree_map(lambda *leaves: jnp.stack([jnp.asarray(v)
+                                                                     for v in leaves]), *args)
+                   for args in per_member]
+        sm = jax.shard_map(lambda *b: jax.tree_util.tree_map(lambda y: y[None],
+                                                             fn(*[jax.tree_util.tree_map(
+                                                                 lambda y: y[0], v)
+                                                                  for v in b])),
+                           mesh=jmesh, in_specs=P("i"), out_specs=P("i"))
+        return jax.tree_util.tree_map(lambda y: y[RANK], jax.jit(sm)(*stacked))
+
+    def same(got, want):
+        g, w = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+        return (jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want) and
+                all(np.asarray(a).dtype == np.asarray(b).dtype and
+                    np.asarray(a).shape == np.asarray(b).shape and
+                    np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(g, w)))
+
+    checks = {}
+    x = [np.arange(12, dtype=np.float32).reshape(2, 6) * (r + 1) for r in range(2)]
+
+    # Pytrees, lists and Python scalars, as jax.lax.psum takes them.
+    tree = lambda r: {"a": 1.5 * (r + 1), "b": [np.full(3, r, np.int32), 2], "c": x[r]}
+    got = cjax.psum(tree(RANK), "i", mesh=mesh)
+    checks["pytree"] = same(got, reference(lambda t: jax.lax.psum(t, "i"),
+                                           (tree(0), tree(1))))
+    # A Python scalar stays weakly typed, as with jax.lax.psum.
+    checks["weak"] = bool(jdtypes.is_weakly_typed(got["a"])) and \\
+        (got["a"] + jnp.ones(1, jnp.bfloat16)).dtype == jnp.bfloat16
+    checks["tuple_axes"] = same(jax.jit(lambda v: cjax.pmax(v, ("i",), mesh=mesh))(x[RANK]),
+                                reference(lambda v: jax.lax.pmax(v, ("i",)), x))
+    try:
+        cjax.psum(x[RANK], "i", mesh=mesh, axis_index_groups=[[0, 1]])
+        checks["groups"] = "no error"
+    except NotImplementedError as e:
+        checks["groups"] = "axis_index_groups" in str(e)
+
+    # jax.grad: each op's transpose as shard_map differentiates jax.lax's.
+    # psum and pmean of a value every member holds alike (weights w0): the
+    # identity and 1/n (JAX's pbroadcast); the others with per-member
+    # weights.
+    w0 = np.linspace(-1, 1, 12, dtype=np.float32).reshape(2, 6)
+    w = [w0 * (r + 2) for r in range(2)]
+    grads = {
+        "psum": (lambda f: (lambda v: (f(v) * w0).sum()),
+                 lambda v: cjax.psum(v, "i", mesh=mesh), lambda v: jax.lax.psum(v, "i")),
+        "pmean": (lambda f: (lambda v: (f(v) * w0).sum()),
+                  lambda v: cjax.pmean(v, "i", mesh=mesh), lambda v: jax.lax.pmean(v, "i")),
+        "ppermute": (None, lambda v: cjax.ppermute(v, "i", [(0, 1), (1, 0)], mesh=mesh),
+                     lambda v: jax.lax.ppermute(v, "i", [(0, 1), (1, 0)])),
+        "all_gather": (None, lambda v: cjax.all_gather(v, "i", axis=1, mesh=mesh),
+                       lambda v: jax.lax.all_gather(v, "i", axis=1)),
+        "all_gather_tiled": (None, lambda v: cjax.all_gather(v, "i", tiled=True, mesh=mesh),
+                             lambda v: jax.lax.all_gather(v, "i", tiled=True)),
+        "psum_scatter": (None, lambda v: cjax.psum_scatter(v, "i", scatter_dimension=1,
+                                                           tiled=True, mesh=mesh),
+                         lambda v: jax.lax.psum_scatter(v, "i", scatter_dimension=1,
+                                                        tiled=True)),
+        "all_to_all": (None, lambda v: cjax.all_to_all(v, "i", 1, 0, tiled=True, mesh=mesh),
+                       lambda v: jax.lax.all_to_all(v, "i", 1, 0, tiled=True)),
+    }
+    for name, (loss_of, ours, lax_fn) in grads.items():
+        if loss_of is None:   # per-member weights, shaped like the result
+            def loss_of(f):
+                def loss(v, wr):
+                    y = f(v)
+                    return (y * jnp.resize(wr, y.shape)).sum()
+                return loss
+            got = jax.jit(jax.grad(loss_of(ours)))(x[RANK], w[RANK])
+            want = reference(lambda v, wr: jax.grad(loss_of(lax_fn))(v, wr), x, w)
+        else:
+            got = jax.jit(jax.grad(loss_of(ours)))(x[RANK])
+            want = reference(lambda v: jax.grad(loss_of(lax_fn))(v), x)
+        checks["grad_" + name] = same(got, want)
+    try:
+        jax.grad(lambda v: cjax.pmax(v, "i", mesh=mesh).sum())(x[RANK])
+        checks["grad_pmax"] = "no error"
+    except NotImplementedError as e:
+        checks["grad_pmax"] = "pmax" in str(e)
+
+    # jax.vmap over a batch dimension the mesh knows nothing of.
+    vmaps = {
+        "psum": (lambda v: cjax.psum(v, "i", mesh=mesh), lambda v: jax.lax.psum(v, "i")),
+        "all_gather": (lambda v: cjax.all_gather(v, "i", axis=1, mesh=mesh),
+                       lambda v: jax.lax.all_gather(v, "i", axis=1)),
+        "all_to_all": (lambda v: cjax.all_to_all(v, "i", 0, 0, tiled=True, mesh=mesh),
+                       lambda v: jax.lax.all_to_all(v, "i", 0, 0, tiled=True)),
+        "psum_scatter": (lambda v: cjax.psum_scatter(v, "i", mesh=mesh, tiled=True),
+                         lambda v: jax.lax.psum_scatter(v, "i", tiled=True)),
+    }
+    batch = [np.arange(4 * 2 * 6, dtype=np.float32).reshape(4, 2, 6) + 100 * r for r in range(2)]
+    for name, (ours, lax_fn) in vmaps.items():
+        for in_axes in (0, 2):
+            got = jax.jit(jax.vmap(ours, in_axes=in_axes))(batch[RANK])
+            want = reference(lambda v: jax.vmap(lax_fn, in_axes=in_axes)(v), batch)
+            checks[f"vmap_{name}_{in_axes}"] = same(got, want)
+    emit(**checks)
+"""
+
+
+def test_pytrees_scalars_grad_and_vmap_are_jax_laxs(daemon):
+    for rank, checks in enumerate(run_members(PARITY, daemon, 2, timeout=300)):
+        bad = {k: v for k, v in checks.items() if v is not True}
+        assert not bad, f"member {rank}: {bad}"
+        assert len(checks) >= 20, checks
+
+
+# Ctrl-C while a member waits for a peer that is late: inside a jitted call
+# (collectived.jax) and in Python's own synchronous call, on the member-side
+# path (8 B) and the daemon path (4 MiB). The op is given up, the mesh breaks
+# for everyone, and the interrupted member's retry fails loudly instead of
+# pairing with the peer's next op.
+INTERRUPTED = """
+    import jax, jax.numpy as jnp
+    import collectived.jax as cjax
+    mode, nbytes, go = sys.argv[4], int(sys.argv[5]), sys.argv[6]
+    c = collectived.connect(socket=SOCK, name=f"intr{RANK}")
+    mesh = c.join_mesh("jax-interrupt", {"i": 2}, coordinate=[RANK], timeout=60,
+                       op_timeout=60)
+    if mode == "jit":
+        f = jax.jit(lambda v: cjax.psum(v, "i", mesh=mesh))
+        x = jnp.ones(nbytes // 4, jnp.float32)
+        op = lambda: f(x).block_until_ready()
+    else:
+        x = mesh.zeros((nbytes // 4,), np.float32)
+        op = lambda: mesh.psum(x, "i")
+    op()   # both members are here
+
+    def outcome(fn):
+        try:
+            fn()
+            return "completed"
+        except KeyboardInterrupt:
+            return "KeyboardInterrupt"
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+
+    def interrupted_op():
+        with cjax.interruptible():
+            op()
+
+    if RANK == 0:
+        print("waiting", flush=True)
+        t = time.monotonic()
+        first = outcome(interrupted_op)
+        took = time.monotonic() - t
+        emit(first=first, retry=outcome(op), took=took)
+    else:
+        deadline = time.monotonic() + 60   # the test says when: after member 0 was interrupted
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        emit(first=outcome(op))
+"""
+
+
+@pytest.mark.parametrize("mode,nbytes", [("jit", 8), ("jit", 4 << 20), ("python", 4 << 20)])
+def test_ctrl_c_gives_the_op_up_and_breaks_the_mesh(daemon, mode, nbytes, tmp_path):
+    import select
+    import signal
+    from members import collect, result, start
+
+    go = tmp_path / "go"
+    procs = [start(INTERRUPTED, daemon, 2, r, mode, nbytes, go) for r in range(2)]
+    try:
+        # Member 0 says it is about to wait; a moment later, Ctrl-C.
+        line, deadline = "", time.monotonic() + 120
+        while "waiting" not in line and time.monotonic() < deadline:
+            if select.select([procs[0].stdout], [], [], 1.0)[0]:
+                line = procs[0].stdout.readline()
+                if not line:
+                    break
+        assert "waiting" in line, collect(procs[0])
+        time.sleep(0.3)
+        procs[0].send_signal(signal.SIGINT)
+        rc, out, err = collect(procs[0])
+        assert rc == 0, out + err
+        got = result(out)
+        go.touch()
+        rc, out, err = collect(procs[1])
+        assert rc == 0, out + err
+        peer = result(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    print(mode, nbytes, got, peer)
+    # Interrupted, not completed when the peer came (it came only after).
+    assert got["first"] == "KeyboardInterrupt", got
+    # The retry and the peer's op fail, naming the interruption.
+    for what in (got["retry"], peer["first"]):
+        assert "ABORTED" in what.upper() and "interrupted" in what, (got, peer)
