@@ -788,8 +788,7 @@ absl::Status HostMesh::WaitHeaders(const Op& op, std::vector<Posted>& sends) {
     if (op.timeout > absl::ZeroDuration()) {
       absl::StrAppend(&text, " after ", absl::ToInt64Milliseconds(op.timeout), " ms");
     }
-    absl::StrAppend(&text, ": members ", absl::StrJoin(waiting, ","), " are waiting in ",
-                    op.plan->signature);
+    absl::StrAppend(&text, ": ", WaitingMembers(waiting), " in ", op.plan->signature);
     if (!missing.empty()) absl::StrAppend(&text, "; missing: ", absl::StrJoin(missing, "; "));
     if (!behind.empty()) {
       absl::StrAppend(&text, "; ", behind.size() == 1 ? "host " : "hosts ",

@@ -389,6 +389,16 @@ std::string EntrySignature(const member_ops::Entry& e) {
   return MemberText(e.signature, e.sig_len, member_ops::kMaxSignature);
 }
 
+// The kind of a member-side op from its signature's first word ("psum
+// f32[4] over (i)"); kUnspecified when it names none (a member wrote it).
+OpKind KindOfSignature(absl::string_view signature) {
+  const absl::string_view word = signature.substr(0, signature.find(' '));
+  for (int k = 1; k < kNumOpKinds; ++k) {
+    if (OpKindName(static_cast<OpKind>(k)) == word) return static_cast<OpKind>(k);
+  }
+  return OpKind::kUnspecified;
+}
+
 // Why a member marked the segment broken (it gave up on a member-side op),
 // bounded and printable (a member may write anything there).
 std::string MemberBrokenReason(const member_ops::View& v) {
@@ -1559,12 +1569,19 @@ absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
     const std::string what = EntrySignature(*v.entry(static_cast<uint32_t>(member->second), s));
     const std::string reason = absl::StrCat(
         "member-side op ", s, " after daemon op ", d, " timed out after ",
-        Millis(mesh.op_timeout), " ms: members ", absl::StrJoin(waiting, ","),
-        " are waiting in ", what, "; missing: ", absl::StrJoin(missing, "; "));
+        Millis(mesh.op_timeout), " ms: ", WaitingMembers(waiting), " in ", what,
+        "; missing: ", absl::StrJoin(missing, "; "));
     MarkSegmentBroken(mesh, absl::DeadlineExceededError(
                                 absl::StrCat("mesh '", mesh.name, "': ", reason)));
     BreakMesh(mesh, reason, cbs);
     broke = true;
+    // Counted as the daemon counts its own ops' timeouts (once per op, by
+    // the first member that asks: the mesh is broken for the others).
+    if (options_.op_observer) {
+      const member_ops::Entry& e = *v.entry(static_cast<uint32_t>(member->second), s);
+      options_.op_observer(KindOfSignature(what), absl::StatusCode::kDeadlineExceeded,
+                           e.in_bytes, mesh.op_timeout);
+    }
   }
   Run(cbs);
   return broke;
@@ -2205,8 +2222,8 @@ void Engine::OnOpDeadline(const std::string& mesh_id, int64_t sequence) {
     }
     std::string reason = absl::StrCat(
         "op ", sequence, " timed out after ", Millis(op.deadline - op.first_submit),
-        " ms: members ", absl::StrJoin(waiting, ","), " are waiting in ", what,
-        "; missing: ", absl::StrJoin(missing, "; "));
+        " ms: ", WaitingMembers(waiting), " in ", what, "; missing: ",
+        absl::StrJoin(missing, "; "));
     absl::Status status = absl::DeadlineExceededError(
         absl::StrCat("mesh '", mesh.name, "': ", reason));
     FailOp(mesh, op, status, cbs);

@@ -379,5 +379,10 @@ TEST(OpPlanTest, SignatureCarriesEveryParameter) {
   EXPECT_EQ(PlanOp(a, m)->signature, "ppermute f32[3] over (i) perm=[(0,1)]");
 }
 
+TEST(WaitingMembersTest, OneMemberIsWaitingSeveralAreWaiting) {
+  EXPECT_EQ(WaitingMembers({"1"}), "member 1 is waiting");
+  EXPECT_EQ(WaitingMembers({"0", "2"}), "members 0,2 are waiting");
+}
+
 }  // namespace
 }  // namespace collectived

@@ -51,6 +51,11 @@ absl::string_view OpKindName(OpKind kind) {
   }
 }
 
+std::string WaitingMembers(const std::vector<std::string>& members) {
+  if (members.size() == 1) return absl::StrCat("member ", members[0], " is waiting");
+  return absl::StrCat("members ", absl::StrJoin(members, ","), " are waiting");
+}
+
 std::string ShapeString(DType dt, const std::vector<int64_t>& shape) {
   return absl::StrCat(std::string(DTypeShortName(dt)), "[", absl::StrJoin(shape, ","), "]");
 }

@@ -128,6 +128,10 @@ inline bool SameOrDisjoint(uint64_t in_offset, uint64_t in_bytes, uint64_t out_o
 ReduceKind ToReduceKind(OpKind kind);
 // "psum", "all_gather", ...; "unknown_op" outside the enum.
 absl::string_view OpKindName(OpKind kind);
+
+// "member 3 is waiting" / "members 0,1 are waiting": who waits in an op
+// that timed out, for its error.
+std::string WaitingMembers(const std::vector<std::string>& members);
 // "f32[2,3]"
 std::string ShapeString(DType dt, const std::vector<int64_t>& shape);
 

@@ -145,6 +145,29 @@ TEST(MetricsTest, ValuesMoveAsOpsRun) {
   EXPECT_EQ(Value(after, "collectived_ops_submitted_total{path=\"unary\"}"), 0) << after;
 }
 
+// A member-side op (small, in place, among the members) that times out is
+// counted as the daemon's own ops are: alerts on DEADLINE_EXCEEDED see the
+// commonest hang, a member that never comes.
+TEST(MetricsTest, AMemberSideTimeoutIsCountedAsDeadlineExceeded) {
+  const int port = testing::UnusedFixedPort();
+  ASSERT_GT(port, 0);
+  auto daemon = Daemon::Start({absl::StrCat("--metrics=127.0.0.1:", port)});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  testing::SdkMembers m;
+  ASSERT_TRUE(testing::MakeSdkMembers((*daemon)->socket(), "metrics-timeout", 2, 4096, &m,
+                                      absl::Milliseconds(300))
+                  .ok());
+  ASSERT_TRUE(m.meshes[0]->member_side().ok()) << m.meshes[0]->member_side();
+  // Member 1 never submits.
+  const absl::Status st = m.meshes[0]->psum(Array::Of<float>(m.buffers[0], {4}), "x");
+  ASSERT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "member-side")) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "member 0 is waiting in psum f32[4]")) << st;
+  const std::string after = Scrape(port);
+  EXPECT_EQ(Value(after, "collectived_ops_total{code=\"DEADLINE_EXCEEDED\",kind=\"psum\"}"), 1)
+      << after;
+}
+
 TEST(MetricsTest, ADaemonInAClusterShowsItsState) {
   // A cluster of one: the daemon serves the coordinator and joins it.
   const int port = testing::UnusedFixedPort();

@@ -23,8 +23,10 @@ struct SdkMembers {
 
 // `n` clients named <mesh>-<i> on `socket` join mesh `mesh` (axis "x" of
 // size n) concurrently, and each allocates `buffer_bytes` of host memory.
+// `op_timeout`: the mesh's (zero: the daemon's default).
 inline absl::Status MakeSdkMembers(const std::string& socket, const std::string& mesh, int n,
-                                   size_t buffer_bytes, SdkMembers* out) {
+                                   size_t buffer_bytes, SdkMembers* out,
+                                   absl::Duration op_timeout = absl::ZeroDuration()) {
   for (int i = 0; i < n; ++i) {
     auto c = Client::Connect({.socket_path = socket, .client_name = absl::StrCat(mesh, "-", i)});
     if (!c.ok()) return c.status();
@@ -35,7 +37,8 @@ inline absl::Status MakeSdkMembers(const std::string& socket, const std::string&
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) {
       threads.emplace_back([&, i] {
-        joined[i] = out->clients[i]->JoinMesh({.name = mesh, .axes = {{"x", n}}, .coordinate = {i}});
+        joined[i] = out->clients[i]->JoinMesh(
+            {.name = mesh, .axes = {{"x", n}}, .coordinate = {i}, .op_timeout = op_timeout});
       });
     }
     for (auto& t : threads) t.join();

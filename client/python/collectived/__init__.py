@@ -523,12 +523,14 @@ class Mesh:
         client = self._client
         src = _Operand(client, x, copy_in=True)
         dst = None
-        # A result array of its own (in a new shared buffer) unless the result
-        # replaces x: in place, same dtype, and x writable or staged (a staged
-        # read-only x gets a copy of the staging block's result).
+        # A result array of its own unless the result replaces x: in place,
+        # same dtype, and x writable or staged (a staged read-only x gets a
+        # copy of the staging block's result). A new numpy array, which the
+        # op writes through a pooled staging block: allocating a shared
+        # buffer per call would cost a round trip to the daemon and a mapping.
         if out is None and (out_shape is not None or not inplace or rdt != x.dtype
                             or (src.block is None and not x.flags.writeable)):
-            out = client.empty(out_shape if out_shape is not None else x.shape, rdt)
+            out = np.empty(out_shape if out_shape is not None else x.shape, rdt)
         if out is not None:
             if not isinstance(out, np.ndarray) or out.dtype != rdt:
                 raise InvalidArgument(f"out must be a numpy array of the result's dtype ({rdt})")
@@ -564,6 +566,26 @@ class Mesh:
 
         return Future(fut, finish)
 
+    def _reduce(self, kind: int, x, axes: Axes, out, inplace: bool) -> np.ndarray:
+        """A synchronous psum, pmean, pmax or pmin. Without ``out``, and with
+        a result of x's dtype, it runs as the in-place op of an array in a
+        shared buffer (small ones among the members, without the daemon):
+        on x itself when x is one and in place, else on a copy of x in the
+        mesh's staging buffer, whose result is copied into x (in place) or
+        a new array (no shared buffer is allocated per call)."""
+        if out is None:
+            if inplace and self._ext.run_in_place(kind, x, axes):
+                return x  # in place in a shared buffer, without the general path
+            arr = _as_array(x)
+            if inplace and arr.flags.writeable:
+                if self._ext.run_staged(kind, arr, arr, axes):
+                    return arr
+            else:
+                dest = np.empty(arr.shape, arr.dtype)
+                if self._ext.run_staged(kind, arr, dest, axes):
+                    return dest
+        return self._submit(kind, x, axes, out=out, inplace=inplace)._sync_result()
+
     def psum_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
         return self._submit(_PSUM, x, axes, out=out, inplace=inplace)
 
@@ -579,30 +601,22 @@ class Mesh:
     def psum(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.psum over ``axes`` (a name or a tuple of names). The
         result replaces ``x`` (returned), or goes to ``out``, or with
-        ``inplace=False`` to a new array (in shared memory). bool counts:
-        the result is a new int32 array, as in JAX."""
-        if out is None and inplace and self._ext.run_in_place(_PSUM, x, axes):
-            return x  # in place in a shared buffer, without the general path
-        return self._submit(_PSUM, x, axes, out=out, inplace=inplace)._sync_result()
+        ``inplace=False`` to a new numpy array. bool counts: the result is a
+        new int32 array, as in JAX."""
+        return self._reduce(_PSUM, x, axes, out, inplace)
 
     def pmean(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmean. Integers and bool give floats (float32; float64 for
         64-bit integers), in a new array; results otherwise as psum."""
-        if out is None and inplace and self._ext.run_in_place(_PMEAN, x, axes):
-            return x  # in place in a shared buffer, without the general path
-        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace)._sync_result()
+        return self._reduce(_PMEAN, x, axes, out, inplace)
 
     def pmax(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmax; results as psum."""
-        if out is None and inplace and self._ext.run_in_place(_PMAX, x, axes):
-            return x  # in place in a shared buffer, without the general path
-        return self._submit(_PMAX, x, axes, out=out, inplace=inplace)._sync_result()
+        return self._reduce(_PMAX, x, axes, out, inplace)
 
     def pmin(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.pmin; results as psum."""
-        if out is None and inplace and self._ext.run_in_place(_PMIN, x, axes):
-            return x  # in place in a shared buffer, without the general path
-        return self._submit(_PMIN, x, axes, out=out, inplace=inplace)._sync_result()
+        return self._reduce(_PMIN, x, axes, out, inplace)
 
     def _gather_shape(self, x: np.ndarray, axes: Axes, axis: int, tiled: bool):
         n = self.axis_size(axes)

@@ -19,6 +19,17 @@ MeshTable& Table() {
 
 }  // namespace
 
+absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes) {
+  if (buffer.valid() && buffer.size() >= bytes) return absl::OkStatus();
+  size_t size = 4096;
+  while (size < bytes) size *= 2;
+  absl::StatusOr<Buffer> grown = client.Allocate(size);
+  if (!grown.ok()) return grown.status();
+  if (buffer.valid()) client.Free(buffer).IgnoreError();  // the session end frees it otherwise
+  buffer = std::move(*grown);
+  return absl::OkStatus();
+}
+
 int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry) {
   MeshTable& t = Table();
   absl::MutexLock lock(&t.mu);

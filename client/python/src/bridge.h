@@ -52,6 +52,11 @@ struct MeshEntry {
   }
 };
 
+// Makes `buffer` (a staging buffer of `client`'s session) at least `bytes`
+// long: a new buffer, of the next power of two from 4 KiB, when it is not
+// (the old one is freed).
+absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes);
+
 // Registers a mesh; returns its handle (> 0, never reused in the process).
 int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry);
 void UnregisterMesh(int64_t handle);

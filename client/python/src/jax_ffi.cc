@@ -166,19 +166,6 @@ absl::Status RunInterruptibly(Mesh& mesh, const Collective& op) {
   return future.Wait(absl::ZeroDuration());
 }
 
-// Makes `buffer` at least `bytes` long (a new buffer, twice the size, when
-// it is not; the old one is freed).
-absl::Status Grow(Client& client, Buffer& buffer, size_t bytes) {
-  if (buffer.valid() && buffer.size() >= bytes) return absl::OkStatus();
-  size_t size = 4096;
-  while (size < bytes) size *= 2;
-  absl::StatusOr<Buffer> grown = client.Allocate(size);
-  if (!grown.ok()) return grown.status();
-  if (buffer.valid()) client.Free(buffer).IgnoreError();  // the session end frees it otherwise
-  buffer = std::move(*grown);
-  return absl::OkStatus();
-}
-
 ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t mesh_handle,
                          int32_t kind, std::string_view axes, int64_t a, int64_t b, bool tiled,
                          ffi::Span<const int64_t> perm) {
@@ -231,9 +218,9 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
                         in_bytes == out_bytes;
 
   absl::MutexLock lock(&entry->mu);
-  if (absl::Status st = Grow(*client, entry->in, in_bytes); !st.ok()) return FromStatus(st);
+  if (absl::Status st = GrowStaging(*client, entry->in, in_bytes); !st.ok()) return FromStatus(st);
   if (!in_place) {
-    if (absl::Status st = Grow(*client, entry->out, out_bytes); !st.ok()) return FromStatus(st);
+    if (absl::Status st = GrowStaging(*client, entry->out, out_bytes); !st.ok()) return FromStatus(st);
   }
   if (in_bytes > 0) std::memcpy(entry->in.data(), x.untyped_data(), in_bytes);
   auto dims = [](ffi::AnyBuffer::Dimensions d) { return std::vector<int64_t>(d.begin(), d.end()); };

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,6 +31,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -246,11 +248,11 @@ class PyMesh {
  public:
   PyMesh(std::unique_ptr<Mesh> mesh, std::weak_ptr<Client> client, std::shared_ptr<Reclaim> reclaim)
       : mesh_(std::move(mesh)), reclaim_(reclaim.get()), reclaim_owner_(reclaim) {
-    auto entry = std::make_shared<MeshEntry>();
-    entry->mesh = mesh_;
-    entry->client = std::move(client);
-    entry->reclaim = std::move(reclaim);
-    handle_ = RegisterMesh(std::move(entry));
+    entry_ = std::make_shared<MeshEntry>();
+    entry_->mesh = mesh_;
+    entry_->client = std::move(client);
+    entry_->reclaim = std::move(reclaim);
+    handle_ = RegisterMesh(entry_);
   }
   ~PyMesh() {
     // The last owner of the Mesh leaves it: an RPC bounded by the client's
@@ -316,23 +318,97 @@ class PyMesh {
     const size_t bytes = static_cast<size_t>(view.len);
     std::vector<int64_t> shape(view.shape, view.shape + view.ndim);
     PyBuffer_Release(&view);  // x (held by the caller) keeps the memory
-    using K = CollectiveKind;
-    const K k = static_cast<K>(kind);
-    const bool same_dtype = k == K::kPmax || k == K::kPmin ||
-                            (k == K::kPsum && dt != DType::kBool) ||
-                            (k == K::kPmean && IsFloat(dt));
-    if (dt == DType::kInvalid || !same_dtype) return false;
+    if (!KeepsDType(kind, dt)) return false;
     auto [buffer, start] = Registry::Get().Find(address, bytes, reclaim_);
     if (buffer == nullptr) return false;
     // Held until the op ended: x may be a view that does not own the buffer.
     nb::object keep = nb::find(buffer);
-    Collective op{.kind = k,
-                  .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
-                  .axes = AxesOf(axes)};
-    // Among the members when the op is small (no round trip through the
-    // daemon), else through it. A signal while the members wait for each
-    // other there (Ctrl-C) gives the op up (Mesh::start: the mesh breaks)
-    // and raises what the handler raised; the daemon path waits as WaitFor.
+    RunAndWait(Collective{.kind = static_cast<CollectiveKind>(kind),
+                          .x = Array{&buffer->buffer(), address - start, dt, std::move(shape)},
+                          .axes = AxesOf(axes)});
+    return true;
+  }
+
+  // RunInPlace for an array that is not in a shared buffer, or whose result
+  // must not replace it: `x` (C-contiguous) is copied into this mesh's
+  // staging buffer, the op runs there in place, and the result is copied
+  // into `dest` (writable, C-contiguous, x's dtype and size; x itself for
+  // an in-place op). No shared buffer per call, and a small op still runs
+  // among the members. False (nothing done) when the arrays are not such.
+  bool RunStaged(int kind, nb::handle x, nb::handle dest, nb::handle axes) {
+    Py_buffer in, out;
+    if (PyObject_GetBuffer(x.ptr(), &in, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    if (PyObject_GetBuffer(dest.ptr(), &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                                                 PyBUF_WRITABLE) != 0) {
+      PyErr_Clear();
+      PyBuffer_Release(&in);
+      return false;
+    }
+    // Released at the end: the buffers stay pinned while the op reads and
+    // writes them (x and dest are held by the caller).
+    absl::Cleanup release = [&] {
+      PyBuffer_Release(&out);
+      PyBuffer_Release(&in);
+    };
+    const DType dt = DTypeOfFormat(in.format, in.itemsize);
+    if (DTypeOfFormat(out.format, out.itemsize) != dt || out.len != in.len ||
+        !KeepsDType(kind, dt)) {
+      return false;
+    }
+    std::shared_ptr<Client> client = entry_->client.lock();
+    if (client == nullptr) return false;  // the general path says why
+    const size_t bytes = static_cast<size_t>(in.len);
+    std::vector<int64_t> shape(in.shape, in.shape + in.ndim);
+    std::optional<absl::MutexLock> lock;
+    {
+      nb::gil_scoped_release unlocked;  // a jitted call may hold it a while
+      lock.emplace(&entry_->mu);
+    }
+    Buffer& staging = entry_->in;
+    absl::Status grown;
+    {
+      nb::gil_scoped_release unlocked;
+      grown = GrowStaging(*client, staging, bytes);
+    }
+    Check(grown);
+    if (bytes > 0) std::memcpy(staging.data(), in.buf, bytes);
+    RunAndWait(Collective{.kind = static_cast<CollectiveKind>(kind),
+                          .x = Array{&staging, 0, dt, std::move(shape)},
+                          .axes = AxesOf(axes)});
+    if (bytes > 0) std::memcpy(out.buf, staging.data(), bytes);
+    return true;
+  }
+
+  // Mesh::AllocateShared: a buffer every member of the mesh maps.
+  std::unique_ptr<PyBuffer> AllocateShared(size_t bytes) {
+    absl::StatusOr<Buffer> buffer;
+    {
+      nb::gil_scoped_release unlocked;
+      buffer = mesh_->AllocateShared(bytes);
+    }
+    Check(buffer.status());
+    return std::make_unique<PyBuffer>(std::move(*buffer), reclaim_owner_);
+  }
+
+  // Whether an in-place `kind` of dtype `dt` keeps the dtype (psum of
+  // bool counts as int32, pmean of integers gives floats).
+  static bool KeepsDType(int kind, DType dt) {
+    using K = CollectiveKind;
+    const K k = static_cast<K>(kind);
+    const bool same = k == K::kPmax || k == K::kPmin || (k == K::kPsum && dt != DType::kBool) ||
+                      (k == K::kPmean && IsFloat(dt));
+    return dt != DType::kInvalid && same;
+  }
+
+  // Runs `op` (in place, synchronous) to completion: among the members when
+  // it is small (no round trip through the daemon), else through it. A
+  // signal while the members wait for each other there (Ctrl-C) gives the
+  // op up (Mesh::start: the mesh breaks) and raises what the handler
+  // raised; on the daemon path it gives the op up as WaitFor says.
+  void RunAndWait(const Collective& op) {
     std::optional<nb::python_error> raised;
     const std::function<bool()> interrupted = [&raised] {
       nb::gil_scoped_acquire gil;
@@ -351,18 +427,6 @@ class PyMesh {
       mesh_->give_up(f, "interrupted (a signal: KeyboardInterrupt?) while it waited for a "
                         "synchronous call's op on the daemon path");
     });
-    return true;
-  }
-
-  // Mesh::AllocateShared: a buffer every member of the mesh maps.
-  std::unique_ptr<PyBuffer> AllocateShared(size_t bytes) {
-    absl::StatusOr<Buffer> buffer;
-    {
-      nb::gil_scoped_release unlocked;
-      buffer = mesh_->AllocateShared(bytes);
-    }
-    Check(buffer.status());
-    return std::make_unique<PyBuffer>(std::move(*buffer), reclaim_owner_);
   }
 
   void Leave() {
@@ -380,6 +444,9 @@ class PyMesh {
   const Reclaim* reclaim_;      // identifies the client's buffers (Registry)
   std::shared_ptr<Reclaim> reclaim_owner_;  // where its shared buffers go when dropped
   int64_t handle_ = 0;
+  // Its entry in the JAX handler's table: the staging buffer RunStaged
+  // shares with the handler (one op at a time under its lock).
+  std::shared_ptr<MeshEntry> entry_;
 };
 
 class PyClient {
@@ -582,6 +649,8 @@ NB_MODULE(_collectived, m) {
            nb::arg("perm"), nb::arg("a"), nb::arg("b"), nb::arg("tiled"))
       .def_prop_ro("handle", &PyMesh::handle)
       .def("run_in_place", &PyMesh::RunInPlace, nb::arg("kind"), nb::arg("x"),
+           nb::arg("axes").none())
+      .def("run_staged", &PyMesh::RunStaged, nb::arg("kind"), nb::arg("x"), nb::arg("dest"),
            nb::arg("axes").none())
       .def("allocate_shared", &PyMesh::AllocateShared, nb::arg("bytes"))
       .def("leave", &PyMesh::Leave);
