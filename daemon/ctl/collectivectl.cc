@@ -8,8 +8,9 @@
 //   status            the daemon: id, version, uptime, health, counts
 //   sessions          one row per client session
 //   meshes            one row per mesh (every generation the daemon still has)
-//   pending [MESH_ID] ops waiting for members: who submitted, who did not,
+//   pending [MESH]    ops waiting for members: who submitted, who did not,
 //                     how long they have waited and how long they have left
+//                     (MESH: a mesh's id or its name, as `meshes` shows them)
 //   stats             ops and bytes per op kind, buffers per device
 //   watch [--interval-ms=N] [--count=N]
 //                     refreshes every interval: ops/s, bytes/s and failures/s
@@ -32,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,7 +62,8 @@ constexpr char kHelp[] =
     "  status                 the daemon: id, version, uptime, health, counts\n"
     "  sessions               client sessions\n"
     "  meshes                 meshes and their members\n"
-    "  pending [MESH_ID]      ops waiting for members (who has and has not submitted)\n"
+    "  pending [MESH]         ops waiting for members (who has and has not submitted);\n"
+    "                         MESH: a mesh's id or name, as `meshes` shows them\n"
     "  stats                  ops and bytes per op kind, buffers per device\n"
     "  watch [--interval-ms=N] [--count=N]\n"
     "                         ops/s, bytes/s, failures/s, sessions, meshes, pending\n"
@@ -356,12 +359,43 @@ class Ctl {
     return 0;
   }
 
-  int Pending(const std::string& mesh_id) {
+  // `mesh`: empty (every mesh), a mesh's id, or its name as `meshes` shows
+  // it (every generation the daemon has of that name).
+  int Pending(const std::string& mesh) {
     v1::ListPendingOpsRequest req;
-    req.set_mesh_id(mesh_id);
+    std::set<std::string> named;  // ids of the meshes called `mesh`
+    if (!mesh.empty()) {
+      v1::ListMeshesResponse meshes;
+      if (grpc::Status st =
+              Ask(&v1::Collective::Stub::ListMeshes, v1::ListMeshesRequest(), &meshes);
+          !st.ok()) {
+        return Failed("ListMeshes", st);
+      }
+      bool is_id = false;
+      for (const auto& m : meshes.meshes()) {
+        is_id |= m.mesh_id() == mesh;
+        if (m.name() == mesh) named.insert(m.mesh_id());
+      }
+      if (is_id) {
+        req.set_mesh_id(mesh);
+        named.clear();
+      } else if (named.empty()) {
+        std::fprintf(stderr,
+                     "collectivectl: no mesh has the id or name '%s' (`collectivectl meshes` "
+                     "lists them)\n",
+                     mesh.c_str());
+        return kCallFailed;
+      }
+    }
     v1::ListPendingOpsResponse r;
     if (grpc::Status st = Ask(&v1::Collective::Stub::ListPendingOps, req, &r); !st.ok()) {
       return Failed("ListPendingOps", st);
+    }
+    if (!named.empty()) {  // by name: that name's meshes only
+      auto* ops = r.mutable_ops();
+      for (int i = ops->size() - 1; i >= 0; --i) {
+        if (named.count(ops->Get(i).mesh_id()) == 0) ops->DeleteSubrange(i, 1);
+      }
     }
     if (o_.json) {
       PrintJson(r);

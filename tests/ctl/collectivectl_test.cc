@@ -75,6 +75,14 @@ TEST_F(CollectivectlTest, ShowsSessionsMeshesPendingOpsAndStats) {
   EXPECT_EQ(pending_json.exit_code, 0) << pending_json.output;
   EXPECT_TRUE(absl::StrContains(pending_json.output, "\"submitted\":[0]")) << pending_json.output;
   EXPECT_TRUE(absl::StrContains(pending_json.output, "\"missing\":[1]")) << pending_json.output;
+  // By the name `meshes` shows, too; a name no mesh has is an error.
+  ChildResult by_name = Ctl(socket, {"pending", "ctl-mesh"});
+  EXPECT_EQ(by_name.exit_code, 0) << by_name.output;
+  EXPECT_TRUE(absl::StrContains(by_name.output, "psum f32[16] over (x)")) << by_name.output;
+  ChildResult no_such = Ctl(socket, {"pending", "no-such-mesh"});
+  EXPECT_NE(no_such.exit_code, 0) << no_such.output;
+  EXPECT_TRUE(absl::StrContains(no_such.output, "no mesh has the id or name 'no-such-mesh'"))
+      << no_such.output;
 
   // Member 1 submits: the op completes, and the stats count it.
   const Array x1 = Array::Of<float>(buffers[1], {16});
