@@ -614,32 +614,43 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req,
     auto by_name = mesh_by_name_.find(key);
     if (by_name != mesh_by_name_.end()) {
       mesh = meshes_.at(by_name->second).get();
-      if (mesh->token != req.join_token()) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "mesh '", mesh->name, "' needs the join token its first member set"));
-      }
-      if (mesh->state == MeshState::kReady) {
+      if (mesh->state == MeshState::kReady && mesh->token == req.join_token()) {
         return absl::FailedPreconditionError(absl::StrCat(
             "mesh '", mesh->name, "' generation ", mesh->generation, " is already full (",
             mesh->shape.num_members(), " members)"));
       }
-      if (mesh->shape.names != shape.names || mesh->shape.sizes != shape.sizes) {
-        return absl::FailedPreconditionError(absl::StrCat(
+      absl::Status refused;
+      if (mesh->token != req.join_token()) {
+        refused = absl::PermissionDeniedError(absl::StrCat(
+            "mesh '", mesh->name, "' needs the join token its first member set"));
+      } else if (mesh->shape.names != shape.names || mesh->shape.sizes != shape.sizes) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
             "mesh '", mesh->name, "' is forming with axes (", AxesString(mesh->shape),
             ") but this join asks for (", AxesString(shape), ")"));
-      }
-      if (mesh->assign != assign) {
-        return absl::FailedPreconditionError(absl::StrCat(
+      } else if (mesh->assign != assign) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
             "mesh '", mesh->name, "': members ",
             mesh->assign ? "asked the daemon to assign coordinates"
                          : "gave explicit coordinates",
             "; every member must do the same"));
-      }
-      if (req.op_timeout_ms() > 0 && mesh->op_timeout_set &&
-          Millis(mesh->op_timeout) != req.op_timeout_ms()) {
-        return absl::FailedPreconditionError(absl::StrCat(
+      } else if (req.op_timeout_ms() > 0 && mesh->op_timeout_set &&
+                 Millis(mesh->op_timeout) != req.op_timeout_ms()) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
             "mesh '", mesh->name, "' has op_timeout_ms ", Millis(mesh->op_timeout),
             " but this join asks for ", req.op_timeout_ms()));
+      }
+      if (!refused.ok()) {
+        // The members already waiting hear of it if they time out.
+        if (mesh->state == MeshState::kForming) {
+          constexpr size_t kMaxRefusedJoins = 4;
+          if (mesh->refused_joins.size() == kMaxRefusedJoins) {
+            mesh->refused_joins.erase(mesh->refused_joins.begin());
+          }
+          mesh->refused_joins.push_back(absl::StrCat("pid ", session->pid, " '",
+                                                     session->client_name, "': ",
+                                                     refused.message()));
+        }
+        return refused;
       }
     } else {
       // No mesh holds the name now, but an earlier generation's token may
@@ -1129,6 +1140,11 @@ void Engine::OnJoinDeadlineLocked(Mesh& mesh, int index, Callbacks& cbs) {
         "mesh '", mesh.name, "' (", AxesString(mesh.shape), "): timed out waiting for ",
         missing.size(), " of ", mesh.shape.num_members(), " members to join; joined: ",
         absl::StrJoin(joined, "; "), "; missing coordinates: ", absl::StrJoin(missing, " ")));
+    if (!mesh.refused_joins.empty()) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat(status.message(), "; joins of this name refused meanwhile: ",
+                       absl::StrJoin(mesh.refused_joins, "; ")));
+    }
     if (!mesh.registry_error.ok()) {
       // Members elsewhere could not be reached: say so, as UNAVAILABLE.
       status = absl::UnavailableError(absl::StrCat(

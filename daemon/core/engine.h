@@ -323,6 +323,10 @@ class Engine {
     // The last UNAVAILABLE of a registration: the join waits on (the mesh
     // may fill here), and times out with it.
     absl::Status registry_error;
+    // Joins of this name refused while it formed (other axes, coordinates
+    // or op timeout, or no token), newest last, at most kMaxRefusedJoins:
+    // a member that waits for the others and times out is told of them.
+    std::vector<std::string> refused_joins;
     int64_t cluster_generation = 0;
     // Registrations sent to the registry and not answered yet.
     int registering = 0;

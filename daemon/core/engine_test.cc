@@ -192,6 +192,27 @@ TEST_F(EngineTest, JoinTimesOutNamingMissingCoordinates) {
   EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
 }
 
+// A member waiting for the others is told, when its join times out, of
+// the joins refused meanwhile (the others may have asked for other axes).
+TEST_F(EngineTest, AJoinTimeoutNamesTheJoinsRefusedMeanwhile) {
+  std::string a = NewSession(), b = NewSession();
+  Result<absl::StatusOr<v1::JoinMeshResponse>> ra, rb;
+  auto req = JoinRequest(a, "shape", 2, /*timeout_ms=*/300);
+  req.add_coordinate(0);
+  engine_->JoinMesh(req, ra.Callback());
+  auto other = JoinRequest(b, "shape", 4);
+  other.add_coordinate(1);
+  engine_->JoinMesh(other, rb.Callback());
+  ASSERT_EQ(rb.Get().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(ra.Get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  const std::string msg(ra.Get().status().message());
+  EXPECT_NE(msg.find("joins of this name refused meanwhile: pid 1000 'member': "), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("is forming with axes (i=2) but this join asks for (i=4)"),
+            std::string::npos)
+      << msg;
+}
+
 TEST_F(EngineTest, JoinRejectsDisagreeingAxesAndTakenCoordinates) {
   std::string a = NewSession(), b = NewSession(), c = NewSession();
   Result<absl::StatusOr<v1::JoinMeshResponse>> ra, rb, rc;
