@@ -57,6 +57,8 @@ import numpy as np
 
 from . import _collectived as _ext
 
+__version__: str = _ext.__version__
+
 __all__ = [
     "connect", "Client", "Mesh", "Future", "Error", "Cancelled", "Unknown", "InvalidArgument",
     "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
@@ -587,15 +589,21 @@ class Mesh:
         return self._submit(kind, x, axes, out=out, inplace=inplace)._sync_result()
 
     def psum_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        """psum, started: a Future whose result() is what psum returns (the
+        result lands when the op completes; keep x and out alive until then).
+        Ctrl-C while waiting on result() leaves the op in flight."""
         return self._submit(_PSUM, x, axes, out=out, inplace=inplace)
 
     def pmean_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        """pmean, started: a Future of what pmean returns (as psum_async)."""
         return self._submit(_PMEAN, x, axes, out=out, inplace=inplace)
 
     def pmax_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        """pmax, started: a Future of what pmax returns (as psum_async)."""
         return self._submit(_PMAX, x, axes, out=out, inplace=inplace)
 
     def pmin_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+        """pmin, started: a Future of what pmin returns (as psum_async)."""
         return self._submit(_PMIN, x, axes, out=out, inplace=inplace)
 
     def psum(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
@@ -633,6 +641,8 @@ class Mesh:
 
     def all_gather_async(self, x, axes: Axes, *, axis: int = 0, tiled: bool = False,
                          out=None) -> Future:
+        """all_gather, started: a Future of what all_gather returns (as
+        psum_async)."""
         x = _as_array(x)
         shape = self._gather_shape(x, axes, axis, tiled) if out is None else None
         return self._submit(_ALL_GATHER, x, axes, out=out, out_shape=shape, a=axis, tiled=tiled)
@@ -664,6 +674,8 @@ class Mesh:
 
     def psum_scatter_async(self, x, axes: Axes, *, scatter_dimension: int = 0,
                            tiled: bool = False, out=None) -> Future:
+        """psum_scatter, started: a Future of what psum_scatter returns (as
+        psum_async)."""
         x = _as_array(x)
         shape = self._scatter_shape(x, axes, scatter_dimension, tiled) if out is None else None
         return self._submit(_PSUM_SCATTER, x, axes, out=out, out_shape=shape,
@@ -678,6 +690,8 @@ class Mesh:
 
     def ppermute_async(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
                        inplace: bool = True) -> Future:
+        """ppermute, started: a Future of what ppermute returns (as
+        psum_async)."""
         return self._submit(_PPERMUTE, x, axes, out=out, inplace=inplace, perm=list(perm))
 
     def ppermute(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
@@ -688,6 +702,8 @@ class Mesh:
 
     def all_to_all_async(self, x, axes: Axes, split_axis: int, concat_axis: int, *,
                          tiled: bool = False, out=None, inplace: bool = True) -> Future:
+        """all_to_all, started: a Future of what all_to_all returns (as
+        psum_async)."""
         return self._submit(_ALL_TO_ALL, x, axes, out=out, inplace=inplace, a=split_axis,
                             b=concat_axis, tiled=tiled)
 
@@ -700,6 +716,8 @@ class Mesh:
 
     def broadcast_async(self, x, axes: Axes, root: int = 0, *, out=None,
                         inplace: bool = True) -> Future:
+        """broadcast, started: a Future of what broadcast returns (as
+        psum_async)."""
         return self._submit(_BROADCAST, x, axes, out=out, inplace=inplace, a=root)
 
     def broadcast(self, x, axes: Axes, root: int = 0, *, out=None,
@@ -708,6 +726,8 @@ class Mesh:
         return self.broadcast_async(x, axes, root, out=out, inplace=inplace)._sync_result()
 
     def barrier_async(self, axes: Optional[Axes] = None) -> Future:
+        """barrier, started: a Future whose result() (None) returns once every
+        member of the group got here."""
         return self._submit(_BARRIER, None, axes)
 
     def barrier(self, axes: Optional[Axes] = None) -> None:

@@ -585,6 +585,7 @@ NB_MODULE(_collectived, m) {
       },
       "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
       "built without jaxlib's FFI headers.");
+  m.attr("__version__") = COLLECTIVED_VERSION;
   m.def("jax_watch_interrupts", &WatchInterrupts,
         "Puts collectived.jax's SIGINT watch in front of Python's handler, so that Ctrl-C "
         "reaches calls waiting inside jitted functions.");

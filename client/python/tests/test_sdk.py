@@ -409,3 +409,28 @@ def test_what_a_careful_user_tries(daemon):
         assert r["other_client"] == [1.0, 1.0, 1.0]
         assert r["big_endian"] == "InvalidArgument"
     assert r0["wait"] == "TimeoutError" and r0["late"] == [0.0]
+
+
+def test_version_and_docstrings():
+    import inspect
+    import re
+    import collectived
+    from pathlib import Path
+    assert re.fullmatch(r"\d+\.\d+\.\d+", collectived.__version__), collectived.__version__
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'version = "{collectived.__version__}"' in pyproject
+    # Every public method of a Mesh, and every function of collectived.jax,
+    # says what it does and what it returns.
+    functions = [(f"Mesh.{name}", fn) for name, fn in
+                 inspect.getmembers(collectived.Mesh, inspect.isfunction)]
+    try:
+        import collectived.jax as cjax
+        functions += [(f"collectived.jax.{name}", getattr(cjax, name)) for name in cjax.__all__]
+    except ImportError:  # no jax here
+        pass
+    for name, fn in functions:
+        if name.split(".")[-1].startswith("_"):
+            continue
+        assert fn.__doc__, f"{name} has no docstring"
+        assert inspect.signature(fn).return_annotation is not inspect.Signature.empty, \
+            f"{name} has no return annotation"
