@@ -420,3 +420,34 @@ def test_ctrl_c_gives_the_op_up_and_breaks_the_mesh(daemon, mode, nbytes, tmp_pa
     # The retry and the peer's op fail, naming the interruption.
     for what in (got["retry"], peer["first"]):
         assert "ABORTED" in what.upper() and "interrupted" in what, (got, peer)
+
+
+# jit's asynchronous dispatch is kept: a step that does not wait for its
+# result does not wait for the collective. Member 1 submits only once member
+# 0's call has returned, so a call that blocked until the op completed would
+# never see member 1 (and time out).
+ASYNC = """
+    import jax, jax.numpy as jnp
+    import collectived.jax as cjax
+    flag = sys.argv[4]
+    c = collectived.connect(socket=SOCK, name=f"async{RANK}")
+    mesh = c.join_mesh("jax-async", {"i": 2}, coordinate=[RANK], timeout=60, op_timeout=20)
+    f = jax.jit(lambda v: cjax.psum(v * 2, "i", mesh=mesh) + 1)
+    x = jnp.full((1 << 16,), RANK + 1.0, jnp.float32)
+    f(x).block_until_ready()
+    if RANK == 0:
+        y = f(x)                      # dispatched, not waited for
+        open(flag, "w").close()
+        emit(value=float(y.block_until_ready()[0]))
+    else:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        emit(value=float(f(x).block_until_ready()[0]), saw_flag=os.path.exists(flag))
+"""
+
+
+def test_a_step_that_does_not_wait_does_not_wait_for_the_collective(daemon, tmp_path):
+    r0, r1 = run_members(ASYNC, daemon, 2, tmp_path / "dispatched", timeout=120)
+    assert r1["saw_flag"], r1
+    assert r0["value"] == r1["value"] == 2 * (1 + 2) + 1, (r0, r1)
