@@ -303,9 +303,11 @@ TEST_P(E2eTest, StalledMemberIsNamedWhenTheOpTimesOut) {
     EXPECT_TRUE(absl::StrContains(msg, absl::StrCat("missing: ", stalled, " (", stalled,
                                                     ") pid ", stalled_pid)))
         << msg;
-    EXPECT_TRUE(absl::StrContains(msg, absl::StrCat("members ", absl::StrJoin(waiting, ","),
-                                                    " are waiting in psum f32[1024] over (i)")))
-        << msg;
+    const std::string who = waiting.size() == 1
+                                ? absl::StrCat("member ", waiting[0], " is waiting")
+                                : absl::StrCat("members ", absl::StrJoin(waiting, ","),
+                                               " are waiting");
+    EXPECT_TRUE(absl::StrContains(msg, absl::StrCat(who, " in psum f32[1024] over (i)"))) << msg;
   }
   m.children[stalled]->Signal(SIGKILL);
   m.children[stalled]->Wait(absl::Seconds(10));
