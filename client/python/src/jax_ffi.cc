@@ -204,6 +204,25 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
   }
   Collective args;
   args.kind = static_cast<CollectiveKind>(kind);
+  // jax.py counts axes from the end (batch dimensions jax.vmap adds go in
+  // front); made positive here, as the member-side path keys its plans on
+  // them and other members (the SDK's) may count from the front.
+  const int64_t in_rank = static_cast<int64_t>(x.dimensions().size());
+  const int64_t out_rank = static_cast<int64_t>(out->dimensions().size());
+  switch (static_cast<CollectiveKind>(kind)) {
+    case CollectiveKind::kAllGather:
+      if (a < 0) a += out_rank;
+      break;
+    case CollectiveKind::kPsumScatter:
+      if (a < 0) a += in_rank;
+      break;
+    case CollectiveKind::kAllToAll:
+      if (a < 0) a += in_rank;
+      if (b < 0) b += out_rank;
+      break;
+    default:
+      break;
+  }
   args.axis = static_cast<int>(a);
   args.concat_axis = static_cast<int>(b);
   args.tiled = tiled;
