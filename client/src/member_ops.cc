@@ -211,10 +211,7 @@ absl::Status MemberOps::DaemonLost() {
 }
 
 absl::Status MemberOps::Abandon(absl::Status status) {
-  const std::string reason =
-      absl::StrCat("a member gave up on a member-side op: ", status.message());
-  member_ops::MarkBroken(view_, static_cast<uint32_t>(absl::StatusCode::kAborted), reason.data(),
-                         reason.size());
+  MarkBroken(absl::StrCat("a member gave up on a member-side op: ", status.message()));
   return status;
 }
 

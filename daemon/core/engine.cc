@@ -1582,7 +1582,8 @@ absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
       }
     }
     if (missing.empty()) return false;
-    const std::string what = EntrySignature(*v.entry(static_cast<uint32_t>(member->second), s));
+    const member_ops::Entry& mine = *v.entry(static_cast<uint32_t>(member->second), s);
+    const std::string what = EntrySignature(mine);
     const std::string reason = absl::StrCat(
         "member-side op ", s, " after daemon op ", d, " timed out after ",
         Millis(mesh.op_timeout), " ms: ", WaitingMembers(waiting), " in ", what,
@@ -1594,9 +1595,8 @@ absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
     // Counted as the daemon counts its own ops' timeouts (once per op, by
     // the first member that asks: the mesh is broken for the others).
     if (options_.op_observer) {
-      const member_ops::Entry& e = *v.entry(static_cast<uint32_t>(member->second), s);
       options_.op_observer(KindOfSignature(what), absl::StatusCode::kDeadlineExceeded,
-                           e.in_bytes, mesh.op_timeout);
+                           mine.in_bytes, mesh.op_timeout);
     }
   }
   Run(cbs);

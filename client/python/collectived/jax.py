@@ -222,11 +222,12 @@ def _with_vjp(forward: Callable, backward: Callable) -> Callable:
     return f
 
 
-def _not_differentiable(name: str, forward: Callable) -> Callable:
+def _no_derivative(name: str) -> Callable:
+    """The backward of a collective jax.lax does not differentiate either."""
     def backward(_):
         raise NotImplementedError(
             f"Differentiation rule for '{name}' not implemented (jax.lax.{name} has none either)")
-    return _with_vjp(forward, backward)
+    return backward
 
 
 def _leafwise(x: PyTree, fn: Callable) -> PyTree:
@@ -240,18 +241,11 @@ def _leafwise(x: PyTree, fn: Callable) -> PyTree:
 
 def _reduce(kind: int, name: str, x: PyTree, axis_name: AxisName, mesh: Mesh,
             backward: Optional[Callable]) -> PyTree:
-    mesh = _check_mesh(mesh)
-    _register()
+    """psum, pmean, pmax or pmin on every leaf; `backward(ct, names)` is its
+    transpose (None: not differentiable)."""
     names = _names(axis_name)
-
-    def one(arr):
-        fwd = lambda v: _ffi(mesh, kind, v, names, v.shape)  # noqa: E731
-        if not _differentiable(arr):
-            return fwd(arr)
-        if backward is None:
-            return _not_differentiable(name, fwd)(arr)
-        return _with_vjp(fwd, lambda ct: backward(ct, names))(arr)
-    return _leafwise(x, one)
+    return _collective(mesh, x, lambda v: _ffi(mesh, kind, v, names, v.shape),
+                       (lambda ct: backward(ct, names)) if backward else _no_derivative(name))
 
 
 def psum(x: PyTree, axis_name: AxisName, *, mesh: Mesh, axis_index_groups=None) -> PyTree:
@@ -303,8 +297,9 @@ def _scatter(mesh: Mesh, arr, names, dim: int, tiled: bool):
     return _ffi(mesh, _PSUM_SCATTER, arr, names, shape, a=neg, tiled=tiled)
 
 
-def _linear(mesh: Mesh, x: PyTree, forward: Callable, backward: Callable) -> PyTree:
-    """A linear collective on every leaf, differentiable with `backward`."""
+def _collective(mesh: Mesh, x: PyTree, forward: Callable, backward: Callable) -> PyTree:
+    """forward on every leaf of x; under jax.grad, backward(ct) is its
+    transpose (the collectives are linear, or not differentiable)."""
     _check_mesh(mesh)
     _register()
 
@@ -319,7 +314,7 @@ def all_gather(x: PyTree, axis_name: AxisName, *, mesh: Mesh, axis_index_groups=
     when ``tiled``). Its transpose is psum_scatter."""
     _no_groups("all_gather", axis_index_groups)
     names = _names(axis_name)
-    return _linear(mesh, x, lambda v: _gather(mesh, v, names, axis, tiled),
+    return _collective(mesh, x, lambda v: _gather(mesh, v, names, axis, tiled),
                    lambda ct: _scatter(mesh, ct, names, axis, tiled))
 
 
@@ -329,7 +324,7 @@ def psum_scatter(x: PyTree, axis_name: AxisName, *, mesh: Mesh, scatter_dimensio
     all_gather."""
     _no_groups("psum_scatter", axis_index_groups)
     names = _names(axis_name)
-    return _linear(mesh, x, lambda v: _scatter(mesh, v, names, scatter_dimension, tiled),
+    return _collective(mesh, x, lambda v: _scatter(mesh, v, names, scatter_dimension, tiled),
                    lambda ct: _gather(mesh, ct, names, scatter_dimension, tiled))
 
 
@@ -345,7 +340,7 @@ def ppermute(x: PyTree, axis_name: AxisName, perm: Iterable[Tuple[int, int]], *,
     names = _names(axis_name)
     pairs = [(int(s), int(d)) for s, d in perm]
     inverse = [(d, s) for s, d in pairs]
-    return _linear(mesh, x, lambda v: _permute(mesh, v, names, pairs),
+    return _collective(mesh, x, lambda v: _permute(mesh, v, names, pairs),
                    lambda ct: _permute(mesh, ct, names, inverse))
 
 
@@ -374,7 +369,7 @@ def all_to_all(x: PyTree, axis_name: AxisName, split_axis: int, concat_axis: int
     swapped."""
     _no_groups("all_to_all", axis_index_groups)
     names = _names(axis_name)
-    return _linear(mesh, x, lambda v: _exchange(mesh, v, names, split_axis, concat_axis, tiled),
+    return _collective(mesh, x, lambda v: _exchange(mesh, v, names, split_axis, concat_axis, tiled),
                    lambda ct: _exchange(mesh, ct, names, concat_axis, split_axis, tiled))
 
 
@@ -386,7 +381,7 @@ def broadcast(x: PyTree, axis_name: AxisName, root: int = 0, *, mesh: Mesh) -> P
     def backward(ct):
         total = _ffi(mesh, _PSUM, ct, names, ct.shape)
         return jnp.where(axis_index(names, mesh=mesh) == root, total, jnp.zeros_like(total))
-    return _linear(mesh, x, lambda v: _ffi(mesh, _BROADCAST, v, names, v.shape, a=root),
+    return _collective(mesh, x, lambda v: _ffi(mesh, _BROADCAST, v, names, v.shape, a=root),
                    backward)
 
 

@@ -163,6 +163,14 @@ void WaitFor(const OpFuture& future, double timeout,
   Check(future.Wait(absl::ZeroDuration()));
 }
 
+// A synchronous call's op given up on a signal (Ctrl-C) while it waited on
+// the daemon path (Mesh::give_up: the mesh breaks unless it completed).
+void GiveUpOnSignal(Mesh& mesh, const OpFuture& op) {
+  nb::gil_scoped_release unlocked;
+  mesh.give_up(op, "interrupted (a signal: KeyboardInterrupt?) while it waited for a "
+                   "synchronous call's op on the daemon path");
+}
+
 // An op in flight. Holds the buffers it reads and writes so that they stay
 // mapped until it completed even when Python dropped every array.
 class PyFuture {
@@ -179,11 +187,7 @@ class PyFuture {
     std::function<void()> on_interrupt;
     if (give_up) {
       on_interrupt = [this] {
-        if (std::shared_ptr<Mesh> mesh = mesh_.lock()) {
-          nb::gil_scoped_release unlocked;
-          mesh->give_up(future_, "interrupted (a signal: KeyboardInterrupt?) while it waited "
-                                 "for a synchronous call's op on the daemon path");
-        }
+        if (std::shared_ptr<Mesh> mesh = mesh_.lock()) GiveUpOnSignal(*mesh, future_);
       };
     }
     WaitFor(future_, timeout, on_interrupt);
@@ -363,14 +367,11 @@ class PyMesh {
     const size_t bytes = static_cast<size_t>(in.len);
     std::vector<int64_t> shape(in.shape, in.shape + in.ndim);
     std::optional<absl::MutexLock> lock;
-    {
-      nb::gil_scoped_release unlocked;  // a jitted call may hold it a while
-      lock.emplace(&entry_->mu);
-    }
     Buffer& staging = entry_->in;
     absl::Status grown;
     {
-      nb::gil_scoped_release unlocked;
+      nb::gil_scoped_release unlocked;  // a jitted call may hold the lock a while
+      lock.emplace(&entry_->mu);
       grown = GrowStaging(*client, staging, bytes);
     }
     Check(grown);
@@ -422,11 +423,7 @@ class PyMesh {
       f = mesh_->start(op, interrupted);
     }
     if (raised) throw nb::python_error(std::move(*raised));
-    WaitFor(f, -1.0, [&] {
-      nb::gil_scoped_release unlocked;
-      mesh_->give_up(f, "interrupted (a signal: KeyboardInterrupt?) while it waited for a "
-                        "synchronous call's op on the daemon path");
-    });
+    WaitFor(f, -1.0, [&] { GiveUpOnSignal(*mesh_, f); });
   }
 
   void Leave() {
