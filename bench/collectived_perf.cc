@@ -662,15 +662,21 @@ double Expected(Op op, DType dt, int n, int me, const Row& r, int64_t k) {
       int64_t s = 0;
       for (int i = 0; i < n; ++i) s += RedVal(dt, i, k);
       switch (dt) {
+        // The sum times the reciprocal 1/n, as XLA (and the daemon) compute
+        // it: at 3, 5 or 6 members x * (1/n) and x / n can differ in the
+        // last bit.
         case DType::kF64:
-          return static_cast<double>(s) / n;
+          return static_cast<double>(s) * (1.0 / n);
         case DType::kF32:
         case DType::kBool:
-          return static_cast<float>(s) / static_cast<float>(n);
-        case DType::kF16:
-        case DType::kBF16:  // sum rounded to the format, divided in float32, rounded
-          return Represent(dt, static_cast<float>(Represent(dt, static_cast<double>(s))) /
-                                   static_cast<float>(n));
+          return static_cast<float>(s) * (1.0f / static_cast<float>(n));
+        case DType::kF16:  // the sum times 1/n rounded to float16, in float32, rounded
+          return Represent(dt, static_cast<float>(Represent(dt, static_cast<double>(s))) *
+                                   collectived::HalfToFloat(collectived::FloatToHalf(
+                                       1.0f / static_cast<float>(n))));
+        case DType::kBF16:  // the sum rounded to bfloat16, times 1/n in float32, rounded
+          return Represent(dt, static_cast<float>(Represent(dt, static_cast<double>(s))) *
+                                   (1.0f / static_cast<float>(n)));
         case DType::kF8E4M3FN:
         case DType::kF8E5M2: {
           // In float16 (as XLA): the sum rounded to float8, times
@@ -682,11 +688,11 @@ double Expected(Op op, DType dt, int n, int me, const Row& r, int64_t k) {
           return Represent(dt, collectived::HalfToFloat(collectived::FloatToHalf(product)));
         }
         case DType::kI64:
-        case DType::kU64:  // the wrapped sum, divided in float64
-          return Represent(dt, static_cast<double>(s)) / n;
-        default:  // narrower integers: the wrapped sum, divided in float32
-          return static_cast<float>(Represent(dt, static_cast<double>(s))) /
-                 static_cast<float>(n);
+        case DType::kU64:  // the wrapped sum, times 1/n in float64
+          return Represent(dt, static_cast<double>(s)) * (1.0 / n);
+        default:  // narrower integers: the wrapped sum, times 1/n in float32
+          return static_cast<float>(Represent(dt, static_cast<double>(s))) *
+                 (1.0f / static_cast<float>(n));
       }
     }
     case Op::kAllGather: {

@@ -297,9 +297,20 @@ int Fail(const absl::Status& status) {
 int Main(int argc, char** argv) {
   absl::FlagsUsageConfig usage;
   usage.version_string = [] { return std::string("collectived " COLLECTIVED_VERSION "\n"); };
+  // --help and --helpshort list the flags of the file that defines them all
+  // (absl's default matches files named after the program: none here, so
+  // --help printed "No flags matched"); --helpfull adds absl's own.
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "daemon/server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [](absl::string_view file) {  // no build machine's path
+    const size_t at = file.rfind("daemon/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      "collectived: runs JAX-style collectives (psum, pmean, all_gather, ppermute, ...) for the "
+      "runs JAX-style collectives (psum, pmean, all_gather, ppermute, ...) for the "
       "client processes of this host over shared memory.\nUsage: collectived [--socket=PATH] "
       "[--tcp=ADDR] [flags]");
   // Accept --foo-bar as well as --foo_bar (absl flag names use underscores).

@@ -185,5 +185,24 @@ TEST(CollectivectlNoDaemonTest, BadCommandLinesExit2WithUsage) {
   }
 }
 
+// The daemon's own command line: --help lists its flags (absl's default
+// matches none of them), named by the file that defines them, without the
+// build machine's path.
+TEST(DaemonCommandLineTest, HelpListsTheDaemonsFlags) {
+  for (const char* flag : {"--help", "--helpshort"}) {
+    auto child = Child::Start({testing::DaemonBinary(), flag});
+    ASSERT_TRUE(child.ok()) << child.status();
+    ChildResult r = (*child)->Wait(kRun);
+    EXPECT_FALSE(absl::StrContains(r.output, "No flags matched")) << flag << ": " << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "Usage: collectived")) << flag << ": " << r.output;
+    EXPECT_TRUE(absl::StrContains(r.output, "Flags from daemon/server/main.cc:")) << r.output;
+    for (const char* listed : {"--socket", "--tcp", "--cluster", "--member_op_bytes",
+                               "--log_level"}) {
+      EXPECT_TRUE(absl::StrContains(r.output, listed)) << flag << " lacks " << listed;
+    }
+    EXPECT_FALSE(absl::StrContains(r.output, "--flagfile")) << flag << " lists absl's flags";
+  }
+}
+
 }  // namespace
 }  // namespace collectived
