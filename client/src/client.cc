@@ -1354,6 +1354,7 @@ absl::Status Mesh::Leave() {
 }
 
 int Mesh::axis_index(const AxisNames& axes) const {
+  if (axes.unset()) return -1;
   if (axes.all()) return index_;  // row-major over every axis in mesh order
   int index = 0;
   for (const std::string& name : axes.names()) {
@@ -1366,6 +1367,7 @@ int Mesh::axis_index(const AxisNames& axes) const {
 }
 
 int Mesh::axis_size(const AxisNames& axes) const {
+  if (axes.unset()) return -1;
   if (axes.all()) return size();
   int size = 1;
   for (const std::string& name : axes.names()) {
@@ -1594,8 +1596,27 @@ absl::Status CheckOut(const Array* out) {
       "out array of shape [", shape,
       "] has a negative dimension or a byte size that overflows int64"));
 }
-absl::Status CheckOut(const Array& out) { return CheckOut(&out); }
-absl::Status CheckOut(const std::optional<Array>& out) { return CheckOut(out ? &*out : nullptr); }
+
+// Why the SDK refuses an op's axes without asking the daemon: a
+// default-constructed AxisNames, whose meaning changed twice (CHANGELOG.md).
+absl::Status CheckAxes(const AxisNames& axes) {
+  if (!axes.unset()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      "the op's axes name nothing (an empty AxisNames, as a bare {} gives): write "
+      "AxisNames::All() for every axis of the mesh (what {} once meant) or "
+      "AxisNames::None() for the empty tuple (JAX's axis_name=(): each member gets its "
+      "own input back)");
+}
+
+// What the SDK checks before any op is sent: its axes, then its output.
+absl::Status CheckArgs(const AxisNames& axes, const Array* out) {
+  if (absl::Status st = CheckAxes(axes); !st.ok()) return st;
+  return CheckOut(out);
+}
+absl::Status CheckArgs(const AxisNames& axes, const Array& out) { return CheckArgs(axes, &out); }
+absl::Status CheckArgs(const AxisNames& axes, const std::optional<Array>& out) {
+  return CheckArgs(axes, out ? &*out : nullptr);
+}
 
 }  // namespace
 
@@ -1647,7 +1668,7 @@ bool Mesh::RunOrDispatch(const OpCall& call, const std::function<bool()>* interr
                          absl::Status* status, OpFuture* future) {
   const Array* x = call.x;
   const Array* out = call.out;
-  if (absl::Status st = CheckOut(out); !st.ok()) {
+  if (absl::Status st = CheckArgs(call.axes, out); !st.ok()) {
     *status = std::move(st);
     return true;
   }
@@ -1752,7 +1773,7 @@ bool Mesh::give_up(const OpFuture& op, absl::string_view why) {
 #define COLLECTIVED_REDUCTION(name, KIND)                                                  \
   OpFuture Mesh::name##_async(const Array& x, const AxisNames& axes,                       \
                               std::optional<Array> out) {                                  \
-    return Submit(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckOut(out)});        \
+    return Submit(OpRequest{MakeSpec(id_, v1::KIND, &x, axes, out), CheckArgs(axes, out)}); \
   }                                                                                        \
   absl::Status Mesh::name(const Array& x, const AxisNames& axes, std::optional<Array> out) { \
     return Run(OpCall{v1::KIND, &x, axes, out ? &*out : nullptr});                         \
@@ -1779,7 +1800,7 @@ v1::OpSpec GatherSpec(const std::string& mesh_id, const Array& x, const AxisName
 
 OpFuture Mesh::all_gather_async(const Array& x, const AxisNames& axes, const Array& out,
                                 AllGatherOptions options) {
-  return Submit(OpRequest{GatherSpec(id_, x, axes, out, options), CheckOut(out)});
+  return Submit(OpRequest{GatherSpec(id_, x, axes, out, options), CheckArgs(axes, out)});
 }
 absl::Status Mesh::all_gather(const Array& x, const AxisNames& axes, const Array& out,
                               AllGatherOptions options) {
@@ -1789,7 +1810,7 @@ absl::Status Mesh::all_gather(const Array& x, const AxisNames& axes, const Array
 OpFuture Mesh::ppermute_async(const Array& x, const AxisNames& axes,
                               const std::vector<std::pair<int, int>>& perm,
                               std::optional<Array> out) {
-  OpRequest r{MakeSpec(id_, v1::PPERMUTE, &x, axes, out), CheckOut(out)};
+  OpRequest r{MakeSpec(id_, v1::PPERMUTE, &x, axes, out), CheckArgs(axes, out)};
   for (const auto& [s, d] : perm) {
     auto* p = r.spec.mutable_ppermute()->add_perm();
     p->set_source(s);
@@ -1806,7 +1827,7 @@ absl::Status Mesh::ppermute(const Array& x, const AxisNames& axes,
 
 OpFuture Mesh::psum_scatter_async(const Array& x, const AxisNames& axes, const Array& out,
                                   PsumScatterOptions options) {
-  OpRequest r{MakeSpec(id_, v1::PSUM_SCATTER, &x, axes, out), CheckOut(out)};
+  OpRequest r{MakeSpec(id_, v1::PSUM_SCATTER, &x, axes, out), CheckArgs(axes, out)};
   r.spec.mutable_psum_scatter()->set_scatter_dimension(options.scatter_dimension);
   r.spec.mutable_psum_scatter()->set_tiled(options.tiled);
   return Submit(r);
@@ -1818,7 +1839,7 @@ absl::Status Mesh::psum_scatter(const Array& x, const AxisNames& axes, const Arr
 
 OpFuture Mesh::all_to_all_async(const Array& x, const AxisNames& axes, AllToAllOptions options,
                                 std::optional<Array> out) {
-  OpRequest r{MakeSpec(id_, v1::ALL_TO_ALL, &x, axes, out), CheckOut(out)};
+  OpRequest r{MakeSpec(id_, v1::ALL_TO_ALL, &x, axes, out), CheckArgs(axes, out)};
   r.spec.mutable_all_to_all()->set_split_axis(options.split_axis);
   r.spec.mutable_all_to_all()->set_concat_axis(options.concat_axis);
   r.spec.mutable_all_to_all()->set_tiled(options.tiled);
@@ -1831,7 +1852,7 @@ absl::Status Mesh::all_to_all(const Array& x, const AxisNames& axes, AllToAllOpt
 
 OpFuture Mesh::broadcast_async(const Array& x, const AxisNames& axes, int root,
                                std::optional<Array> out) {
-  OpRequest r{MakeSpec(id_, v1::BROADCAST, &x, axes, out), CheckOut(out)};
+  OpRequest r{MakeSpec(id_, v1::BROADCAST, &x, axes, out), CheckArgs(axes, out)};
   r.spec.mutable_broadcast()->set_root(root);
   return Submit(r);
 }
@@ -1841,7 +1862,8 @@ absl::Status Mesh::broadcast(const Array& x, const AxisNames& axes, int root,
 }
 
 OpFuture Mesh::barrier_async(const AxisNames& axes) {
-  return Submit(OpRequest{MakeSpec(id_, v1::BARRIER, nullptr, axes, std::nullopt)});
+  return Submit(OpRequest{MakeSpec(id_, v1::BARRIER, nullptr, axes, std::nullopt),
+                          CheckAxes(axes)});
 }
 absl::Status Mesh::barrier(const AxisNames& axes) {
   return Run(OpCall{v1::BARRIER, nullptr, axes, nullptr});

@@ -582,7 +582,7 @@ class Worker {
   // axis_size 1; AxisNames::All() is every axis. The inputs are finite and
   // non-zero, whose bits a sum over one member keeps. Returns a problem, or "".
   std::string EmptyTuple() {
-    const AxisNames none;  // ()
+    const AxisNames none = AxisNames::None();  // ()
     if (mesh_->axis_index(none) != 0 || mesh_->axis_size(none) != 1) {
       return absl::StrCat("axis_index(()) = ", mesh_->axis_index(none), ", axis_size(()) = ",
                           mesh_->axis_size(none), "; want 0 and 1");

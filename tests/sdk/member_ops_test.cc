@@ -196,7 +196,7 @@ TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
     }
   }
   cases.push_back({CollectiveKind::kBarrier, DType::kF32, 0});
-  const std::vector<AxisNames> axes_list = {AxisNames::All(), AxisNames("b"), AxisNames{}};
+  const std::vector<AxisNames> axes_list = {AxisNames::All(), AxisNames("b"), AxisNames::None()};
   const int64_t daemon_ops_before = DaemonOps(*member_side->daemon);
   uint32_t seed = 1;
   for (const Case& c : cases) {
@@ -954,6 +954,67 @@ TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
   v1::MeshInfo info;
   ASSERT_TRUE(stub->DescribeMesh(&ctx, req, &info).ok());
   EXPECT_EQ(info.state(), "BROKEN");
+}
+
+// A bare {} for the axes (a default-constructed AxisNames) meant every axis,
+// then for a while the empty tuple: now every way of giving it is refused in
+// this process, naming both spellings, before anything is sent or changed,
+// small ops (member-side) and large (daemon path) alike; the mesh goes on.
+TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
+  auto r = Members::Start(2, {});
+  ASSERT_NE(r, nullptr);
+  Mesh& m0 = r->mesh(0);
+  EXPECT_EQ(m0.axis_index({}), -1);
+  EXPECT_EQ(m0.axis_size({}), -1);
+  EXPECT_EQ(m0.axis_size(AxisNames::None()), 1);
+  EXPECT_EQ(m0.axis_size(AxisNames::All()), 2);
+  const int64_t before = DaemonOps(*r->daemon);
+  for (int64_t elems : {int64_t{4}, int64_t{64 * 1024}}) {  // 16 B, 256 KiB of float32
+    for (int i = 0; i < 2; ++i) {
+      float* in = reinterpret_cast<float*>(r->in(i));
+      for (int64_t k = 0; k < elems; ++k) in[k] = static_cast<float>(i + 1);
+    }
+    const Array x{&r->m.buffers[0], 0, DType::kF32, {elems}};
+    const Array gathered{&r->out[0], 0, DType::kF32, {2 * elems}};
+    Collective unset;  // axes never set
+    unset.x = x;
+    std::vector<std::pair<std::string, absl::Status>> refused = {
+        {"psum", m0.psum(x, {})},
+        {"pmean", m0.pmean(x, AxisNames{})},
+        {"psum_async", m0.psum_async(x, {}).Wait()},
+        {"all_gather", m0.all_gather(x, {}, gathered, {0, true})},
+        {"ppermute", m0.ppermute(x, {}, {{0, 1}, {1, 0}})},
+        {"broadcast", m0.broadcast(x, {}, 0)},
+        {"barrier", m0.barrier({})},
+        {"barrier_async", m0.barrier_async({}).Wait()},
+        {"run", m0.run(unset)},
+        {"submit", m0.submit(unset).Wait()},
+        {"start", m0.start(unset, [] { return false; }).Wait()},
+    };
+    for (const auto& [what, st] : refused) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what << ": " << st;
+      EXPECT_CONTAINS(st.message(), "AxisNames::All()");
+      EXPECT_CONTAINS(st.message(), "AxisNames::None()");
+    }
+    const float* in0 = reinterpret_cast<const float*>(r->in(0));
+    EXPECT_EQ(in0[0], 1.0f);
+    EXPECT_EQ(in0[elems - 1], 1.0f);
+    // The mesh goes on: both spellings mean what they say.
+    ExpectAllOk(OnAll(2, [&](int i) {
+      return r->mesh(i).psum(Array{&r->m.buffers[i], 0, DType::kF32, {elems}},
+                             AxisNames::None());
+    }));
+    EXPECT_EQ(in0[elems - 1], 1.0f);  // the empty tuple: its own input
+    ExpectAllOk(OnAll(2, [&](int i) {
+      return r->mesh(i).psum(Array{&r->m.buffers[i], 0, DType::kF32, {elems}},
+                             AxisNames::All());
+    }));
+    EXPECT_EQ(in0[0], 3.0f);
+    EXPECT_EQ(in0[elems - 1], 3.0f);
+  }
+  // Only the large psums over All() reached the daemon (the None() ones
+  // need nobody: whichever path took them, nothing refused above did).
+  EXPECT_LE(DaemonOps(*r->daemon) - before, 4);
 }
 
 }  // namespace

@@ -163,31 +163,46 @@ struct Array {
 };
 
 // The axis names a collective runs over, as JAX's axis_name: one name
-// ("batch"), a tuple ({"data", "model"}, linearized in the order given), the
-// empty tuple (AxisNames{} or {}: JAX's axis_name=(), no axes: every member
-// is a group of one by itself, so psum returns x), or AxisNames::All(): every
-// axis of the mesh in mesh order (what an empty AxisNames meant before).
+// ("batch"), a tuple ({"data", "model"}, linearized in the order given),
+// AxisNames::None(): the empty tuple (JAX's axis_name=(): every member is a
+// group of one by itself, so psum returns x), or AxisNames::All(): every axis
+// of the mesh in mesh order.
+//
+// A default-constructed AxisNames (a bare {} or AxisNames{}) names nothing,
+// and every op given one fails with INVALID_ARGUMENT without running: {}
+// meant every axis in earlier releases, then briefly the empty tuple, and
+// code written for either meaning must not compute the other silently
+// (CHANGELOG.md). axis_index and axis_size give -1 for it.
 class AxisNames {
  public:
-  AxisNames() = default;  // the empty tuple
-  AxisNames(const char* name) : names_{name} {}                 // NOLINT
-  AxisNames(std::string name) : names_{std::move(name)} {}      // NOLINT
-  AxisNames(absl::string_view name) : names_{std::string(name)} {}  // NOLINT
-  AxisNames(std::initializer_list<std::string> names) : names_(names) {}
-  AxisNames(std::vector<std::string> names) : names_(std::move(names)) {}  // NOLINT
+  AxisNames() = default;  // names nothing: refused by every op
+  AxisNames(const char* name) : names_{name}, kind_(Kind::kNames) {}                 // NOLINT
+  AxisNames(std::string name) : names_{std::move(name)}, kind_(Kind::kNames) {}      // NOLINT
+  AxisNames(absl::string_view name) : names_{std::string(name)}, kind_(Kind::kNames) {}  // NOLINT
+  AxisNames(std::initializer_list<std::string> names) : names_(names), kind_(Kind::kNames) {}
+  // A tuple of names; an empty vector is the empty tuple (as Python's ()).
+  AxisNames(std::vector<std::string> names)  // NOLINT
+      : names_(std::move(names)), kind_(Kind::kNames) {}
   // Every axis of the mesh, in mesh order.
   static AxisNames All() {
     AxisNames a;
-    a.all_ = true;
+    a.kind_ = Kind::kAll;
     return a;
   }
+  // The empty tuple: no axes.
+  static AxisNames None() { return AxisNames(std::vector<std::string>{}); }
   // Whether this is All(); names() is then empty.
-  bool all() const { return all_; }
+  bool all() const { return kind_ == Kind::kAll; }
+  // Whether this is the empty tuple (None()).
+  bool none() const { return kind_ == Kind::kNames && names_.empty(); }
+  // Whether this names nothing (default-constructed): ops refuse it.
+  bool unset() const { return kind_ == Kind::kUnset; }
   const std::vector<std::string>& names() const { return names_; }
 
  private:
+  enum class Kind { kUnset, kNames, kAll };
   std::vector<std::string> names_;
-  bool all_ = false;
+  Kind kind_ = Kind::kUnset;
 };
 
 // The outcome of an asynchronous collective. Copyable; all copies share it.
@@ -283,7 +298,7 @@ struct Collective {
   CollectiveKind kind = CollectiveKind::kPsum;
   Array x;                   // every kind but barrier
   std::optional<Array> out;  // absent: in place; all_gather and psum_scatter need one
-  AxisNames axes;
+  AxisNames axes;            // names nothing until set: every op refuses it
   std::vector<std::pair<int, int>> perm;  // ppermute
   // all_gather: axis; psum_scatter: scatter_dimension; all_to_all:
   // split_axis; broadcast: root.
@@ -330,10 +345,11 @@ class Mesh {
   int size() const { return static_cast<int>(members_); }
   // jax.lax.axis_index: this member's coordinate on `axis`; for several axes
   // the row-major index over them in the given order (0 for the empty tuple,
-  // index() for AxisNames::All()). -1 for an unknown axis.
+  // index() for AxisNames::All()). -1 for an unknown axis, or axes that name
+  // nothing (a default-constructed AxisNames).
   int axis_index(const AxisNames& axes) const;
   // The number of members along `axis` (product for several: 1 for the
-  // empty tuple, size() for AxisNames::All()); -1 if unknown.
+  // empty tuple, size() for AxisNames::All()); -1 if unknown or unset.
   int axis_size(const AxisNames& axes) const;
   const std::vector<std::pair<std::string, int>>& axes() const { return axes_; }
   const std::vector<int>& coordinate() const { return coordinate_; }
