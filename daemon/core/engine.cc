@@ -2012,7 +2012,7 @@ absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
         " buffers, but this daemon has no usable ", KindLabel(kind),
         " executor: ", NoExecutorReason(kind)));
   }
-  // Across hosts, Gloo moves host memory; other memory needs an executor
+  // Across hosts, the host transport moves host memory; other memory needs an executor
   // that connects the hosts itself (GPU memory: NCCL).
   if (mesh.cross && kind != "memfd" && !executor->ConnectsHosts()) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -261,8 +261,12 @@ class PyMesh {
   ~PyMesh() {
     // The last owner of the Mesh leaves it: an RPC bounded by the client's
     // close timeout (a JAX call in flight may hold it a little longer).
+    // Everything that may own the Mesh goes without the GIL: the entry too
+    // (it holds the Mesh and the staging buffers), or the member released
+    // last would leave with the GIL held (Python stalled for the RPC).
     nb::gil_scoped_release unlocked;
     UnregisterMesh(handle_);
+    entry_.reset();
     mesh_.reset();
   }
   PyMesh(const PyMesh&) = delete;
