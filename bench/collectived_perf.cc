@@ -74,7 +74,7 @@
 #include "collectived/client.h"
 #include "collectived/dtype.h"
 #include "collectived/v1/collective.grpc.pb.h"
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 #if COLLECTIVED_PERF_CUDA
 #include <cuda_runtime_api.h>
@@ -176,7 +176,7 @@ double BusFactor(Op op, int n) {
 }
 
 // The result dtype of an op: a reduction's as jax.lax defines it (the
-// daemon's rule, daemon/plan), the input's for the others.
+// daemon's rule, plan/), the input's for the others.
 DType OutDType(Op op, DType dt) {
   if (op == Op::kPsum) return collectived::ReduceResultDType(collectived::ReduceKind::kSum, dt);
   if (op == Op::kPmean) {

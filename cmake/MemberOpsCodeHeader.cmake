@@ -1,7 +1,7 @@
-# Included by the top level before the SDK and the daemon, in every build.
-# The identity of the code the SDK shares with the daemon (plan/, exec/) and
-# of the SDK's member-side protocol, for
-# member-side ops: a header with COLLECTIVED_MEMBER_OPS_CODE
+# The identity of the code the SDK shares with the daemon (plan/, exec/, the
+# dtypes) and of the SDK's member-side protocol, for member-side ops (included
+# by the top level before the SDK and the daemon): a header with
+# COLLECTIVED_MEMBER_OPS_CODE
 # (cmake/MemberOpsCode.cmake), regenerated when any of these sources
 # changes. The daemon and the SDK compile it in; use
 # collectived_use_member_ops_code(target) on a target that includes
@@ -9,7 +9,8 @@
 file(GLOB _collectived_member_ops_sources CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/plan/*.h ${PROJECT_SOURCE_DIR}/plan/*.cc
   ${PROJECT_SOURCE_DIR}/exec/*.h ${PROJECT_SOURCE_DIR}/exec/*.cc
-  ${PROJECT_SOURCE_DIR}/common/*.h
+  ${PROJECT_SOURCE_DIR}/common/*.h ${PROJECT_SOURCE_DIR}/common/dtype.cc
+  ${PROJECT_SOURCE_DIR}/client/include/collectived/dtype.h
   # The members' protocol (places per op, signatures, who writes a result).
   ${PROJECT_SOURCE_DIR}/client/src/member_ops.h
   ${PROJECT_SOURCE_DIR}/client/src/member_ops.cc)

@@ -1,4 +1,4 @@
-#include "daemon/plan/dtype.h"
+#include "collectived/dtype.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,4 +1,4 @@
-#include "daemon/plan/dtype.h"
+#include "collectived/dtype.h"
 
 #include <algorithm>
 #include <bit>
@@ -435,7 +435,7 @@ struct Float8Special {
   uint8_t code;
 };
 
-#include "daemon/plan/float8_reference.inc"
+#include "common/float8_reference.inc"
 
 struct Float8Case {
   const char* name;

@@ -1,12 +1,12 @@
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "absl/container/inlined_vector.h"
-#include "daemon/exec/reduce.h"
-#include "daemon/exec/stream_copy.h"
+#include "exec/reduce.h"
+#include "exec/stream_copy.h"
 
 namespace collectived {
 namespace {

@@ -7,14 +7,14 @@
 // one-device JAX program. Data
 // movement ops are split into independent copies. Ops that move data in place
 // (ppermute, broadcast, all_to_all with out == in) stage the inputs first.
-#ifndef COLLECTIVED_DAEMON_EXEC_CPU_EXECUTOR_H_
-#define COLLECTIVED_DAEMON_EXEC_CPU_EXECUTOR_H_
+#ifndef COLLECTIVED_EXEC_CPU_EXECUTOR_H_
+#define COLLECTIVED_EXEC_CPU_EXECUTOR_H_
 
 #include <cstddef>
 #include <memory>
 
-#include "daemon/exec/executor.h"
-#include "daemon/exec/thread_pool.h"
+#include "exec/executor.h"
+#include "exec/thread_pool.h"
 
 namespace collectived {
 
@@ -64,4 +64,4 @@ class CpuExecutor final : public Executor {
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_CPU_EXECUTOR_H_
+#endif  // COLLECTIVED_EXEC_CPU_EXECUTOR_H_

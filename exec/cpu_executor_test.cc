@@ -3,8 +3,8 @@
 // and out of place, the JAX edge cases) is the executor suite's
 // (tests/exec/executor_suite.h), which runs on the CPU executor in
 // tests/exec/cpu_executor_suite_test.cc.
-#include "daemon/exec/cpu_executor.h"
-#include "daemon/core/op_plan.h"
+#include "exec/cpu_executor.h"
+#include "plan/wire_plan.h"
 
 #include <gtest/gtest.h>
 

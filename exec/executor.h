@@ -3,8 +3,8 @@
 // The engine matches members' submissions, validates buffers, and then hands
 // one op at a time per mesh to an Executor. Implementations: CpuExecutor
 // (host memory); a CUDA/NCCL executor reports itself unviable without a GPU.
-#ifndef COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
-#define COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
+#ifndef COLLECTIVED_EXEC_EXECUTOR_H_
+#define COLLECTIVED_EXEC_EXECUTOR_H_
 
 #include <atomic>
 #include <cstdint>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 
@@ -178,4 +178,4 @@ class Executor {
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_EXECUTOR_H_
+#endif  // COLLECTIVED_EXEC_EXECUTOR_H_

@@ -1,4 +1,4 @@
-#include "daemon/exec/reduce.h"
+#include "exec/reduce.h"
 
 #include <algorithm>
 #include <bit>
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "daemon/exec/reduce_ops.h"
-#include "daemon/exec/stream_copy.h"
-#include "daemon/plan/dtype.h"
+#include "exec/reduce_ops.h"
+#include "exec/stream_copy.h"
+#include "collectived/dtype.h"
 
 #if defined(__SSE__)
 #include <xmmintrin.h>

@@ -8,12 +8,12 @@
 // several threads.
 //
 // Thread-safety: pure functions; safe to call concurrently on disjoint outputs.
-#ifndef COLLECTIVED_DAEMON_EXEC_REDUCE_H_
-#define COLLECTIVED_DAEMON_EXEC_REDUCE_H_
+#ifndef COLLECTIVED_EXEC_REDUCE_H_
+#define COLLECTIVED_EXEC_REDUCE_H_
 
 #include <cstddef>
 
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 
@@ -142,4 +142,4 @@ void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_REDUCE_H_
+#endif  // COLLECTIVED_EXEC_REDUCE_H_

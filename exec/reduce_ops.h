@@ -46,8 +46,8 @@
 // --prec-div=true, --fmad=false (a contracted a * b + c would round once).
 //
 // Pure functions; thread-safe.
-#ifndef COLLECTIVED_DAEMON_EXEC_REDUCE_OPS_H_
-#define COLLECTIVED_DAEMON_EXEC_REDUCE_OPS_H_
+#ifndef COLLECTIVED_EXEC_REDUCE_OPS_H_
+#define COLLECTIVED_EXEC_REDUCE_OPS_H_
 
 #include <cstdint>
 #include <type_traits>
@@ -58,7 +58,7 @@
 #include <limits>
 #endif
 
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 #if defined(__CUDACC__)
 #define COLLECTIVED_HD __host__ __device__
@@ -867,4 +867,4 @@ inline bool VisitReduce(ReduceKind kind, DType dt, int n, Fn&& fn) {
 }  // namespace reduce_ops
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_REDUCE_OPS_H_
+#endif  // COLLECTIVED_EXEC_REDUCE_OPS_H_

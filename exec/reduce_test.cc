@@ -1,4 +1,4 @@
-#include "daemon/exec/reduce.h"
+#include "exec/reduce.h"
 
 #include <algorithm>
 #include <bit>
@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "daemon/exec/reduce_ops.h"
-#include "daemon/plan/dtype.h"
+#include "exec/reduce_ops.h"
+#include "collectived/dtype.h"
 #include "gtest/gtest.h"
 
 #if defined(__SSE__)

@@ -1,4 +1,4 @@
-#include "daemon/exec/spanning.h"
+#include "exec/spanning.h"
 
 #include <algorithm>
 #include <deque>

@@ -52,16 +52,16 @@
 //
 // Thread-safety: RunSpanning uses only the fabric it is given; a Fabric is
 // used by one op at a time.
-#ifndef COLLECTIVED_DAEMON_EXEC_SPANNING_H_
-#define COLLECTIVED_DAEMON_EXEC_SPANNING_H_
+#ifndef COLLECTIVED_EXEC_SPANNING_H_
+#define COLLECTIVED_EXEC_SPANNING_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/exec/executor.h"
-#include "daemon/plan/op_plan.h"
+#include "exec/executor.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 
@@ -127,4 +127,4 @@ absl::Status RunSpanning(const OpPlan& plan, const std::vector<MemberIo>& io, Fa
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_SPANNING_H_
+#endif  // COLLECTIVED_EXEC_SPANNING_H_

@@ -9,8 +9,8 @@
 //
 // Thread-safety: pure functions. Each call ends with a store fence, so the
 // data is visible to whoever the calling thread signals afterwards.
-#ifndef COLLECTIVED_DAEMON_EXEC_STREAM_COPY_H_
-#define COLLECTIVED_DAEMON_EXEC_STREAM_COPY_H_
+#ifndef COLLECTIVED_EXEC_STREAM_COPY_H_
+#define COLLECTIVED_EXEC_STREAM_COPY_H_
 
 #include <emmintrin.h>
 
@@ -47,4 +47,4 @@ inline void StreamCopy(void* dst, const void* src, size_t bytes) {
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_STREAM_COPY_H_
+#endif  // COLLECTIVED_EXEC_STREAM_COPY_H_

@@ -1,4 +1,4 @@
-#include "daemon/exec/thread_pool.h"
+#include "exec/thread_pool.h"
 
 #include <atomic>
 #include <memory>

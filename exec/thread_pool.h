@@ -4,8 +4,8 @@
 // ParallelFor may be called from several threads at once; the calling thread
 // takes part in its own loop, so a loop always makes progress even when every
 // worker is busy with other loops.
-#ifndef COLLECTIVED_DAEMON_EXEC_THREAD_POOL_H_
-#define COLLECTIVED_DAEMON_EXEC_THREAD_POOL_H_
+#ifndef COLLECTIVED_EXEC_THREAD_POOL_H_
+#define COLLECTIVED_EXEC_THREAD_POOL_H_
 
 #include <cstddef>
 #include <deque>
@@ -48,4 +48,4 @@ class ThreadPool {
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_THREAD_POOL_H_
+#endif  // COLLECTIVED_EXEC_THREAD_POOL_H_

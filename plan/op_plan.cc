@@ -1,4 +1,4 @@
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

@@ -2,18 +2,18 @@
 // matches ops, and the executors, which run them.
 //
 // Neutral on purpose: no protobuf and no executor code, so that the core
-// (which plans from the wire format, daemon/core/op_plan.h) and every
+// (which plans from the wire format, plan/wire_plan.h) and every
 // executor (CPU, CUDA) depend on this library and not on each other.
 // Plain data and pure functions; thread-safe.
-#ifndef COLLECTIVED_DAEMON_PLAN_OP_PLAN_H_
-#define COLLECTIVED_DAEMON_PLAN_OP_PLAN_H_
+#ifndef COLLECTIVED_PLAN_OP_PLAN_H_
+#define COLLECTIVED_PLAN_OP_PLAN_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "daemon/plan/dtype.h"
+#include "collectived/dtype.h"
 
 namespace collectived {
 
@@ -145,4 +145,4 @@ DType ReduceResultDType(ReduceKind kind, DType dt);
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_PLAN_OP_PLAN_H_
+#endif  // COLLECTIVED_PLAN_OP_PLAN_H_

@@ -1,4 +1,4 @@
-#include "daemon/core/op_plan.h"
+#include "plan/wire_plan.h"
 
 #include <algorithm>
 

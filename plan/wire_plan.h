@@ -1,12 +1,12 @@
 // Validation of one op, as the wire format gives it, against a mesh: the
-// plan the executor runs (daemon/plan/op_plan.h).
+// plan the executor runs (plan/op_plan.h).
 //
 // PlanOp checks everything that can be checked from the op alone (kind, axes,
 // dtype, shape, parameters) and derives the result shape and the groups of
 // members that communicate. Buffer ranges are checked by the engine, which
 // owns the buffers. Pure functions; thread-safe.
-#ifndef COLLECTIVED_DAEMON_CORE_OP_PLAN_H_
-#define COLLECTIVED_DAEMON_CORE_OP_PLAN_H_
+#ifndef COLLECTIVED_PLAN_WIRE_PLAN_H_
+#define COLLECTIVED_PLAN_WIRE_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "collectived/v1/collective.pb.h"
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 
@@ -34,4 +34,4 @@ v1::OpKind ToProto(OpKind kind);
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_CORE_OP_PLAN_H_
+#endif  // COLLECTIVED_PLAN_WIRE_PLAN_H_

@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "collectived/member_ops_code.h"
 #include "common/fast_queue.h"
-#include "daemon/core/op_plan.h"
+#include "plan/wire_plan.h"
 
 namespace collectived::internal {
 

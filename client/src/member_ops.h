@@ -19,8 +19,8 @@
 #include "absl/types/span.h"
 #include "collectived/v1/collective.pb.h"
 #include "common/member_ops.h"
-#include "daemon/exec/cpu_executor.h"
-#include "daemon/plan/op_plan.h"
+#include "exec/cpu_executor.h"
+#include "plan/op_plan.h"
 
 namespace collectived::internal {
 

@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "daemon/memory/buffer_allocator.h"
+#include "common/device.h"
 
 namespace collectived::cuda {
 

@@ -33,7 +33,7 @@
 #include "daemon/cluster/host_mesh.h"
 #include "daemon/cluster/peer_stream.h"
 #include "daemon/core/rendezvous.h"
-#include "daemon/exec/thread_pool.h"
+#include "exec/thread_pool.h"
 
 namespace collectived {
 

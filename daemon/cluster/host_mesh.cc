@@ -26,7 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
-#include "daemon/exec/spanning.h"
+#include "exec/spanning.h"
 
 namespace collectived {
 namespace {

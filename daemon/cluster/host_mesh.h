@@ -36,7 +36,7 @@
 //    naming them as the one-host daemon does ("missing: 5 (2,1) pid N host
 //    h2 ..."), or naming the host when it never answered (a cut link, a hung
 //    daemon).
-//  - Data: RunSpanning (daemon/exec/spanning.h) with one partition per host
+//  - Data: RunSpanning (exec/spanning.h) with one partition per host
 //    (a member's partition is its host's rank). Every host runs the same
 //    deterministic schedule over the global member table and a HostFabric
 //    does only this host's part of it: its local runs and copies, sends of

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/exec/executor.h"
+#include "exec/executor.h"
 #include "daemon/memory/buffer_allocator.h"
 
 namespace collectived {

@@ -16,7 +16,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "daemon/memory/buffer_allocator.h"
 #include "daemon/util/log.h"
 #include "tests/fakes/fake_gpu.h"

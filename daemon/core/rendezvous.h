@@ -37,8 +37,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/exec/executor.h"
-#include "daemon/plan/op_plan.h"
+#include "exec/executor.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 

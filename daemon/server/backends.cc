@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/util/log.h"
 #ifdef COLLECTIVED_HAVE_CUDA
-#include "daemon/exec/cuda/cuda_executor.h"
+#include "exec/cuda/cuda_executor.h"
 #include "daemon/memory/cuda_vmm_buffer.h"
 #endif
 

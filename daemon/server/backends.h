@@ -8,7 +8,7 @@
 #define COLLECTIVED_DAEMON_SERVER_BACKENDS_H_
 
 #include "daemon/core/backends.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 
 namespace collectived {
 

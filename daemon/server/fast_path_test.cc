@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fast_queue.h"
 #include "common/sync.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 
 namespace collectived {
 namespace {

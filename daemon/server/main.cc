@@ -41,7 +41,7 @@
 #include "daemon/cluster/coordinator_service.h"
 #include "daemon/cluster/in_memory_coordinator.h"
 #include "daemon/core/engine.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "daemon/server/backends.h"
 #include "daemon/server/health.h"
 #include "daemon/server/metrics.h"

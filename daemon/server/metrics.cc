@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
-#include "daemon/plan/op_plan.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 

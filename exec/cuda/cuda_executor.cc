@@ -1,4 +1,4 @@
-#include "daemon/exec/cuda/cuda_executor.h"
+#include "exec/cuda/cuda_executor.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
-#include "daemon/exec/cuda/cuda_kernels.h"
-#include "daemon/exec/spanning.h"
+#include "exec/cuda/cuda_kernels.h"
+#include "exec/spanning.h"
 
 namespace collectived {
 

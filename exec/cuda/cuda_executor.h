@@ -6,7 +6,7 @@
 // (SoftwareEnv: flush-to-zero, x86's NaN results). Data movement lays data
 // out as CpuExecutor does.
 //
-// Members on different GPUs of the host: RunSpanning (daemon/exec/spanning.h)
+// Members on different GPUs of the host: RunSpanning (exec/spanning.h)
 // over NCCL point-to-point transfers between the GPUs, with this executor's
 // kernels inside each GPU, so the results are the same bits as on one GPU
 // (a one-group reduction moves what a ring all-reduce moves with one member
@@ -31,8 +31,8 @@
 // serialized by that device's mutex, so each GPU has one launch order (NCCL
 // needs it); ops across GPUs also hold every device mutex they use (taken in
 // ordinal order) and run one at a time.
-#ifndef COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
-#define COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
+#ifndef COLLECTIVED_EXEC_CUDA_CUDA_EXECUTOR_H_
+#define COLLECTIVED_EXEC_CUDA_CUDA_EXECUTOR_H_
 
 #include <memory>
 #include <string>
@@ -40,7 +40,7 @@
 
 #include "absl/time/time.h"
 #include "common/sync.h"
-#include "daemon/exec/executor.h"
+#include "exec/executor.h"
 
 namespace collectived {
 
@@ -98,4 +98,4 @@ std::unique_ptr<Executor> MakeCudaExecutor();
 
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_EXECUTOR_H_
+#endif  // COLLECTIVED_EXEC_CUDA_CUDA_EXECUTOR_H_

@@ -24,12 +24,12 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/core/op_plan.h"
-#include "daemon/exec/cpu_executor.h"
-#include "daemon/exec/cuda/cuda_executor.h"
-#include "daemon/exec/cuda/cuda_kernels.h"
-#include "daemon/exec/reduce.h"
-#include "daemon/exec/reduce_ops.h"
+#include "plan/wire_plan.h"
+#include "exec/cpu_executor.h"
+#include "exec/cuda/cuda_executor.h"
+#include "exec/cuda/cuda_kernels.h"
+#include "exec/reduce.h"
+#include "exec/reduce_ops.h"
 #include "tests/harness/require_gpu.h"
 
 #if defined(__SSE__)

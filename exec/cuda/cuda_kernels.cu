@@ -12,7 +12,7 @@
 // is as wide as the input also in a 16-byte vector form), 12 reduce-scatters
 // (the sums), 1 bfloat16 and 1 float8_e5m2 canonicalization, 5 gather and 4
 // all_to_all copy widths.
-#include "daemon/exec/cuda/cuda_kernels.h"
+#include "exec/cuda/cuda_kernels.h"
 
 #include <cuda_runtime.h>
 

@@ -13,16 +13,16 @@
 //
 // Thread-safety: the launchers keep no state; the usual CUDA stream rules
 // apply to the memory they touch.
-#ifndef COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_KERNELS_H_
-#define COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_KERNELS_H_
+#ifndef COLLECTIVED_EXEC_CUDA_CUDA_KERNELS_H_
+#define COLLECTIVED_EXEC_CUDA_CUDA_KERNELS_H_
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
 
-#include "daemon/exec/reduce_ops.h"
-#include "daemon/plan/op_plan.h"
+#include "exec/reduce_ops.h"
+#include "plan/op_plan.h"
 
 namespace collectived {
 namespace cuda_kernels {
@@ -175,4 +175,4 @@ cudaError_t LaunchAllToAll(const MemberTable& table, int n, int num_groups, uint
 }  // namespace cuda_kernels
 }  // namespace collectived
 
-#endif  // COLLECTIVED_DAEMON_EXEC_CUDA_CUDA_KERNELS_H_
+#endif  // COLLECTIVED_EXEC_CUDA_CUDA_KERNELS_H_

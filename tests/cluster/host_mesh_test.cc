@@ -24,7 +24,7 @@
 #include "daemon/cluster/host_mesh.h"
 #include "daemon/cluster/peer_auth.h"
 #include "tests/harness/memory_book.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "tests/exec/executor_suite.h"
 
 namespace collectived::executor_suite {

@@ -2,7 +2,7 @@
 // in three configurations: small work items on the pool (every op crosses
 // many chunks, no serial shortcut), the same writing every result with
 // streaming stores, and the daemon's defaults.
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "tests/exec/executor_suite.h"
 
 namespace collectived::executor_suite {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/exec/cuda/cuda_executor.h"
+#include "exec/cuda/cuda_executor.h"
 #include "tests/exec/executor_suite.h"
 
 namespace collectived::executor_suite {

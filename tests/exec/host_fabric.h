@@ -1,4 +1,4 @@
-// A Fabric (daemon/exec/spanning.h) over host memory, for testing the
+// A Fabric (exec/spanning.h) over host memory, for testing the
 // spanning schedules on any machine: partitions are numbers given to host
 // allocations, RunLocal is a CpuExecutor, transfers and copies are memcpy.
 //
@@ -23,8 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/exec/cpu_executor.h"
-#include "daemon/exec/spanning.h"
+#include "exec/cpu_executor.h"
+#include "exec/spanning.h"
 
 namespace collectived::host_fabric {
 

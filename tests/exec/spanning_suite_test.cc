@@ -1,4 +1,4 @@
-// The spanning schedules (daemon/exec/spanning.h) on host memory split into
+// The spanning schedules (exec/spanning.h) on host memory split into
 // partitions: the executor suite (executor_suite.h) with members spread over
 // 2 and 3 partitions in two layouts, so every op, dtype and group choice
 // crosses partitions and must give the one-partition bits; and checks of what
@@ -10,7 +10,7 @@
 #include <functional>
 #include <numeric>
 
-#include "daemon/core/op_plan.h"
+#include "plan/wire_plan.h"
 #include "tests/exec/executor_suite.h"
 #include "tests/exec/host_fabric.h"
 

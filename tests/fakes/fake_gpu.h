@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "daemon/core/backends.h"
 #include "daemon/memory/buffer_allocator.h"
 

@@ -26,7 +26,7 @@
 #include "common/fast_queue.h"
 #include "common/sync.h"
 #include "daemon/core/engine.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "daemon/server/fast_path.h"
 #include "daemon/util/log.h"
 

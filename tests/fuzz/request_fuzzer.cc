@@ -20,8 +20,8 @@
 #include "collectived/v1/collective.pb.h"
 #include "common/sync.h"
 #include "daemon/core/engine.h"
-#include "daemon/core/op_plan.h"
-#include "daemon/exec/cpu_executor.h"
+#include "plan/wire_plan.h"
+#include "exec/cpu_executor.h"
 #include "daemon/util/log.h"
 
 namespace collectived {

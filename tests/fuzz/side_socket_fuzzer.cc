@@ -31,7 +31,7 @@
 #include "common/unique_fd.h"
 #include "common/unix_socket.h"
 #include "daemon/core/engine.h"
-#include "daemon/exec/cpu_executor.h"
+#include "exec/cpu_executor.h"
 #include "daemon/server/fast_path.h"
 #include "daemon/server/side_channel.h"
 #include "daemon/util/log.h"
