@@ -426,8 +426,8 @@ def check_docker(dockerfile):
 
     ignore = Path(str(dockerfile) + ".dockerignore")
     if ignore.is_file():
-        needed = ["CMakeLists.txt", "cmake", "proto", "common", "daemon", "client", "examples",
-                  "deploy/healthcheck"]
+        needed = ["CMakeLists.txt", "cmake", "proto", "common", "plan", "exec", "daemon", "client",
+                  "examples", "deploy/healthcheck"]
         for line in ignore.read_text().splitlines():
             pat = line.strip()
             if not pat or pat.startswith("#") or pat.startswith("!"):
