@@ -44,6 +44,9 @@
 namespace collectived {
 
 class ClientImpl;
+namespace internal {
+struct OpArgs;  // client/src/op_spec.h
+}  // namespace internal
 class OpState;
 
 struct ClientOptions {
@@ -512,23 +515,22 @@ class Mesh {
   friend class ClientImpl;
   Mesh() = default;
   struct OpRequest;  // defined in the implementation
-  struct OpCall;     // a synchronous op's arguments, before any OpSpec is built
   struct StreamOrder;  // set_stream's words and stream
   struct MemberSide;  // member-side small ops: the segment, ops in flight
+  // Submits the op `args` describes (client/src/op_spec.h), or fails it at
+  // once when CheckArgs refuses it.
+  OpFuture Submit(const internal::OpArgs& args);
   OpFuture Submit(const OpRequest& request);
   // Sends `request` to the daemon, stream-ordered or not.
   OpFuture Dispatch(const OpRequest& request);
   OpFuture SubmitOnStream(const OpRequest& request);
-  // Runs `call` and waits for it: member-side when it can, else through the
-  // daemon.
-  absl::Status Run(const OpCall& call);
-  // `op` as a synchronous call, for the kinds that may run member-side
-  // (run, start); nullopt for the others, which always go to the daemon.
-  static std::optional<OpCall> SyncCall(const Collective& op);
-  // Runs `call` member-side when it can (true; its outcome in *status),
+  // Runs the op `args` describes and waits for it: member-side when it can,
+  // else through the daemon.
+  absl::Status Run(const internal::OpArgs& args);
+  // Runs `args` member-side when it can (true; its outcome in *status),
   // else sends it to the daemon (false; its future in *future).
   // `interrupted`: see start (may be null).
-  bool RunOrDispatch(const OpCall& call, const std::function<bool()>* interrupted,
+  bool RunOrDispatch(const internal::OpArgs& args, const std::function<bool()>* interrupted,
                      absl::Status* status, OpFuture* future);
   // A future already completed with `status` (an op refused in this process,
   // or one that ran member-side: OK included).
