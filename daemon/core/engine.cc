@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "collectived/member_ops_code.h"
 #include "common/fast_queue.h"
+#include "daemon/core/join_request.h"
 #include "daemon/util/log.h"
 #include "daemon/util/random_id.h"
 
@@ -19,27 +20,9 @@ namespace collectived {
 namespace {
 
 constexpr size_t kMaxClientName = 128;
-constexpr size_t kMaxMeshName = 128;
-constexpr size_t kMaxAxisName = 64;
-constexpr int kMaxAxes = 8;
-
-bool ValidName(const std::string& s, size_t max_len, absl::string_view extra) {
-  if (s.empty() || s.size() > max_len) return false;
-  for (char c : s) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '_' || extra.find(c) != absl::string_view::npos;
-    if (!ok) return false;
-  }
-  return true;
-}
 
 std::string CoordString(const std::vector<int>& c) {
   return absl::StrCat("(", absl::StrJoin(c, ","), ")");
-}
-
-// Meshes are named within a scope.
-std::string MeshKey(const std::string& scope, const std::string& name) {
-  return absl::StrCat(scope, "/", name);
 }
 
 std::string AxesString(const MeshShape& s) {
@@ -100,8 +83,6 @@ thread_local bool t_running_inline = false;
 // registry's answer, which names the missing members of every host, comes
 // first. Without a Form (no registry reached) it times out at its deadline.
 constexpr absl::Duration kClusterJoinGrace = absl::Milliseconds(500);
-// The longest MeshKey of a cluster mesh (see JoinMesh).
-constexpr size_t kMaxClusterMeshKey = 180;
 // How soon a registration that found no coordinator is tried again.
 constexpr absl::Duration kRegisterRetry = absl::Milliseconds(250);
 }  // namespace
@@ -517,253 +498,192 @@ v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
   return info;
 }
 
-void Engine::JoinMesh(const v1::JoinMeshRequest& req,
-                      std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done) {
+void Engine::JoinMesh(const v1::JoinMeshRequest& req, JoinDone done) {
   Callbacks cbs;
-  absl::Status error = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS -> absl::Status {
-    MutexLock lock(&mu_);
-    auto s = GetSession(req.session_id());
-    if (!s.ok()) return s.status();
-    Session* session = *s;
-    if (!ValidName(req.mesh_name(), kMaxMeshName, ".:/-")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mesh_name '", req.mesh_name(), "' must be 1 to ", kMaxMeshName,
-          " characters of [A-Za-z0-9_.:/-]"));
-    }
-    if (req.axes().empty() || req.axes_size() > kMaxAxes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a mesh needs 1 to ", kMaxAxes, " axes; got ", req.axes_size()));
-    }
-    MeshShape shape;
-    int64_t members = 1;
-    for (const auto& axis : req.axes()) {
-      if (!ValidName(axis.name(), kMaxAxisName, ".-")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "axis name '", axis.name(), "' must be 1 to ", kMaxAxisName,
-            " characters of [A-Za-z0-9_.-]"));
-      }
-      if (std::find(shape.names.begin(), shape.names.end(), axis.name()) != shape.names.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("axis name '", axis.name(), "' repeats"));
-      }
-      if (axis.size() < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("axis '", axis.name(), "' has size ", axis.size(), "; must be >= 1"));
-      }
-      members *= axis.size();
-      if (members > options_.max_mesh_members) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "mesh has more than ", options_.max_mesh_members, " members"));
-      }
-      shape.names.push_back(axis.name());
-      shape.sizes.push_back(axis.size());
-    }
-    const bool assign = req.coordinate().empty();
-    if (assign && options_.rendezvous != nullptr) {
-      return absl::InvalidArgumentError(
-          "this daemon is part of a cluster, where a mesh's members may join on any host: "
-          "give each member its coordinate (the daemons cannot assign them)");
-    }
-    if (!assign) {
-      if (req.coordinate_size() != req.axes_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "coordinate has ", req.coordinate_size(), " entries for ", req.axes_size(), " axes"));
-      }
-      for (int i = 0; i < req.coordinate_size(); ++i) {
-        if (req.coordinate(i) < 0 || req.coordinate(i) >= shape.sizes[i]) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "coordinate ", req.coordinate(i), " out of range for axis '", shape.names[i],
-              "' of size ", shape.sizes[i]));
-        }
-      }
-    }
-    if (req.timeout_ms() < 0 || req.op_timeout_ms() < 0) {
-      return absl::InvalidArgumentError("timeouts must be >= 0");
-    }
-    if (!req.scope().empty() && !ValidName(req.scope(), kMaxMeshName, ".:-")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "scope '", req.scope(), "' must be up to ", kMaxMeshName,
-          " characters of [A-Za-z0-9_.:-]"));
-    }
-    if (req.join_token().size() > 256) {
-      return absl::InvalidArgumentError("join_token is longer than 256 bytes");
-    }
-    const std::string key = MeshKey(req.scope(), req.mesh_name());
-    // In a cluster the key names the mesh in the registry and its Gloo
-    // rendezvous keys (at most kMaxClusterMeshKey characters leave room for
-    // theirs).
-    if (options_.rendezvous != nullptr && key.size() > kMaxClusterMeshKey) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "in a cluster, a mesh's scope and name together must be at most ",
-          kMaxClusterMeshKey - 1, " characters; got ", key.size() - 1));
-    }
-    // An older, broken generation of the same name is left automatically,
-    // once every check below has passed (a rejected join changes nothing).
-    std::vector<std::pair<std::string, int>> stale;
-    for (const auto& [mesh_id, member_index] : session->meshes) {
-      auto m = meshes_.find(mesh_id);
-      if (m == meshes_.end() || m->second->key != key) continue;
-      if (m->second->state != MeshState::kBroken) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "this session is already member ", member_index, " of mesh '", req.mesh_name(),
-            "' (generation ", m->second->generation, ")"));
-      }
-      stale.emplace_back(mesh_id, member_index);
-    }
+  // Run after unlocking, on every return.
+  absl::Cleanup run_callbacks = [&cbs] { Run(cbs); };
+  MutexLock lock(&mu_);
+  const absl::Status error = JoinLocked(req, done, cbs);
+  if (error.ok()) return;
+  LogEventLater(cbs, LogLevel::kWarn, "join_failed",
+                {{"mesh", req.mesh_name()}, {"session", DisplayId(req.session_id())},
+                 {"error", error.ToString()}});
+  cbs.push_back([done = std::move(done), error] { done(error); });
+}
 
-    Mesh* mesh = nullptr;
-    auto by_name = mesh_by_name_.find(key);
-    if (by_name != mesh_by_name_.end()) {
-      mesh = meshes_.at(by_name->second).get();
-      if (mesh->state == MeshState::kReady && mesh->token == req.join_token()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "mesh '", mesh->name, "' generation ", mesh->generation, " is already full (",
-            mesh->shape.num_members(), " members)"));
-      }
-      absl::Status refused;
-      if (mesh->token != req.join_token()) {
-        refused = absl::PermissionDeniedError(absl::StrCat(
-            "mesh '", mesh->name, "' needs the join token its first member set"));
-      } else if (mesh->shape.names != shape.names || mesh->shape.sizes != shape.sizes) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "mesh '", mesh->name, "' is forming with axes (", AxesString(mesh->shape),
-            ") but this join asks for (", AxesString(shape), ")"));
-      } else if (mesh->assign != assign) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "mesh '", mesh->name, "': members ",
-            mesh->assign ? "asked the daemon to assign coordinates"
-                         : "gave explicit coordinates",
-            "; every member must do the same"));
-      } else if (req.op_timeout_ms() > 0 && mesh->op_timeout_set &&
-                 Millis(mesh->op_timeout) != req.op_timeout_ms()) {
-        refused = absl::FailedPreconditionError(absl::StrCat(
-            "mesh '", mesh->name, "' has op_timeout_ms ", Millis(mesh->op_timeout),
-            " but this join asks for ", req.op_timeout_ms()));
-      }
-      if (!refused.ok()) {
-        // The members already waiting hear of it if they time out.
-        if (mesh->state == MeshState::kForming) {
-          constexpr size_t kMaxRefusedJoins = 4;
-          if (mesh->refused_joins.size() == kMaxRefusedJoins) {
-            mesh->refused_joins.erase(mesh->refused_joins.begin());
-          }
-          mesh->refused_joins.push_back(absl::StrCat("pid ", session->pid, " '",
-                                                     session->client_name, "': ",
-                                                     refused.message()));
-        }
-        return refused;
-      }
-    } else {
-      // No mesh holds the name now, but an earlier generation's token may
-      // still bind it.
-      auto record = names_.find(key);
-      if (record != names_.end() && record->second.held(absl::Now(), options_.token_hold) &&
-          record->second.token != req.join_token()) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "mesh '", req.mesh_name(), "' needs the join token of its generation ",
-            record->second.last_generation,
-            " (a mesh's token carries over to its next generations)"));
-      }
-      if (static_cast<int>(meshes_.size()) >= options_.max_meshes) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("mesh limit reached (", options_.max_meshes, ")"));
-      }
-      auto m = std::make_unique<Mesh>();
-      m->id = RandomId("m-");
-      m->name = req.mesh_name();
-      m->scope = req.scope();
-      m->key = key;
-      m->token = req.join_token();
-      m->shape = shape;
-      NameRecord& name = names_[key];
-      name.token = req.join_token();
-      ++name.meshes;
-      m->generation = ++name.last_generation;
-      m->assign = assign;
-      m->op_timeout = options_.op_timeout;
-      m->member_session.assign(members, "");
-      m->member_left.assign(members, false);
-      m->next_sequence.assign(members, 0);
-      m->local_members = static_cast<int>(members);
-      if (options_.rendezvous != nullptr) {
-        m->cluster = true;
-        m->local_members = 0;  // known once formed
-        m->join_info.key = absl::StrCat("mesh", key);
-        m->join_info.axes = AxesString(shape);
-        m->join_info.members = members;
-        m->join_info.token = req.join_token();
-        m->registered.assign(members, false);
-      }
-      mesh = m.get();
-      mesh_by_name_[m->key] = m->id;
-      meshes_.emplace(m->id, std::move(m));
-      LogEventLater(cbs, LogLevel::kInfo, "mesh_forming",
-                    {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(shape)},
-                {"generation", absl::StrCat(mesh->generation)}});
+absl::Status Engine::JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, Callbacks& cbs) {
+  auto s = GetSession(req.session_id());
+  if (!s.ok()) return s.status();
+  Session* session = *s;
+  const absl::StatusOr<JoinSpec> valid =
+      ValidateJoin(req, {options_.max_mesh_members, options_.rendezvous != nullptr});
+  if (!valid.ok()) return valid.status();
+  const JoinSpec& spec = *valid;
+  // An older, broken generation of the same name is left automatically,
+  // once every check below has passed (a rejected join changes nothing).
+  std::vector<std::pair<std::string, int>> stale;
+  for (const auto& [mesh_id, member_index] : session->meshes) {
+    auto m = meshes_.find(mesh_id);
+    if (m == meshes_.end() || m->second->key != spec.key) continue;
+    if (m->second->state != MeshState::kBroken) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "this session is already member ", member_index, " of mesh '", req.mesh_name(),
+          "' (generation ", m->second->generation, ")"));
     }
-    int index = -1;
-    if (assign) {
-      for (int i = 0; i < static_cast<int>(mesh->member_session.size()); ++i) {
-        if (mesh->member_session[i].empty()) {
-          index = i;
-          break;
-        }
-      }
-    } else {
-      index = shape.Index(std::vector<int>(req.coordinate().begin(), req.coordinate().end()));
-      if (!mesh->member_session[index].empty()) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "coordinate ", CoordString(shape.Coordinate(index)), " of mesh '", mesh->name,
-            "' is taken by member ", MemberLabel(*mesh, index)));
-      }
-    }
-    // Every check passed: from here on the join takes effect.
-    for (const auto& [old_id, old_index] : stale) {
-      session->meshes.erase(old_id);
-      meshes_.at(old_id)->member_left[old_index] = true;
-      MaybeEraseMesh(old_id);
-    }
-    if (req.op_timeout_ms() > 0 && !mesh->op_timeout_set) {
-      mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms());
-      mesh->op_timeout_set = true;
-    }
-    mesh->member_session[index] = session->id;
-    session->meshes[mesh->id] = index;
-    JoinWaiter waiter;
-    waiter.session_id = session->id;
-    waiter.done = std::move(done);
-    absl::Duration timeout =
-        req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : options_.join_timeout;
-    std::string mesh_id = mesh->id;
-    waiter.deadline = absl::Now() + timeout;
-    waiter.timer = timer_->Schedule(waiter.deadline,
-                                    [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
-    mesh->join_waiters[index] = std::move(waiter);
-    if (mesh->cluster && static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
-      // Every member joined here: a mesh of this host alone, whatever the
-      // registry says (its indices there are given back).
-      std::vector<int> all(mesh->shape.num_members());
-      std::iota(all.begin(), all.end(), 0);
-      TellCluster(*mesh, all, false, "the mesh formed on one host", cbs);
-      mesh->local_only = true;
-      mesh->local_members = mesh->shape.num_members();
-      mesh->member_host.assign(mesh->shape.num_members(), options_.rendezvous->host_id());
-      CompleteJoin(*mesh, cbs);
-    } else if (mesh->cluster) {
-      // The registry decides whether the join stands and when the mesh is
-      // full; the joiner waits for it (OnRegistered, OnFormed).
-      Register(*mesh, index, session->id, cbs);
-    } else if (static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
-      CompleteJoin(*mesh, cbs);
-    }
-    return absl::OkStatus();
-  }();
-  if (!error.ok()) {
-    LogEvent(LogLevel::kWarn, "join_failed",
-             {{"mesh", req.mesh_name()}, {"session", DisplayId(req.session_id())},
-              {"error", error.ToString()}});
-    cbs.push_back([done = std::move(done), error] { done(error); });
+    stale.emplace_back(mesh_id, member_index);
   }
-  Run(cbs);
+  absl::StatusOr<Mesh*> found = MeshToJoinLocked(req, spec, *session, cbs);
+  if (!found.ok()) return found.status();
+  Mesh* mesh = *found;
+  int index = spec.index;
+  if (spec.assign) {
+    const auto free = std::find(mesh->member_session.begin(), mesh->member_session.end(), "");
+    index = free == mesh->member_session.end()
+                ? -1
+                : static_cast<int>(free - mesh->member_session.begin());
+  } else if (!mesh->member_session[index].empty()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "coordinate ", CoordString(spec.shape.Coordinate(index)), " of mesh '", mesh->name,
+        "' is taken by member ", MemberLabel(*mesh, index)));
+  }
+  // Every check passed: from here on the join takes effect.
+  for (const auto& [old_id, old_index] : stale) {
+    session->meshes.erase(old_id);
+    meshes_.at(old_id)->member_left[old_index] = true;
+    MaybeEraseMesh(old_id);
+  }
+  if (req.op_timeout_ms() > 0 && !mesh->op_timeout_set) {
+    mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms());
+    mesh->op_timeout_set = true;
+  }
+  mesh->member_session[index] = session->id;
+  session->meshes[mesh->id] = index;
+  JoinWaiter waiter;
+  waiter.session_id = session->id;
+  waiter.done = std::move(done);
+  absl::Duration timeout =
+      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : options_.join_timeout;
+  std::string mesh_id = mesh->id;
+  waiter.deadline = absl::Now() + timeout;
+  waiter.timer = timer_->Schedule(waiter.deadline,
+                                  [this, mesh_id, index] { OnJoinDeadline(mesh_id, index); });
+  mesh->join_waiters[index] = std::move(waiter);
+  if (mesh->cluster && static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
+    // Every member joined here: a mesh of this host alone, whatever the
+    // registry says (its indices there are given back).
+    std::vector<int> all(mesh->shape.num_members());
+    std::iota(all.begin(), all.end(), 0);
+    TellCluster(*mesh, all, false, "the mesh formed on one host", cbs);
+    mesh->local_only = true;
+    mesh->local_members = mesh->shape.num_members();
+    mesh->member_host.assign(mesh->shape.num_members(), options_.rendezvous->host_id());
+    CompleteJoin(*mesh, cbs);
+  } else if (mesh->cluster) {
+    // The registry decides whether the join stands and when the mesh is
+    // full; the joiner waits for it (OnRegistered, OnFormed).
+    Register(*mesh, index, session->id, cbs);
+  } else if (static_cast<int>(mesh->join_waiters.size()) == mesh->shape.num_members()) {
+    CompleteJoin(*mesh, cbs);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Engine::Mesh*> Engine::MeshToJoinLocked(const v1::JoinMeshRequest& req,
+                                                       const JoinSpec& spec, Session& session,
+                                                       Callbacks& cbs) {
+  auto by_name = mesh_by_name_.find(spec.key);
+  if (by_name == mesh_by_name_.end()) return NewMeshLocked(req, spec, cbs);
+  Mesh& mesh = *meshes_.at(by_name->second);
+  if (mesh.state == MeshState::kReady && mesh.token == req.join_token()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mesh '", mesh.name, "' generation ", mesh.generation, " is already full (",
+        mesh.shape.num_members(), " members)"));
+  }
+  absl::Status refused;
+  if (mesh.token != req.join_token()) {
+    refused = absl::PermissionDeniedError(absl::StrCat(
+        "mesh '", mesh.name, "' needs the join token its first member set"));
+  } else if (mesh.shape.names != spec.shape.names || mesh.shape.sizes != spec.shape.sizes) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "mesh '", mesh.name, "' is forming with axes (", AxesString(mesh.shape),
+        ") but this join asks for (", AxesString(spec.shape), ")"));
+  } else if (mesh.assign != spec.assign) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "mesh '", mesh.name, "': members ",
+        mesh.assign ? "asked the daemon to assign coordinates"
+                     : "gave explicit coordinates",
+        "; every member must do the same"));
+  } else if (req.op_timeout_ms() > 0 && mesh.op_timeout_set &&
+             Millis(mesh.op_timeout) != req.op_timeout_ms()) {
+    refused = absl::FailedPreconditionError(absl::StrCat(
+        "mesh '", mesh.name, "' has op_timeout_ms ", Millis(mesh.op_timeout),
+        " but this join asks for ", req.op_timeout_ms()));
+  }
+  if (!refused.ok()) {
+    // The members already waiting hear of it if they time out.
+    if (mesh.state == MeshState::kForming) {
+      constexpr size_t kMaxRefusedJoins = 4;
+      if (mesh.refused_joins.size() == kMaxRefusedJoins) {
+        mesh.refused_joins.erase(mesh.refused_joins.begin());
+      }
+      mesh.refused_joins.push_back(absl::StrCat("pid ", session.pid, " '",
+                                                 session.client_name, "': ",
+                                                 refused.message()));
+    }
+    return refused;
+  }
+  return &mesh;
+}
+
+absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const v1::JoinMeshRequest& req,
+                                                    const JoinSpec& spec, Callbacks& cbs) {
+  // No mesh holds the name now, but an earlier generation's token may
+  // still bind it.
+  auto record = names_.find(spec.key);
+  if (record != names_.end() && record->second.held(absl::Now(), options_.token_hold) &&
+      record->second.token != req.join_token()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "mesh '", req.mesh_name(), "' needs the join token of its generation ",
+        record->second.last_generation,
+        " (a mesh's token carries over to its next generations)"));
+  }
+  if (static_cast<int>(meshes_.size()) >= options_.max_meshes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mesh limit reached (", options_.max_meshes, ")"));
+  }
+  auto m = std::make_unique<Mesh>();
+  m->id = RandomId("m-");
+  m->name = req.mesh_name();
+  m->scope = req.scope();
+  m->key = spec.key;
+  m->token = req.join_token();
+  m->shape = spec.shape;
+  NameRecord& name = names_[spec.key];
+  name.token = req.join_token();
+  ++name.meshes;
+  m->generation = ++name.last_generation;
+  m->assign = spec.assign;
+  m->op_timeout = options_.op_timeout;
+  m->member_session.assign(spec.members, "");
+  m->member_left.assign(spec.members, false);
+  m->next_sequence.assign(spec.members, 0);
+  m->local_members = static_cast<int>(spec.members);
+  if (options_.rendezvous != nullptr) {
+    m->cluster = true;
+    m->local_members = 0;  // known once formed
+    m->join_info.key = absl::StrCat("mesh", spec.key);
+    m->join_info.axes = AxesString(spec.shape);
+    m->join_info.members = spec.members;
+    m->join_info.token = req.join_token();
+    m->registered.assign(spec.members, false);
+  }
+  Mesh* mesh = m.get();
+  mesh_by_name_[m->key] = m->id;
+  meshes_.emplace(m->id, std::move(m));
+  LogEventLater(cbs, LogLevel::kInfo, "mesh_forming",
+                {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(spec.shape)},
+                 {"generation", absl::StrCat(mesh->generation)}});
+  return mesh;
 }
 
 void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {

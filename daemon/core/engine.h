@@ -32,6 +32,7 @@
 #include "daemon/core/stream_sync.h"
 #include "daemon/core/backends.h"
 #include "plan/wire_plan.h"
+#include "daemon/core/join_request.h"
 #include "daemon/core/rendezvous.h"
 #include "daemon/core/timer.h"
 #include "exec/executor.h"
@@ -146,8 +147,8 @@ class Engine {
   absl::Status CloseSession(const std::string& session_id, const std::string& reason);
 
   // Joins a mesh; `done` runs when the mesh is full, or on failure/deadline.
-  void JoinMesh(const v1::JoinMeshRequest& request,
-                std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done);
+  using JoinDone = std::function<void(absl::StatusOr<v1::JoinMeshResponse>)>;
+  void JoinMesh(const v1::JoinMeshRequest& request, JoinDone done) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status LeaveMesh(const std::string& session_id, const std::string& mesh_id);
   absl::StatusOr<v1::MeshInfo> DescribeMesh(const std::string& mesh_id,
                                             const std::string& mesh_name,
@@ -367,6 +368,20 @@ class Engine {
                           Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Session*> GetSession(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JoinMesh's work: takes `done` (into the mesh's join waiters) only when
+  // the join stands; otherwise the error, and nothing changed.
+  absl::Status JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The mesh a valid join joins: the forming one of its name (refused, and
+  // the refusal kept for its waiters, when the join does not match it) or a
+  // new one.
+  absl::StatusOr<Mesh*> MeshToJoinLocked(const v1::JoinMeshRequest& req, const JoinSpec& spec,
+                                         Session& session, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new mesh for the join's name, unless an earlier generation's token
+  // binds the name or the mesh limit is reached.
+  absl::StatusOr<Mesh*> NewMeshLocked(const v1::JoinMeshRequest& req, const JoinSpec& spec,
+                                      Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteJoin(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnJoinDeadline(const std::string& mesh_id, int index)
       ABSL_LOCKS_EXCLUDED(mu_);
