@@ -123,6 +123,24 @@ struct OpOutcome {
 };
 using OpDone = std::function<void(const OpOutcome&)>;
 
+// A session's buffers by id.
+using BufferTable = absl::flat_hash_map<std::string, std::shared_ptr<SharedBuffer>>;
+
+// Where one member's op reads and writes (ResolveBuffers).
+struct SubmittedBuffers {
+  std::shared_ptr<SharedBuffer> in_buf, out_buf;
+  uint64_t in_offset = 0, out_offset = 0;
+};
+
+// Resolves the regions `op` names among a session's `buffers` for its
+// `plan`, and checks them: a region inside its buffer, aligned to the
+// element size and within the size the client declared; an output on the
+// input's device, the same region as the input or apart from it; in place
+// only when the result has the input's size. A barrier or an op of no
+// bytes names none. Pure: looks at nothing but its arguments.
+absl::Status ResolveBuffers(const v1::OpSpec& op, const OpPlan& plan,
+                            const BufferTable& buffers, SubmittedBuffers& out);
+
 class Engine {
  public:
   // Runs on `backends`: the viable allocators and executors (see
@@ -239,7 +257,7 @@ class Engine {
     int uid = -1;
     bool attached = false;
     DeadlineTimer::TimerId attach_timer = 0;
-    absl::flat_hash_map<std::string, std::shared_ptr<SharedBuffer>> buffers;
+    BufferTable buffers;
     // Bytes of its host (memfd) buffers and, apart, of its GPU buffers.
     uint64_t buffer_bytes = 0;
     uint64_t gpu_buffer_bytes = 0;
@@ -464,6 +482,24 @@ class Engine {
                    const absl::Status& status, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The host id shown for member `index` ("" outside a cluster mesh).
   std::string HostOf(const Mesh& mesh, int index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submit's steps. The submission of `session` for `op`: its mesh (one
+  // that formed and is not broken: a segment a member marked broken breaks
+  // it now), its plan and its buffers.
+  absl::StatusOr<Submission> ResolveSubmissionLocked(Session& session, const v1::OpSpec& op,
+                                                     Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Room for one more retained op: drops the oldest completed one at the
+  // limit; RESOURCE_EXHAUSTED when none completed.
+  absl::Status MakeRoomToRetainLocked(Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retains the session's next op (its outcome kept for Wait): `user_done`
+  // wrapped to record the outcome and wake its waiters.
+  OpDone RetainingDone(Session& session, OpDone user_done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Places `sub`, member `index`'s op, at its sequence in the mesh's pending
+  // ops (arming the op's deadline with the first member's), and matches the
+  // op once every local member's is there.
+  v1::SubmitResponse EnqueueLocked(Mesh& mesh, int index, Submission sub, const v1::OpSpec& op,
+                                   Session& session, Callbacks& cbs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
