@@ -4,6 +4,7 @@
 #define COLLECTIVED_CLIENT_SRC_MEMBER_SIDE_H_
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -19,8 +20,12 @@ namespace collectived {
 // with none: then its count of daemon-path ops is the daemon's, and the op
 // cannot overtake one of them).
 struct Mesh::MemberSide {
+  explicit MemberSide(std::unique_ptr<internal::MemberOps> member_ops)
+      : ops(std::move(member_ops)) {}
   Mutex mu;
-  std::unique_ptr<internal::MemberOps> ops ABSL_GUARDED_BY(mu);
+  // Set once, before the Mesh is shared. TryRun runs under mu (one op at a
+  // time); MarkBroken (an atomic word in the segment) from any thread.
+  const std::unique_ptr<internal::MemberOps> ops;
   std::vector<std::shared_ptr<OpState>> in_flight ABSL_GUARDED_BY(mu);
 
   // Drops the ops that completed; whether none is left.

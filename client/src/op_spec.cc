@@ -9,9 +9,8 @@
 namespace collectived::internal {
 namespace {
 
-// The public kinds, the plan's and the wire's: one table, checked at
-// compile time against both enums (plan/op_plan.h's OpKind is the wire's,
-// value for value).
+// The public kinds and the wire's: one table, checked at compile time
+// against both enums.
 struct KindRow {
   CollectiveKind kind;
   v1::OpKind wire;
@@ -36,18 +35,8 @@ constexpr bool RowsInOrder() {
   return true;
 }
 static_assert(RowsInOrder(), "kKinds is indexed by CollectiveKind");
-static_assert(static_cast<int>(OpKind::kPsum) == v1::PSUM &&
-                  static_cast<int>(OpKind::kPmean) == v1::PMEAN &&
-                  static_cast<int>(OpKind::kPmax) == v1::PMAX &&
-                  static_cast<int>(OpKind::kPmin) == v1::PMIN &&
-                  static_cast<int>(OpKind::kAllGather) == v1::ALL_GATHER &&
-                  static_cast<int>(OpKind::kPpermute) == v1::PPERMUTE &&
-                  static_cast<int>(OpKind::kPsumScatter) == v1::PSUM_SCATTER &&
-                  static_cast<int>(OpKind::kAllToAll) == v1::ALL_TO_ALL &&
-                  static_cast<int>(OpKind::kBarrier) == v1::BARRIER &&
-                  static_cast<int>(OpKind::kBroadcast) == v1::BROADCAST &&
-                  kNumOpKinds == v1::OpKind_ARRAYSIZE,
-              "the plan's OpKind is the wire's, value for value");
+// (plan/wire_plan.cc checks that the plan's OpKind is the wire's, value for
+// value.)
 
 bool Known(CollectiveKind kind) {
   return static_cast<size_t>(kind) < std::size(kKinds);

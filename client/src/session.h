@@ -381,8 +381,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
         }
         return mesh;
       }
-      mesh->member_side_ = std::make_unique<Mesh::MemberSide>();
-      mesh->member_side_->ops = *std::move(member_ops);
+      mesh->member_side_ = std::make_unique<Mesh::MemberSide>(*std::move(member_ops));
     }
     return mesh;
   }

@@ -85,7 +85,8 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
     return absl::OkStatus();
   };
   // The mesh and this session's member index in it, for a mesh-shared buffer.
-  auto member_of = [&](Session& session) -> absl::StatusOr<std::pair<Mesh*, int>> {
+  auto member_of = [&](Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                       mu_) -> absl::StatusOr<std::pair<Mesh*, int>> {
     auto m = session.meshes.find(mesh_id);
     auto it = meshes_.find(mesh_id);
     if (m == session.meshes.end() || it == meshes_.end()) {
@@ -108,8 +109,8 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
   };
   // Gives the session buffer number shared_asked[index] of the mesh, which
   // was made (`made_now`: by this call).
-  auto attach = [&](Session& session, Mesh& mesh, int index,
-                    bool made_now) -> absl::StatusOr<v1::BufferInfo> {
+  auto attach = [&](Session& session, Mesh& mesh, int index, bool made_now)
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::BufferInfo> {
     const size_t k = mesh.shared_asked[index];
     auto e = mesh.shared.find(k);
     if (e == mesh.shared.end()) return absl::InternalError(absl::StrCat("no shared buffer ", k));
