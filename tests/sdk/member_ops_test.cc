@@ -1012,8 +1012,8 @@ TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
     EXPECT_EQ(in0[0], 3.0f);
     EXPECT_EQ(in0[elems - 1], 3.0f);
   }
-  // Only the large psums over All() reached the daemon (the None() ones
-  // need nobody: whichever path took them, nothing refused above did).
+  // Nothing refused above reached the daemon: at most the two large psums
+  // that ran (one per spelling, counted per member) did.
   EXPECT_LE(DaemonOps(*r->daemon) - before, 4);
 }
 
