@@ -14,7 +14,10 @@ seconds="${1:-60}"
 targets=(request side_socket fast_queue host_handshake)
 command -v clang++ >/dev/null || { echo "clang++ is needed (apt-get install clang)" >&2; exit 1; }
 # The fuzz targets are host code: no CUDA (nvcc would get clang's fuzzer flags).
+# -O1 with line tables (-g1), as libFuzzer's docs build: crash stacks keep
+# file:line.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DCOLLECTIVED_FUZZ=ON -DCOLLECTIVED_WITH_CUDA=OFF >/dev/null
 # shellcheck disable=SC2046
 cmake --build build-fuzz -j"$(nproc)" --target $(printf 'collectived_%s_fuzzer ' "${targets[@]}")

@@ -39,10 +39,15 @@ run_suite() {  # name build-dir ctest-args build-targets cmake-args...
 }
 
 run_suite "release" build "" "" -DCOLLECTIVED_WITH_CUDA=AUTO
+# The sanitizer builds compile at -O1 with line tables only (-g1), as the
+# sanitizers' own docs advise: their reports keep file:line stacks, and the
+# build takes half the time of -O2 -g (host_mesh_test.cc: 99 s -> 44 s).
+sanitizer_flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
+                 -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG")
 if [ "$quick" -eq 0 ]; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     run_suite "asan+ubsan" build-asan "-LE nosan" "" -DCOLLECTIVED_SANITIZE=address -DCOLLECTIVED_WITH_CUDA=OFF \
-      -DCOLLECTIVED_BUILD_BENCH=OFF
+      -DCOLLECTIVED_BUILD_BENCH=OFF "${sanitizer_flags[@]}"
   # TSan runs the in-process concurrency tests (engine, executor, thread pool,
   # timer, the host mesh and its transport with hosts as threads): gRPC from Debian is not
   # TSan-instrumented, so processes that use it would report races TSan
@@ -50,7 +55,7 @@ if [ "$quick" -eq 0 ]; then
   # names absl::Status's uninstrumented refcount.
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$here/tests/tsan.supp" \
     run_suite "tsan" build-tsan "-L unit" collectived_in_process_tests -DCOLLECTIVED_SANITIZE=thread \
-      -DCOLLECTIVED_WITH_CUDA=OFF -DCOLLECTIVED_BUILD_BENCH=OFF
+      -DCOLLECTIVED_WITH_CUDA=OFF -DCOLLECTIVED_BUILD_BENCH=OFF "${sanitizer_flags[@]}"
   echo "=== libFuzzer: requests, side-socket packets, fast-path queues (${FUZZ_SECONDS:-20} s each)"
   scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
