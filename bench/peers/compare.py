@@ -120,8 +120,8 @@ def parse_args(argv):
     p.add_argument("--repeat", type=int, default=1,
                    help="run every system this many rounds, the systems' order rotating "
                         "each round; times are the median over rounds, ratios the median "
-                        "of the rounds' ratios with their range (this machine is noisy: "
-                        "one round's ratio can be off by 40%%)")
+                        "of the rounds' ratios, each beside its worst round (this machine is "
+                        "noisy: one round's ratio can be off by 40%%)")
     p.add_argument("--json-out", metavar="FILE", help="also write the merged rows to FILE as JSON")
     p.add_argument("--markdown", action="store_true", help="print the table as a Markdown table")
     p.add_argument("--gpu-rows", nargs="+", metavar="FILE",
@@ -393,22 +393,33 @@ def fmt_ratio(v):
     return "%.3g" % v
 
 
-def fmt_ratio_range(rr, name):
-    """The ratio, and over several rounds its range: 1.02 (0.78-1.31)."""
-    cell = fmt_ratio(rr[name])
+def worst_round(rr, name):
+    """The ratio of the round that went worst for collectived (the smallest), or
+    None with fewer than two rounds."""
     values = [v for v in rr.get(name + "_rounds", []) if v is not None]
-    if len(values) > 1:
-        cell += " (%s-%s)" % (fmt_ratio(min(values)), fmt_ratio(max(values)))
-    return cell
+    return min(values) if len(values) > 1 else None
 
 
-def build_table(merged, systems):
+def build_table(merged, systems, rounds=1):
+    """The table's header and lines. With several rounds each ratio has two
+    columns, the median of the rounds' ratios and the worst round's (the
+    smallest), and collectived's time a third, its slowest round: a run that
+    lands in a slow mode in some rounds shows there, not hidden by the median."""
     header = ["op", "N", "bytes"]
+    several = rounds > 1
     for s in systems:
-        header += ["%s us" % SHORT[s], "%s busbw" % SHORT[s]]
+        header += ["%s us" % SHORT[s]]
+        if s == "collectived" and several:
+            header += ["cd us worst"]
+        header += ["%s busbw" % SHORT[s]]
     ratio_peers = [p for p in PEERS if p in systems] if "collectived" in systems else []
+    names = (("time_peer_over_collectived", "%s/cd time"),
+             ("busbw_collectived_over_peer", "cd/%s busbw"))
     for p in ratio_peers:
-        header += ["%s/cd time" % SHORT[p], "cd/%s busbw" % SHORT[p]]
+        for _, label in names:
+            header += [label % SHORT[p]]
+            if several:
+                header += ["worst"]
     body = []
     failed_checks = False
     for m in merged:
@@ -419,11 +430,17 @@ def build_table(merged, systems):
             if r is not None and r.get("check") == "fail":
                 mark = "!"
                 failed_checks = True
-            line += [fmt(r and r["time_us"], ".2f") + mark, fmt(r and r["busbw_gbps"], ".3f")]
+            line += [fmt(r and r["time_us"], ".2f") + mark]
+            if s == "collectived" and several:
+                times = [t for t in (r or {}).get("rounds_time_us", []) if t is not None]
+                line += [fmt(max(times) if times else None, ".2f")]
+            line += [fmt(r and r["busbw_gbps"], ".3f")]
         for p in ratio_peers:
             rr = m["ratios"][p]
-            line += [fmt_ratio_range(rr, "time_peer_over_collectived"),
-                     fmt_ratio_range(rr, "busbw_collectived_over_peer")]
+            for name, _ in names:
+                line += [fmt_ratio(rr[name])]
+                if several:
+                    line += [fmt_ratio(worst_round(rr, name))]
         body.append(line)
     return header, body, failed_checks
 
@@ -574,7 +591,7 @@ def main(argv):
         round_rows.append(rows_now)
     systems = [s for s in SYSTEMS if s in ran]
     merged = combine_rounds([merge(rows, systems) for rows in round_rows], systems)
-    header, body, failed_checks = build_table(merged, systems)
+    header, body, failed_checks = build_table(merged, systems, args.repeat)
 
     title = ("%s, dtype %s, members %s, %s..%s B, iters %d, warmup %d; us = median over "
              "iterations of the slowest member's time; busbw in GB/s"
@@ -582,7 +599,8 @@ def main(argv):
                 args.min_bytes, args.max_bytes, args.iters, args.warmup))
     if args.repeat > 1:
         title += ("; %d rounds: us = median over rounds, ratios = median of the rounds' "
-                  "ratios (min-max)" % args.repeat)
+                  "ratios; worst = the round slowest for collectived (its time, the "
+                  "smallest ratio)" % args.repeat)
     if args.markdown:
         print(title + "\n")
     else:
