@@ -38,6 +38,8 @@ namespace {
 constexpr int64_t kBusyPollNs = 20'000;
 constexpr absl::Duration kSpin = absl::Microseconds(200);
 constexpr absl::Duration kSlice = absl::Milliseconds(10);
+// A member moves off a CPU it shares with another member at most this often.
+constexpr int64_t kMoveEveryNs = 200'000;
 
 // A spin-wait hint to the CPU (lets a sibling hyperthread run, saves power).
 inline void CpuRelax() {
@@ -69,16 +71,36 @@ bool BusyPoll(Ready ready, Yield yield) {
   return true;
 }
 
+// A CPU affinity mask, sized for hosts with more CPUs than cpu_set_t's 1024.
+class CpuMask {
+ public:
+  static constexpr int kMaxCpus = 8192;
+  CpuMask() : set_(CPU_ALLOC(kMaxCpus)), bytes_(CPU_ALLOC_SIZE(kMaxCpus)) {
+    if (set_ != nullptr) CPU_ZERO_S(bytes_, set_);
+  }
+  ~CpuMask() {
+    if (set_ != nullptr) CPU_FREE(set_);
+  }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+  // The calling thread's mask; false when it cannot be read.
+  bool ReadThisThread() { return set_ != nullptr && sched_getaffinity(0, bytes_, set_) == 0; }
+  // Makes this the calling thread's mask; false when the kernel refuses.
+  bool ApplyToThisThread() const {
+    return set_ != nullptr && sched_setaffinity(0, bytes_, set_) == 0;
+  }
+  int Count() const { return CPU_COUNT_S(bytes_, set_); }
+  void Remove(int cpu) { CPU_CLR_S(cpu, bytes_, set_); }
+
+ private:
+  cpu_set_t* set_;
+  size_t bytes_;
+};
+
 // The CPUs this thread may run on.
 int UsableCpus() {
-  constexpr int kMaxCpus = 8192;  // hosts with more than cpu_set_t's 1024
-  cpu_set_t* set = CPU_ALLOC(kMaxCpus);
-  if (set == nullptr) return 1;
-  const size_t bytes = CPU_ALLOC_SIZE(kMaxCpus);
-  CPU_ZERO_S(bytes, set);
-  const int n = sched_getaffinity(0, bytes, set) == 0 ? CPU_COUNT_S(bytes, set) : 1;
-  CPU_FREE(set);
-  return n;
+  CpuMask mask;
+  return mask.ReadThisThread() ? mask.Count() : 1;
 }
 
 bool KindRunsHere(OpKind kind) {
@@ -135,6 +157,20 @@ class FpEnvironment {
 };
 
 }  // namespace
+
+uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy) {
+  CpuMask mask, free_cpus;
+  if (!mask.ReadThisThread() || !free_cpus.ReadThisThread()) return 0;
+  for (uint32_t c : busy) {
+    if (c != 0 && c <= CpuMask::kMaxCpus) free_cpus.Remove(static_cast<int>(c - 1));
+  }
+  if (free_cpus.Count() == 0 || !free_cpus.ApplyToThisThread()) return 0;
+  const int now_on = sched_getcpu();
+  // Best effort: should the mask not come back, the thread keeps a subset
+  // of it (still CPUs it was allowed).
+  (void)mask.ApplyToThisThread();
+  return now_on >= 0 ? static_cast<uint32_t>(now_on + 1) : 0;
+}
 
 absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes, MeshShape shape,
                                                           int index, absl::Duration op_timeout,
@@ -263,6 +299,91 @@ bool MemberOps::AskInterrupted(absl::string_view signature) {
   }
 }
 
+bool MemberOps::PeerOnThisCpu() const {
+  if (last_cpu_ == 0) return false;  // unknown
+  for (uint32_t m = 0; m < view_.layout.members; ++m) {
+    if (m != index_ && view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == last_cpu_) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void MemberOps::PartFromPeerOnThisCpu(int64_t now) {
+  if (!busy_poll_ || last_cpu_ == 0 || now - last_move_ns_ < kMoveEveryNs) return;
+  // Of the members on one CPU, the first stays (were both to move, they
+  // could land together again).
+  const uint32_t members = view_.layout.members;
+  bool lower_member_here = false;
+  for (uint32_t m = 0; m < index_ && !lower_member_here; ++m) {
+    lower_member_here = view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == last_cpu_;
+  }
+  if (!lower_member_here) return;
+  last_move_ns_ = now;
+  std::vector<uint32_t> busy(members);
+  for (uint32_t m = 0; m < members; ++m) {
+    busy[m] = view_.slot(m)->cpu.v.load(std::memory_order_relaxed);
+  }
+  busy[index_] = last_cpu_;
+  if (const uint32_t moved = MoveToFreeCpu(busy); moved != 0) {
+    last_cpu_ = moved;
+    view_.slot(index_)->cpu.v.store(moved, std::memory_order_relaxed);
+  }
+}
+
+absl::Status MemberOps::SleepUntil(absl::FunctionRef<bool()> ready, absl::string_view signature,
+                                   uint32_t d, uint64_t s, absl::Duration timeout) {
+  // (With more members than CPUs they cannot all be apart: yield then.)
+  const absl::Duration spin = busy_poll_ && PeerOnThisCpu() ? absl::ZeroDuration() : kSpin;
+  absl::Time deadline = absl::Now() + timeout;
+  // The daemon answers for missing members; past this even its answers
+  // ("nobody is missing", from a segment a member corrupted) stop the wait.
+  const absl::Duration limit = 2 * timeout + absl::Seconds(10);
+  const absl::Time give_up = absl::Now() + limit;
+  member_ops::Slot& slot = *view_.slot(index_);
+  for (;;) {
+    // Between sleeps: is the daemon still there (it cannot mark the
+    // segment if it was killed)? Does the caller want to stop waiting?
+    bool alive = true, interrupted = false;
+    auto idle = [&] {
+      if (interrupted_ != nullptr && AskInterrupted(signature)) {
+        interrupted = true;
+        return false;
+      }
+      return alive = DaemonAlive();
+    };
+    if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready, idle, spin, kSlice, deadline)) {
+      return absl::OkStatus();
+    }
+    // A dead daemon: every waiter finds out by itself (no mark, which
+    // would turn the others' UNAVAILABLE into ABORTED).
+    if (!alive) return DaemonLost();
+    if (interrupted) {
+      // This member's entry is published: the others must not wait for
+      // it, nor run this place without it.
+      return Abandon(absl::CancelledError(absl::StrCat(
+          "member ", index_, " was interrupted while it waited in member-side ", signature)));
+    }
+    if (absl::Now() >= give_up) {
+      return Abandon(absl::DeadlineExceededError(absl::StrCat(
+          "member-side ", signature, ": the members' entries never agreed within ",
+          absl::FormatDuration(limit),
+          " although the daemon saw nobody missing (a corrupt segment?)")));
+    }
+    // Past the deadline: the daemon names the missing members and breaks
+    // the mesh, or says nobody is missing (then look again, briefly).
+    absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
+    if (!broke.ok()) {
+      if (!DaemonAlive()) return DaemonLost();
+      return Abandon(absl::Status(
+          broke.status().code(), absl::StrCat("member-side op: asking the daemon about members "
+                                              "that did not arrive in time: ",
+                                              broke.status().message())));
+    }
+    deadline = absl::Now() + (*broke ? absl::Seconds(5) : kSlice);
+  }
+}
+
 std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const uint8_t* payload,
                                             uint64_t payload_bytes, int64_t now,
                                             absl::Duration timeout) {
@@ -284,8 +405,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   mine->published_ns = now;
   // Where this member runs, for the others' choice to spin (0: unknown);
   // stored when it changed only, so the line stays in the others' caches.
-  const uint32_t cpu = static_cast<uint32_t>(sched_getcpu() + 1);
-  if (cpu != last_cpu_) {
+  if (const uint32_t cpu = static_cast<uint32_t>(sched_getcpu() + 1); cpu != last_cpu_) {
     view_.slot(index_)->cpu.v.store(cpu, std::memory_order_relaxed);
     last_cpu_ = cpu;
   }
@@ -316,72 +436,16 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
     return all_here || daemon_path ||
            view_.header()->broken.v.load(std::memory_order_seq_cst) != 0;
   };
-  // Whether a member last ran on this CPU: it cannot come while this one
-  // spins. This one then sleeps at once, so that the wake-up the other's
-  // ring brings places it on an idle CPU: the two are apart from then on
-  // (spinning or yielding would keep them together, each op a slice).
-  auto peer_on_this_cpu = [&] {
-    if (cpu == 0) return false;  // unknown
-    for (uint32_t m = 0; m < members; ++m) {
-      if (m != index_ && view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == cpu) return true;
-    }
-    return false;
-  };
   bool here = ready();
-  if (!here && busy_poll_ && !peer_on_this_cpu()) here = BusyPoll(ready, peer_on_this_cpu);
+  if (!here) PartFromPeerOnThisCpu(now);
+  // A member on this CPU cannot come while this one polls.
+  if (!here && busy_poll_ && !PeerOnThisCpu()) {
+    here = BusyPoll(ready, [this] { return PeerOnThisCpu(); });
+  }
   // The peers are usually here within a microsecond: the deadlines are
   // computed only when they are not.
   if (!here) {
-    // (With more members than CPUs they cannot all be apart: yield then.)
-    const absl::Duration spin =
-        busy_poll_ && peer_on_this_cpu() ? absl::ZeroDuration() : kSpin;
-    absl::Time deadline = absl::Now() + timeout;
-    // The daemon answers for missing members; past this even its answers
-    // ("nobody is missing", from a segment a member corrupted) stop the wait.
-    const absl::Duration limit = 2 * timeout + absl::Seconds(10);
-    const absl::Time give_up = absl::Now() + limit;
-    member_ops::Slot& slot = *view_.slot(index_);
-    for (;;) {
-      // Between sleeps: is the daemon still there (it cannot mark the
-      // segment if it was killed)? Does the caller want to stop waiting?
-      bool alive = true, interrupted = false;
-      auto idle = [&] {
-        if (interrupted_ != nullptr && AskInterrupted(signature)) {
-          interrupted = true;
-          return false;
-        }
-        return alive = DaemonAlive();
-      };
-      if (fastq::SpinThenSleep(slot.bell, slot.sleeping, ready, idle, spin, kSlice, deadline)) {
-        break;
-      }
-      // A dead daemon: every waiter finds out by itself (no mark, which
-      // would turn the others' UNAVAILABLE into ABORTED).
-      if (!alive) return DaemonLost();
-      if (interrupted) {
-        // This member's entry is published: the others must not wait for
-        // it, nor run this place without it.
-        return Abandon(absl::CancelledError(absl::StrCat(
-            "member ", index_, " was interrupted while it waited in member-side ", signature)));
-      }
-      if (absl::Now() >= give_up) {
-        return Abandon(absl::DeadlineExceededError(absl::StrCat(
-            "member-side ", signature, ": the members' entries never agreed within ",
-            absl::FormatDuration(limit),
-            " although the daemon saw nobody missing (a corrupt segment?)")));
-      }
-      // Past the deadline: the daemon names the missing members and breaks
-      // the mesh, or says nobody is missing (then look again, briefly).
-      absl::StatusOr<bool> broke = expired_(d, static_cast<uint32_t>(s & 0xffffff));
-      if (!broke.ok()) {
-        if (!DaemonAlive()) return DaemonLost();
-        return Abandon(absl::Status(
-            broke.status().code(), absl::StrCat("member-side op: asking the daemon about members "
-                                                "that did not arrive in time: ",
-                                                broke.status().message())));
-      }
-      deadline = absl::Now() + (*broke ? absl::Seconds(5) : kSlice);
-    }
+    if (absl::Status st = SleepUntil(ready, signature, d, s, timeout); !st.ok()) return st;
   }
   if (!all_here) {
     if (daemon_path) return std::nullopt;  // the daemon path says the rest

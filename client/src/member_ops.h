@@ -53,6 +53,14 @@ struct MemberOpKey {
   bool gather_tiled = false;
 };
 
+// Moves the calling thread onto a CPU of its affinity mask that none of
+// `busy` (1 + CPU, 0: unknown) names, then gives the thread its mask back
+// (the kernel moves a thread at once when its CPU leaves its mask, and
+// leaves it where it is when the mask widens again). Returns 1 + the CPU it
+// runs on now, or 0 when it did not move (every CPU of its mask is busy, or
+// the kernel said no). Members that share a CPU use it to part.
+uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy);
+
 class MemberOps {
  public:
   // Asks the daemon "EXPIRED <mesh> <d> <s>": true when the mesh broke (the
@@ -110,6 +118,22 @@ class MemberOps {
   // `timeout`: how long to wait before asking the daemon who is missing.
   std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
                                    uint64_t payload_bytes, int64_t now, absl::Duration timeout);
+  // Whether a member other than this one last ran on this member's CPU.
+  bool PeerOnThisCpu() const;
+  // Members that share a CPU hand it to each other through futex sleeps and
+  // wake-ups, several microseconds an op, and the scheduler keeps them
+  // there: the woken member runs where its waker ran. When every member can
+  // have a CPU of its own (busy_poll_) and a member with a lower index last
+  // ran on this one's CPU, this one moves to a CPU no member last ran on
+  // (MoveToFreeCpu; at most once per kMoveEvery), and the members poll apart
+  // from then on.
+  void PartFromPeerOnThisCpu(int64_t now);
+  // Meet's wait once polling did not find the members: sleeps on the bell
+  // until `ready`, asking the daemon about missing members past `timeout`.
+  // OK once ready; otherwise the op's error (the daemon gone, an interrupted
+  // wait, a member-side op given up).
+  absl::Status SleepUntil(absl::FunctionRef<bool()> ready, absl::string_view signature,
+                          uint32_t d, uint64_t s, absl::Duration timeout);
   // An op whose output is in a buffer the mesh shares: at its place, each
   // member copies its own input into its block (all_gather) or the first
   // member computes the result (a small reduction), and a second place tells
@@ -177,6 +201,7 @@ class MemberOps {
   CachedKey cached_key_;
   int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
   uint32_t last_cpu_ = 0;         // the CPU last stored in this member's slot
+  int64_t last_move_ns_ = 0;      // when it last moved off a member's CPU
 };
 
 }  // namespace collectived::internal

@@ -17,6 +17,7 @@
 //  - a member that scribbles over its segment hurts only its own mesh.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -960,6 +961,85 @@ TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
 // then for a while the empty tuple: now every way of giving it is refused in
 // this process, naming both spellings, before anything is sent or changed,
 // small ops (member-side) and large (daemon path) alike; the mesh goes on.
+// The CPUs the calling thread may run on, in order.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
+}
+
+// Runs the calling thread on `cpu` and gives it its mask back: it stays on
+// `cpu` until the scheduler moves it.
+void PutOn(int cpu, const std::vector<int>& allowed) {
+  cpu_set_t one, all;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  CPU_ZERO(&all);
+  for (int c : allowed) CPU_SET(c, &all);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+}
+
+TEST(MoveToFreeCpuTest, MovesOffTheBusyCpusAndKeepsTheMask) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
+  std::thread t([&] {
+    PutOn(allowed[0], allowed);
+    // Busy: the CPU it is on ("1 +", as the segment stores CPUs) and an
+    // unknown one (0).
+    const uint32_t moved = internal::MoveToFreeCpu({static_cast<uint32_t>(allowed[0] + 1), 0});
+    ASSERT_NE(moved, 0u);
+    EXPECT_NE(static_cast<int>(moved) - 1, allowed[0]);
+    EXPECT_NE(std::find(allowed.begin(), allowed.end(), static_cast<int>(moved) - 1),
+              allowed.end());
+    EXPECT_EQ(AllowedCpus(), allowed);  // the mask is given back whole
+  });
+  t.join();
+}
+
+TEST(MoveToFreeCpuTest, WithEveryCpuBusyItStaysAndKeepsTheMask) {
+  const std::vector<int> allowed = AllowedCpus();
+  std::thread t([&] {
+    std::vector<uint32_t> busy;
+    for (int c : allowed) busy.push_back(static_cast<uint32_t>(c + 1));
+    EXPECT_EQ(internal::MoveToFreeCpu(busy), 0u);
+    EXPECT_EQ(AllowedCpus(), allowed);
+  });
+  t.join();
+}
+
+// Two members that start on one CPU, on a machine where each can have its
+// own: the ops are exact whatever the members do to part.
+TEST(MemberOpsTest, MembersThatStartOnOneCpuStayExact) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
+  constexpr int kN = 2;
+  constexpr int kOps = 3000;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  std::vector<int> wrong(kN, 0);
+  const std::vector<absl::Status> st = OnAll(kN, [&](int i) -> absl::Status {
+    PutOn(allowed[0], allowed);
+    float* x = reinterpret_cast<float*>(r->in(i));
+    Array a = Array::Of<float>(r->m.buffers[i], {2});
+    for (int op = 0; op < kOps; ++op) {
+      x[0] = static_cast<float>(i + op);
+      x[1] = 1.0f;
+      if (absl::Status s = r->mesh(i).psum(a, "x"); !s.ok()) return s;
+      if (x[0] != static_cast<float>(2 * op + 1) || x[1] != 2.0f) ++wrong[i];
+    }
+    return absl::OkStatus();
+  });
+  ExpectAllOk(st);
+  EXPECT_EQ(wrong, std::vector<int>(kN, 0));
+  EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
+}
+
 TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
   auto r = Members::Start(2, {});
   ASSERT_NE(r, nullptr);
