@@ -294,7 +294,9 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-int Main(int argc, char** argv) {
+// The usage text and help flags, then the command line parsed; --foo-bar
+// is accepted as well as --foo_bar (absl flag names use underscores).
+void ParseFlags(int argc, char** argv) {
   absl::FlagsUsageConfig usage;
   usage.version_string = [] { return std::string("collectived " COLLECTIVED_VERSION "\n"); };
   // --help and --helpshort list the flags of the file that defines them all
@@ -313,7 +315,6 @@ int Main(int argc, char** argv) {
       "runs JAX-style collectives (psum, pmean, all_gather, ppermute, ...) for the "
       "client processes of this host over shared memory.\nUsage: collectived [--socket=PATH] "
       "[--tcp=ADDR] [flags]");
-  // Accept --foo-bar as well as --foo_bar (absl flag names use underscores).
   std::vector<std::string> args(argv, argv + argc);
   std::vector<char*> arg_ptrs;
   for (std::string& a : args) {
@@ -325,198 +326,213 @@ int Main(int argc, char** argv) {
     arg_ptrs.push_back(a.data());
   }
   absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+}
 
+// What this host's clients reach: the sockets, their mode and group, and the
+// descriptor budget.
+struct LocalSettings {
+  std::string socket;
+  std::string side_socket;
+  int mode = 0;
+  int gid = -1;  // -1: the daemon's own group
+  FdLimits fd_limits;
+};
+
+// The log level, socket and descriptor flags checked and applied (log level,
+// descriptor ceiling); the socket's directory made, and refused when another
+// daemon listens on it.
+absl::StatusOr<LocalSettings> LocalSettingsFromFlags() {
+  LocalSettings out;
   LogLevel level;
   if (!ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
-    return Fail(absl::InvalidArgumentError("--log_level must be debug, info, warn or error"));
+    return absl::InvalidArgumentError("--log_level must be debug, info, warn or error");
   }
   SetLogLevel(level);
   char* end = nullptr;
   const std::string mode_text = absl::GetFlag(FLAGS_socket_mode);
-  long mode = std::strtol(mode_text.c_str(), &end, 8);
+  const long mode = std::strtol(mode_text.c_str(), &end, 8);
   if (mode_text.empty() || *end != '\0' || mode < 0 || mode > 0777) {
-    return Fail(absl::InvalidArgumentError("--socket_mode must be octal, e.g. 0660"));
+    return absl::InvalidArgumentError("--socket_mode must be octal, e.g. 0660");
   }
-
-  int gid = -1;
+  out.mode = static_cast<int>(mode);
   if (const std::string group = absl::GetFlag(FLAGS_socket_group); !group.empty()) {
     unsigned parsed = 0;
     if (absl::SimpleAtoi(group, &parsed)) {
-      gid = static_cast<int>(parsed);
+      out.gid = static_cast<int>(parsed);
     } else if (const struct group* g = getgrnam(group.c_str())) {
-      gid = static_cast<int>(g->gr_gid);
+      out.gid = static_cast<int>(g->gr_gid);
     } else {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("unknown group '", group, "'")));
+      return absl::InvalidArgumentError(absl::StrCat("unknown group '", group, "'"));
     }
   }
   const int fd_reserve = absl::GetFlag(FLAGS_fd_reserve);
-  if (fd_reserve < 16) return Fail(absl::InvalidArgumentError("--fd_reserve must be at least 16"));
-  const FdLimits fd_limits = RaiseFdLimit();
+  if (fd_reserve < 16) return absl::InvalidArgumentError("--fd_reserve must be at least 16");
+  out.fd_limits = RaiseFdLimit();
+  const FdLimits& fd_limits = out.fd_limits;
   if (!fd_limits.raise_error.empty()) {
     LogEvent(LogLevel::kWarn, "open_files_limit_not_raised",
              {{"soft", absl::StrCat(fd_limits.soft)}, {"hard", absl::StrCat(fd_limits.hard)},
               {"error", fd_limits.raise_error}});
   }
   if (fd_limits.soft < static_cast<uint64_t>(2 * fd_reserve)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "RLIMIT_NOFILE (", fd_limits.soft, ") leaves no room beside --fd_reserve=", fd_reserve)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RLIMIT_NOFILE (", fd_limits.soft, ") leaves no room beside --fd_reserve=", fd_reserve));
   }
   SetFdCeiling(static_cast<int>(std::min<uint64_t>(fd_limits.soft, INT_MAX) - fd_reserve));
 
-  const std::string socket = ResolveSocketPath(absl::GetFlag(FLAGS_socket));
-  if (absl::Status st = EnsureSocketDir(socket); !st.ok()) return Fail(st);
-  if (StreamSocketIsLive(socket)) {
-    return Fail(absl::AlreadyExistsError(
-        absl::StrCat("another daemon is already listening on ", socket)));
+  out.socket = ResolveSocketPath(absl::GetFlag(FLAGS_socket));
+  if (absl::Status st = EnsureSocketDir(out.socket); !st.ok()) return st;
+  if (StreamSocketIsLive(out.socket)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("another daemon is already listening on ", out.socket));
   }
-  const std::string side_socket = SideSocketPath(socket);
+  out.side_socket = SideSocketPath(out.socket);
+  return out;
+}
 
-  // Block the stop signals in every thread; the main thread waits for them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-  // An Abseil built without NDEBUG (Debian's) records every absl::Mutex
-  // acquisition (gRPC's locks; the daemon's own Mutex is std::mutex,
-  // common/sync.h) in one process-wide lock-order graph, under one global
-  // lock: a shared cost on every RPC and op, to check locks that are not
-  // this project's.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+// The cluster flags, checked before anything listens.
+struct ClusterSettings {
+  bool enabled = false;            // a coordinator is served or named
+  bool serve_coordinator = false;  // --coordinator
+  bool etcd = false;               // --cluster=etcd://... or etcds://...
+  std::vector<std::string> addrs;  // coordinators or etcd endpoints
+  std::string host_id;
+  std::string token;
+  std::shared_ptr<grpc::ChannelCredentials> creds;  // null: plaintext
+  std::shared_ptr<const TlsConfig> tls;             // between hosts; null: none
+};
 
-  char host[HOST_NAME_MAX + 1] = {};
-  gethostname(host, sizeof(host) - 1);
-  // The cluster: flags checked before anything listens.
-  const std::string tcp = absl::GetFlag(FLAGS_tcp);
-  const bool serve_coordinator = absl::GetFlag(FLAGS_coordinator);
-  // The cluster is kept in etcd (etcd:// or etcds://), or by a daemon's
-  // coordinator (host:port addresses).
+// The cluster is kept in etcd (etcd:// or etcds://), or by a daemon's
+// coordinator (host:port addresses).
+absl::StatusOr<ClusterSettings> ClusterSettingsFromFlags(const std::string& tcp,
+                                                         const std::string& hostname) {
+  ClusterSettings c;
+  c.serve_coordinator = absl::GetFlag(FLAGS_coordinator);
   const std::string cluster_flag = absl::GetFlag(FLAGS_cluster);
-  const bool etcd = absl::StartsWith(cluster_flag, "etcd://") ||
-                    absl::StartsWith(cluster_flag, "etcds://");
+  c.etcd = absl::StartsWith(cluster_flag, "etcd://") || absl::StartsWith(cluster_flag, "etcds://");
   bool etcd_tls = false;
-  std::vector<std::string> etcd_endpoints;
-  if (etcd) {
+  if (c.etcd) {
     auto endpoints = ParseEtcdAddress(cluster_flag, &etcd_tls);
     if (!endpoints.ok()) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster: ", endpoints.status().message())));
+      return absl::InvalidArgumentError(absl::StrCat("--cluster: ", endpoints.status().message()));
     }
-    etcd_endpoints = *endpoints;
-    if (absl::GetFlag(FLAGS_coordinator)) {
-      return Fail(absl::InvalidArgumentError(
+    c.addrs = *endpoints;
+    if (c.serve_coordinator) {
+      return absl::InvalidArgumentError(
           "--coordinator and --cluster=etcd://... name two coordinators: with etcd, no daemon "
-          "serves one (drop --coordinator)"));
+          "serves one (drop --coordinator)");
+    }
+  } else {
+    c.addrs = absl::StrSplit(cluster_flag, ',', absl::SkipWhitespace());
+  }
+  c.host_id = absl::GetFlag(FLAGS_host_id);
+  if (c.host_id.empty()) c.host_id = hostname;
+  c.enabled = c.serve_coordinator || !c.addrs.empty();
+  if (!c.enabled) return c;
+  if (tcp.empty()) {
+    return absl::InvalidArgumentError(
+        "--coordinator and --cluster need --tcp: the cluster talks to the daemon over TCP");
+  }
+  if (absl::Status st = ValidateHostId(c.host_id); !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host-id (default: the host name): ", st.message()));
+  }
+  // NCCL's idea of a host is the cluster's: GPU ops across hosts connect
+  // the daemons as separate hosts even where two share a machine (as in
+  // tests), and NCCL never sees one GPU twice on "one host". Set before
+  // any NCCL call; a value the operator set is kept.
+  setenv("NCCL_HOSTID", absl::StrCat("collectived-", c.host_id).c_str(), /*overwrite=*/0);
+  if (const std::string f = absl::GetFlag(FLAGS_cluster_token_file); !f.empty()) {
+    auto t = ReadFile(f);
+    if (!t.ok()) return t.status();
+    c.token = std::string(absl::StripAsciiWhitespace(*t));
+    if (c.token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cluster-token-file ", f, " is empty"));
     }
   }
-  const std::vector<std::string> cluster_addrs =
-      etcd ? etcd_endpoints
-           : std::vector<std::string>(absl::StrSplit(cluster_flag, ',', absl::SkipWhitespace()));
-  std::string host_id = absl::GetFlag(FLAGS_host_id);
-  if (host_id.empty()) host_id = host;
-  std::string cluster_token;
-  std::shared_ptr<grpc::ChannelCredentials> cluster_creds;
-  std::shared_ptr<const TlsConfig> cluster_tls;
-  std::unique_ptr<InMemoryCoordinator> coordinator;
-  std::unique_ptr<CoordinatorService> coordinator_service;
-  if (serve_coordinator || !cluster_addrs.empty()) {
-    if (tcp.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          "--coordinator and --cluster need --tcp: the cluster talks to the daemon over TCP"));
-    }
-    if (absl::Status st = ValidateHostId(host_id); !st.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--host-id (default: the host name): ", st.message())));
-    }
-    // NCCL's idea of a host is the cluster's: GPU ops across hosts connect
-    // the daemons as separate hosts even where two share a machine (as in
-    // tests), and NCCL never sees one GPU twice on "one host". Set before
-    // any NCCL call; a value the operator set is kept.
-    setenv("NCCL_HOSTID", absl::StrCat("collectived-", host_id).c_str(), /*overwrite=*/0);
-    if (const std::string f = absl::GetFlag(FLAGS_cluster_token_file); !f.empty()) {
-      auto t = ReadFile(f);
-      if (!t.ok()) return Fail(t.status());
-      cluster_token = std::string(absl::StripAsciiWhitespace(*t));
-      if (cluster_token.empty()) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-token-file ", f, " is empty")));
-      }
-    }
-    if (const std::string a = absl::GetFlag(FLAGS_cluster_advertise); !a.empty()) {
-      if (absl::Status st = ValidateAddress(a); !st.ok()) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("--cluster-advertise: ", st.message())));
-      }
-    }
-    if (etcd) {
-      auto creds = EtcdCredentials(cluster_addrs, etcd_tls);
-      if (!creds.ok()) return Fail(creds.status());
-      cluster_creds = *creds;
-    } else if (!cluster_addrs.empty()) {
-      auto creds = ClusterCredentials(cluster_addrs);
-      if (!creds.ok()) return Fail(creds.status());
-      cluster_creds = *creds;
-    }
-    // With certificates, the connections between hosts are mutual TLS too,
-    // and each host's certificate must name its host id: the other hosts
-    // check it, so a daemon whose certificate does not is refused now.
-    if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
-      if (absl::GetFlag(FLAGS_tls_client_ca).empty()) {
-        return Fail(absl::InvalidArgumentError(
-            "--tls-cert in a cluster needs --tls-client-ca (the cluster's CA): the daemons "
-            "verify each other's certificates"));
-      }
-      auto tls = TlsConfig::Load({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
-                                  absl::GetFlag(FLAGS_tls_client_ca)});
-      if (!tls.ok()) return Fail(tls.status());
-      if (absl::Status st = (*tls)->NamesHost(host_id); !st.ok()) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat("--host-id: ", st.message())));
-      }
-      cluster_tls = *std::move(tls);
+  if (const std::string a = absl::GetFlag(FLAGS_cluster_advertise); !a.empty()) {
+    if (absl::Status st = ValidateAddress(a); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cluster-advertise: ", st.message()));
     }
   }
-  if (serve_coordinator) {
-    const int64_t lease_ms = absl::GetFlag(FLAGS_cluster_lease_ms);
-    if (lease_ms < 100) return Fail(absl::InvalidArgumentError("--cluster-lease-ms must be >= 100"));
-    if (cluster_token.empty() && !IsLoopback(tcp)) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--coordinator on --tcp=", tcp, " (not loopback) needs --cluster-token-file")));
-    }
-    if (cluster_token.empty()) {
-      // Loopback is not a boundary between the users of one host: any local
-      // process can reach the port, whatever --socket-mode says.
-      LogEvent(LogLevel::kWarn, "coordinator_without_token",
-               {{"tcp", tcp},
-                {"msg", "every local process can call the coordinator (join, keys, meshes); "
-                        "set --cluster-token-file on a host other users share"}});
-    }
-    InMemoryCoordinatorOptions co;
-    co.lease_ttl = absl::Milliseconds(lease_ms);
-    coordinator = std::make_unique<InMemoryCoordinator>(co);
-    coordinator_service = std::make_unique<CoordinatorService>(coordinator.get(), cluster_token);
+  if (c.etcd) {
+    auto creds = EtcdCredentials(c.addrs, etcd_tls);
+    if (!creds.ok()) return creds.status();
+    c.creds = *creds;
+  } else if (!c.addrs.empty()) {
+    auto creds = ClusterCredentials(c.addrs);
+    if (!creds.ok()) return creds.status();
+    c.creds = *creds;
   }
+  // With certificates, the connections between hosts are mutual TLS too,
+  // and each host's certificate must name its host id: the other hosts
+  // check it, so a daemon whose certificate does not is refused now.
+  if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+    if (absl::GetFlag(FLAGS_tls_client_ca).empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-cert in a cluster needs --tls-client-ca (the cluster's CA): the daemons "
+          "verify each other's certificates");
+    }
+    auto tls = TlsConfig::Load({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                                absl::GetFlag(FLAGS_tls_client_ca)});
+    if (!tls.ok()) return tls.status();
+    if (absl::Status st = (*tls)->NamesHost(c.host_id); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--host-id: ", st.message()));
+    }
+    c.tls = *std::move(tls);
+  }
+  return c;
+}
 
-  EngineOptions options;
-  // Meshes across hosts: the engine asks the rendezvous, which reaches the
-  // cluster once the cluster client exists (below, after the listener).
-  std::unique_ptr<ClusterRendezvous> rendezvous;
-  if (serve_coordinator || !cluster_addrs.empty()) {
-    ClusterRendezvousOptions ro;
-    ro.host_id = host_id;
-    const int64_t chunk = absl::GetFlag(FLAGS_cluster_chunk_bytes);
-    if (chunk < 4096) {
-      return Fail(absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096"));
-    }
-    ro.mesh.chunk_bytes = static_cast<uint64_t>(chunk);
-    const int64_t replicate = absl::GetFlag(FLAGS_cluster_replicate_bytes);
-    if (replicate < 0) {
-      return Fail(absl::InvalidArgumentError("--cluster-replicate-bytes must be >= 0"));
-    }
-    ro.mesh.replicate_below_bytes = static_cast<uint64_t>(replicate);
-    ro.serves_coordinator = serve_coordinator;
-    ro.cluster_token = cluster_token;
-    ro.tls = cluster_tls;
-    rendezvous = std::make_unique<ClusterRendezvous>(ro);
-    options.rendezvous = rendezvous.get();
+// The coordinator this daemon serves (--coordinator) and its service.
+struct Coordinator {
+  std::unique_ptr<InMemoryCoordinator> state;
+  std::unique_ptr<CoordinatorService> service;
+};
+
+absl::StatusOr<Coordinator> MakeCoordinator(const ClusterSettings& c, const std::string& tcp) {
+  const int64_t lease_ms = absl::GetFlag(FLAGS_cluster_lease_ms);
+  if (lease_ms < 100) return absl::InvalidArgumentError("--cluster-lease-ms must be >= 100");
+  if (c.token.empty() && !IsLoopback(tcp)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--coordinator on --tcp=", tcp, " (not loopback) needs --cluster-token-file"));
   }
+  if (c.token.empty()) {
+    // Loopback is not a boundary between the users of one host: any local
+    // process can reach the port, whatever --socket-mode says.
+    LogEvent(LogLevel::kWarn, "coordinator_without_token",
+             {{"tcp", tcp},
+              {"msg", "every local process can call the coordinator (join, keys, meshes); "
+                      "set --cluster-token-file on a host other users share"}});
+  }
+  InMemoryCoordinatorOptions co;
+  co.lease_ttl = absl::Milliseconds(lease_ms);
+  Coordinator out;
+  out.state = std::make_unique<InMemoryCoordinator>(co);
+  out.service = std::make_unique<CoordinatorService>(out.state.get(), c.token);
+  return out;
+}
+
+// Meshes across hosts: the engine asks the rendezvous, which reaches the
+// cluster once the cluster client exists (StartClusterClient).
+absl::StatusOr<std::unique_ptr<ClusterRendezvous>> MakeRendezvous(const ClusterSettings& c) {
+  ClusterRendezvousOptions ro;
+  ro.host_id = c.host_id;
+  const int64_t chunk = absl::GetFlag(FLAGS_cluster_chunk_bytes);
+  if (chunk < 4096) return absl::InvalidArgumentError("--cluster-chunk-bytes must be >= 4096");
+  ro.mesh.chunk_bytes = static_cast<uint64_t>(chunk);
+  const int64_t replicate = absl::GetFlag(FLAGS_cluster_replicate_bytes);
+  if (replicate < 0) return absl::InvalidArgumentError("--cluster-replicate-bytes must be >= 0");
+  ro.mesh.replicate_below_bytes = static_cast<uint64_t>(replicate);
+  ro.serves_coordinator = c.serve_coordinator;
+  ro.cluster_token = c.token;
+  ro.tls = c.tls;
+  return std::make_unique<ClusterRendezvous>(ro);
+}
+
+// The engine's limits and timeouts from the flags.
+EngineOptions EngineOptionsFromFlags(const std::string& host, const std::string& side_socket) {
+  EngineOptions options;
   options.host = host;
   options.daemon_id = absl::StrCat(host, "/", getpid());
   options.side_socket_path = side_socket;
@@ -539,21 +555,248 @@ int Main(int argc, char** argv) {
       static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_member_op_bytes)));
   options.member_segment_total_bytes = static_cast<uint64_t>(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_member_segment_total_bytes)));
+  return options;
+}
+
+// The executors and allocators that can run here (each says at start whether
+// it can, one log line each; the unviable ones are dropped).
+Backends ViableBackendsFromFlags() {
   CpuExecutorOptions exec_options;
   exec_options.threads = absl::GetFlag(FLAGS_threads);
-  exec_options.chunk_bytes = static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));
-  // The candidate backends; each says at start whether it can run here (one
-  // log line each) and the unviable ones are dropped.
+  exec_options.chunk_bytes =
+      static_cast<size_t>(std::max<int64_t>(64, absl::GetFlag(FLAGS_chunk_bytes)));
   Backends candidates;
   AddCpuBackends(candidates, exec_options);
   AddCudaBackends(candidates);
+  return SelectViable(std::move(candidates));
+}
+
+// Cluster membership, joined in the background (a coordinator that is down
+// is retried, never fatal), and the rendezvous attached to it.
+absl::StatusOr<std::unique_ptr<Cluster>> StartClusterClient(ClusterSettings c,
+                                                            const std::string& tcp, int tcp_port,
+                                                            const std::string& host,
+                                                            const std::string& socket,
+                                                            ClusterRendezvous& rendezvous) {
+  const std::string advertised = AdvertisedAddress(tcp, tcp_port, host);
+  // Beside the socket: a daemon restarted on the same socket takes its host
+  // id back at once; another daemon claiming it is refused.
+  const std::string lease_file = socket + ".lease";
+  std::unique_ptr<Cluster> client;
+  std::string coordinator_text;
+  if (c.etcd) {
+    EtcdClusterOptions eo;
+    eo.etcd.endpoints = c.addrs;
+    eo.etcd.credentials = c.creds;
+    eo.etcd.username = absl::GetFlag(FLAGS_etcd_user);
+    if (const std::string f = absl::GetFlag(FLAGS_etcd_password_file); !f.empty()) {
+      auto pw = ReadFile(f);
+      if (!pw.ok()) return pw.status();
+      eo.etcd.password = std::string(absl::StripAsciiWhitespace(*pw));
+    }
+    // An attempt that hangs on a dead leader fails over after this.
+    eo.etcd.rpc_timeout = absl::Seconds(2);
+    eo.prefix = absl::GetFlag(FLAGS_etcd_prefix);
+    eo.host_id = c.host_id;
+    eo.address = advertised;
+    eo.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_cluster_lease_ms));
+    eo.lease_file = lease_file;
+    auto cluster = EtcdCluster::Create(std::move(eo));
+    if (!cluster.ok()) return cluster.status();
+    client = *std::move(cluster);
+    LogEvent(LogLevel::kInfo, "cluster_starting",
+             {{"host_id", c.host_id}, {"address", advertised},
+              {"coordinator", client->description()},
+              {"lease_ms", absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))},
+              {"token", c.token.empty() ? "none" : "set"},
+              {"security", c.creds ? "tls" : "plaintext"}});
+  } else {
+    ClusterClientOptions cc;
+    cc.coordinators = c.addrs;
+    if (cc.coordinators.empty()) {
+      // The coordinator joins itself: by its advertised name with TLS (the
+      // name its certificate carries), else in plaintext at the address it
+      // listens on (loopback for a wildcard), which never leaves this host.
+      if (!absl::GetFlag(FLAGS_tls_cert).empty()) {
+        cc.coordinators.push_back(advertised);
+        auto creds = ClusterCredentials(cc.coordinators);
+        if (!creds.ok()) return creds.status();
+        c.creds = *creds;
+      } else {
+        cc.coordinators.push_back(absl::StrCat(TcpHost(tcp, "127.0.0.1"), ":", tcp_port));
+        c.creds = nullptr;
+      }
+    }
+    cc.credentials = c.creds;
+    cc.host_id = c.host_id;
+    cc.address = advertised;
+    cc.token = c.token;
+    cc.lease_file = lease_file;
+    auto created = ClusterClient::Create(std::move(cc));
+    if (!created.ok()) return created.status();
+    client = *std::move(created);
+    LogEvent(LogLevel::kInfo, "cluster_starting",
+             {{"host_id", c.host_id}, {"address", advertised},
+              {"coordinator", c.serve_coordinator ? "this daemon" : "remote"},
+              {"coordinators", absl::StrJoin(c.addrs.empty() ? std::vector<std::string>{"self"}
+                                                             : c.addrs, ",")},
+              {"lease_ms", c.serve_coordinator
+                               ? absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))
+                               : "coordinator's"},
+              {"token", c.token.empty() ? "none" : "set"},
+              {"security", c.creds ? "tls" : "plaintext"}});
+  }
+  client->Start();
+  rendezvous.Attach(client.get(), AddressHost(advertised));
+  return client;
+}
+
+// How the daemon's gRPC listens on --tcp: "off", "plaintext", "tls" or
+// "mtls".
+std::string TcpSecurity(const std::string& tcp) {
+  if (tcp.empty()) return "off";
+  if (absl::GetFlag(FLAGS_tls_cert).empty()) return "plaintext";
+  return absl::GetFlag(FLAGS_tls_client_ca).empty() ? "tls" : "mtls";
+}
+
+// What the clients talk to: the shared-memory fast path and the side
+// channel (descriptors), and the gRPC server on the Unix socket and --tcp
+// (with the coordinator's service, when this daemon serves one). Destroyed
+// in reverse: the server first.
+struct Listeners {
+  std::unique_ptr<FastPath> fast_path;
+  std::unique_ptr<SideChannel> side;
+  GrpcUnixListener unix_listener;
+  std::unique_ptr<CollectiveService> service;
+  HealthService health;
+  std::unique_ptr<grpc::Server> server;
+  int tcp_port = 0;  // bound to --tcp (0: no --tcp)
+};
+
+absl::Status StartListeners(Engine& engine, const LocalSettings& local, const std::string& tcp,
+                            absl::Duration attach_timeout, CoordinatorService* coordinator,
+                            Listeners& out) {
+  FastPathOptions fast_options;
+  fast_options.spin =
+      absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_fast_path_spin_us)));
+  out.fast_path = std::make_unique<FastPath>(&engine, fast_options);
+  SideChannelOptions side_options;
+  side_options.mode = local.mode;
+  side_options.gid = local.gid;
+  side_options.attach_timeout = attach_timeout;
+  side_options.max_unattached = std::max(1, absl::GetFlag(FLAGS_max_unattached_connections));
+  side_options.max_unattached_per_uid =
+      std::max(1, absl::GetFlag(FLAGS_max_unattached_connections_per_uid));
+  out.side = std::make_unique<SideChannel>(
+      &engine, absl::GetFlag(FLAGS_fast_path) ? out.fast_path.get() : nullptr, side_options);
+  if (absl::Status st = out.side->Start(local.side_socket); !st.ok()) return st;
+  if (absl::Status st = out.unix_listener.Bind(local.socket, local.mode, local.gid); !st.ok()) {
+    return st;
+  }
+  out.service = std::make_unique<CollectiveService>(&engine);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  if (!tcp.empty()) {
+    auto creds = TcpCredentials(tcp);
+    if (!creds.ok()) return creds.status();
+    builder.AddListeningPort(tcp, *creds, &out.tcp_port);
+  }
+  // No payload travels over gRPC, so requests are small; refuse big ones.
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.RegisterService(out.service.get());
+  builder.RegisterService(&out.health);
+  if (coordinator != nullptr) {
+    builder.RegisterService(coordinator);
+    out.health.AddService("collectived.v1.Cluster");
+  }
+  out.server = builder.BuildAndStart();
+  if (!out.server) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot start the gRPC server", tcp.empty() ? "" : " on " + tcp));
+  }
+  if (!tcp.empty() && out.tcp_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on TCP address ", tcp));
+  }
+  out.unix_listener.Start(out.server.get());
+  return absl::OkStatus();
+}
+
+// Waits for SIGTERM or SIGINT (blocked in every thread); which one came.
+int WaitForStopSignal(const sigset_t& stop_signals) {
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  return sig;
+}
+
+// Stops serving, in the order that lets every open call finish: the
+// cluster left, the coordinator's waiting calls released, the engine's
+// pending work failed, then the listeners stopped.
+void Stop(const std::string& why, Listeners& listeners, Cluster* cluster_client,
+          InMemoryCoordinator* coordinator, Engine& engine, ClusterRendezvous* rendezvous) {
+  listeners.health.Shutdown();
+  // Leave the cluster (a bounded RPC), then release the coordinator's
+  // waiting calls so that the server can finish them.
+  if (cluster_client != nullptr) cluster_client->Stop(/*leave=*/true);
+  if (coordinator != nullptr) coordinator->Shutdown();
+  // Fail what is pending first, so every open RPC can finish, then stop.
+  engine.Shutdown(why);
+  // Its queued calls answer the engine (UNAVAILABLE) before the engine goes.
+  if (rendezvous != nullptr) rendezvous->Stop();
+  listeners.unix_listener.Stop();
+  listeners.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  listeners.side->Stop();
+  listeners.fast_path->Stop();
+}
+
+int Main(int argc, char** argv) {
+  ParseFlags(argc, argv);
+  auto local = LocalSettingsFromFlags();
+  if (!local.ok()) return Fail(local.status());
+  const std::string& socket = local->socket;
+  const std::string& side_socket = local->side_socket;
+
+  // Block the stop signals in every thread; the main thread waits for them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  // An Abseil built without NDEBUG (Debian's) records every absl::Mutex
+  // acquisition (gRPC's locks; the daemon's own Mutex is std::mutex,
+  // common/sync.h) in one process-wide lock-order graph, under one global
+  // lock: a shared cost on every RPC and op, to check locks that are not
+  // this project's.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+
+  char host[HOST_NAME_MAX + 1] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string tcp = absl::GetFlag(FLAGS_tcp);
+  auto cluster = ClusterSettingsFromFlags(tcp, host);
+  if (!cluster.ok()) return Fail(cluster.status());
+  Coordinator coordinator;
+  if (cluster->serve_coordinator) {
+    auto made = MakeCoordinator(*cluster, tcp);
+    if (!made.ok()) return Fail(made.status());
+    coordinator = *std::move(made);
+  }
+  EngineOptions options = EngineOptionsFromFlags(host, side_socket);
+  std::unique_ptr<ClusterRendezvous> rendezvous;
+  if (cluster->enabled) {
+    auto made = MakeRendezvous(*cluster);
+    if (!made.ok()) return Fail(made.status());
+    rendezvous = *std::move(made);
+    options.rendezvous = rendezvous.get();
+  }
   std::unique_ptr<Metrics> metrics;
   const std::string metrics_address = absl::GetFlag(FLAGS_metrics);
   if (!metrics_address.empty()) {
     metrics = std::make_unique<Metrics>();
     options.op_observer = metrics->Observer();
   }
-  auto engine = std::make_unique<Engine>(options, SelectViable(std::move(candidates)));
+  auto engine = std::make_unique<Engine>(options, ViableBackendsFromFlags());
   // On every way out (an early failure included) the rendezvous stops
   // before the engine goes: its queued calls answer into the engine.
   absl::Cleanup stop_rendezvous = [&rendezvous] {
@@ -563,158 +806,35 @@ int Main(int argc, char** argv) {
     if (absl::Status st = metrics->Serve(metrics_address, engine.get()); !st.ok()) return Fail(st);
   }
 
-  FastPathOptions fast_options;
-  fast_options.spin = absl::Microseconds(std::max<int64_t>(0, absl::GetFlag(FLAGS_fast_path_spin_us)));
-  FastPath fast_path(engine.get(), fast_options);
-  SideChannelOptions side_options;
-  side_options.mode = static_cast<int>(mode);
-  side_options.gid = gid;
-  side_options.attach_timeout = options.attach_timeout;
-  side_options.max_unattached = std::max(1, absl::GetFlag(FLAGS_max_unattached_connections));
-  side_options.max_unattached_per_uid =
-      std::max(1, absl::GetFlag(FLAGS_max_unattached_connections_per_uid));
-  SideChannel side(engine.get(), absl::GetFlag(FLAGS_fast_path) ? &fast_path : nullptr,
-                   side_options);
-  if (absl::Status st = side.Start(side_socket); !st.ok()) return Fail(st);
-  GrpcUnixListener unix_listener;
-  if (absl::Status st = unix_listener.Bind(socket, static_cast<int>(mode), gid); !st.ok()) {
+  Listeners listeners;
+  if (absl::Status st = StartListeners(*engine, *local, tcp, options.attach_timeout,
+                                       coordinator.service.get(), listeners);
+      !st.ok()) {
     return Fail(st);
   }
-
-  CollectiveService service(engine.get());
-  HealthService health;
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int tcp_port = 0;
-  std::string tcp_security = "off";
-  if (!tcp.empty()) {
-    auto creds = TcpCredentials(tcp);
-    if (!creds.ok()) return Fail(creds.status());
-    builder.AddListeningPort(tcp, *creds, &tcp_port);
-    tcp_security = absl::GetFlag(FLAGS_tls_cert).empty()          ? "plaintext"
-                   : absl::GetFlag(FLAGS_tls_client_ca).empty() ? "tls"
-                                                                 : "mtls";
-  }
-  // No payload travels over gRPC, so requests are small; refuse big ones.
-  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
-  builder.RegisterService(&service);
-  builder.RegisterService(&health);
-  if (coordinator_service) {
-    builder.RegisterService(coordinator_service.get());
-    health.AddService("collectived.v1.Cluster");
-  }
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("cannot start the gRPC server", tcp.empty() ? "" : " on " + tcp)));
-  }
-  if (!tcp.empty() && tcp_port == 0) {
-    return Fail(absl::UnavailableError(absl::StrCat("cannot listen on TCP address ", tcp)));
-  }
-  unix_listener.Start(server.get());
+  const int tcp_port = listeners.tcp_port;
   LogEvent(LogLevel::kInfo, "listening",
            {{"socket", socket}, {"side_socket", side_socket},
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
-            {"tcp_security", tcp_security},
+            {"tcp_security", TcpSecurity(tcp)},
             {"metrics", metrics == nullptr ? "off"
                                            : absl::StrCat(metrics_address, " (port ",
                                                           metrics->port(), ")")},
             {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
-            {"open_files_limit", absl::StrCat(fd_limits.soft)},
-            {"open_files_limit_at_start", absl::StrCat(fd_limits.soft_before)},
+            {"open_files_limit", absl::StrCat(local->fd_limits.soft)},
+            {"open_files_limit_at_start", absl::StrCat(local->fd_limits.soft_before)},
             {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
 
-  // Cluster membership: joins in the background (a coordinator that is down
-  // is retried, never fatal).
   std::unique_ptr<Cluster> cluster_client;
-  if (etcd) {
-    const std::string advertised = AdvertisedAddress(tcp, tcp_port, host);
-    EtcdClusterOptions eo;
-    eo.etcd.endpoints = cluster_addrs;
-    eo.etcd.credentials = cluster_creds;
-    eo.etcd.username = absl::GetFlag(FLAGS_etcd_user);
-    if (const std::string f = absl::GetFlag(FLAGS_etcd_password_file); !f.empty()) {
-      auto pw = ReadFile(f);
-      if (!pw.ok()) return Fail(pw.status());
-      eo.etcd.password = std::string(absl::StripAsciiWhitespace(*pw));
-    }
-    // An attempt that hangs on a dead leader fails over after this.
-    eo.etcd.rpc_timeout = absl::Seconds(2);
-    eo.prefix = absl::GetFlag(FLAGS_etcd_prefix);
-    eo.host_id = host_id;
-    eo.address = advertised;
-    eo.lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_cluster_lease_ms));
-    eo.lease_file = socket + ".lease";
-    auto cluster = EtcdCluster::Create(std::move(eo));
-    if (!cluster.ok()) return Fail(cluster.status());
-    cluster_client = *std::move(cluster);
-    LogEvent(LogLevel::kInfo, "cluster_starting",
-             {{"host_id", host_id}, {"address", advertised},
-              {"coordinator", cluster_client->description()},
-              {"lease_ms", absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))},
-              {"token", cluster_token.empty() ? "none" : "set"},
-              {"security", cluster_creds ? "tls" : "plaintext"}});
-    cluster_client->Start();
-    rendezvous->Attach(cluster_client.get(), AddressHost(advertised));
-  } else if (serve_coordinator || !cluster_addrs.empty()) {
-    const std::string advertised = AdvertisedAddress(tcp, tcp_port, host);
-    ClusterClientOptions cc;
-    cc.coordinators = cluster_addrs;
-    if (cc.coordinators.empty()) {
-      // The coordinator joins itself: by its advertised name with TLS (the
-      // name its certificate carries), else in plaintext at the address it
-      // listens on (loopback for a wildcard), which never leaves this host.
-      const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
-      if (tls) {
-        cc.coordinators.push_back(advertised);
-        auto creds = ClusterCredentials(cc.coordinators);
-        if (!creds.ok()) return Fail(creds.status());
-        cluster_creds = *creds;
-      } else {
-        cc.coordinators.push_back(absl::StrCat(TcpHost(tcp, "127.0.0.1"), ":", tcp_port));
-        cluster_creds = nullptr;
-      }
-    }
-    cc.credentials = cluster_creds;
-    cc.host_id = host_id;
-    cc.address = advertised;
-    cc.token = cluster_token;
-    // Beside the socket: a daemon restarted on the same socket takes its
-    // host id back at once; another daemon claiming it is refused.
-    cc.lease_file = socket + ".lease";
-    auto client = ClusterClient::Create(std::move(cc));
-    if (!client.ok()) return Fail(client.status());
-    cluster_client = *std::move(client);
-    LogEvent(LogLevel::kInfo, "cluster_starting",
-             {{"host_id", host_id}, {"address", advertised},
-              {"coordinator", serve_coordinator ? "this daemon" : "remote"},
-              {"coordinators", absl::StrJoin(cluster_addrs.empty() ? std::vector<std::string>{"self"}
-                                                                   : cluster_addrs, ",")},
-              {"lease_ms", serve_coordinator ? absl::StrCat(absl::GetFlag(FLAGS_cluster_lease_ms))
-                                             : "coordinator's"},
-              {"token", cluster_token.empty() ? "none" : "set"},
-              {"security", cluster_creds ? "tls" : "plaintext"}});
-    cluster_client->Start();
-    rendezvous->Attach(cluster_client.get(), AddressHost(advertised));
+  if (cluster->enabled) {
+    auto started = StartClusterClient(*cluster, tcp, tcp_port, host, socket, *rendezvous);
+    if (!started.ok()) return Fail(started.status());
+    cluster_client = *std::move(started);
   }
 
-  int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
-  }
-  LogEvent(LogLevel::kInfo, "stopping", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}});
-  health.Shutdown();
-  // Leave the cluster (a bounded RPC), then release the coordinator's
-  // waiting calls so that the server can finish them.
-  if (cluster_client) cluster_client->Stop(/*leave=*/true);
-  if (coordinator) coordinator->Shutdown();
-  // Fail what is pending first, so every open RPC can finish, then stop.
-  engine->Shutdown(sig == SIGTERM ? "received SIGTERM" : "received SIGINT");
-  // Its queued calls answer the engine (UNAVAILABLE) before the engine goes.
-  if (rendezvous) rendezvous->Stop();
-  unix_listener.Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  side.Stop();
-  fast_path.Stop();
+  const int sig = WaitForStopSignal(stop_signals);
+  const std::string why = sig == SIGTERM ? "received SIGTERM" : "received SIGINT";
+  Stop(why, listeners, cluster_client.get(), coordinator.state.get(), *engine, rendezvous.get());
   metrics.reset();  // scrapes read the engine
   engine.reset();
   LogEvent(LogLevel::kInfo, "stopped");
