@@ -107,17 +107,13 @@ OpKind FromProto(v1::OpKind kind) {
 
 v1::OpKind ToProto(OpKind kind) { return static_cast<v1::OpKind>(static_cast<int>(kind)); }
 
-absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
-  OpPlan plan;
-  plan.kind = FromProto(op.kind());
-  const absl::string_view name = OpKindName(plan.kind);
-  if (name == "unknown_op") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown op kind ", static_cast<int>(op.kind())));
-  }
+namespace {
 
-  // Axes: names must exist and not repeat. no_axes is the empty tuple (groups
-  // of one); an empty list without it means every mesh axis.
+// The op's axes as mesh axis ids: names must exist and not repeat.
+absl::Status PlanAxes(const v1::OpSpec& op, const MeshShape& mesh, absl::string_view name,
+                      OpPlan& plan) {
+  // no_axes is the empty tuple (groups of one); an empty list without it
+  // means every mesh axis.
   if (op.no_axes() && !op.axes().empty()) {
     return Invalid(name, "no_axes is set but axes (", absl::StrJoin(op.axes(), ","),
                    ") are named; give one or the other");
@@ -143,14 +139,13 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     // axis_index and the other collectives.
     std::sort(plan.axis_ids.begin(), plan.axis_ids.end());
   }
-  std::vector<std::string> axis_names;
-  for (int id : plan.axis_ids) {
-    plan.group_size *= mesh.sizes[id];
-    axis_names.push_back(mesh.names[id]);
-  }
-  const int n = plan.group_size;
+  return absl::OkStatus();
+}
 
-  // Groups: members that share the coordinates of the other axes.
+// Groups: members that share the coordinates of the other axes, and each
+// member's group and index in it.
+void PlanGroups(const MeshShape& mesh, OpPlan& plan) {
+  const int n = plan.group_size;
   const int members = mesh.num_members();
   plan.group_of.assign(members, -1);
   plan.index_in_group.assign(members, 0);
@@ -176,6 +171,180 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     plan.index_in_group[m] = index;
     plan.groups[g][index] = m;
   }
+}
+
+// all_gather: the output shape, the gathered dimension's position.
+absl::Status PlanAllGather(const v1::OpSpec& op, absl::string_view name, int n, OpPlan& plan,
+                           std::string& detail) {
+  const int rank = static_cast<int>(plan.in_shape.size());
+  const auto& p = op.all_gather();
+  plan.tiled = p.tiled();
+  // The position of the gathered dimension in the output, which has one
+  // more dimension than the input when untiled (JAX normalizes against
+  // it too).
+  const int positions = plan.tiled ? rank : rank + 1;
+  if (!NormalizeAxis(p.axis(), positions, &plan.axis)) {
+    return Invalid(name, "axis ", p.axis(), " out of range for ", plan.tiled ? "tiled " : "",
+                   "input of rank ", rank, " ", ValidRange(positions));
+  }
+  if (op.no_axes()) {
+    // JAX returns x for the empty tuple: no dimension is inserted. (The
+    // executor's gather of one member copies the same bytes.)
+  } else if (plan.tiled) {
+    if (!MulWithinLimit(plan.in_shape[plan.axis], n, &plan.out_shape[plan.axis])) {
+      return Invalid(name, "result dimension ", plan.axis, " (", plan.in_shape[plan.axis],
+                     " x group size ", n, ") exceeds 2^40");
+    }
+  } else {
+    plan.out_shape.insert(plan.out_shape.begin() + plan.axis, n);
+  }
+  detail = absl::StrCat(" axis=", plan.axis, plan.tiled ? " tiled" : "");
+  return absl::OkStatus();
+}
+
+// psum_scatter: the scattered dimension and the output shape.
+absl::Status PlanPsumScatter(const v1::OpSpec& op, absl::string_view name, int n, OpPlan& plan,
+                             std::string& detail) {
+  const int rank = static_cast<int>(plan.in_shape.size());
+  if (plan.dtype == DType::kBool) {
+    return Invalid(name, "bool is not supported (JAX rejects it too)");
+  }
+  const auto& p = op.psum_scatter();
+  plan.tiled = p.tiled();
+  if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to scatter");
+  if (!NormalizeAxis(p.scatter_dimension(), rank, &plan.axis)) {
+    return Invalid(name, "scatter_dimension ", p.scatter_dimension(),
+                   " out of range for input of rank ", rank, " ", ValidRange(rank));
+  }
+  int64_t d = plan.in_shape[plan.axis];
+  if (op.no_axes()) {
+    // JAX returns x for the empty tuple, whatever the dimension's size:
+    // nothing is scattered (the executor's one block is the whole input).
+  } else if (plan.tiled) {
+    if (d % n != 0) {
+      return Invalid(name, "tiled: dimension ", plan.axis, " of size ", d,
+                     " is not divisible by the group size ", n);
+    }
+    plan.out_shape[plan.axis] = d / n;
+  } else {
+    if (d != n) {
+      return Invalid(name, "dimension ", plan.axis, " has size ", d,
+                     " but must equal the group size ", n, " (or use tiled)");
+    }
+    plan.out_shape.erase(plan.out_shape.begin() + plan.axis);
+  }
+  detail = absl::StrCat(" scatter_dimension=", plan.axis, plan.tiled ? " tiled" : "");
+  return absl::OkStatus();
+}
+
+// all_to_all: the split and concat axes, as JAX places them, and the shapes.
+absl::Status PlanAllToAll(const v1::OpSpec& op, absl::string_view name, int n, OpPlan& plan,
+                          std::string& detail) {
+  const int rank = static_cast<int>(plan.in_shape.size());
+  const auto& p = op.all_to_all();
+  plan.tiled = p.tiled();
+  // concat_axis is a position in the output, which has the input's rank.
+  int split = 0, concat = 0;
+  if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to split");
+  if (!NormalizeAxis(p.split_axis(), rank, &split)) {
+    return Invalid(name, "split_axis ", p.split_axis(), " out of range for input of rank ",
+                   rank, " ", ValidRange(rank));
+  }
+  if (!NormalizeAxis(p.concat_axis(), rank, &concat)) {
+    return Invalid(name, "concat_axis ", p.concat_axis(), " out of range for input of rank ",
+                   rank, " ", ValidRange(rank));
+  }
+  const int normalized_split = split, normalized_concat = concat;
+  int64_t d = plan.in_shape[split];
+  plan.a2a_shape = plan.in_shape;
+  if (plan.tiled) {
+    if (d % n != 0) {
+      return Invalid(name, "tiled: split dimension ", split, " of size ", d,
+                     " is not divisible by the group size ", n);
+    }
+  } else {
+    if (d != n) {
+      return Invalid(name, "split dimension ", split, " has size ", d,
+                     " but must equal the group size ", n, " (or use tiled)");
+    }
+    // JAX inserts a singleton at the concat position, runs the tiled
+    // primitive, then squeezes the split dimension.
+    if (split < concat) {
+      concat += 1;
+      plan.a2a_shape.insert(plan.a2a_shape.begin() + concat, 1);
+    } else if (concat < split) {
+      plan.a2a_shape.insert(plan.a2a_shape.begin() + concat, 1);
+      split += 1;
+    }
+  }
+  plan.split_axis = split;
+  plan.concat_axis = concat;
+  std::vector<int64_t> out = plan.a2a_shape;
+  out[split] /= n;
+  const int64_t concat_in = out[concat];
+  if (!MulWithinLimit(concat_in, n, &out[concat])) {
+    return Invalid(name, "result dimension ", concat, " (", concat_in, " x group size ", n,
+                   ") exceeds 2^40");
+  }
+  if (!plan.tiled && split != concat) out.erase(out.begin() + split);
+  plan.out_shape = out;
+  detail = absl::StrCat(" split_axis=", normalized_split, " concat_axis=", normalized_concat,
+                        plan.tiled ? " tiled" : "");
+  return absl::OkStatus();
+}
+
+// ppermute: each destination's source, every pair within the group once.
+absl::Status PlanPpermute(const v1::OpSpec& op, absl::string_view name, int n, OpPlan& plan,
+                          std::string& detail) {
+  plan.perm_source.assign(n, -1);
+  std::vector<bool> is_source(n, false);
+  std::vector<std::string> pairs;
+  for (const auto& pair : op.ppermute().perm()) {
+    int s = pair.source(), d = pair.dest();
+    if (s < 0 || s >= n || d < 0 || d >= n) {
+      return Invalid(name, "pair (", s, ",", d, ") out of range for group size ", n);
+    }
+    if (is_source[s]) return Invalid(name, "source ", s, " appears twice in perm");
+    if (plan.perm_source[d] >= 0) return Invalid(name, "dest ", d, " appears twice in perm");
+    is_source[s] = true;
+    plan.perm_source[d] = s;
+    pairs.push_back(absl::StrCat("(", s, ",", d, ")"));
+  }
+  detail = absl::StrCat(" perm=[", absl::StrJoin(pairs, ","), "]");
+  return absl::OkStatus();
+}
+
+// broadcast: the root within the group.
+absl::Status PlanBroadcast(const v1::OpSpec& op, absl::string_view name, int n, OpPlan& plan,
+                           std::string& detail) {
+  plan.root = op.broadcast().root();
+  if (plan.root < 0 || plan.root >= n) {
+    return Invalid(name, "root ", plan.root, " out of range for group size ", n);
+  }
+  detail = absl::StrCat(" root=", plan.root);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
+  OpPlan plan;
+  plan.kind = FromProto(op.kind());
+  const absl::string_view name = OpKindName(plan.kind);
+  if (name == "unknown_op") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown op kind ", static_cast<int>(op.kind())));
+  }
+
+  if (absl::Status st = PlanAxes(op, mesh, name, plan); !st.ok()) return st;
+  std::vector<std::string> axis_names;
+  for (int id : plan.axis_ids) {
+    plan.group_size *= mesh.sizes[id];
+    axis_names.push_back(mesh.names[id]);
+  }
+  const int n = plan.group_size;
+
+  PlanGroups(mesh, plan);
 
   std::string over = absl::StrCat(" over (", absl::StrJoin(axis_names, ","), ")");
   if (op.kind() == v1::BARRIER) {
@@ -197,7 +366,6 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
   plan.in_shape.assign(op.shape().begin(), op.shape().end());
   auto elements = CheckedElements(name, "input shape", plan.in_shape);
   if (!elements.ok()) return elements.status();
-  const int rank = static_cast<int>(plan.in_shape.size());
   // At most 2^40 elements of at most 8 bytes: no overflow.
   plan.in_bytes = static_cast<uint64_t>(*elements) * DTypeSize(plan.dtype);
   plan.out_dtype = plan.dtype;
@@ -211,138 +379,20 @@ absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& mesh) {
     case v1::PMIN:
       plan.out_dtype = ReduceResultDType(ToReduceKind(plan.kind), plan.dtype);
       break;
-    case v1::ALL_GATHER: {
-      const auto& p = op.all_gather();
-      plan.tiled = p.tiled();
-      // The position of the gathered dimension in the output, which has one
-      // more dimension than the input when untiled (JAX normalizes against
-      // it too).
-      const int positions = plan.tiled ? rank : rank + 1;
-      if (!NormalizeAxis(p.axis(), positions, &plan.axis)) {
-        return Invalid(name, "axis ", p.axis(), " out of range for ", plan.tiled ? "tiled " : "",
-                       "input of rank ", rank, " ", ValidRange(positions));
-      }
-      if (op.no_axes()) {
-        // JAX returns x for the empty tuple: no dimension is inserted. (The
-        // executor's gather of one member copies the same bytes.)
-      } else if (plan.tiled) {
-        if (!MulWithinLimit(plan.in_shape[plan.axis], n, &plan.out_shape[plan.axis])) {
-          return Invalid(name, "result dimension ", plan.axis, " (", plan.in_shape[plan.axis],
-                         " x group size ", n, ") exceeds 2^40");
-        }
-      } else {
-        plan.out_shape.insert(plan.out_shape.begin() + plan.axis, n);
-      }
-      detail = absl::StrCat(" axis=", plan.axis, plan.tiled ? " tiled" : "");
+    case v1::ALL_GATHER:
+      if (absl::Status st = PlanAllGather(op, name, n, plan, detail); !st.ok()) return st;
       break;
-    }
-    case v1::PSUM_SCATTER: {
-      if (plan.dtype == DType::kBool) {
-        return Invalid(name, "bool is not supported (JAX rejects it too)");
-      }
-      const auto& p = op.psum_scatter();
-      plan.tiled = p.tiled();
-      if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to scatter");
-      if (!NormalizeAxis(p.scatter_dimension(), rank, &plan.axis)) {
-        return Invalid(name, "scatter_dimension ", p.scatter_dimension(),
-                       " out of range for input of rank ", rank, " ", ValidRange(rank));
-      }
-      int64_t d = plan.in_shape[plan.axis];
-      if (op.no_axes()) {
-        // JAX returns x for the empty tuple, whatever the dimension's size:
-        // nothing is scattered (the executor's one block is the whole input).
-      } else if (plan.tiled) {
-        if (d % n != 0) {
-          return Invalid(name, "tiled: dimension ", plan.axis, " of size ", d,
-                         " is not divisible by the group size ", n);
-        }
-        plan.out_shape[plan.axis] = d / n;
-      } else {
-        if (d != n) {
-          return Invalid(name, "dimension ", plan.axis, " has size ", d,
-                         " but must equal the group size ", n, " (or use tiled)");
-        }
-        plan.out_shape.erase(plan.out_shape.begin() + plan.axis);
-      }
-      detail = absl::StrCat(" scatter_dimension=", plan.axis, plan.tiled ? " tiled" : "");
+    case v1::PSUM_SCATTER:
+      if (absl::Status st = PlanPsumScatter(op, name, n, plan, detail); !st.ok()) return st;
       break;
-    }
-    case v1::ALL_TO_ALL: {
-      const auto& p = op.all_to_all();
-      plan.tiled = p.tiled();
-      // concat_axis is a position in the output, which has the input's rank.
-      int split = 0, concat = 0;
-      if (rank == 0) return Invalid(name, "the input of rank 0 has no dimension to split");
-      if (!NormalizeAxis(p.split_axis(), rank, &split)) {
-        return Invalid(name, "split_axis ", p.split_axis(), " out of range for input of rank ",
-                       rank, " ", ValidRange(rank));
-      }
-      if (!NormalizeAxis(p.concat_axis(), rank, &concat)) {
-        return Invalid(name, "concat_axis ", p.concat_axis(), " out of range for input of rank ",
-                       rank, " ", ValidRange(rank));
-      }
-      const int normalized_split = split, normalized_concat = concat;
-      int64_t d = plan.in_shape[split];
-      plan.a2a_shape = plan.in_shape;
-      if (plan.tiled) {
-        if (d % n != 0) {
-          return Invalid(name, "tiled: split dimension ", split, " of size ", d,
-                         " is not divisible by the group size ", n);
-        }
-      } else {
-        if (d != n) {
-          return Invalid(name, "split dimension ", split, " has size ", d,
-                         " but must equal the group size ", n, " (or use tiled)");
-        }
-        // JAX inserts a singleton at the concat position, runs the tiled
-        // primitive, then squeezes the split dimension.
-        if (split < concat) {
-          concat += 1;
-          plan.a2a_shape.insert(plan.a2a_shape.begin() + concat, 1);
-        } else if (concat < split) {
-          plan.a2a_shape.insert(plan.a2a_shape.begin() + concat, 1);
-          split += 1;
-        }
-      }
-      plan.split_axis = split;
-      plan.concat_axis = concat;
-      std::vector<int64_t> out = plan.a2a_shape;
-      out[split] /= n;
-      const int64_t concat_in = out[concat];
-      if (!MulWithinLimit(concat_in, n, &out[concat])) {
-        return Invalid(name, "result dimension ", concat, " (", concat_in, " x group size ", n,
-                       ") exceeds 2^40");
-      }
-      if (!plan.tiled && split != concat) out.erase(out.begin() + split);
-      plan.out_shape = out;
-      detail = absl::StrCat(" split_axis=", normalized_split, " concat_axis=", normalized_concat,
-                            plan.tiled ? " tiled" : "");
+    case v1::ALL_TO_ALL:
+      if (absl::Status st = PlanAllToAll(op, name, n, plan, detail); !st.ok()) return st;
       break;
-    }
-    case v1::PPERMUTE: {
-      plan.perm_source.assign(n, -1);
-      std::vector<bool> is_source(n, false);
-      std::vector<std::string> pairs;
-      for (const auto& pair : op.ppermute().perm()) {
-        int s = pair.source(), d = pair.dest();
-        if (s < 0 || s >= n || d < 0 || d >= n) {
-          return Invalid(name, "pair (", s, ",", d, ") out of range for group size ", n);
-        }
-        if (is_source[s]) return Invalid(name, "source ", s, " appears twice in perm");
-        if (plan.perm_source[d] >= 0) return Invalid(name, "dest ", d, " appears twice in perm");
-        is_source[s] = true;
-        plan.perm_source[d] = s;
-        pairs.push_back(absl::StrCat("(", s, ",", d, ")"));
-      }
-      detail = absl::StrCat(" perm=[", absl::StrJoin(pairs, ","), "]");
+    case v1::PPERMUTE:
+      if (absl::Status st = PlanPpermute(op, name, n, plan, detail); !st.ok()) return st;
       break;
-    }
     case v1::BROADCAST:
-      plan.root = op.broadcast().root();
-      if (plan.root < 0 || plan.root >= n) {
-        return Invalid(name, "root ", plan.root, " out of range for group size ", n);
-      }
-      detail = absl::StrCat(" root=", plan.root);
+      if (absl::Status st = PlanBroadcast(op, name, n, plan, detail); !st.ok()) return st;
       break;
     default:
       break;
