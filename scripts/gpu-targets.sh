@@ -5,7 +5,7 @@
 gpu_targets=(
   collectived collectived_client
   collectived_cuda_tests collectived_cuda_import_helper
-  collectived_cuda_exec_tests collectived_cuda_executor_suite
+  collectived_cuda_exec_tests collectived_cuda_executor_suite collectived_cuda_allocator_suite
   collectived_gpu_e2e_tests collectived_gpu_e2e_worker
   collectived_integration_tests collectived_test_worker
   collectived_conformance_tests collectived_conformance_worker
