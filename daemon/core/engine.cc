@@ -230,6 +230,12 @@ void Engine::CloseSessionLocked(const std::string& session_id, const std::string
   LogEventLater(cbs, LogLevel::kInfo, "session_closed",
                 {{"session", DisplayId(session_id)}, {"pid", absl::StrCat(session->pid)},
             {"buffers", absl::StrCat(session->buffers.size())}, {"reason", reason}});
+  // Its buffers are unmapped once the engine's lock is released (giving a
+  // large one back takes milliseconds, every op would wait): the callbacks
+  // hold them until they have run.
+  if (!session->buffers.empty()) {
+    cbs.push_back([buffers = std::make_shared<BufferTable>(std::move(session->buffers))] {});
+  }
   sessions_.erase(session_id);
 }
 

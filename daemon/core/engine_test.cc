@@ -771,6 +771,65 @@ TEST_F(EngineTest, HostAndGpuBytesHaveSeparateQuotas) {
   EXPECT_EQ(engine_->AllocateBuffer(s, 1).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Host buffers whose destructor asks whether the engine's lock is free: it
+// calls ListSessions (which takes the lock) from another thread, and waits
+// for it a while.
+class LockProbingAllocator : public BufferAllocator {
+ public:
+  explicit LockProbingAllocator(Engine** engine, std::atomic<int>* destroyed_under_lock)
+      : engine_(engine), under_lock_(destroyed_under_lock), inner_(MakeMemfdAllocator()) {}
+  absl::string_view kind() const override { return "memfd"; }
+  absl::Status Viable() const override { return absl::OkStatus(); }
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> Allocate(size_t bytes,
+                                                         const DeviceSpec& device) override {
+    auto b = inner_->Allocate(bytes, device);
+    if (!b.ok()) return b;
+    Engine** engine = engine_;
+    std::atomic<int>* under_lock = under_lock_;
+    std::shared_ptr<SharedBuffer> inner = *std::move(b);
+    SharedBuffer* raw = inner.get();
+    // Same buffer, with the probe run before it is destroyed.
+    return std::shared_ptr<SharedBuffer>(raw, [inner, engine, under_lock](SharedBuffer*) mutable {
+      // Detached: under the lock, it finishes once the lock is released.
+      auto answered = std::make_shared<std::promise<void>>();
+      std::future<void> probe = answered->get_future();
+      std::thread([engine, answered] {
+        (*engine)->ListSessions();
+        answered->set_value();
+      }).detach();
+      if (probe.wait_for(std::chrono::seconds(2)) != std::future_status::ready) ++*under_lock;
+      inner.reset();
+    });
+  }
+
+ private:
+  Engine** engine_;
+  std::atomic<int>* under_lock_;
+  std::unique_ptr<BufferAllocator> inner_;
+};
+
+TEST_F(EngineTest, AClosedSessionsBuffersAreUnmappedOutsideTheEnginesLock) {
+  Engine* engine = nullptr;
+  std::atomic<int> under_lock{0};
+  Backends b;
+  b.allocators.push_back(std::make_unique<LockProbingAllocator>(&engine, &under_lock));
+  b.executors.push_back(std::make_unique<CpuExecutor>(CpuExecutorOptions{.threads = 1}));
+  Start(EngineOptions{}, std::move(b));
+  engine = engine_.get();
+  const std::string s = NewSession();
+  ASSERT_TRUE(engine_->AllocateBuffer(s, 4096).ok());
+  ASSERT_TRUE(engine_->AllocateBuffer(s, 8192).ok());
+  ASSERT_TRUE(engine_->CloseSession(s, "test").ok());
+  EXPECT_EQ(under_lock.load(), 0) << "buffers destroyed while the engine's lock was held";
+  EXPECT_EQ(engine_->ListSessions().sessions_size(), 0);
+  // FreeBuffer too.
+  const std::string s2 = NewSession();
+  auto buf = engine_->AllocateBuffer(s2, 4096);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  ASSERT_TRUE(engine_->FreeBuffer(s2, buf->buffer_id()).ok());
+  EXPECT_EQ(under_lock.load(), 0);
+}
+
 TEST_F(EngineTest, GpuDeviceWithoutAGpuAllocatorIsRefusedSayingWhyAndChangesNothing) {
   // The convenience constructor: host memory only, no reason recorded.
   std::string s = NewSession();
