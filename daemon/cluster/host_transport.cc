@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "daemon/cluster/host_transport_internal.h"
 #include "daemon/cluster/peer_stream.h"
 #include "daemon/util/log.h"
 #include "daemon/util/random_id.h"
@@ -29,23 +30,13 @@
 namespace collectived {
 namespace {
 
-// Frames: a 32-byte header, little-endian, then `length` payload bytes.
-enum FrameType : uint32_t {
-  kReady = 1,   // slot: a receive was posted; total: its capacity
-  kData = 2,    // slot; total: the transfer's bytes; offset: where this payload goes
-  kBreak = 3,   // slot: the status code; payload: the reason
-  kQuery = 4,   // slot: the op sequence asked about
-  kAnswer = 5,  // slot: the op sequence; payload: the answer
-};
-constexpr size_t kFrameHeaderBytes = 32;
-
-struct Frame {
-  uint32_t type = 0;
-  uint32_t length = 0;
-  uint64_t slot = 0;
-  uint64_t total = 0;
-  uint64_t offset = 0;
-};
+using host_wire::Frame;
+using host_wire::kAnswer;
+using host_wire::kBreak;
+using host_wire::kData;
+using host_wire::kFrameHeaderBytes;
+using host_wire::kQuery;
+using host_wire::kReady;
 
 void Put(char* p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
@@ -103,306 +94,7 @@ constexpr size_t kReadBudget = size_t{4} << 20;
 // Answers kept (the oldest go first).
 constexpr size_t kMaxAnswersKept = 256;
 
-std::string PeerAddress(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "unknown peer";
-  char host[INET6_ADDRSTRLEN] = {0};
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
-    return absl::StrCat(host, ":", port);
-  }
-  if (ss.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
-    return absl::StrCat("[", host, "]:", port);
-  }
-  return "unknown peer";
-}
-
-void SetNoDelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
-// "host:port" for an address or name and a port ("[v6]:port" for IPv6).
-std::string JoinHostPort(const std::string& host, int port) {
-  if (host.find(':') != std::string::npos && (host.empty() || host[0] != '[')) {
-    return absl::StrCat("[", host, "]:", port);
-  }
-  return absl::StrCat(host, ":", port);
-}
-
-// Splits "host:port" / "[v6]:port".
-bool SplitHostPort(const std::string& address, std::string* host, std::string* port) {
-  if (!address.empty() && address[0] == '[') {
-    const size_t end = address.find(']');
-    if (end == std::string::npos || end + 1 >= address.size() || address[end + 1] != ':') {
-      return false;
-    }
-    *host = address.substr(1, end - 1);
-    *port = address.substr(end + 2);
-    return !port->empty();
-  }
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 >= address.size()) return false;
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  return true;
-}
-
-int PollMs(absl::Time deadline) {
-  const absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000));
-}
-
-// Waits until `fd` is ready for `events` or `deadline`: false on timeout.
-bool PollFd(int fd, short events, absl::Time deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, PollMs(deadline));
-    if (r > 0) return true;
-    if (r < 0 && errno == EINTR) continue;
-    if (absl::Now() >= deadline) return false;
-  }
-}
-
-// Drives `stream` until its TLS handshake completes (or `deadline`).
-absl::Status TlsHandshake(PeerStream& stream, absl::Time deadline) {
-  for (;;) {
-    std::string error;
-    switch (stream.Handshake(&error)) {
-      case PeerStream::Io::kOk: return absl::OkStatus();
-      case PeerStream::Io::kWantRead:
-        if (!PollFd(stream.fd(), POLLIN, deadline)) {
-          return absl::DeadlineExceededError("the TLS handshake did not complete in time");
-        }
-        break;
-      case PeerStream::Io::kWantWrite:
-        if (!PollFd(stream.fd(), POLLOUT, deadline)) {
-          return absl::DeadlineExceededError("the TLS handshake did not complete in time");
-        }
-        break;
-      default: return absl::PermissionDeniedError(absl::StrCat("TLS: ", error));
-    }
-  }
-}
-
-// A connection that fails during the handshake: over TLS, the peer's alert
-// (it refused this host's certificate) or its close; otherwise the network.
-absl::Status HandshakeFailure(const PeerStream& stream, const std::string& error) {
-  if (stream.ssl() != nullptr) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the peer ended the TLS session during the handshake (", error,
-        "): it refused this host's certificate (not of the cluster's CA, or not naming this "
-        "host) or its proof"));
-  }
-  return absl::UnavailableError(absl::StrCat("the connection failed: ", error));
-}
-
-// Writes all of `bytes` (or fails at `deadline`).
-absl::Status WriteAll(PeerStream& stream, absl::string_view bytes, absl::Time deadline) {
-  size_t at = 0;
-  while (at < bytes.size()) {
-    iovec iov{const_cast<char*>(bytes.data() + at), bytes.size() - at};
-    PeerStream::Io io;
-    std::string error;
-    const size_t n = stream.Write(&iov, 1, &io, &error);
-    at += n;
-    if (n > 0) continue;
-    if (io == PeerStream::Io::kWantWrite || io == PeerStream::Io::kWantRead) {
-      if (!PollFd(stream.fd(), io == PeerStream::Io::kWantWrite ? POLLOUT : POLLIN, deadline)) {
-        return absl::DeadlineExceededError("the peer did not take the handshake in time");
-      }
-      continue;
-    }
-    return HandshakeFailure(stream, error);
-  }
-  return absl::OkStatus();
-}
-
-// Reads exactly `n` bytes (or fails at `deadline`).
-absl::StatusOr<std::string> ReadExactly(PeerStream& stream, size_t n, absl::Time deadline) {
-  std::string out(n, '\0');
-  size_t at = 0;
-  while (at < n) {
-    PeerStream::Io io;
-    std::string error;
-    const size_t got = stream.Read(out.data() + at, n - at, &io, &error);
-    at += got;
-    if (got > 0) continue;
-    if (io == PeerStream::Io::kWantRead || io == PeerStream::Io::kWantWrite) {
-      if (!stream.Buffered() &&
-          !PollFd(stream.fd(), io == PeerStream::Io::kWantRead ? POLLIN : POLLOUT, deadline)) {
-        return absl::DeadlineExceededError("the peer did not answer the handshake in time");
-      }
-      continue;
-    }
-    if (io == PeerStream::Io::kClosed) {
-      return absl::PermissionDeniedError(
-          "the peer closed the connection during the handshake: it refused this host's proof "
-          "(another cluster token, or not this mesh generation)");
-    }
-    return HandshakeFailure(stream, error);
-  }
-  return out;
-}
-
-// A listening socket on `host` (kernel-picked port).
-absl::StatusOr<std::pair<int, int>> Listen(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* res = nullptr;
-  const int gai = getaddrinfo(host.c_str(), "0", &hints, &res);
-  if (gai != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve this host's address '", host, "': ", gai_strerror(gai)));
-  }
-  std::string error = "no address";
-  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      error = std::strerror(errno);
-      continue;
-    }
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-      error = std::strerror(errno);
-      close(fd);
-      continue;
-    }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof(ss);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-    const int port = ss.ss_family == AF_INET6
-                         ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                         : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-    freeaddrinfo(res);
-    return std::pair<int, int>(fd, port);
-  }
-  freeaddrinfo(res);
-  return absl::UnavailableError(
-      absl::StrCat("cannot listen on this host's address '", host, "': ", error));
-}
-
-// A connected, non-blocking socket to `address` (retried while refused,
-// until `deadline`).
-absl::StatusOr<int> Dial(const std::string& address, absl::Time deadline) {
-  std::string host, port;
-  if (!SplitHostPort(address, &host, &port)) {
-    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
-  }
-  std::string error;
-  do {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int gai = getaddrinfo(host.c_str(), port.c_str(), &hints, &res);
-    if (gai != 0) {
-      error = absl::StrCat("cannot resolve '", host, "': ", gai_strerror(gai));
-    } else {
-      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
-        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-          error = std::strerror(errno);
-          continue;
-        }
-        int r = connect(fd, a->ai_addr, a->ai_addrlen);
-        if (r != 0 && errno == EINPROGRESS) {
-          if (!PollFd(fd, POLLOUT, deadline)) {
-            close(fd);
-            freeaddrinfo(res);
-            return absl::DeadlineExceededError(
-                absl::StrCat("connecting to ", address, " did not complete in time"));
-          }
-          int err = 0;
-          socklen_t len = sizeof(err);
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-          r = err == 0 ? 0 : -1;
-          errno = err;
-        }
-        if (r == 0) {
-          freeaddrinfo(res);
-          SetNoDelay(fd);
-          return fd;
-        }
-        error = std::strerror(errno);
-        close(fd);
-      }
-      freeaddrinfo(res);
-    }
-    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
-  } while (absl::Now() < deadline);
-  return absl::DeadlineExceededError(
-      absl::StrCat("cannot connect to ", address, " (", error, ")"));
-}
-
 }  // namespace
-
-struct HostTransport::Connection {
-  int rank = 0;
-  int lane = 0;
-  std::unique_ptr<PeerStream> stream;
-  std::string peer;  // its address, for logs
-
-  // Read side: the lane's I/O thread reads; posting threads add receives.
-  std::mutex rx_mu;
-  std::map<uint64_t, std::deque<HostTransfer*>> recvs;  // posted, READY sent; null: withdrawn
-  char rx_hdr[kFrameHeaderBytes];
-  size_t rx_hdr_got = 0;
-  bool rx_in_frame = false;
-  Frame rx_frame;
-  uint64_t rx_payload_got = 0;
-  std::string rx_small;  // a control frame's payload
-  // The data transfer being received (its frames come in order).
-  bool rx_active = false;
-  HostTransfer* rx_target = nullptr;  // null while active: discarded
-  uint64_t rx_total = 0;
-  uint64_t rx_next = 0;
-  std::unique_ptr<char[]> sink;
-  std::atomic<bool> rx_done{false};  // the read side ended (end of stream, or error)
-
-  // What the lane's epoll watches of this connection (UpdateEvents).
-  std::mutex ev_mu;  // leaf
-  bool ev_out = false;
-  bool ev_registered = true;
-
-  // Write side: any thread, under tx_mu.
-  std::mutex tx_mu;
-  std::deque<std::string> control;
-  size_t control_sent = 0;
-  std::map<uint64_t, std::deque<HostTransfer*>> sends;    // posted, no READY yet
-  std::map<uint64_t, std::deque<uint64_t>> readies;   // READYs (capacities) without a send yet
-  std::deque<HostTransfer*> outgoing;                     // matched, in order
-  // The data frame being written.
-  bool tx_in_frame = false;
-  char tx_hdr[kFrameHeaderBytes];
-  size_t tx_hdr_sent = 0;
-  const uint8_t* tx_src = nullptr;
-  uint64_t tx_len = 0;
-  uint64_t tx_sent = 0;
-  HostTransfer* tx_owner = nullptr;  // null after Break: tx_copy holds the rest
-  std::string tx_copy;
-  bool closing = false;    // after Break: the BREAK, then shut down
-  bool out_of_step = false;  // a send was withdrawn: no more sends
-  bool shut = false;       // the write side is shut down
-  bool tx_dead = false;    // a write failed
-};
-
-struct HostTransport::Lane {
-  int index = 0;
-  int epoll = -1;
-  int wake = -1;
-  std::thread thread;
-  std::vector<Connection*> conns;
-};
 
 HostTransport::HostTransport(std::vector<std::string> hosts, int self,
                              TransportSecurity security, TransportOptions options)
@@ -411,342 +103,6 @@ HostTransport::HostTransport(std::vector<std::string> hosts, int self,
 
 HostTransport::Connection& HostTransport::conn(int rank, int lane) {
   return *conns_[static_cast<size_t>(rank * options_.lanes + lane)];
-}
-
-// --- Connecting --------------------------------------------------------
-
-namespace {
-
-// Connections of a mesh generation being accepted: the handshakes in
-// progress, run side by side on non-blocking sockets.
-struct Pending {
-  std::unique_ptr<PeerStream> stream;
-  std::string peer;
-  std::unique_ptr<peer_auth::ServerHandshake> handshake;
-  bool tls_done = false;
-  std::string out;  // handshake bytes still to send
-  short want = POLLIN;
-  absl::Time expiry;
-};
-
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<HostTransport>> HostTransport::Connect(
-    AddressBook& book, const std::string& prefix, const std::vector<std::string>& hosts, int self,
-    const std::string& bind_host, TransportSecurity security, absl::Time deadline,
-    TransportOptions options) {
-  const int size = static_cast<int>(hosts.size());
-  if (size < 1 || self < 0 || self >= size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", self, " of ", size, " hosts"));
-  }
-  if (options.lanes < 1 || options.lanes > 16) {
-    return absl::InvalidArgumentError(absl::StrCat(options.lanes, " lanes (1 to 16)"));
-  }
-  if (options.frame_bytes < 4096) options.frame_bytes = 4096;
-  const int lanes = options.lanes;
-  auto t = std::unique_ptr<HostTransport>(
-      new HostTransport(hosts, self, std::move(security), std::move(options)));
-  t->conns_.resize(static_cast<size_t>(size * lanes));
-  const std::string& desc = t->security_.description;
-
-  // Listen and publish, for the higher ranks to connect.
-  const int inbound = (size - 1 - self) * lanes;
-  int listener = -1;
-  if (inbound > 0) {
-    auto l = Listen(bind_host);
-    if (!l.ok()) return l.status();
-    listener = l->first;
-    if (absl::Status st =
-            book.Publish(absl::StrCat(prefix, "/addr/", self), JoinHostPort(bind_host, l->second));
-        !st.ok()) {
-      close(listener);
-      return absl::UnavailableError(
-          absl::StrCat("publishing this host's address: ", st.message()));
-    }
-  }
-
-  // The accepting side, on a thread of its own while this one connects out.
-  const int cancel = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  absl::Status accepted;
-  std::thread acceptor;
-  if (inbound > 0) {
-    acceptor = std::thread([&, listener] {
-      std::vector<std::unique_ptr<Pending>> pending;
-      int missing = inbound;
-      auto refuse = [&](Pending& p, absl::string_view why) {
-        LogEvent(LogLevel::kWarn, "cluster_connection_refused",
-                 {{"mesh", desc}, {"peer", p.peer}, {"reason", std::string(why)}});
-        p.stream.reset();
-      };
-      // A handshake that completes claims its (rank, lane) here.
-      auto admit = [&](const peer_auth::Hello& h) -> absl::Status {
-        if (static_cast<int>(h.from_rank) <= self) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("rank ", h.from_rank, " connects to lower ranks only"));
-        }
-        if (t->conns_[h.from_rank * lanes + h.lane] != nullptr) {
-          return absl::AlreadyExistsError(absl::StrCat(
-              "host ", hosts[h.from_rank], " lane ", h.lane, " is connected already"));
-        }
-        return absl::OkStatus();
-      };
-      while (missing > 0) {
-        const absl::Time now = absl::Now();
-        if (now >= deadline) break;
-        std::vector<pollfd> fds;
-        fds.push_back({listener, POLLIN, 0});
-        fds.push_back({cancel, POLLIN, 0});
-        for (auto& p : pending) fds.push_back({p->stream->fd(), p->want, 0});
-        absl::Time wake = deadline;
-        for (auto& p : pending) wake = std::min(wake, p->expiry);
-        const int r = poll(fds.data(), fds.size(), PollMs(wake));
-        if (r < 0 && errno != EINTR) break;
-        if (fds[1].revents != 0) break;  // cancelled
-        if (fds[0].revents & POLLIN) {
-          for (;;) {
-            const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0) break;
-            SetNoDelay(fd);
-            auto p = std::make_unique<Pending>();
-            p->peer = PeerAddress(fd);
-            p->expiry = std::min(deadline, absl::Now() + t->options_.handshake_timeout);
-            if (static_cast<int>(pending.size()) >= t->options_.max_pending_handshakes) {
-              p->stream = PeerStream::Plain(fd);
-              refuse(*p, "too many connections handshaking at once");
-              continue;
-            }
-            if (t->security_.tls != nullptr) {
-              auto s = PeerStream::Tls(fd, *t->security_.tls, /*server=*/true);
-              if (!s.ok()) {
-                LogEvent(LogLevel::kWarn, "cluster_connection_refused",
-                         {{"mesh", desc}, {"peer", p->peer}, {"reason", s.status().ToString()}});
-                continue;
-              }
-              p->stream = *std::move(s);
-            } else {
-              p->stream = PeerStream::Plain(fd);
-              p->tls_done = true;
-            }
-            peer_auth::ServerExpectation e;
-            e.key = t->security_.key;
-            e.tag = t->security_.tag;
-            e.self = self;
-            e.hosts = size;
-            e.lanes = lanes;
-            Pending* raw = p.get();
-            e.admit = [&, raw](const peer_auth::Hello& h) -> absl::Status {
-              if (absl::Status st = admit(h); !st.ok()) return st;
-              if (raw->stream->ssl() != nullptr) {
-                return PeerNamesHost(raw->stream->ssl(), hosts[h.from_rank]);
-              }
-              return absl::OkStatus();
-            };
-            p->handshake = std::make_unique<peer_auth::ServerHandshake>(std::move(e));
-            pending.push_back(std::move(p));
-          }
-        }
-        for (size_t i = 0; i < pending.size(); ++i) {
-          Pending& p = *pending[i];
-          // Connections accepted after the poll have no entry in fds: try them
-          // at once (their first bytes may be waiting already).
-          const short revents = i + 2 < fds.size() ? fds[i + 2].revents : p.want;
-          if (absl::Now() >= p.expiry) {
-            refuse(p, "did not complete the handshake in time");
-            continue;
-          }
-          if (revents == 0) continue;
-          // Advance as far as the socket allows.
-          for (bool progress = true; progress && p.stream != nullptr;) {
-            progress = false;
-            std::string error;
-            if (!p.tls_done) {
-              const PeerStream::Io io = p.stream->Handshake(&error);
-              if (io == PeerStream::Io::kOk) {
-                p.tls_done = true;
-                progress = true;
-                p.want = POLLIN;
-              } else if (io == PeerStream::Io::kWantRead || io == PeerStream::Io::kWantWrite) {
-                p.want = io == PeerStream::Io::kWantRead ? POLLIN : POLLOUT;
-              } else {
-                refuse(p, error);
-              }
-              continue;
-            }
-            if (!p.out.empty()) {
-              iovec iov{p.out.data(), p.out.size()};
-              PeerStream::Io io;
-              const size_t n = p.stream->Write(&iov, 1, &io, &error);
-              p.out.erase(0, n);
-              if (n > 0) {
-                progress = true;
-              } else if (io == PeerStream::Io::kWantWrite || io == PeerStream::Io::kWantRead) {
-                p.want = io == PeerStream::Io::kWantWrite ? POLLOUT : POLLIN;
-              } else {
-                refuse(p, absl::StrCat("the connection failed: ", error));
-              }
-              continue;
-            }
-            if (p.handshake->done()) {
-              // Authenticated, and the verdict is out: the pair's.
-              const peer_auth::Hello& h = p.handshake->hello();
-              const size_t at = h.from_rank * lanes + h.lane;
-              if (t->conns_[at] != nullptr) {
-                refuse(p, "a second connection for a connected pair");
-                continue;
-              }
-              auto c = std::make_unique<Connection>();
-              c->rank = static_cast<int>(h.from_rank);
-              c->lane = static_cast<int>(h.lane);
-              c->peer = p.peer;
-              c->stream = std::move(p.stream);
-              t->conns_[at] = std::move(c);
-              --missing;
-              continue;
-            }
-            char buf[peer_auth::kHelloBytes];
-            const size_t want = std::min(sizeof(buf), p.handshake->wanted());
-            PeerStream::Io io;
-            const size_t n = p.stream->Read(buf, want, &io, &error);
-            if (n == 0) {
-              if (io == PeerStream::Io::kWantRead || io == PeerStream::Io::kWantWrite) {
-                p.want = io == PeerStream::Io::kWantRead ? POLLIN : POLLOUT;
-              } else {
-                refuse(p, io == PeerStream::Io::kClosed
-                              ? "closed the connection during the handshake"
-                              : absl::StrCat("the connection failed: ", error));
-              }
-              continue;
-            }
-            auto reply = p.handshake->Feed(absl::string_view(buf, n));
-            if (!reply.ok()) {
-              refuse(p, reply.status().message());
-              continue;
-            }
-            p.out += *reply;
-            progress = true;
-          }
-        }
-        pending.erase(std::remove_if(pending.begin(), pending.end(),
-                                     [](const std::unique_ptr<Pending>& p) {
-                                       return p->stream == nullptr;
-                                     }),
-                      pending.end());
-      }
-      for (auto& p : pending) refuse(*p, "the mesh's hosts stopped accepting connections");
-      // Whoever is still waiting to be accepted is told no, and named.
-      for (;;) {
-        const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        Pending late;
-        late.peer = PeerAddress(fd);
-        late.stream = PeerStream::Plain(fd);
-        refuse(late, missing > 0 ? "the mesh's hosts stopped accepting connections"
-                                 : "every host of the mesh is connected already");
-      }
-      if (missing > 0) {
-        std::vector<std::string> late;
-        for (int r = self + 1; r < size; ++r) {
-          for (int l = 0; l < lanes; ++l) {
-            if (t->conns_[r * lanes + l] == nullptr) {
-              late.push_back(absl::StrCat(hosts[r], " (lane ", l, ")"));
-            }
-          }
-        }
-        accepted = absl::DeadlineExceededError(absl::StrCat(
-            "host", late.size() > 1 ? "s " : " ", absl::StrJoin(late, ", "),
-            " did not connect to this host in time"));
-      }
-    });
-  }
-
-  // The connecting side: to every lower rank, each lane.
-  absl::Status connected;
-  if (self > 0) {
-    std::vector<std::string> keys;
-    for (int r = 0; r < self; ++r) keys.push_back(absl::StrCat(prefix, "/addr/", r));
-    auto addresses = book.Lookup(keys, deadline);
-    if (!addresses.ok()) {
-      connected = absl::Status(addresses.status().code(),
-                               absl::StrCat("finding the hosts' addresses: ",
-                                            addresses.status().message()));
-    }
-    for (int r = 0; r < self && connected.ok(); ++r) {
-      for (int l = 0; l < lanes && connected.ok(); ++l) {
-        const std::string& address = (*addresses)[r];
-        auto named = [&](const absl::Status& st) {
-          return absl::Status(st.code(), absl::StrCat("connecting to host ", hosts[r], " at ",
-                                                      address, ": ", st.message()));
-        };
-        auto fd = Dial(address, deadline);
-        if (!fd.ok()) {
-          connected = named(fd.status());
-          break;
-        }
-        std::unique_ptr<PeerStream> stream;
-        if (t->security_.tls != nullptr) {
-          auto s = PeerStream::Tls(*fd, *t->security_.tls, /*server=*/false);
-          if (!s.ok()) {
-            connected = named(s.status());
-            break;
-          }
-          stream = *std::move(s);
-          absl::Status st = TlsHandshake(*stream, deadline);
-          if (st.ok()) st = PeerNamesHost(stream->ssl(), hosts[r]);
-          if (!st.ok()) {
-            connected = named(st);
-            break;
-          }
-        } else {
-          stream = PeerStream::Plain(*fd);
-        }
-        peer_auth::Hello hello;
-        hello.lane = static_cast<uint32_t>(l);
-        hello.from_rank = static_cast<uint32_t>(self);
-        hello.to_rank = static_cast<uint32_t>(r);
-        hello.tag = t->security_.tag;
-        const std::string nonce = RandomBytes(peer_auth::kNonceBytes);
-        std::memcpy(hello.nonce.data(), nonce.data(), nonce.size());
-        peer_auth::ClientHandshake hs(t->security_.key, hello);
-        absl::Status st = WriteAll(*stream, hs.hello_bytes(), deadline);
-        while (st.ok() && !hs.done()) {
-          auto in = ReadExactly(*stream, hs.wanted(), deadline);
-          if (!in.ok()) {
-            st = in.status();
-            break;
-          }
-          auto reply = hs.Feed(*in);
-          if (!reply.ok()) {
-            st = reply.status();
-            break;
-          }
-          if (!reply->empty()) st = WriteAll(*stream, *reply, deadline);
-        }
-        if (!st.ok()) {
-          connected = named(st);
-          break;
-        }
-        auto c = std::make_unique<Connection>();
-        c->rank = r;
-        c->lane = l;
-        c->peer = address;
-        c->stream = std::move(stream);
-        t->conns_[r * lanes + l] = std::move(c);
-      }
-    }
-  }
-  if (acceptor.joinable()) {
-    if (!connected.ok()) {
-      const uint64_t one = 1;
-      (void)!write(cancel, &one, sizeof(one));
-    }
-    acceptor.join();
-  }
-  close(cancel);
-  if (listener >= 0) close(listener);
-  if (!connected.ok()) return connected;
-  if (!accepted.ok()) return accepted;
-  t->Start();
-  return t;
 }
 
 // --- Running -----------------------------------------------------------
@@ -904,22 +260,7 @@ absl::Status HostTransport::Flush(Connection& c) {
         iov[iovcnt++] = {const_cast<uint8_t*>(c.tx_src + c.tx_sent), c.tx_len - c.tx_sent};
       }
     } else if (!c.outgoing.empty() && !c.closing) {
-      // The next frame of the first matched send.
-      HostTransfer& t = *c.outgoing.front();
-      Frame f;
-      f.type = kData;
-      f.slot = t.slot_;
-      f.total = t.size_;
-      f.offset = t.moved_;
-      const uint64_t len = std::min<uint64_t>(options_.frame_bytes, t.size_ - t.moved_);
-      f.length = static_cast<uint32_t>(len);
-      EncodeFrame(f, c.tx_hdr);
-      c.tx_hdr_sent = 0;
-      c.tx_src = t.p_ + t.moved_;
-      c.tx_len = len;
-      c.tx_sent = 0;
-      c.tx_owner = &t;
-      c.tx_in_frame = true;
+      BeginDataFrame(c);
       continue;
     } else if (c.closing) {
       c.stream->ShutdownWrite();
@@ -953,58 +294,88 @@ absl::Status HostTransport::Flush(Connection& c) {
       }
       continue;
     }
-    const size_t hdr = std::min<size_t>(n, kFrameHeaderBytes - c.tx_hdr_sent);
-    c.tx_hdr_sent += hdr;
-    c.tx_sent += n - hdr;
-    if (c.tx_hdr_sent < kFrameHeaderBytes || c.tx_sent < c.tx_len) continue;
-    // The frame is out.
-    c.tx_in_frame = false;
-    c.tx_copy.clear();
-    if (HostTransfer* t = c.tx_owner) {
-      c.tx_owner = nullptr;
-      t->moved_ += c.tx_len;
-      if (t->moved_ >= t->size_) {
-        c.outgoing.pop_front();
-        t->bytes_ = t->size_;
-        Complete(*t, absl::OkStatus());
-      }
+    DataWritten(c, n);
+  }
+}
+
+// The next frame of the first matched send.
+void HostTransport::BeginDataFrame(Connection& c) {
+  HostTransfer& t = *c.outgoing.front();
+  Frame f;
+  f.type = kData;
+  f.slot = t.slot_;
+  f.total = t.size_;
+  f.offset = t.moved_;
+  const uint64_t len = std::min<uint64_t>(options_.frame_bytes, t.size_ - t.moved_);
+  f.length = static_cast<uint32_t>(len);
+  EncodeFrame(f, c.tx_hdr);
+  c.tx_hdr_sent = 0;
+  c.tx_src = t.p_ + t.moved_;
+  c.tx_len = len;
+  c.tx_sent = 0;
+  c.tx_owner = &t;
+  c.tx_in_frame = true;
+}
+
+// `n` more bytes of the data frame went out; a frame that is out whole
+// moves its send on, and a send that is out whole completes.
+void HostTransport::DataWritten(Connection& c, size_t n) {
+  const size_t hdr = std::min<size_t>(n, kFrameHeaderBytes - c.tx_hdr_sent);
+  c.tx_hdr_sent += hdr;
+  c.tx_sent += n - hdr;
+  if (c.tx_hdr_sent < kFrameHeaderBytes || c.tx_sent < c.tx_len) return;
+  c.tx_in_frame = false;
+  c.tx_copy.clear();
+  if (HostTransfer* t = c.tx_owner) {
+    c.tx_owner = nullptr;
+    t->moved_ += c.tx_len;
+    if (t->moved_ >= t->size_) {
+      c.outgoing.pop_front();
+      t->bytes_ = t->size_;
+      Complete(*t, absl::OkStatus());
     }
   }
 }
 
+absl::Status HostTransport::ProtocolError(Connection& c, absl::string_view what) {
+  c.rx_done = true;
+  return absl::AbortedError(absl::StrCat(
+      "host ", hosts_[c.rank], " sent what this host cannot accept (", what,
+      "): the mesh's connections cannot be trusted any more"));
+}
+
+size_t HostTransport::ReadChunk(Connection& c, bool broken, size_t budget, PeerStream::Io* io,
+                                std::string* error) {
+  if (broken) {
+    // Nothing more is acted on: drain until the peer closes.
+    return c.stream->Read(c.sink.get(), kSinkBytes, io, error);
+  }
+  if (!c.rx_in_frame) {
+    return c.stream->Read(c.rx_hdr + c.rx_hdr_got, kFrameHeaderBytes - c.rx_hdr_got, io, error);
+  }
+  if (c.rx_frame.type == kData) {
+    const uint64_t left = c.rx_frame.length - c.rx_payload_got;
+    void* dst = c.rx_target != nullptr
+                    ? static_cast<void*>(c.rx_target->p_ + c.rx_frame.offset + c.rx_payload_got)
+                    : static_cast<void*>(c.sink.get());
+    const uint64_t cap = c.rx_target != nullptr ? std::min<uint64_t>(left, budget)
+                                                : std::min<uint64_t>(left, kSinkBytes);
+    return c.stream->Read(dst, cap, io, error);
+  }
+  const size_t at = c.rx_small.size();
+  c.rx_small.resize(c.rx_frame.length);
+  const size_t n = c.stream->Read(c.rx_small.data() + at, c.rx_frame.length - at, io, error);
+  c.rx_small.resize(at + n);
+  return n;
+}
+
 absl::Status HostTransport::ReadSome(Connection& c, std::vector<int64_t>* queries) {
   size_t budget = c.stream->ssl() != nullptr ? SIZE_MAX : kReadBudget;
-  const std::string& peer = hosts_[c.rank];
-  auto protocol = [&](const std::string& what) {
-    c.rx_done = true;
-    return absl::AbortedError(absl::StrCat(
-        "host ", peer, " sent what this host cannot accept (", what,
-        "): the mesh's connections cannot be trusted any more"));
-  };
   const bool broken = !Failed(c).ok();
   while (!c.rx_done && budget > 0) {
     PeerStream::Io io;
     std::string error;
-    size_t n = 0;
-    if (broken) {
-      // Nothing more is acted on: drain until the peer closes.
-      n = c.stream->Read(c.sink.get(), kSinkBytes, &io, &error);
-    } else if (!c.rx_in_frame) {
-      n = c.stream->Read(c.rx_hdr + c.rx_hdr_got, kFrameHeaderBytes - c.rx_hdr_got, &io, &error);
-    } else if (c.rx_frame.type == kData) {
-      const uint64_t left = c.rx_frame.length - c.rx_payload_got;
-      void* dst = c.rx_target != nullptr
-                      ? static_cast<void*>(c.rx_target->p_ + c.rx_frame.offset + c.rx_payload_got)
-                      : static_cast<void*>(c.sink.get());
-      const uint64_t cap = c.rx_target != nullptr ? std::min<uint64_t>(left, budget)
-                                                  : std::min<uint64_t>(left, kSinkBytes);
-      n = c.stream->Read(dst, cap, &io, &error);
-    } else {
-      const size_t at = c.rx_small.size();
-      c.rx_small.resize(c.rx_frame.length);
-      n = c.stream->Read(c.rx_small.data() + at, c.rx_frame.length - at, &io, &error);
-      c.rx_small.resize(at + n);
-    }
+    const size_t n = ReadChunk(c, broken, budget, &io, &error);
     if (n == 0) {
       if (io == PeerStream::Io::kWantRead || io == PeerStream::Io::kWantWrite) {
         return absl::OkStatus();
@@ -1012,7 +383,7 @@ absl::Status HostTransport::ReadSome(Connection& c, std::vector<int64_t>* querie
       c.rx_done = true;
       if (broken) return absl::OkStatus();
       return absl::AbortedError(absl::StrCat(
-          "host ", peer, " is gone: its connection ",
+          "host ", hosts_[c.rank], " is gone: its connection ",
           io == PeerStream::Io::kClosed ? "closed" : "failed", " without a reason (", error,
           "): its daemon ended or was killed"));
     }
@@ -1021,55 +392,7 @@ absl::Status HostTransport::ReadSome(Connection& c, std::vector<int64_t>* querie
     if (!c.rx_in_frame) {
       c.rx_hdr_got += n;
       if (c.rx_hdr_got < kFrameHeaderBytes) continue;
-      c.rx_hdr_got = 0;
-      c.rx_frame = DecodeFrame(c.rx_hdr);
-      c.rx_payload_got = 0;
-      c.rx_small.clear();
-      const Frame& f = c.rx_frame;
-      switch (f.type) {
-        case kReady:
-        case kQuery:
-          if (f.length != 0) return protocol("a control frame with a payload");
-          break;
-        case kBreak:
-        case kAnswer:
-          if (f.length > kMaxBreakReasonBytes) {
-            return protocol(absl::StrCat("a text of ", f.length, " bytes"));
-          }
-          break;
-        case kData: {
-          if (f.length > f.total || f.offset > f.total - f.length) {
-            return protocol(absl::StrCat("a frame of ", f.length, " bytes at ", f.offset,
-                                         " of a message of ", f.total));
-          }
-          if (!c.rx_active) {
-            if (f.offset != 0) return protocol("a message that does not start at its beginning");
-            auto it = c.recvs.find(f.slot);
-            if (it == c.recvs.end() || it->second.empty()) {
-              return protocol(absl::StrCat("a message of ", f.total, " bytes on slot ", f.slot,
-                                           " that no receive asked for"));
-            }
-            HostTransfer* target = it->second.front();
-            if (target != nullptr && f.total > target->size_) {
-              // Left where it is: the break fails it.
-              return protocol(absl::StrCat("a message of ", f.total, " bytes for a receive of ",
-                                           target->size_, " bytes (slot ", f.slot, ")"));
-            }
-            it->second.pop_front();
-            if (it->second.empty()) c.recvs.erase(it);
-            c.rx_active = true;
-            c.rx_target = target;
-            c.rx_total = f.total;
-            c.rx_next = 0;
-          } else if (f.offset != c.rx_next || f.total != c.rx_total) {
-            return protocol("a frame out of order");
-          }
-          break;
-        }
-        default:
-          return protocol(absl::StrCat("a frame of unknown type ", f.type));
-      }
-      c.rx_in_frame = true;
+      if (absl::Status st = StartFrame(c); !st.ok()) return st;
     } else if (c.rx_frame.type == kData) {
       c.rx_payload_got += n;
     }
@@ -1077,67 +400,131 @@ absl::Status HostTransport::ReadSome(Connection& c, std::vector<int64_t>* querie
                                  : c.rx_small.size() < c.rx_frame.length) {
       continue;
     }
-    // A whole frame.
     c.rx_in_frame = false;
-    const Frame& f = c.rx_frame;
-    switch (f.type) {
-      case kReady: {
-        absl::Status st;
-        {
-          std::lock_guard<std::mutex> lock(c.tx_mu);
-          if (c.closing) break;
-          auto it = c.sends.find(f.slot);
-          if (it != c.sends.end() && !it->second.empty()) {
-            HostTransfer* t = it->second.front();
-            it->second.pop_front();
-            if (it->second.empty()) c.sends.erase(it);
-            if (t->size_ > f.total) {
-              c.sends[f.slot].push_front(t);
-              st = absl::AbortedError(absl::StrCat(
-                  "host ", peer, " posted a receive of ", f.total, " bytes for this host's send of ",
-                  t->size_, " bytes (slot ", f.slot, "): the hosts run different schedules"));
-            } else {
-              c.outgoing.push_back(t);
-              st = Flush(c);
-            }
-          } else {
-            c.readies[f.slot].push_back(f.total);
-          }
+    if (absl::Status st = EndFrame(c, queries); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostTransport::StartFrame(Connection& c) {
+  c.rx_hdr_got = 0;
+  c.rx_frame = DecodeFrame(c.rx_hdr);
+  c.rx_payload_got = 0;
+  c.rx_small.clear();
+  const Frame& f = c.rx_frame;
+  switch (f.type) {
+    case kReady:
+    case kQuery:
+      if (f.length != 0) return ProtocolError(c, "a control frame with a payload");
+      break;
+    case kBreak:
+    case kAnswer:
+      if (f.length > kMaxBreakReasonBytes) {
+        return ProtocolError(c, absl::StrCat("a text of ", f.length, " bytes"));
+      }
+      break;
+    case kData:
+      if (absl::Status st = StartData(c); !st.ok()) return st;
+      break;
+    default:
+      return ProtocolError(c, absl::StrCat("a frame of unknown type ", f.type));
+  }
+  c.rx_in_frame = true;
+  return absl::OkStatus();
+}
+
+absl::Status HostTransport::StartData(Connection& c) {
+  const Frame& f = c.rx_frame;
+  if (f.length > f.total || f.offset > f.total - f.length) {
+    return ProtocolError(c, absl::StrCat("a frame of ", f.length, " bytes at ", f.offset,
+                                         " of a message of ", f.total));
+  }
+  if (c.rx_active) {
+    if (f.offset != c.rx_next || f.total != c.rx_total) {
+      return ProtocolError(c, "a frame out of order");
+    }
+    return absl::OkStatus();
+  }
+  if (f.offset != 0) return ProtocolError(c, "a message that does not start at its beginning");
+  auto it = c.recvs.find(f.slot);
+  if (it == c.recvs.end() || it->second.empty()) {
+    return ProtocolError(c, absl::StrCat("a message of ", f.total, " bytes on slot ", f.slot,
+                                         " that no receive asked for"));
+  }
+  HostTransfer* target = it->second.front();
+  if (target != nullptr && f.total > target->size_) {
+    // Left where it is: the break fails it.
+    return ProtocolError(c, absl::StrCat("a message of ", f.total, " bytes for a receive of ",
+                                         target->size_, " bytes (slot ", f.slot, ")"));
+  }
+  it->second.pop_front();
+  if (it->second.empty()) c.recvs.erase(it);
+  c.rx_active = true;
+  c.rx_target = target;
+  c.rx_total = f.total;
+  c.rx_next = 0;
+  return absl::OkStatus();
+}
+
+absl::Status HostTransport::EndFrame(Connection& c, std::vector<int64_t>* queries) {
+  const Frame& f = c.rx_frame;
+  switch (f.type) {
+    case kReady:
+      return OnReady(c);
+    case kData:
+      c.rx_next += f.length;
+      if (c.rx_next == c.rx_total) {
+        c.rx_active = false;
+        if (HostTransfer* t = c.rx_target) {
+          c.rx_target = nullptr;
+          t->bytes_ = c.rx_total;
+          Complete(*t, absl::OkStatus());
         }
-        if (!st.ok()) return st;
-        break;
       }
-      case kData:
-        c.rx_next += f.length;
-        if (c.rx_next == c.rx_total) {
-          c.rx_active = false;
-          if (HostTransfer* t = c.rx_target) {
-            c.rx_target = nullptr;
-            t->bytes_ = c.rx_total;
-            Complete(*t, absl::OkStatus());
-          }
-        }
-        break;
-      case kBreak: {
-        int code = static_cast<int>(f.slot);
-        if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kAborted);
-        c.rx_done = true;
-        return absl::Status(static_cast<absl::StatusCode>(code),
-                            Clean(c.rx_small, kMaxBreakReasonBytes));
-      }
-      case kQuery:
-        queries->push_back(static_cast<int64_t>(f.slot));
-        break;
-      case kAnswer: {
-        std::lock_guard<std::mutex> lock(state_mu_);
-        answers_[{c.rank, static_cast<int64_t>(f.slot)}] = Clean(c.rx_small, kMaxQueryAnswerBytes);
-        while (answers_.size() > kMaxAnswersKept) answers_.erase(answers_.begin());
-        answers_cv_.notify_all();
-        break;
-      }
+      return absl::OkStatus();
+    case kBreak: {
+      int code = static_cast<int>(f.slot);
+      if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kAborted);
+      c.rx_done = true;
+      return absl::Status(static_cast<absl::StatusCode>(code),
+                          Clean(c.rx_small, kMaxBreakReasonBytes));
+    }
+    case kQuery:
+      queries->push_back(static_cast<int64_t>(f.slot));
+      return absl::OkStatus();
+    case kAnswer: {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      answers_[{c.rank, static_cast<int64_t>(f.slot)}] = Clean(c.rx_small, kMaxQueryAnswerBytes);
+      while (answers_.size() > kMaxAnswersKept) answers_.erase(answers_.begin());
+      answers_cv_.notify_all();
+      return absl::OkStatus();
     }
   }
   return absl::OkStatus();
+}
+
+// A peer's READY: its receive meets this host's oldest send of the slot, or
+// waits for one.
+absl::Status HostTransport::OnReady(Connection& c) {
+  const Frame& f = c.rx_frame;
+  std::lock_guard<std::mutex> lock(c.tx_mu);
+  if (c.closing) return absl::OkStatus();
+  auto it = c.sends.find(f.slot);
+  if (it == c.sends.end() || it->second.empty()) {
+    c.readies[f.slot].push_back(f.total);
+    return absl::OkStatus();
+  }
+  HostTransfer* t = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) c.sends.erase(it);
+  if (t->size_ > f.total) {
+    c.sends[f.slot].push_front(t);
+    return absl::AbortedError(absl::StrCat(
+        "host ", hosts_[c.rank], " posted a receive of ", f.total, " bytes for this host's send of ",
+        t->size_, " bytes (slot ", f.slot, "): the hosts run different schedules"));
+  }
+  c.outgoing.push_back(t);
+  return Flush(c);
 }
 
 void HostTransport::Complete(HostTransfer& t, const absl::Status& status) {

@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/cluster/peer_auth.h"
+#include "daemon/cluster/peer_stream.h"
 
 namespace collectived {
 
@@ -227,12 +228,20 @@ class HostTransport {
 
  private:
   friend class HostTransfer;
-  struct Connection;
+  struct Connection;  // host_transport_internal.h
   struct Lane;
+  class Acceptor;  // host_transport_connect.cc
   HostTransport(std::vector<std::string> hosts, int self, TransportSecurity security,
                 TransportOptions options);
 
   Connection& conn(int rank, int lane);
+  // Connect's dialing side: one authenticated connection per lower rank and
+  // lane, into conns_ (the acceptor fills the higher ranks' slots).
+  absl::Status ConnectLowerRanks(AddressBook& book, const std::string& prefix,
+                                 absl::Time deadline);
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectLane(int rank, int lane,
+                                                          const std::string& address,
+                                                          absl::Time deadline) const;
   absl::StatusOr<std::unique_ptr<HostTransfer>> Post(bool send, int rank, int lane, uint64_t slot,
                                                  uint8_t* p, uint64_t size);
   void Start();  // the I/O threads
@@ -241,9 +250,22 @@ class HostTransport {
   // failure it met (not OK: the caller breaks the transport with it,
   // outside the locks); the queries that came go to `queries`.
   absl::Status ReadSome(Connection& c, std::vector<int64_t>* queries);
+  // ReadSome's steps: the next bytes into where they go; a frame's header
+  // checked (and a message's first frame matched to its receive); a whole
+  // frame acted on; a READY matched to a send.
+  size_t ReadChunk(Connection& c, bool broken, size_t budget, PeerStream::Io* io,
+                   std::string* error);
+  absl::Status StartFrame(Connection& c);
+  absl::Status StartData(Connection& c);
+  absl::Status EndFrame(Connection& c, std::vector<int64_t>* queries);
+  absl::Status OnReady(Connection& c);
+  // Breaks `c`'s read side: what the peer sent cannot be accepted.
+  absl::Status ProtocolError(Connection& c, absl::string_view what);
   // Writes what `c` has queued, until the socket takes no more (any thread,
   // under c's write lock).
   absl::Status Flush(Connection& c);
+  void BeginDataFrame(Connection& c);     // under c.tx_mu
+  void DataWritten(Connection& c, size_t n);  // under c.tx_mu
   void ArmWrite(Connection& c, bool on);
   // Makes the lane's epoll watch what `c` needs (under c.ev_mu).
   void UpdateEvents(Connection& c);
