@@ -452,6 +452,28 @@ class Engine {
   void OnOpFull(Mesh& mesh, PendingOp& op, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeStartNext(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // MaybeStartNext's steps. The mesh's front op when every local member
+  // submitted it and it is not running (failing the refused ones of a
+  // one-host mesh on the way), or nullptr.
+  PendingOp* FrontOpToStart(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The members' regions of `op` into `io` (its buffers referenced in
+  // `keep`); the kind of memory they are.
+  static absl::string_view GatherMemberIo(const PendingOp& op, std::vector<MemberIo>& io,
+                                          std::vector<std::shared_ptr<SharedBuffer>>& keep);
+  // What starts `op` on the mesh's connections to the other hosts, with a
+  // verdict.
+  std::function<void(absl::Status)> CrossStarter(Mesh& mesh, const PendingOp& op,
+                                                 Executor* executor,
+                                                 std::shared_ptr<const OpPlan> plan,
+                                                 std::vector<MemberIo> io,
+                                                 std::vector<std::shared_ptr<SharedBuffer>> keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `op` waits for its members' streams on the stream waiter
+  // (then `run`s, or fails; both are moved there); false when they are
+  // ready (both left as they are).
+  bool WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signature,
+                      std::function<void()>& run, std::function<void(absl::Status)>& start_cross)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
   void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
                     int64_t started_ns, const Traffic& traffic, bool broken = false)
@@ -464,12 +486,27 @@ class Engine {
   void OnRegistered(const std::string& mesh_id, const std::string& key, int index,
                     const std::string& session_id, absl::StatusOr<int64_t> generation)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers member `index` of the mesh again after kRegisterRetry, if
+  // that session's joiner still waits for the mesh to form then.
+  void RegisterLater(const std::string& mesh_id, int index, const std::string& session_id);
   // Asks the rendezvous to form `mesh` (its generation, form_cancel) by
   // `deadline`; OnFormed answers.
   void StartForm(Mesh& mesh, absl::Time deadline, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> formed)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // OnFormed's outcomes. The registry's failure: joiners past their own
+  // deadline fail, the others wait on (forming again until the next
+  // deadline), or all fail.
+  void NotFormed(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it,
+                 const absl::Status& status, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The formed mesh taken on: its topology, connections and observer, the
+  // joins completed. Returns the connections when the mesh cannot be taken
+  // (its local members left, or none were placed here), for the caller to
+  // abort outside the lock.
+  std::unique_ptr<CrossHostMesh> AdoptFormed(
+      absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it, FormedMesh formed,
+      Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the cluster that members `indices` of a cluster mesh left it while
   // forming, or (broken) that it broke here.
   void TellCluster(const Mesh& mesh, std::vector<int> indices, bool broken,
@@ -523,6 +560,26 @@ class Engine {
   // Why there is no usable allocator / executor for `kind`.
   std::string NoAllocatorReason(absl::string_view kind) const;
   std::string NoExecutorReason(absl::string_view kind) const;
+  // AllocateBuffer's steps. The session's buffer count and host or GPU
+  // bytes, with `bytes` more: RESOURCE_EXHAUSTED naming the limit, or OK.
+  absl::Status CheckBufferQuota(const Session& session, uint64_t bytes, bool gpu) const;
+  bool FitsBufferQuota(const Session& session, uint64_t bytes, bool gpu) const;
+  // The request checked: the allocator to use; or, when a mesh-shared buffer
+  // the session asks for is made already, nullptr with it in *attached.
+  absl::StatusOr<BufferAllocator*> CheckAllocationLocked(
+      const std::string& session_id, int64_t size_bytes, const absl::StatusOr<DeviceSpec>& spec,
+      const std::string& mesh_id, std::optional<v1::BufferInfo>* attached)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The mesh and this session's member index in it, for a mesh-shared buffer.
+  absl::StatusOr<std::pair<Mesh*, int>> SharedBufferMember(Session& session,
+                                                           const std::string& mesh_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives the session buffer number shared_asked[index] of the mesh, which
+  // was made (`made_now`: by this call).
+  absl::StatusOr<v1::BufferInfo> AttachSharedBuffer(Session& session, Mesh& mesh, int index,
+                                                    bool made_now, int64_t size_bytes,
+                                                    const DeviceSpec& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the session's buffers to `by_device` (keyed by device).
   static void CountByDevice(const Session& s,
                             std::map<std::string, v1::DeviceBufferStats>& by_device);

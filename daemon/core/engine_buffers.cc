@@ -55,152 +55,165 @@ v1::BufferInfo InfoOf(const std::string& id, const SharedBuffer& buffer) {
 
 }  // namespace
 
+absl::Status Engine::CheckBufferQuota(const Session& session, uint64_t bytes, bool gpu) const {
+  if (static_cast<int>(session.buffers.size()) >= options_.max_buffers_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat("session has ", session.buffers.size(),
+                                                     " buffers; the limit is ",
+                                                     options_.max_buffers_per_session));
+  }
+  if (!FitsBufferQuota(session, bytes, gpu)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "session holds ", gpu ? session.gpu_buffer_bytes : session.buffer_bytes, " ",
+        gpu ? "GPU" : "host", " buffer bytes; ", bytes, " more exceeds the limit of ",
+        gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session));
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::FitsBufferQuota(const Session& session, uint64_t bytes, bool gpu) const {
+  const uint64_t held = gpu ? session.gpu_buffer_bytes : session.buffer_bytes;
+  const uint64_t limit =
+      gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session;
+  return held <= limit && bytes <= limit - held;
+}
+
+absl::StatusOr<std::pair<Engine::Mesh*, int>> Engine::SharedBufferMember(
+    Session& session, const std::string& mesh_id) {
+  auto m = session.meshes.find(mesh_id);
+  auto it = meshes_.find(mesh_id);
+  if (m == session.meshes.end() || it == meshes_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a buffer shared by mesh '", mesh_id, "': this session is not a member of that mesh"));
+  }
+  Mesh& mesh = *it->second;
+  if (mesh.state == MeshState::kBroken) {
+    return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ", mesh.generation,
+                                           " is broken: ", mesh.broken_reason));
+  }
+  if (mesh.state != MeshState::kReady) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("mesh '", mesh.name, "' is still forming: shared buffers once it is ready"));
+  }
+  mesh.shared_asked.resize(mesh.shape.num_members(), 0);
+  return std::make_pair(&mesh, m->second);
+}
+
+absl::StatusOr<v1::BufferInfo> Engine::AttachSharedBuffer(Session& session, Mesh& mesh, int index,
+                                                          bool made_now, int64_t size_bytes,
+                                                          const DeviceSpec& spec) {
+  const size_t k = mesh.shared_asked[index];
+  auto e = mesh.shared.find(k);
+  if (e == mesh.shared.end()) return absl::InternalError(absl::StrCat("no shared buffer ", k));
+  const Mesh::Shared& shared = e->second;
+  // Once every member has asked for number k, nobody asks for it again.
+  auto asked = [&] {
+    ++mesh.shared_asked[index];
+    if (*std::min_element(mesh.shared_asked.begin(), mesh.shared_asked.end()) > k) {
+      mesh.shared.erase(e);
+    }
+  };
+  std::shared_ptr<SharedBuffer> buffer = shared.buffer.lock();
+  // Gone once no member's session holds it: a reference the daemon keeps a
+  // moment longer (a descriptor on its way) does not keep it for later
+  // members.
+  bool held = made_now;
+  for (size_t i = 0; buffer != nullptr && !held && i < mesh.member_session.size(); ++i) {
+    const std::string& sid = mesh.member_session[i];
+    Session* holder = sid.empty() ? nullptr : FindSession(sid);
+    held = holder != nullptr && holder->buffers.count(shared.id) > 0;
+  }
+  if (buffer == nullptr || !held) {
+    // This member's k-th request is answered (the next one asks for k+1).
+    const int creator = shared.creator;
+    asked();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared buffer ", k, " of mesh '", mesh.name, "' (made by member ", creator,
+        ") was freed by every member that held it before member ", index,
+        " asked for it; its next request gets the next shared buffer"));
+  }
+  if (size_bytes != shared.size_bytes || buffer->device() != spec.ToString()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared buffer ", k, " of mesh '", mesh.name, "' is ", shared.size_bytes, " bytes on ",
+        buffer->device(), " (member ", shared.creator, " asked first) but member ", index,
+        " asks for ", size_bytes, " bytes on ", spec.ToString(),
+        "; every member must ask for the same"));
+  }
+  if (absl::Status st = CheckBufferQuota(session, buffer->size(), /*gpu=*/false); !st.ok()) {
+    return st;
+  }
+  if (session.buffers.count(shared.id) > 0) {
+    return absl::InternalError(absl::StrCat("shared buffer '", shared.id, "' already held"));
+  }
+  const v1::BufferInfo info = InfoOf(shared.id, *buffer);
+  session.buffers.emplace(shared.id, std::move(buffer));
+  session.buffer_bytes += static_cast<uint64_t>(info.size_bytes());
+  asked();
+  return info;
+}
+
+absl::StatusOr<BufferAllocator*> Engine::CheckAllocationLocked(
+    const std::string& session_id, int64_t size_bytes, const absl::StatusOr<DeviceSpec>& spec,
+    const std::string& mesh_id, std::optional<v1::BufferInfo>* attached) {
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  Session* session = *s;
+  if (!spec.ok()) return spec.status();
+  const bool gpu = spec->kind != DeviceSpec::Kind::kCpu;
+  auto a = allocators_.find(spec->buffer_kind());
+  if (a == allocators_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", spec->ToString(), ": this daemon has no usable ",
+        KindLabel(spec->buffer_kind()), " allocator: ", NoAllocatorReason(spec->buffer_kind())));
+  }
+  if (size_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("size_bytes must be >= 1; got ", size_bytes));
+  }
+  if (static_cast<uint64_t>(size_bytes) > options_.max_buffer_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "size_bytes ", size_bytes, " exceeds the per-buffer limit of ", options_.max_buffer_size));
+  }
+  if (absl::Status st = CheckBufferQuota(*session, static_cast<uint64_t>(size_bytes), gpu);
+      !st.ok()) {
+    return st;
+  }
+  if (mesh_id.empty()) return a->second;
+  if (gpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        "device ", spec->ToString(), ": buffers shared by a mesh are host memory so far"));
+  }
+  auto member = SharedBufferMember(*session, mesh_id);
+  if (!member.ok()) return member.status();
+  auto [mesh, index] = *member;
+  if (mesh->shared_asked[index] < mesh->shared_made) {
+    auto info = AttachSharedBuffer(*session, *mesh, index, /*made_now=*/false, size_bytes, *spec);
+    if (!info.ok()) return info.status();
+    *attached = *std::move(info);
+    return nullptr;
+  }
+  if (static_cast<int>(mesh->shared.size()) >= options_.max_buffers_per_session) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("mesh '", mesh->name, "' has ", mesh->shared.size(),
+                     " shared buffers not yet asked for by every member; the limit is ",
+                     options_.max_buffers_per_session));
+  }
+  return a->second;
+}
+
 absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session_id,
                                                       int64_t size_bytes,
                                                       const std::string& device,
                                                       const std::string& mesh_id) {
-  auto spec = ParseDevice(device);
+  const absl::StatusOr<DeviceSpec> spec = ParseDevice(device);
   BufferAllocator* allocator = nullptr;
-  const bool gpu = spec.ok() && spec->kind != DeviceSpec::Kind::kCpu;
-  // Whether `bytes` more fit in the session's host or GPU quota.
-  auto fits = [&](const Session& s, uint64_t bytes) {
-    const uint64_t held = gpu ? s.gpu_buffer_bytes : s.buffer_bytes;
-    const uint64_t limit =
-        gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session;
-    return held <= limit && bytes <= limit - held;
-  };
-  // The session's checks, before and after the allocation.
-  auto check_quota = [&](const Session& session, uint64_t bytes) -> absl::Status {
-    if (static_cast<int>(session.buffers.size()) >= options_.max_buffers_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session has ", session.buffers.size(), " buffers; the limit is ",
-          options_.max_buffers_per_session));
-    }
-    if (!fits(session, bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "session holds ", gpu ? session.gpu_buffer_bytes : session.buffer_bytes, " ",
-          gpu ? "GPU" : "host", " buffer bytes; ", bytes, " more exceeds the limit of ",
-          gpu ? options_.max_gpu_buffer_bytes_per_session : options_.max_buffer_bytes_per_session));
-    }
-    return absl::OkStatus();
-  };
-  // The mesh and this session's member index in it, for a mesh-shared buffer.
-  auto member_of = [&](Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
-                       mu_) -> absl::StatusOr<std::pair<Mesh*, int>> {
-    auto m = session.meshes.find(mesh_id);
-    auto it = meshes_.find(mesh_id);
-    if (m == session.meshes.end() || it == meshes_.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("a buffer shared by mesh '", mesh_id,
-                       "': this session is not a member of that mesh"));
-    }
-    Mesh& mesh = *it->second;
-    if (mesh.state == MeshState::kBroken) {
-      return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ",
-                                             mesh.generation, " is broken: ",
-                                             mesh.broken_reason));
-    }
-    if (mesh.state != MeshState::kReady) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("mesh '", mesh.name, "' is still forming: shared buffers once it is ready"));
-    }
-    mesh.shared_asked.resize(mesh.shape.num_members(), 0);
-    return std::make_pair(&mesh, m->second);
-  };
-  // Gives the session buffer number shared_asked[index] of the mesh, which
-  // was made (`made_now`: by this call).
-  auto attach = [&](Session& session, Mesh& mesh, int index, bool made_now)
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<v1::BufferInfo> {
-    const size_t k = mesh.shared_asked[index];
-    auto e = mesh.shared.find(k);
-    if (e == mesh.shared.end()) return absl::InternalError(absl::StrCat("no shared buffer ", k));
-    const Mesh::Shared& shared = e->second;
-    // Once every member has asked for number k, nobody asks for it again.
-    auto asked = [&] {
-      ++mesh.shared_asked[index];
-      if (*std::min_element(mesh.shared_asked.begin(), mesh.shared_asked.end()) > k) {
-        mesh.shared.erase(e);
-      }
-    };
-    std::shared_ptr<SharedBuffer> buffer = shared.buffer.lock();
-    // Gone once no member's session holds it: a reference the daemon keeps a
-    // moment longer (a descriptor on its way) does not keep it for later
-    // members.
-    bool held = made_now;
-    for (size_t i = 0; buffer != nullptr && !held && i < mesh.member_session.size(); ++i) {
-      const std::string& sid = mesh.member_session[i];
-      Session* holder = sid.empty() ? nullptr : FindSession(sid);
-      held = holder != nullptr && holder->buffers.count(shared.id) > 0;
-    }
-    if (buffer == nullptr || !held) {
-      // This member's k-th request is answered (the next one asks for k+1).
-      const int creator = shared.creator;
-      asked();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shared buffer ", k, " of mesh '", mesh.name, "' (made by member ", creator,
-          ") was freed by every member that held it before member ", index,
-          " asked for it; its next request gets the next shared buffer"));
-    }
-    if (size_bytes != shared.size_bytes || buffer->device() != spec->ToString()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shared buffer ", k, " of mesh '", mesh.name, "' is ", shared.size_bytes,
-          " bytes on ", buffer->device(), " (member ", shared.creator,
-          " asked first) but member ", index, " asks for ", size_bytes, " bytes on ",
-          spec->ToString(), "; every member must ask for the same"));
-    }
-    if (absl::Status st = check_quota(session, buffer->size()); !st.ok()) return st;
-    if (session.buffers.count(shared.id) > 0) {
-      return absl::InternalError(absl::StrCat("shared buffer '", shared.id, "' already held"));
-    }
-    const v1::BufferInfo info = InfoOf(shared.id, *buffer);
-    session.buffers.emplace(shared.id, std::move(buffer));
-    session.buffer_bytes += static_cast<uint64_t>(info.size_bytes());
-    asked();
-    return info;
-  };
   {
     MutexLock lock(&mu_);
-    auto s = GetSession(session_id);
-    if (!s.ok()) return s.status();
-    Session* session = *s;
-    if (!spec.ok()) return spec.status();
-    auto a = allocators_.find(spec->buffer_kind());
-    if (a == allocators_.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device ", spec->ToString(), ": this daemon has no usable ",
-          KindLabel(spec->buffer_kind()), " allocator: ", NoAllocatorReason(spec->buffer_kind())));
-    }
-    allocator = a->second;
-    if (size_bytes <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("size_bytes must be >= 1; got ", size_bytes));
-    }
-    if (static_cast<uint64_t>(size_bytes) > options_.max_buffer_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "size_bytes ", size_bytes, " exceeds the per-buffer limit of ", options_.max_buffer_size));
-    }
-    if (absl::Status st = check_quota(*session, static_cast<uint64_t>(size_bytes)); !st.ok()) {
-      return st;
-    }
-    if (!mesh_id.empty()) {
-      if (gpu) {
-        return absl::UnimplementedError(absl::StrCat(
-            "device ", spec->ToString(), ": buffers shared by a mesh are host memory so far"));
-      }
-      auto member = member_of(*session);
-      if (!member.ok()) return member.status();
-      auto [mesh, index] = *member;
-      if (mesh->shared_asked[index] < mesh->shared_made) {
-        return attach(*session, *mesh, index, /*made_now=*/false);
-      }
-      if (static_cast<int>(mesh->shared.size()) >= options_.max_buffers_per_session) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "mesh '", mesh->name, "' has ", mesh->shared.size(),
-            " shared buffers not yet asked for by every member; the limit is ",
-            options_.max_buffers_per_session));
-      }
-    }
+    std::optional<v1::BufferInfo> attached;
+    auto a = CheckAllocationLocked(session_id, size_bytes, spec, mesh_id, &attached);
+    if (!a.ok()) return a.status();
+    if (attached.has_value()) return *std::move(attached);
+    allocator = *a;
   }
+  const bool gpu = spec->kind != DeviceSpec::Kind::kCpu;
   // Allocate outside the lock: faulting in pages takes time.
   auto buffer = allocator->Allocate(static_cast<size_t>(size_bytes), *spec);
   if (!buffer.ok()) return buffer.status();
@@ -213,23 +226,25 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
   if (!s.ok()) return s.status();
   Session* session = *s;
   if (!mesh_id.empty()) {
-    auto member = member_of(*session);
+    auto member = SharedBufferMember(*session, mesh_id);
     if (!member.ok()) return member.status();
     auto [mesh, index] = *member;
     // Another member's call may have made it meanwhile: then this one's
     // allocation is dropped.
     if (mesh->shared_asked[index] < mesh->shared_made) {
-      return attach(*session, *mesh, index, /*made_now=*/false);
+      return AttachSharedBuffer(*session, *mesh, index, /*made_now=*/false, size_bytes, *spec);
     }
     // Made only if this session can hold it: a failed call leaves nothing.
     std::shared_ptr<SharedBuffer> shared =
         std::make_shared<MeshSharedBuffer>(*std::move(buffer), mesh_id);
-    if (absl::Status st = check_quota(*session, shared->size()); !st.ok()) return st;
+    if (absl::Status st = CheckBufferQuota(*session, shared->size(), /*gpu=*/false); !st.ok()) {
+      return st;
+    }
     mesh->shared[mesh->shared_made++] = Mesh::Shared{RandomId("b-"), shared, size_bytes, index};
-    return attach(*session, *mesh, index, /*made_now=*/true);
+    return AttachSharedBuffer(*session, *mesh, index, /*made_now=*/true, size_bytes, *spec);
   }
   if (static_cast<int>(session->buffers.size()) >= options_.max_buffers_per_session ||
-      !fits(*session, (*buffer)->size())) {
+      !FitsBufferQuota(*session, (*buffer)->size(), gpu)) {
     return absl::ResourceExhaustedError("buffer quota exceeded by concurrent allocations");
   }
   const v1::BufferInfo info = InfoOf(RandomId("b-"), **buffer);

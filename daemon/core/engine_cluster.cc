@@ -69,6 +69,24 @@ void Engine::FailForming(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>
   EraseMesh(it);
 }
 
+void Engine::RegisterLater(const std::string& mesh_id, int index, const std::string& session_id) {
+  timer_->Schedule(absl::Now() + kRegisterRetry, [this, mesh_id, index, session_id] {
+    Callbacks retry;
+    {
+      MutexLock relock(&mu_);
+      auto again = meshes_.find(mesh_id);
+      if (again == meshes_.end() || shutting_down_) return;
+      Mesh& m = *again->second;
+      if (m.state != MeshState::kForming || m.member_session[index] != session_id ||
+          !m.join_waiters.count(index)) {
+        return;
+      }
+      Register(m, index, session_id, retry);
+    }
+    Run(retry);
+  });
+}
+
 void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, int index,
                           const std::string& session_id, absl::StatusOr<int64_t> generation) {
   Callbacks cbs;
@@ -108,21 +126,7 @@ void Engine::OnRegistered(const std::string& mesh_id, const std::string& key, in
       // No coordinator (yet): the mesh may still fill on this host alone,
       // and the registration is tried again while the joiner waits.
       mesh->registry_error = generation.status();
-      timer_->Schedule(absl::Now() + kRegisterRetry, [this, mesh_id, index, session_id] {
-        Callbacks retry;
-        {
-          MutexLock relock(&mu_);
-          auto again = meshes_.find(mesh_id);
-          if (again == meshes_.end() || shutting_down_) return;
-          Mesh& m = *again->second;
-          if (m.state != MeshState::kForming || m.member_session[index] != session_id ||
-              !m.join_waiters.count(index)) {
-            return;
-          }
-          Register(m, index, session_id, retry);
-        }
-        Run(retry);
-      });
+      RegisterLater(mesh_id, index, session_id);
     } else if (!generation.ok()) {
       LogEventLater(cbs, LogLevel::kWarn, "join_refused",
                     {{"mesh", mesh->name}, {"index", absl::StrCat(index)},
@@ -196,96 +200,9 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
       // daemon is stopping.
       if (formed.ok()) orphan = std::move(formed->mesh);
     } else if (!formed.ok()) {
-      // A mesh that did not fill by the first joiner's deadline: the joiners
-      // whose own deadline has passed fail with the registry's answer, the
-      // others keep waiting, until the next deadline among them.
-      Mesh& mesh = *it->second;
-      absl::Time next = absl::InfiniteFuture();
-      if (formed.status().code() == absl::StatusCode::kDeadlineExceeded) {
-        const absl::Time now = absl::Now();
-        for (const auto& [index, waiter] : mesh.join_waiters) {
-          if (waiter.deadline > now) next = std::min(next, waiter.deadline);
-        }
-      }
-      if (next != absl::InfiniteFuture()) {
-        std::vector<int> expired;
-        for (const auto& [index, waiter] : mesh.join_waiters) {
-          if (waiter.deadline < next) expired.push_back(index);
-        }
-        for (int index : expired) RemoveJoiner(mesh, index, formed.status(), cbs);
-        StartForm(mesh, next, cbs);
-      } else {
-        LogEventLater(cbs, LogLevel::kWarn, "mesh_not_formed",
-                      {{"mesh", mesh.name}, {"error", formed.status().ToString()}});
-        FailForming(it, formed.status(), cbs);
-      }
+      NotFormed(it, formed.status(), cbs);
     } else {
-      Mesh& mesh = *it->second;
-      const MeshTopology& t = formed->topology;
-      const std::string self = options_.rendezvous->host_id();
-      std::vector<int> gone;
-      int local = 0;
-      for (int i = 0; i < mesh.shape.num_members(); ++i) {
-        if (t.member_host[i] != self) continue;
-        ++local;
-        if (mesh.member_session[i].empty()) gone.push_back(i);
-      }
-      if (!gone.empty() || local == 0) {
-        const std::string reason =
-            local == 0 ? absl::StrCat("the registry placed no member on host ", self)
-                       : absl::StrCat("members ", absl::StrJoin(gone, ","), " on host ", self,
-                                      " left before the mesh formed");
-        orphan = std::move(formed->mesh);
-        TellCluster(mesh, {}, true, reason, cbs);
-        FailForming(it, absl::AbortedError(absl::StrCat("mesh '", mesh.name, "': ", reason)),
-                    cbs);
-      } else {
-        // A joiner here whose coordinate the registry gave to another host
-        // (its own registration is refused, or still on its way).
-        std::vector<int> elsewhere;
-        for (const auto& [index, waiter] : mesh.join_waiters) {
-          if (t.member_host[index] != self) elsewhere.push_back(index);
-        }
-        for (int index : elsewhere) {
-          RemoveJoiner(mesh, index,
-                       absl::AlreadyExistsError(absl::StrCat(
-                           "coordinate ", CoordString(mesh.shape.Coordinate(index)), " of mesh '",
-                           mesh.name, "' is taken by a member on host ", t.member_host[index])),
-                       cbs);
-        }
-        mesh.member_host = t.member_host;
-        mesh.local_members = local;
-        // Members of other hosts never leave here: for this host, they are
-        // gone once the mesh breaks (MaybeEraseMesh waits for local ones).
-        for (int i = 0; i < mesh.shape.num_members(); ++i) {
-          if (t.member_host[i] != self) mesh.member_left[i] = true;
-        }
-        mesh.form_cancel.reset();
-        mesh.generation = t.generation;
-        if (t.op_timeout_ms > 0 && !mesh.op_timeout_set) {
-          mesh.op_timeout = absl::Milliseconds(t.op_timeout_ms);
-          mesh.op_timeout_set = true;
-        }
-        mesh.cross = std::shared_ptr<CrossHostMesh>(std::move(formed->mesh));
-        // What the other hosts say between ops reaches the engine: a break
-        // (named), a question about a late op. Installed outside the lock
-        // (an earlier break is reported at once).
-        cbs.push_back([this, cross = mesh.cross, mesh_id] {
-          CrossHostObserver observer;
-          observer.on_broken = [this, mesh_id](const absl::Status& why) {
-            OnCrossBroken(mesh_id, why);
-          };
-          observer.on_query = [this, mesh_id](int64_t sequence) {
-            return MissingAt(mesh_id, sequence);
-          };
-          cross->Observe(std::move(observer));
-        });
-        LogEventLater(cbs, LogLevel::kInfo, "mesh_formed_across_hosts",
-                      {{"mesh", mesh.name}, {"generation", absl::StrCat(mesh.generation)},
-                  {"hosts", absl::StrJoin(t.hosts, ",")},
-                  {"local_members", absl::StrCat(local)}});
-        CompleteJoin(mesh, cbs);
-      }
+      orphan = AdoptFormed(it, *std::move(formed), cbs);
     }
   }
   if (orphan) {
@@ -294,6 +211,98 @@ void Engine::OnFormed(const std::string& mesh_id, absl::StatusOr<FormedMesh> for
   }
   orphan.reset();
   Run(cbs);
+}
+
+void Engine::NotFormed(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it,
+                       const absl::Status& status, Callbacks& cbs) {
+  // A mesh that did not fill by the first joiner's deadline: the joiners
+  // whose own deadline has passed fail with the registry's answer, the
+  // others keep waiting, until the next deadline among them.
+  Mesh& mesh = *it->second;
+  absl::Time next = absl::InfiniteFuture();
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    const absl::Time now = absl::Now();
+    for (const auto& [index, waiter] : mesh.join_waiters) {
+      if (waiter.deadline > now) next = std::min(next, waiter.deadline);
+    }
+  }
+  if (next == absl::InfiniteFuture()) {
+    LogEventLater(cbs, LogLevel::kWarn, "mesh_not_formed",
+                  {{"mesh", mesh.name}, {"error", status.ToString()}});
+    FailForming(it, status, cbs);
+    return;
+  }
+  std::vector<int> expired;
+  for (const auto& [index, waiter] : mesh.join_waiters) {
+    if (waiter.deadline < next) expired.push_back(index);
+  }
+  for (int index : expired) RemoveJoiner(mesh, index, status, cbs);
+  StartForm(mesh, next, cbs);
+}
+
+std::unique_ptr<CrossHostMesh> Engine::AdoptFormed(
+    absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it, FormedMesh formed,
+    Callbacks& cbs) {
+  Mesh& mesh = *it->second;
+  const MeshTopology& t = formed.topology;
+  const std::string self = options_.rendezvous->host_id();
+  std::vector<int> gone;
+  int local = 0;
+  for (int i = 0; i < mesh.shape.num_members(); ++i) {
+    if (t.member_host[i] != self) continue;
+    ++local;
+    if (mesh.member_session[i].empty()) gone.push_back(i);
+  }
+  if (!gone.empty() || local == 0) {
+    const std::string reason =
+        local == 0 ? absl::StrCat("the registry placed no member on host ", self)
+                   : absl::StrCat("members ", absl::StrJoin(gone, ","), " on host ", self,
+                                  " left before the mesh formed");
+    TellCluster(mesh, {}, true, reason, cbs);
+    FailForming(it, absl::AbortedError(absl::StrCat("mesh '", mesh.name, "': ", reason)), cbs);
+    return std::move(formed.mesh);
+  }
+  // A joiner here whose coordinate the registry gave to another host (its
+  // own registration is refused, or still on its way).
+  std::vector<int> elsewhere;
+  for (const auto& [index, waiter] : mesh.join_waiters) {
+    if (t.member_host[index] != self) elsewhere.push_back(index);
+  }
+  for (int index : elsewhere) {
+    RemoveJoiner(mesh, index,
+                 absl::AlreadyExistsError(absl::StrCat(
+                     "coordinate ", CoordString(mesh.shape.Coordinate(index)), " of mesh '",
+                     mesh.name, "' is taken by a member on host ", t.member_host[index])),
+                 cbs);
+  }
+  mesh.member_host = t.member_host;
+  mesh.local_members = local;
+  // Members of other hosts never leave here: for this host, they are gone
+  // once the mesh breaks (MaybeEraseMesh waits for local ones).
+  for (int i = 0; i < mesh.shape.num_members(); ++i) {
+    if (t.member_host[i] != self) mesh.member_left[i] = true;
+  }
+  mesh.form_cancel.reset();
+  mesh.generation = t.generation;
+  if (t.op_timeout_ms > 0 && !mesh.op_timeout_set) {
+    mesh.op_timeout = absl::Milliseconds(t.op_timeout_ms);
+    mesh.op_timeout_set = true;
+  }
+  mesh.cross = std::shared_ptr<CrossHostMesh>(std::move(formed.mesh));
+  // What the other hosts say between ops reaches the engine: a break
+  // (named), a question about a late op. Installed outside the lock (an
+  // earlier break is reported at once).
+  cbs.push_back([this, cross = mesh.cross, mesh_id = mesh.id] {
+    CrossHostObserver observer;
+    observer.on_broken = [this, mesh_id](const absl::Status& why) { OnCrossBroken(mesh_id, why); };
+    observer.on_query = [this, mesh_id](int64_t sequence) { return MissingAt(mesh_id, sequence); };
+    cross->Observe(std::move(observer));
+  });
+  LogEventLater(cbs, LogLevel::kInfo, "mesh_formed_across_hosts",
+                {{"mesh", mesh.name}, {"generation", absl::StrCat(mesh.generation)},
+                 {"hosts", absl::StrJoin(t.hosts, ",")}, {"local_members", absl::StrCat(local)}});
+  CompleteJoin(mesh, cbs);
+  return nullptr;
 }
 
 }  // namespace collectived

@@ -471,20 +471,113 @@ absl::Status Engine::CheckMemory(const Mesh& mesh, const PendingOp& op) const {
   return absl::OkStatus();
 }
 
-void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
+Engine::PendingOp* Engine::FrontOpToStart(Mesh& mesh, Callbacks& cbs) {
   // The front op is the lowest sequence not yet completed; later ops wait.
   while (!mesh.pending.empty() && !shutting_down_) {
     PendingOp& op = mesh.pending.begin()->second;
-    if (op.running || op.submitted < mesh.local_members) return;
+    if (op.running || op.submitted < mesh.local_members) return nullptr;
     // A cluster mesh's other hosts must learn the verdict: it goes to them.
-    if (op.verdict.ok() || mesh.cross) break;
+    if (op.verdict.ok() || mesh.cross) return &op;
     FailOp(mesh, op, op.verdict, cbs);
     ++mesh.completed;
     mesh.pending.erase(mesh.pending.begin());
   }
-  if (mesh.pending.empty() || shutting_down_) return;
-  PendingOp& op = mesh.pending.begin()->second;
-  if (op.running || op.submitted < mesh.local_members) return;
+  return nullptr;
+}
+
+absl::string_view Engine::GatherMemberIo(const PendingOp& op, std::vector<MemberIo>& io,
+                                         std::vector<std::shared_ptr<SharedBuffer>>& keep) {
+  // Every member's buffers are of this kind (CheckMemory).
+  absl::string_view kind = "memfd";
+  for (size_t i = 0; i < op.subs.size(); ++i) {
+    if (!op.subs[i]) continue;  // a member on another host
+    const Submission& sub = *op.subs[i];
+    if (!sub.in_buf) continue;
+    io[i].in = static_cast<const uint8_t*>(sub.in_buf->data()) + sub.in_offset;
+    io[i].out = static_cast<uint8_t*>(sub.out_buf->data()) + sub.out_offset;
+    // Every member's output is one region of a mesh-shared buffer
+    // (CheckSharedOutput): the first member's result is written there, the
+    // others' are that one (out == nullptr: written elsewhere).
+    if (!sub.out_buf->shared_mesh().empty()) {
+      for (size_t j = 0; j < i; ++j) {
+        if (io[j].out == io[i].out) {
+          io[i].out = nullptr;
+          break;
+        }
+      }
+    }
+    io[i].device = sub.in_buf->device_ordinal();
+    kind = sub.in_buf->kind();
+    keep.push_back(sub.in_buf);
+    keep.push_back(sub.out_buf);
+  }
+  return kind;
+}
+
+std::function<void(absl::Status)> Engine::CrossStarter(
+    Mesh& mesh, const PendingOp& op, Executor* executor, std::shared_ptr<const OpPlan> plan,
+    std::vector<MemberIo> io, std::vector<std::shared_ptr<SharedBuffer>> keep) {
+  ++cross_ops_in_flight_;
+  // The connections run it on their thread and call back; the buffers stay
+  // referenced until then.
+  return [this, cross = mesh.cross, executor, plan = std::move(plan), io = std::move(io),
+          keep = std::move(keep), mesh_id = mesh.id, seq = op.sequence, deadline = op.deadline,
+          timeout = op.deadline - op.first_submit](absl::Status verdict) {
+    const int64_t started_ns = fastq::MonotonicNs();
+    // The callback runs on the mesh's thread and holds a reference to the
+    // mesh until it has returned, then drops it on a runner: the thread must
+    // never destroy (join) itself. Last, it counts itself out, so that the
+    // engine's destructor waits for it.
+    cross->Start(plan, seq, io, executor, std::move(verdict), deadline,
+                 [this, keep, mesh_id, seq, started_ns, cross](
+                     absl::Status status, bool broken, Traffic traffic) mutable {
+                   {
+                     // Counted before the members learn the result.
+                     MutexLock lock(&mu_);
+                     ++(status.ok() ? cross_ops_completed_ : cross_ops_failed_);
+                   }
+                   OnOpFinished(mesh_id, seq, std::move(status), started_ns, traffic, broken);
+                   runners_->Schedule([cross = std::move(cross)] {});
+                   MutexLock lock(&mu_);
+                   if (--cross_ops_in_flight_ == 0) cross_idle_.SignalAll();
+                 },
+                 timeout);
+  };
+}
+
+bool Engine::WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signature,
+                            std::function<void()>& run,
+                            std::function<void(absl::Status)>& start_cross) {
+  std::vector<MemberSync> streams;
+  for (size_t i = 0; i < op.subs.size(); ++i) {
+    if (op.subs[i] && op.subs[i]->sync) {
+      streams.push_back(MemberSync{*op.subs[i]->sync, MemberLabel(mesh, static_cast<int>(i))});
+    }
+  }
+  if (streams.empty() || StreamsReady(streams)) return false;
+  op.cancel = std::make_shared<OpCancel>();
+  stream_waiter_->Add(
+      std::move(streams), op.deadline, op.cancel,
+      absl::StrCat("mesh '", mesh.name, "': op ", op.sequence, " (", signature, ")"),
+      [this, run = std::move(run), start_cross = std::move(start_cross), mesh_id = mesh.id,
+       seq = op.sequence](absl::Status status) {
+        if (status.ok()) {
+          runners_->Schedule(run);
+        } else if (start_cross) {
+          // The other hosts wait for this host's part of the op: they fail
+          // it too.
+          start_cross(std::move(status));
+        } else {
+          OnOpFinished(mesh_id, seq, std::move(status), fastq::MonotonicNs(), Traffic{});
+        }
+      });
+  return true;
+}
+
+void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
+  PendingOp* front = FrontOpToStart(mesh, cbs);
+  if (front == nullptr) return;
+  PendingOp& op = *front;
   op.running = true;
   std::shared_ptr<const OpPlan> plan;
   for (const auto& sub : op.subs) {
@@ -495,68 +588,17 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   }
   std::vector<MemberIo> io(op.subs.size());
   std::vector<std::shared_ptr<SharedBuffer>> keep;
-  // Every member's buffers are of this kind (CheckMemory).
-  absl::string_view kind = "memfd";
-  for (size_t i = 0; i < op.subs.size(); ++i) {
-    if (!op.subs[i]) continue;  // a member on another host
-    const Submission& sub = *op.subs[i];
-    if (sub.in_buf) {
-      io[i].in = static_cast<const uint8_t*>(sub.in_buf->data()) + sub.in_offset;
-      io[i].out = static_cast<uint8_t*>(sub.out_buf->data()) + sub.out_offset;
-      // Every member's output is one region of a mesh-shared buffer
-      // (CheckSharedOutput): the first member's result is written there,
-      // the others' are that one (out == nullptr: written elsewhere).
-      if (!sub.out_buf->shared_mesh().empty()) {
-        for (size_t j = 0; j < i; ++j) {
-          if (io[j].out == io[i].out) {
-            io[i].out = nullptr;
-            break;
-          }
-        }
-      }
-      io[i].device = sub.in_buf->device_ordinal();
-      kind = sub.in_buf->kind();
-      keep.push_back(sub.in_buf);
-      keep.push_back(sub.out_buf);
-    }
-  }
-  Executor* executor = ExecutorFor(kind);
-  std::string mesh_id = mesh.id;
-  int64_t seq = op.sequence;
+  Executor* executor = ExecutorFor(GatherMemberIo(op, io, keep));
   std::function<void()> run;
   // Across hosts: starts the op on the mesh's connections with `verdict`
   // (every host then fails an op one host refused).
   std::function<void(absl::Status)> start_cross;
   if (mesh.cross) {
-    ++cross_ops_in_flight_;
-    // The connections run it on their thread and call back; the buffers
-    // stay referenced until then.
-    start_cross = [this, cross = mesh.cross, executor, plan, io = std::move(io),
-                   keep = std::move(keep), mesh_id, seq, deadline = op.deadline,
-                   timeout = op.deadline - op.first_submit](absl::Status verdict) {
-      const int64_t started_ns = fastq::MonotonicNs();
-      // The callback runs on the mesh's thread and holds a reference to the
-      // mesh until it has returned, then drops it on a runner: the thread
-      // must never destroy (join) itself. Last, it counts itself out, so
-      // that the engine's destructor waits for it.
-      cross->Start(plan, seq, io, executor, std::move(verdict), deadline,
-                   [this, keep, mesh_id, seq, started_ns, cross](
-                       absl::Status status, bool broken, Traffic traffic) mutable {
-                     {
-                       // Counted before the members learn the result.
-                       MutexLock lock(&mu_);
-                       ++(status.ok() ? cross_ops_completed_ : cross_ops_failed_);
-                     }
-                     OnOpFinished(mesh_id, seq, std::move(status), started_ns, traffic, broken);
-                     runners_->Schedule([cross = std::move(cross)] {});
-                     MutexLock lock(&mu_);
-                     if (--cross_ops_in_flight_ == 0) cross_idle_.SignalAll();
-                   },
-                   timeout);
-    };
+    start_cross = CrossStarter(mesh, op, executor, plan, std::move(io), std::move(keep));
     run = [start_cross, verdict = op.verdict] { start_cross(verdict); };
   } else {
-    run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id, seq] {
+    run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id = mesh.id,
+           seq = op.sequence] {
       const int64_t started_ns = fastq::MonotonicNs();
       Traffic traffic;
       absl::Status status = executor->Run(*plan, io, &traffic);
@@ -571,30 +613,7 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   // Stream-ordered members: unless their streams are there already, the op
   // waits for them on the stream waiter's thread (holding no runner), and
   // then runs on a runner.
-  std::vector<MemberSync> streams;
-  for (size_t i = 0; i < op.subs.size(); ++i) {
-    if (op.subs[i] && op.subs[i]->sync) {
-      streams.push_back(MemberSync{*op.subs[i]->sync, MemberLabel(mesh, static_cast<int>(i))});
-    }
-  }
-  if (!streams.empty() && !StreamsReady(streams)) {
-    op.cancel = std::make_shared<OpCancel>();
-    stream_waiter_->Add(
-        std::move(streams), op.deadline, op.cancel,
-        absl::StrCat("mesh '", mesh.name, "': op ", seq, " (", plan->signature, ")"),
-        [this, run = std::move(run), start_cross, mesh_id, seq](absl::Status status) {
-          if (status.ok()) {
-            runners_->Schedule(run);
-          } else if (start_cross) {
-            // The other hosts wait for this host's part of the op: they
-            // fail it too.
-            start_cross(std::move(status));
-          } else {
-            OnOpFinished(mesh_id, seq, std::move(status), fastq::MonotonicNs(), Traffic{});
-          }
-        });
-    return;
-  }
+  if (WaitForStreams(mesh, op, plan->signature, run, start_cross)) return;
   // Not inline while an inline op runs on this thread: OnOpFinished starts
   // the next op from inside it, and chains of queued ops must not recurse.
   if (mesh.cross || (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline)) {

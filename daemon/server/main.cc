@@ -750,14 +750,9 @@ void Stop(const std::string& why, Listeners& listeners, Cluster* cluster_client,
   listeners.fast_path->Stop();
 }
 
-int Main(int argc, char** argv) {
-  ParseFlags(argc, argv);
-  auto local = LocalSettingsFromFlags();
-  if (!local.ok()) return Fail(local.status());
-  const std::string& socket = local->socket;
-  const std::string& side_socket = local->side_socket;
-
-  // Block the stop signals in every thread; the main thread waits for them.
+// Blocks the stop signals in every thread (the main thread waits for them)
+// and ignores SIGPIPE; returns the stop signals.
+sigset_t SetUpProcess() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
@@ -770,6 +765,31 @@ int Main(int argc, char** argv) {
   // lock: a shared cost on every RPC and op, to check locks that are not
   // this project's.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return stop_signals;
+}
+
+// The daemon's one line of what it serves, once it serves it.
+void LogListening(const LocalSettings& local, const std::string& tcp, int tcp_port,
+                  const std::string& metrics, Engine& engine) {
+  LogEvent(LogLevel::kInfo, "listening",
+           {{"socket", local.socket}, {"side_socket", local.side_socket},
+            {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
+            {"tcp_security", TcpSecurity(tcp)},
+            {"metrics", metrics},
+            {"executor_threads", absl::StrCat(engine.GetStats().executor_threads())},
+            {"open_files_limit", absl::StrCat(local.fd_limits.soft)},
+            {"open_files_limit_at_start", absl::StrCat(local.fd_limits.soft_before)},
+            {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
+}
+
+int Main(int argc, char** argv) {
+  ParseFlags(argc, argv);
+  auto local = LocalSettingsFromFlags();
+  if (!local.ok()) return Fail(local.status());
+  const std::string& socket = local->socket;
+  const std::string& side_socket = local->side_socket;
+
+  const sigset_t stop_signals = SetUpProcess();
 
   char host[HOST_NAME_MAX + 1] = {};
   gethostname(host, sizeof(host) - 1);
@@ -813,17 +833,10 @@ int Main(int argc, char** argv) {
     return Fail(st);
   }
   const int tcp_port = listeners.tcp_port;
-  LogEvent(LogLevel::kInfo, "listening",
-           {{"socket", socket}, {"side_socket", side_socket},
-            {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
-            {"tcp_security", TcpSecurity(tcp)},
-            {"metrics", metrics == nullptr ? "off"
-                                           : absl::StrCat(metrics_address, " (port ",
-                                                          metrics->port(), ")")},
-            {"executor_threads", absl::StrCat(engine->GetStats().executor_threads())},
-            {"open_files_limit", absl::StrCat(local->fd_limits.soft)},
-            {"open_files_limit_at_start", absl::StrCat(local->fd_limits.soft_before)},
-            {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});
+  LogListening(*local, tcp, tcp_port,
+               metrics == nullptr ? "off"
+                                  : absl::StrCat(metrics_address, " (port ", metrics->port(), ")"),
+               *engine);
 
   std::unique_ptr<Cluster> cluster_client;
   if (cluster->enabled) {
