@@ -22,7 +22,9 @@
 //
 // Every callback is called exactly once, on a thread of the rendezvous, never
 // with an engine lock held by the caller. Implementations: ClusterRendezvous
-// (daemon/cluster/cluster_rendezvous.h: the coordinator's registry, Gloo).
+// (daemon/cluster/cluster_rendezvous.h: the cluster's registry, the host
+// transport), and FakeRendezvous (tests/fakes/fake_rendezvous.h: the test
+// plays the registry and the other hosts; daemon/core/engine_cluster_test.cc).
 #ifndef COLLECTIVED_DAEMON_CORE_RENDEZVOUS_H_
 #define COLLECTIVED_DAEMON_CORE_RENDEZVOUS_H_
 
