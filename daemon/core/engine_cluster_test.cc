@@ -17,38 +17,15 @@
 #include "daemon/core/engine.h"
 #include "exec/cpu_executor.h"
 #include "tests/fakes/fake_rendezvous.h"
+#include "tests/harness/callback_result.h"
 
 namespace collectived {
 namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
-// A result delivered by a callback, awaited with a deadline.
 template <typename T>
-class Result {
- public:
-  std::function<void(T)> Callback() {
-    return [this](T v) {
-      {
-        MutexLock lock(&mu_);
-        value_.emplace(std::move(v));
-      }
-      done_.Notify();
-    };
-  }
-  const T& Get() {
-    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(kWait)) << "callback never ran";
-    MutexLock lock(&mu_);
-    return *value_;
-  }
-  bool Done() { return done_.HasBeenNotified(); }
-
- private:
-  Mutex mu_;
-  Notification done_;
-  std::optional<T> value_;
-};
-
+using Result = CallbackResult<T>;
 using JoinResult = Result<absl::StatusOr<v1::JoinMeshResponse>>;
 
 class EngineAcrossHostsTest : public ::testing::Test {
@@ -138,6 +115,22 @@ class EngineAcrossHostsTest : public ::testing::Test {
     return info->buffer_id();
   }
 
+  // Both local members submit a psum (of `count0` and `count1` floats, in
+  // b0 and b1); the op the connections were asked to start, once both had
+  // (not before).
+  std::optional<FakeCrossHostMesh::Started> SubmitBoth(
+      const std::vector<std::string>& s, const std::string& mesh, FakeCrossHostMesh::State& cross,
+      const std::string& b0, int count0, const std::string& b1, int count1, Result<OpOutcome>& d0,
+      Result<OpOutcome>& d1) {
+    EXPECT_TRUE(engine_->Submit(s[0], Psum(mesh, b0, count0), false, d0.Callback()).ok());
+    // One member's op is not enough: the connections wait for every local one.
+    EXPECT_FALSE(cross.starts.Take(absl::Milliseconds(20)).has_value());
+    EXPECT_TRUE(engine_->Submit(s[1], Psum(mesh, b1, count1), false, d1.Callback()).ok());
+    auto started = cross.starts.Take(kWait);
+    EXPECT_TRUE(started.has_value()) << "the op never started on the connections";
+    return started;
+  }
+
   static v1::OpSpec Psum(const std::string& mesh, const std::string& buffer, int count) {
     v1::OpSpec op;
     op.set_mesh_id(mesh);
@@ -191,11 +184,7 @@ TEST_F(EngineAcrossHostsTest, AnOpRunsOnTheMeshsConnectionsWithThisHostsMembersO
   auto cross = FormTwoOfFour(s, mesh);
   const std::string b0 = Buffer(s[0], 4, 1.0f), b1 = Buffer(s[1], 4, 2.0f);
   Result<OpOutcome> d0, d1;
-  ASSERT_TRUE(engine_->Submit(s[0], Psum(mesh, b0, 4), false, d0.Callback()).ok());
-  // One member's op is not enough: the connections wait for every local one.
-  EXPECT_FALSE(cross->starts.Take(absl::Milliseconds(50)).has_value());
-  ASSERT_TRUE(engine_->Submit(s[1], Psum(mesh, b1, 4), false, d1.Callback()).ok());
-  auto started = cross->starts.Take(kWait);
+  auto started = SubmitBoth(s, mesh, *cross, b0, 4, b1, 4, d0, d1);
   ASSERT_TRUE(started.has_value());
   EXPECT_EQ(started->sequence, 0);
   EXPECT_TRUE(started->verdict.ok()) << started->verdict;
@@ -223,11 +212,9 @@ TEST_F(EngineAcrossHostsTest, AMismatchHereIsSentAsTheVerdictForEveryHostToFail)
   std::vector<std::string> s;
   std::string mesh;
   auto cross = FormTwoOfFour(s, mesh);
-  const std::string b0 = Buffer(s[0], 4, 1.0f), b1 = Buffer(s[1], 8, 2.0f);
   Result<OpOutcome> d0, d1;
-  ASSERT_TRUE(engine_->Submit(s[0], Psum(mesh, b0, 4), false, d0.Callback()).ok());
-  ASSERT_TRUE(engine_->Submit(s[1], Psum(mesh, b1, 8), false, d1.Callback()).ok());
-  auto started = cross->starts.Take(kWait);
+  auto started =
+      SubmitBoth(s, mesh, *cross, Buffer(s[0], 4, 1.0f), 4, Buffer(s[1], 8, 2.0f), 8, d0, d1);
   ASSERT_TRUE(started.has_value());
   EXPECT_EQ(started->verdict.code(), absl::StatusCode::kFailedPrecondition);
   started->done(started->verdict, false, Traffic{});
@@ -243,11 +230,9 @@ TEST_F(EngineAcrossHostsTest, AnOpThatBrokeTheConnectionsBreaksTheMeshAndTellsTh
   std::vector<std::string> s;
   std::string mesh;
   auto cross = FormTwoOfFour(s, mesh);
-  const std::string b0 = Buffer(s[0], 4, 1.0f), b1 = Buffer(s[1], 4, 2.0f);
+  const std::string b0 = Buffer(s[0], 4, 1.0f);
   Result<OpOutcome> d0, d1;
-  ASSERT_TRUE(engine_->Submit(s[0], Psum(mesh, b0, 4), false, d0.Callback()).ok());
-  ASSERT_TRUE(engine_->Submit(s[1], Psum(mesh, b1, 4), false, d1.Callback()).ok());
-  auto started = cross->starts.Take(kWait);
+  auto started = SubmitBoth(s, mesh, *cross, b0, 4, Buffer(s[1], 4, 2.0f), 4, d0, d1);
   ASSERT_TRUE(started.has_value());
   started->done(absl::AbortedError("host h2 is gone: its connection closed"), true, Traffic{});
   EXPECT_EQ(d0.Get().status.code(), absl::StatusCode::kAborted);

@@ -20,6 +20,7 @@
 #include "daemon/memory/buffer_allocator.h"
 #include "daemon/util/log.h"
 #include "tests/fakes/fake_gpu.h"
+#include "tests/harness/callback_result.h"
 #include "tests/harness/full_stderr.h"
 
 namespace collectived {
@@ -27,26 +28,8 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
-// A result delivered by a callback, awaited with a deadline.
 template <typename T>
-class Result {
- public:
-  std::function<void(T)> Callback() {
-    return [this](T v) {
-      value_.emplace(std::move(v));
-      done_.Notify();
-    };
-  }
-  const T& Get() {
-    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(kWait)) << "callback never ran";
-    return *value_;
-  }
-  bool Done() { return done_.HasBeenNotified(); }
-
- private:
-  Notification done_;
-  std::optional<T> value_;
-};
+using Result = CallbackResult<T>;
 
 class EngineTest : public ::testing::Test {
  protected:
