@@ -70,6 +70,7 @@ void ClusterRendezvous::Attach(Cluster* client, std::string bind_host) {
 }
 
 void ClusterRendezvous::Stop() {
+  stopping_->store(true);
   std::unique_ptr<ThreadPool> serial, forms;
   {
     MutexLock lock(&mu_);
@@ -79,7 +80,7 @@ void ClusterRendezvous::Stop() {
     forms = std::move(forms_);
   }
   // Queued work still runs, answering UNAVAILABLE; Forms in flight notice
-  // within a wait slice.
+  // within a wait slice, or while connecting within kCancelSlice.
   serial.reset();
   forms.reset();
 }
@@ -168,7 +169,7 @@ void ClusterRendezvous::Form(const std::string& key, int64_t generation, absl::T
       std::make_shared<absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)>>(std::move(done));
   const bool scheduled =
       Schedule(&ClusterRendezvous::forms_, [this, key, generation, deadline, cancel, cb] {
-        (*cb)(FormNow(key, generation, deadline, *cancel));
+        (*cb)(FormNow(key, generation, deadline, cancel));
       });
   if (!scheduled) (*cb)(absl::UnavailableError("the daemon is leaving the cluster"));
 }
@@ -200,9 +201,10 @@ RendezvousStatus ClusterRendezvous::Status() {
   return s;
 }
 
-absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, int64_t generation,
-                                                      absl::Time deadline,
-                                                      const std::atomic<bool>& cancel) {
+absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(
+    const std::string& key, int64_t generation, absl::Time deadline,
+    std::shared_ptr<const std::atomic<bool>> cancel_flag) {
+  const std::atomic<bool>& cancel = *cancel_flag;
   const absl::Status cancelled = absl::CancelledError("the mesh went away on this host");
   absl::StatusOr<MeshMembership> membership;
   while (true) {
@@ -260,8 +262,16 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(const std::string& key, in
   const absl::Time now = absl::Now();
   const absl::Time connect_by =
       std::min(std::max(deadline, now + kMinConnect), now + options_.connect_timeout);
+  HostMeshOptions mesh_options = options_.mesh;
+  mesh_options.transport.cancelled = [cancel_flag, stopping = stopping_] {
+    return cancel_flag->load() || stopping->load();
+  };
   auto mesh = ConnectHostMesh(book, MeshStorePrefix(key, generation), t, bind_host,
-                              std::move(security), connect_by, options_.mesh);
+                              std::move(security), connect_by, mesh_options);
+  if (absl::IsCancelled(mesh.status()) && stopping_->load()) {
+    return absl::UnavailableError("the daemon is leaving the cluster");
+  }
+  if (absl::IsCancelled(mesh.status())) return cancelled;
   if (!mesh.ok()) {
     return absl::Status(mesh.status().code(),
                         absl::StrCat("connecting the hosts of mesh '", key, "' generation ",

@@ -11,7 +11,9 @@
 // Threads: registrations and leaves go, in call order, through one thread
 // (so a member's Leave never overtakes its Register); each Form runs on a
 // pool of form threads, waiting on the registry in slices of at most a
-// second so that Stop is never held up by a long join timeout.
+// second, and connecting the hosts cancellably (TransportOptions::cancelled:
+// the engine's mesh went away, or Stop), so that Stop is never held up by a
+// long join timeout or a connect to hosts that never answer.
 //
 // Lifetime: built before the engine (whose options point at it) and before
 // the cluster client exists (the daemon learns its advertised address once
@@ -68,8 +70,8 @@ class ClusterRendezvous final : public MeshRendezvous {
   // The cluster (must outlive Stop) and the host or address the meshes'
   // connections listen on (this daemon's advertised host).
   void Attach(Cluster* cluster, std::string bind_host);
-  // Drains and joins the threads; later calls answer UNAVAILABLE.
-  // Idempotent.
+  // Drains and joins the threads, cancelling the connects in progress;
+  // later calls answer UNAVAILABLE. Idempotent.
   void Stop();
 
   std::string host_id() const override { return options_.host_id; }
@@ -86,7 +88,8 @@ class ClusterRendezvous final : public MeshRendezvous {
   // The cluster, or UNAVAILABLE before Attach / after Stop.
   absl::StatusOr<Cluster*> Client();
   absl::StatusOr<FormedMesh> FormNow(const std::string& key, int64_t generation,
-                                     absl::Time deadline, const std::atomic<bool>& cancel);
+                                     absl::Time deadline,
+                                     std::shared_ptr<const std::atomic<bool>> cancel);
   // Schedules `fn` on `pool` unless stopped (then false, nothing runs).
   bool Schedule(std::unique_ptr<ThreadPool> ClusterRendezvous::*pool, std::function<void()> fn);
 
@@ -95,6 +98,9 @@ class ClusterRendezvous final : public MeshRendezvous {
   Cluster* client_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string bind_host_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  // Set first thing by Stop: the hosts' connections being made stop
+  // (TransportOptions::cancelled), so that Stop never waits out a connect.
+  const std::shared_ptr<std::atomic<bool>> stopping_ = std::make_shared<std::atomic<bool>>(false);
   // Scheduled on under mu_ while not stopped; Stop takes them out and joins
   // them.
   std::unique_ptr<ThreadPool> serial_ ABSL_GUARDED_BY(mu_);

@@ -126,7 +126,15 @@ struct TransportOptions {
   // without the transport's locks.
   // Nothing (no answer goes back) when it cannot say.
   std::function<std::optional<std::string>(int64_t sequence)> on_query;
+  // Polled while Connect runs (at least every kCancelSlice, from its
+  // threads): once true, Connect stops waiting (for the address book, a
+  // dial, a handshake, a connection) and fails with CANCELLED. Null: never.
+  // Not kept past Connect.
+  std::function<bool()> cancelled;
 };
+
+// How often a cancellable Connect looks at TransportOptions::cancelled.
+inline constexpr absl::Duration kCancelSlice = absl::Milliseconds(50);
 
 inline constexpr size_t kMaxBreakReasonBytes = 2048;
 inline constexpr size_t kMaxQueryAnswerBytes = 2048;
@@ -238,10 +246,10 @@ class HostTransport {
   // Connect's dialing side: one authenticated connection per lower rank and
   // lane, into conns_ (the acceptor fills the higher ranks' slots).
   absl::Status ConnectLowerRanks(AddressBook& book, const std::string& prefix,
-                                 absl::Time deadline);
-  absl::StatusOr<std::unique_ptr<Connection>> ConnectLane(int rank, int lane,
-                                                          const std::string& address,
-                                                          absl::Time deadline) const;
+                                 absl::Time deadline, const std::function<bool()>& cancelled);
+  absl::StatusOr<std::unique_ptr<Connection>> ConnectLane(
+      int rank, int lane, const std::string& address, absl::Time deadline,
+      const std::function<bool()>& cancelled) const;
   absl::StatusOr<std::unique_ptr<HostTransfer>> Post(bool send, int rank, int lane, uint64_t slot,
                                                  uint8_t* p, uint64_t size);
   void Start();  // the I/O threads

@@ -83,6 +83,16 @@ bool SplitHostPort(const std::string& address, std::string* host, std::string* p
   return true;
 }
 
+using Cancelled = std::function<bool()>;
+
+bool IsCancelled(const Cancelled& cancelled) { return cancelled && cancelled(); }
+
+// The next wake-up of a wait until `deadline`: sooner, every kCancelSlice,
+// when the wait can be cancelled.
+absl::Time NextWake(absl::Time deadline, const Cancelled& cancelled) {
+  return cancelled ? std::min(deadline, absl::Now() + kCancelSlice) : deadline;
+}
+
 int PollMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
@@ -90,29 +100,29 @@ int PollMs(absl::Time deadline) {
 }
 
 // Waits until `fd` is ready for `events` or `deadline`: false on timeout.
-bool PollFd(int fd, short events, absl::Time deadline) {
+bool PollFd(int fd, short events, absl::Time deadline, const Cancelled& cancelled) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int r = poll(&p, 1, PollMs(deadline));
+    const int r = poll(&p, 1, PollMs(NextWake(deadline, cancelled)));
     if (r > 0) return true;
     if (r < 0 && errno == EINTR) continue;
-    if (absl::Now() >= deadline) return false;
+    if (absl::Now() >= deadline || IsCancelled(cancelled)) return false;
   }
 }
 
 // Drives `stream` until its TLS handshake completes (or `deadline`).
-absl::Status TlsHandshake(PeerStream& stream, absl::Time deadline) {
+absl::Status TlsHandshake(PeerStream& stream, absl::Time deadline, const Cancelled& cancelled) {
   for (;;) {
     std::string error;
     switch (stream.Handshake(&error)) {
       case PeerStream::Io::kOk: return absl::OkStatus();
       case PeerStream::Io::kWantRead:
-        if (!PollFd(stream.fd(), POLLIN, deadline)) {
+        if (!PollFd(stream.fd(), POLLIN, deadline, cancelled)) {
           return absl::DeadlineExceededError("the TLS handshake did not complete in time");
         }
         break;
       case PeerStream::Io::kWantWrite:
-        if (!PollFd(stream.fd(), POLLOUT, deadline)) {
+        if (!PollFd(stream.fd(), POLLOUT, deadline, cancelled)) {
           return absl::DeadlineExceededError("the TLS handshake did not complete in time");
         }
         break;
@@ -134,7 +144,8 @@ absl::Status HandshakeFailure(const PeerStream& stream, const std::string& error
 }
 
 // Writes all of `bytes` (or fails at `deadline`).
-absl::Status WriteAll(PeerStream& stream, absl::string_view bytes, absl::Time deadline) {
+absl::Status WriteAll(PeerStream& stream, absl::string_view bytes, absl::Time deadline,
+                      const Cancelled& cancelled) {
   size_t at = 0;
   while (at < bytes.size()) {
     iovec iov{const_cast<char*>(bytes.data() + at), bytes.size() - at};
@@ -144,7 +155,8 @@ absl::Status WriteAll(PeerStream& stream, absl::string_view bytes, absl::Time de
     at += n;
     if (n > 0) continue;
     if (io == PeerStream::Io::kWantWrite || io == PeerStream::Io::kWantRead) {
-      if (!PollFd(stream.fd(), io == PeerStream::Io::kWantWrite ? POLLOUT : POLLIN, deadline)) {
+      if (!PollFd(stream.fd(), io == PeerStream::Io::kWantWrite ? POLLOUT : POLLIN, deadline,
+                  cancelled)) {
         return absl::DeadlineExceededError("the peer did not take the handshake in time");
       }
       continue;
@@ -155,7 +167,8 @@ absl::Status WriteAll(PeerStream& stream, absl::string_view bytes, absl::Time de
 }
 
 // Reads exactly `n` bytes (or fails at `deadline`).
-absl::StatusOr<std::string> ReadExactly(PeerStream& stream, size_t n, absl::Time deadline) {
+absl::StatusOr<std::string> ReadExactly(PeerStream& stream, size_t n, absl::Time deadline,
+                                        const Cancelled& cancelled) {
   std::string out(n, '\0');
   size_t at = 0;
   while (at < n) {
@@ -166,7 +179,8 @@ absl::StatusOr<std::string> ReadExactly(PeerStream& stream, size_t n, absl::Time
     if (got > 0) continue;
     if (io == PeerStream::Io::kWantRead || io == PeerStream::Io::kWantWrite) {
       if (!stream.Buffered() &&
-          !PollFd(stream.fd(), io == PeerStream::Io::kWantRead ? POLLIN : POLLOUT, deadline)) {
+          !PollFd(stream.fd(), io == PeerStream::Io::kWantRead ? POLLIN : POLLOUT, deadline,
+                  cancelled)) {
         return absl::DeadlineExceededError("the peer did not answer the handshake in time");
       }
       continue;
@@ -221,7 +235,8 @@ absl::StatusOr<std::pair<int, int>> Listen(const std::string& host) {
 
 // A connected, non-blocking socket to `address` (retried while refused,
 // until `deadline`).
-absl::StatusOr<int> Dial(const std::string& address, absl::Time deadline) {
+absl::StatusOr<int> Dial(const std::string& address, absl::Time deadline,
+                         const Cancelled& cancelled) {
   std::string host, port;
   if (!SplitHostPort(address, &host, &port)) {
     return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not host:port"));
@@ -244,7 +259,7 @@ absl::StatusOr<int> Dial(const std::string& address, absl::Time deadline) {
         }
         int r = connect(fd, a->ai_addr, a->ai_addrlen);
         if (r != 0 && errno == EINPROGRESS) {
-          if (!PollFd(fd, POLLOUT, deadline)) {
+          if (!PollFd(fd, POLLOUT, deadline, cancelled)) {
             close(fd);
             freeaddrinfo(res);
             return absl::DeadlineExceededError(
@@ -267,7 +282,7 @@ absl::StatusOr<int> Dial(const std::string& address, absl::Time deadline) {
       freeaddrinfo(res);
     }
     absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
-  } while (absl::Now() < deadline);
+  } while (absl::Now() < deadline && !IsCancelled(cancelled));
   return absl::DeadlineExceededError(
       absl::StrCat("cannot connect to ", address, " (", error, ")"));
 }
@@ -307,8 +322,9 @@ bool Waiting(PeerStream::Io io, short* want) {
 // writes the lower ranks'.
 class HostTransport::Acceptor {
  public:
-  Acceptor(HostTransport& t, int listener, int inbound, absl::Time deadline)
-      : t_(t), listener_(listener), missing_(inbound), deadline_(deadline),
+  Acceptor(HostTransport& t, int listener, int inbound, absl::Time deadline,
+           const Cancelled& cancelled)
+      : t_(t), listener_(listener), missing_(inbound), deadline_(deadline), cancelled_(cancelled),
         cancel_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     thread_ = std::thread([this] { Run(); });
   }
@@ -342,6 +358,7 @@ class HostTransport::Acceptor {
   const int listener_;
   int missing_;
   const absl::Time deadline_;
+  const Cancelled& cancelled_;  // Connect's, which outlives the acceptor
   const int cancel_;
   std::vector<std::unique_ptr<Pending>> pending_;
   absl::Status accepted_;
@@ -350,14 +367,14 @@ class HostTransport::Acceptor {
 
 void HostTransport::Acceptor::Run() {
   while (missing_ > 0) {
-    if (absl::Now() >= deadline_) break;
+    if (absl::Now() >= deadline_ || IsCancelled(cancelled_)) break;
     std::vector<pollfd> fds;
     fds.push_back({listener_, POLLIN, 0});
     fds.push_back({cancel_, POLLIN, 0});
     for (auto& p : pending_) fds.push_back({p->stream->fd(), p->want, 0});
     absl::Time wake = deadline_;
     for (auto& p : pending_) wake = std::min(wake, p->expiry);
-    const int r = poll(fds.data(), fds.size(), PollMs(wake));
+    const int r = poll(fds.data(), fds.size(), PollMs(NextWake(wake, cancelled_)));
     if (r < 0 && errno != EINTR) break;
     if (fds[1].revents != 0) break;  // cancelled
     if (fds[0].revents & POLLIN) AcceptNew();
@@ -542,15 +559,16 @@ absl::Status HostTransport::Acceptor::Missing() const {
 }
 
 absl::StatusOr<std::unique_ptr<HostTransport::Connection>> HostTransport::ConnectLane(
-    int rank, int lane, const std::string& address, absl::Time deadline) const {
-  auto fd = Dial(address, deadline);
+    int rank, int lane, const std::string& address, absl::Time deadline,
+    const Cancelled& cancelled) const {
+  auto fd = Dial(address, deadline, cancelled);
   if (!fd.ok()) return fd.status();
   std::unique_ptr<PeerStream> stream;
   if (security_.tls != nullptr) {
     auto s = PeerStream::Tls(*fd, *security_.tls, /*server=*/false);
     if (!s.ok()) return s.status();
     stream = *std::move(s);
-    absl::Status st = TlsHandshake(*stream, deadline);
+    absl::Status st = TlsHandshake(*stream, deadline, cancelled);
     if (st.ok()) st = PeerNamesHost(stream->ssl(), hosts_[rank]);
     if (!st.ok()) return st;
   } else {
@@ -564,14 +582,16 @@ absl::StatusOr<std::unique_ptr<HostTransport::Connection>> HostTransport::Connec
   const std::string nonce = RandomBytes(peer_auth::kNonceBytes);
   std::memcpy(hello.nonce.data(), nonce.data(), nonce.size());
   peer_auth::ClientHandshake hs(security_.key, hello);
-  if (absl::Status st = WriteAll(*stream, hs.hello_bytes(), deadline); !st.ok()) return st;
+  if (absl::Status st = WriteAll(*stream, hs.hello_bytes(), deadline, cancelled); !st.ok()) {
+    return st;
+  }
   while (!hs.done()) {
-    auto in = ReadExactly(*stream, hs.wanted(), deadline);
+    auto in = ReadExactly(*stream, hs.wanted(), deadline, cancelled);
     if (!in.ok()) return in.status();
     auto reply = hs.Feed(*in);
     if (!reply.ok()) return reply.status();
     if (reply->empty()) continue;
-    if (absl::Status st = WriteAll(*stream, *reply, deadline); !st.ok()) return st;
+    if (absl::Status st = WriteAll(*stream, *reply, deadline, cancelled); !st.ok()) return st;
   }
   auto c = std::make_unique<Connection>();
   c->rank = rank;
@@ -582,11 +602,16 @@ absl::StatusOr<std::unique_ptr<HostTransport::Connection>> HostTransport::Connec
 }
 
 absl::Status HostTransport::ConnectLowerRanks(AddressBook& book, const std::string& prefix,
-                                              absl::Time deadline) {
+                                              absl::Time deadline, const Cancelled& cancelled) {
   if (self_ == 0) return absl::OkStatus();
   std::vector<std::string> keys;
   for (int r = 0; r < self_; ++r) keys.push_back(absl::StrCat(prefix, "/addr/", r));
-  auto addresses = book.Lookup(keys, deadline);
+  // In slices when cancellable: the book waits for the keys.
+  absl::StatusOr<std::vector<std::string>> addresses;
+  do {
+    addresses = book.Lookup(keys, NextWake(deadline, cancelled));
+  } while (absl::IsDeadlineExceeded(addresses.status()) && absl::Now() < deadline &&
+           !IsCancelled(cancelled));
   if (!addresses.ok()) {
     return absl::Status(addresses.status().code(), absl::StrCat("finding the hosts' addresses: ",
                                                                 addresses.status().message()));
@@ -594,7 +619,7 @@ absl::Status HostTransport::ConnectLowerRanks(AddressBook& book, const std::stri
   for (int r = 0; r < self_; ++r) {
     const std::string& address = (*addresses)[r];
     for (int l = 0; l < options_.lanes; ++l) {
-      auto c = ConnectLane(r, l, address, deadline);
+      auto c = ConnectLane(r, l, address, deadline, cancelled);
       if (!c.ok()) {
         return absl::Status(c.status().code(),
                             absl::StrCat("connecting to host ", hosts_[r], " at ", address, ": ",
@@ -619,6 +644,8 @@ absl::StatusOr<std::unique_ptr<HostTransport>> HostTransport::Connect(
   }
   if (options.frame_bytes < 4096) options.frame_bytes = 4096;
   const int lanes = options.lanes;
+  const Cancelled cancelled = std::move(options.cancelled);
+  options.cancelled = nullptr;
   auto t = std::unique_ptr<HostTransport>(
       new HostTransport(hosts, self, std::move(security), std::move(options)));
   t->conns_.resize(static_cast<size_t>(size * lanes));
@@ -639,13 +666,20 @@ absl::StatusOr<std::unique_ptr<HostTransport>> HostTransport::Connect(
       return absl::UnavailableError(
           absl::StrCat("publishing this host's address: ", st.message()));
     }
-    acceptor = std::make_unique<Acceptor>(*t, listener, inbound, deadline);
+    acceptor = std::make_unique<Acceptor>(*t, listener, inbound, deadline, cancelled);
   }
-  const absl::Status connected = t->ConnectLowerRanks(book, prefix, deadline);
+  const absl::Status connected = t->ConnectLowerRanks(book, prefix, deadline, cancelled);
   absl::Status accepted;
   if (acceptor != nullptr) accepted = acceptor->Finish(/*cancel=*/!connected.ok());
   acceptor.reset();
   if (listener >= 0) close(listener);
+  // Whatever failed after a cancel failed because of it.
+  if (IsCancelled(cancelled)) {
+    const std::string& what = t->security_.description;
+    return absl::CancelledError(
+        absl::StrCat("connecting the hosts of ", what.empty() ? "the mesh" : what,
+                     " was cancelled"));
+  }
   if (!connected.ok()) return connected;
   if (!accepted.ok()) return accepted;
   t->Start();

@@ -157,9 +157,9 @@ class MeshRendezvous {
   // connections, or the error every local joiner gets: DEADLINE_EXCEEDED
   // naming the missing coordinates, ABORTED when another host's members
   // left or the mesh broke, UNAVAILABLE when no coordinator answers.
-  // `cancel`, once set, stops the wait (and drops a connection made
-  // after it was set): the engine's mesh went away; `done` then gets
-  // CANCELLED.
+  // `cancel`, once set, stops the wait and the connecting (and drops a
+  // connection made after it was set): the engine's mesh went away; `done`
+  // then gets CANCELLED.
   virtual void Form(const std::string& key, int64_t generation, absl::Time deadline,
                     std::shared_ptr<const std::atomic<bool>> cancel,
                     absl::AnyInvocable<void(absl::StatusOr<FormedMesh>)> done) = 0;

@@ -507,6 +507,58 @@ TEST(HostTransportTest, AMissingHostIsNamedAtTheConnectDeadline) {
   }
 }
 
+// A Connect with a long deadline, cancelled `after` in: its status, and how
+// long it took.
+std::pair<absl::Status, absl::Duration> ConnectCancelledAfter(MemoryBook& book,
+                                                              const std::string& prefix, int self,
+                                                              absl::Duration after) {
+  std::atomic<bool> cancel{false};
+  TransportOptions o;
+  o.cancelled = [&cancel] { return cancel.load(); };
+  const absl::Time start = absl::Now();
+  std::thread canceller([&] {
+    absl::SleepFor(after);
+    cancel = true;
+  });
+  auto t = HostTransport::Connect(book, prefix, Hosts(2), self, "127.0.0.1", Security(),
+                                  start + absl::Seconds(60), o);
+  canceller.join();
+  return {t.status(), absl::Now() - start};
+}
+
+// Cancelling a Connect ends it within a slice wherever it waits: for the
+// other host to connect, for its address, for its answer to the handshake.
+TEST(HostTransportTest, AConnectEndsPromptlyWhenCancelledWhereverItWaits) {
+  MemoryBook book;
+  for (int self : {0, 1}) {  // 0 accepts, 1 waits for 0's address
+    auto [st, took] = ConnectCancelledAfter(book, absl::StrCat("c", self), self,
+                                            absl::Milliseconds(200));
+    EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+    EXPECT_NE(st.message().find("was cancelled"), std::string::npos) << st;
+    EXPECT_GE(took, absl::Milliseconds(190));
+    EXPECT_LT(took, absl::Seconds(5)) << st;
+  }
+  // Host 0's address leads to a listener that accepts and never answers.
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_TRUE(book.Publish("silent/addr/0", absl::StrCat("127.0.0.1:", ntohs(a.sin_port))).ok());
+  auto [st, took] = ConnectCancelledAfter(book, "silent", 1, absl::Milliseconds(200));
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_LT(took, absl::Seconds(5)) << st;
+  close(listener);
+  // Cancelled as it starts.
+  auto [now, quick] = ConnectCancelledAfter(book, "c9", 0, absl::ZeroDuration());
+  EXPECT_EQ(now.code(), absl::StatusCode::kCancelled) << now;
+  EXPECT_LT(quick, absl::Seconds(5)) << now;
+}
+
 // --- Strangers and hostile peers --------------------------------------------
 
 // A plain TCP connection to "host:port" (blocking); -1 on failure.
