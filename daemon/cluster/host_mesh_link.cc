@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/sync.h"
 #include "daemon/cluster/host_mesh_internal.h"
 #include "exec/spanning.h"
 
@@ -141,7 +142,7 @@ class LinkWatch {
   // Stops the link's waits, for `why` (the first reason stands).
   void StopFor(absl::Status why) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (why_.ok()) why_ = std::move(why);
     }
     stop_.store(true, std::memory_order_release);
@@ -169,7 +170,7 @@ class LinkWatch {
       if (status.ok() && thread_.joinable()) thread_.join();
     }
     Stop();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (why_.ok()) return status;
     // The link failed on its own before the watch stopped it: its error.
     if (!status.ok() && !stopped_first && !absl::IsAborted(status)) return status;
@@ -224,7 +225,7 @@ class LinkWatch {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> stopping_{false};  // Stop() is ending the thread
-  std::mutex mu_;
+  Mutex mu_;
   absl::Status why_ ABSL_GUARDED_BY(mu_);  // why the watch stopped
 };
 

@@ -535,7 +535,8 @@ int64_t InMemoryCoordinator::WaiterCountLocked() {
 }
 
 MeshMembership InMemoryCoordinator::MembershipLocked(const MeshGeneration& gen) {
-  return MembershipOf(gen, [this](const std::string& id) {
+  // Called by MembershipOf before it returns, under mu_.
+  return MembershipOf(gen, [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     HostRecord r;
     // Every host of a live generation holds a lease (a lease's end ends it).
     if (auto h = hosts_.find(id); h != hosts_.end()) {
