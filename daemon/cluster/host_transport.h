@@ -126,10 +126,11 @@ struct TransportOptions {
   // without the transport's locks.
   // Nothing (no answer goes back) when it cannot say.
   std::function<std::optional<std::string>(int64_t sequence)> on_query;
-  // Polled while Connect runs (at least every kCancelSlice, from its
-  // threads): once true, Connect stops waiting (for the address book, a
-  // dial, a handshake, a connection) and fails with CANCELLED. Null: never.
-  // Not kept past Connect.
+  // Polled while Connect runs, from its threads (every kCancelSlice while
+  // it waits on sockets, every 250 ms while it waits for the address
+  // book): once true, Connect stops waiting (for the address book, a dial,
+  // a handshake, a connection) and fails with CANCELLED. Null: never. Not
+  // kept past Connect.
   std::function<bool()> cancelled;
 };
 

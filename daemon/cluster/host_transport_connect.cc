@@ -87,11 +87,16 @@ using Cancelled = std::function<bool()>;
 
 bool IsCancelled(const Cancelled& cancelled) { return cancelled && cancelled(); }
 
-// The next wake-up of a wait until `deadline`: sooner, every kCancelSlice,
-// when the wait can be cancelled.
-absl::Time NextWake(absl::Time deadline, const Cancelled& cancelled) {
-  return cancelled ? std::min(deadline, absl::Now() + kCancelSlice) : deadline;
+// The next wake-up of a wait until `deadline`: sooner, every `slice`, when
+// the wait can be cancelled.
+absl::Time NextWake(absl::Time deadline, const Cancelled& cancelled,
+                    absl::Duration slice = kCancelSlice) {
+  return cancelled ? std::min(deadline, absl::Now() + slice) : deadline;
 }
+
+// The address book's waits are calls to the cluster's store: sliced more
+// coarsely than the socket waits.
+constexpr absl::Duration kLookupSlice = absl::Milliseconds(250);
 
 int PollMs(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
@@ -609,7 +614,7 @@ absl::Status HostTransport::ConnectLowerRanks(AddressBook& book, const std::stri
   // In slices when cancellable: the book waits for the keys.
   absl::StatusOr<std::vector<std::string>> addresses;
   do {
-    addresses = book.Lookup(keys, NextWake(deadline, cancelled));
+    addresses = book.Lookup(keys, NextWake(deadline, cancelled, kLookupSlice));
   } while (absl::IsDeadlineExceeded(addresses.status()) && absl::Now() < deadline &&
            !IsCancelled(cancelled));
   if (!addresses.ok()) {
