@@ -88,23 +88,29 @@ using collectived::DType;
 // ---------------------------------------------------------------------------
 // Ops and the size plan (computed identically by the parent and the members).
 
-enum class Op {
-  kPsum,
-  kPmean,
-  kPmax,
-  kPmin,
-  kAllGather,
-  kPpermute,
-  kPsumScatter,
-  kAllToAll,
-  kBroadcast,
-  kBarrier,
+using collectived::CollectiveKind;
+
+// The benchmark's rows: the collectives, whose values are the SDK's own
+// CollectiveKind (one vocabulary; each row runs as a collectived::Collective
+// through Mesh::submit and Mesh::run, the SDK's one mapping to the wire), and
+// two probes of the gRPC path that are not collectives.
+enum class Op : int {
+  kPsum = static_cast<int>(CollectiveKind::kPsum),
+  kPmean = static_cast<int>(CollectiveKind::kPmean),
+  kPmax = static_cast<int>(CollectiveKind::kPmax),
+  kPmin = static_cast<int>(CollectiveKind::kPmin),
+  kAllGather = static_cast<int>(CollectiveKind::kAllGather),
+  kPpermute = static_cast<int>(CollectiveKind::kPpermute),
+  kPsumScatter = static_cast<int>(CollectiveKind::kPsumScatter),
+  kAllToAll = static_cast<int>(CollectiveKind::kAllToAll),
+  kBroadcast = static_cast<int>(CollectiveKind::kBroadcast),
+  kBarrier = static_cast<int>(CollectiveKind::kBarrier),
   // Not a collective: one Write and one Read on a gRPC bidi stream to a bare
   // server in this benchmark that answers at once (the floor of the gRPC path).
-  kGrpcEcho,
+  kGrpcEcho = 100,
   // Not a collective: the same server answers a round only once every member
   // of the mesh sent it (the floor of a gRPC op that needs all members).
-  kGrpcRendezvous,
+  kGrpcRendezvous = 101,
 };
 
 constexpr Op kAllOps[] = {Op::kPsum,        Op::kPmean,    Op::kPmax,      Op::kPmin,
@@ -838,38 +844,26 @@ int MemberFail(int fd, const std::string& what) {
 // One row's op, built before the timed loop so that only the call is timed.
 struct OpCall {
   Op op;
-  Array x, y;
-  std::vector<std::pair<int, int>> ring;  // ppermute: i -> i+1
+  collectived::Collective collective;  // not for the probes
 };
 
 OpCall MakeCall(Op op, DType dt, int n, const Row& r, const collectived::Buffer& in,
                 const collectived::Buffer& out) {
-  OpCall c{op, Array{&in, 0, dt, {r.in_count}}, Array{&out, 0, OutDType(op, dt), {r.out_count}}, {}};
+  OpCall c{op, {}};
+  if (IsGrpcProbe(op)) return c;
+  collectived::Collective& k = c.collective;
+  k.kind = static_cast<CollectiveKind>(op);
+  k.axes = "x";
+  if (op == Op::kBarrier) return c;
+  k.x = Array{&in, 0, dt, {r.in_count}};
+  k.out = Array{&out, 0, OutDType(op, dt), {r.out_count}};
+  // all_gather, psum_scatter and all_to_all over dimension 0, tiled;
+  // broadcast from group index 0 (k.axis).
+  k.tiled = IsTiled(op);
   if (op == Op::kPpermute) {
-    for (int s = 0; s < n; ++s) c.ring.emplace_back(s, (s + 1) % n);
+    for (int s = 0; s < n; ++s) k.perm.emplace_back(s, (s + 1) % n);  // i -> i+1
   }
   return c;
-}
-
-collectived::OpFuture StartOp(collectived::Mesh& m, const OpCall& c) {
-  switch (c.op) {
-    case Op::kPsum: return m.psum_async(c.x, "x", c.y);
-    case Op::kPmean: return m.pmean_async(c.x, "x", c.y);
-    case Op::kPmax: return m.pmax_async(c.x, "x", c.y);
-    case Op::kPmin: return m.pmin_async(c.x, "x", c.y);
-    case Op::kAllGather: return m.all_gather_async(c.x, "x", c.y, {.axis = 0, .tiled = true});
-    case Op::kPpermute: return m.ppermute_async(c.x, "x", c.ring, c.y);
-    case Op::kPsumScatter:
-      return m.psum_scatter_async(c.x, "x", c.y, {.scatter_dimension = 0, .tiled = true});
-    case Op::kAllToAll:
-      return m.all_to_all_async(c.x, "x", {.split_axis = 0, .concat_axis = 0, .tiled = true},
-                                c.y);
-    case Op::kBroadcast: return m.broadcast_async(c.x, "x", 0, c.y);
-    case Op::kBarrier: return m.barrier_async("x");
-    case Op::kGrpcEcho:
-    case Op::kGrpcRendezvous: break;  // see EchoClient
-  }
-  return collectived::OpFuture();
 }
 
 // Where a fast-path op's time went and what memory it moved.
@@ -878,26 +872,17 @@ struct Profile {
   collectived::OpTraffic traffic;
 };
 
-// Runs one op; with `profile`, also reports its profile. Without, the ops
-// that have a synchronous form use it, as programs do: a small one may run
+// Runs one op; with `profile`, also reports its profile. Without, as
+// programs do (Mesh::run, as the synchronous methods): a small one may run
 // among the members (member-side small ops; --daemon-args=--member_op_bytes=0
-// sends every op through the daemon). A profiled op is asynchronous, so it
-// always goes through the daemon: the phases are the daemon path's.
+// sends every op through the daemon). A profiled op is asynchronous
+// (Mesh::submit), so it always goes through the daemon: the phases are the
+// daemon path's.
 absl::Status RunOp(collectived::Mesh& m, const OpCall& c, Profile* profile = nullptr) {
-  if (profile == nullptr) {
-    switch (c.op) {
-      case Op::kPsum: return m.psum(c.x, "x", c.y);
-      case Op::kPmean: return m.pmean(c.x, "x", c.y);
-      case Op::kPmax: return m.pmax(c.x, "x", c.y);
-      case Op::kPmin: return m.pmin(c.x, "x", c.y);
-      case Op::kAllGather: return m.all_gather(c.x, "x", c.y, {.axis = 0, .tiled = true});
-      case Op::kBarrier: return m.barrier("x");
-      default: break;
-    }
-  }
-  collectived::OpFuture f = StartOp(m, c);
+  if (profile == nullptr) return m.run(c.collective);
+  collectived::OpFuture f = m.submit(c.collective);
   absl::Status st = f.Wait();
-  if (profile != nullptr) *profile = Profile{f.timing(), f.traffic()};
+  *profile = Profile{f.timing(), f.traffic()};
   return st;
 }
 
