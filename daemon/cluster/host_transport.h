@@ -127,9 +127,10 @@ struct TransportOptions {
   // Nothing (no answer goes back) when it cannot say.
   std::function<std::optional<std::string>(int64_t sequence)> on_query;
   // Polled while Connect runs, from its threads (every kCancelSlice while
-  // it waits on sockets, every 250 ms while it waits for the address
-  // book): once true, Connect stops waiting (for the address book, a dial,
-  // a handshake, a connection) and fails with CANCELLED. Null: never. Not
+  // it waits on sockets; while it waits for the address book, after each
+  // call of 250 ms or more, as long as the book's store takes to answer):
+  // once true, Connect stops waiting (for the address book, a dial, a
+  // handshake, a connection) and fails with CANCELLED. Null: never. Not
   // kept past Connect.
   std::function<bool()> cancelled;
 };

@@ -611,12 +611,15 @@ absl::Status HostTransport::ConnectLowerRanks(AddressBook& book, const std::stri
   if (self_ == 0) return absl::OkStatus();
   std::vector<std::string> keys;
   for (int r = 0; r < self_; ++r) keys.push_back(absl::StrCat(prefix, "/addr/", r));
-  // In slices when cancellable: the book waits for the keys.
+  // In slices when cancellable: the book waits for the keys, and rides out
+  // its store being unreachable, within each slice; a slice that ends
+  // either way is followed by the next until the deadline.
   absl::StatusOr<std::vector<std::string>> addresses;
   do {
     addresses = book.Lookup(keys, NextWake(deadline, cancelled, kLookupSlice));
-  } while (absl::IsDeadlineExceeded(addresses.status()) && absl::Now() < deadline &&
-           !IsCancelled(cancelled));
+  } while ((absl::IsDeadlineExceeded(addresses.status()) ||
+            absl::IsUnavailable(addresses.status())) &&
+           absl::Now() < deadline && !IsCancelled(cancelled));
   if (!addresses.ok()) {
     return absl::Status(addresses.status().code(), absl::StrCat("finding the hosts' addresses: ",
                                                                 addresses.status().message()));

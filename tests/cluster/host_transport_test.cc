@@ -559,6 +559,47 @@ TEST(HostTransportTest, AConnectEndsPromptlyWhenCancelledWhereverItWaits) {
   EXPECT_LT(quick, absl::Seconds(5)) << now;
 }
 
+// An address book whose store is unreachable for its first `outage`.
+class FlakyBook final : public AddressBook {
+ public:
+  explicit FlakyBook(absl::Duration outage) : until_(absl::Now() + outage) {}
+  absl::Status Publish(const std::string& key, const std::string& value) override {
+    return book_.Publish(key, value);
+  }
+  absl::StatusOr<std::vector<std::string>> Lookup(const std::vector<std::string>& keys,
+                                                  absl::Time deadline) override {
+    if (absl::Now() < until_) {
+      absl::SleepFor(std::min(until_, deadline) - absl::Now());
+      return absl::UnavailableError("the store is unreachable");
+    }
+    return book_.Lookup(keys, deadline);
+  }
+
+ private:
+  const absl::Time until_;
+  MemoryBook book_;
+};
+
+// A cancellable Connect waits for the address book in slices, and still
+// rides out a store that is unreachable for longer than a slice.
+TEST(HostTransportTest, ACancellableConnectRidesOutAnUnreachableStore) {
+  FlakyBook book(absl::Milliseconds(700));
+  std::atomic<bool> never{false};
+  TransportOptions o;
+  o.cancelled = [&never] { return never.load(); };
+  absl::StatusOr<std::unique_ptr<HostTransport>> got[2];
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < 2; ++h) {
+    hosts.emplace_back([&, h] {
+      got[h] = HostTransport::Connect(book, "flaky", Hosts(2), h, "127.0.0.1", Security(),
+                                      absl::Now() + absl::Seconds(20), o);
+    });
+  }
+  for (auto& t : hosts) t.join();
+  EXPECT_TRUE(got[0].ok()) << got[0].status();
+  EXPECT_TRUE(got[1].ok()) << got[1].status();
+}
+
 // --- Strangers and hostile peers --------------------------------------------
 
 // A plain TCP connection to "host:port" (blocking); -1 on failure.
