@@ -385,6 +385,10 @@ def test_what_a_careful_user_tries(daemon):
             except collectived.InvalidArgument as e:
                 r["big_endian"] = "InvalidArgument"
             # A local wait that runs out is TimeoutError, not the op's error.
+            # Member 1 submits its psum only once member 0's wait ran out
+            # (told by a file beside the daemon's socket), however slow
+            # the machine.
+            go = os.path.join(os.path.dirname(SOCK), "careful-late-go")
             if RANK == 0:
                 late = mesh.psum_async(mesh.zeros((1,), np.float32), "i")
                 try:
@@ -394,10 +398,13 @@ def test_what_a_careful_user_tries(daemon):
                     r["wait"] = "collectived.Error"
                 except TimeoutError:
                     r["wait"] = "TimeoutError"
-                mesh.barrier()          # member 1 submits its psum after the barrier
+                open(go, "w").close()
+                mesh.barrier()
                 r["late"] = late.result(timeout=20).tolist()
             else:  # the same ops, the psum late
-                time.sleep(0.3)
+                t = time.monotonic()
+                while not os.path.exists(go) and time.monotonic() - t < 20:
+                    time.sleep(0.01)
                 mesh.psum(mesh.zeros((1,), np.float32), "i")
                 mesh.barrier()
         emit(**r)
