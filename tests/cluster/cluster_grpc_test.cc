@@ -4,6 +4,8 @@
 // rendezvous through the store and run a real gloo::allreduce.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "collectived/v1/cluster.grpc.pb.h"
 #include "daemon/cluster/cluster_client.h"
+#include "daemon/cluster/cluster_rendezvous.h"
 #include "daemon/cluster/coordinator_service.h"
 #include "daemon/cluster/in_memory_coordinator.h"
 #include "tests/harness/eventually.h"
@@ -465,6 +468,66 @@ TEST(ClusterMeshTest, TwoClientsFormAMeshAndWaitForTheSameMembership) {
   EXPECT_NE(gone.status().message().find("host host-a's lease ended (left)"), std::string::npos)
       << gone.status();
   b->Stop(/*leave=*/true);
+}
+
+// Host a's rendezvous forms mesh "m2" (member 0 on a, member 1 on b) and
+// starts connecting its hosts; b registered but never connects. `stop`
+// interrupts the connect (Stop, or the engine's cancel): what Form answers,
+// and how long after the interruption.
+std::pair<absl::Status, absl::Duration> InterruptAConnect(bool stop) {
+  auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
+  EXPECT_NE(coord, nullptr);
+  if (coord == nullptr) return {absl::UnknownError("no coordinator"), absl::ZeroDuration()};
+  auto a = MakeClient(coord->address(), "host-a");
+  auto b = MakeClient(coord->address(), "host-b");
+  EXPECT_TRUE(StartAndJoin(*a));
+  EXPECT_TRUE(StartAndJoin(*b));
+  ClusterRendezvousOptions o;
+  o.host_id = "host-a";
+  o.cluster_token = kToken;
+  ClusterRendezvous r(o);
+  r.Attach(a.get(), "127.0.0.1");
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::promise<absl::StatusOr<int64_t>> registered;
+  r.Register(MeshJoinInfo{"m2", "data=2", 2, "", 0}, 0, deadline,
+             [&registered](absl::StatusOr<int64_t> g) { registered.set_value(std::move(g)); });
+  const absl::StatusOr<int64_t> g = registered.get_future().get();
+  EXPECT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(b->MeshRegister(MeshReg("m2", "data=2", 2, {1})).ok());
+  auto cancel = std::make_shared<std::atomic<bool>>(false);
+  std::promise<absl::Status> formed;
+  r.Form("m2", g.value_or(0), deadline, cancel,
+         [&formed](absl::StatusOr<FormedMesh> f) { formed.set_value(f.status()); });
+  // Host a (rank 0) is connecting once its address is in the store.
+  EXPECT_TRUE(a->Get({absl::StrCat(MeshStorePrefix("m2", g.value_or(0)), "/addr/0")},
+                     absl::Seconds(10))
+                  .ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  std::future<absl::Status> answer = formed.get_future();
+  if (stop) {
+    r.Stop();
+  } else {
+    cancel->store(true);
+  }
+  const absl::Status st = answer.get();
+  const absl::Duration took = absl::Now() - start;
+  r.Stop();
+  a->Stop(/*leave=*/true);
+  b->Stop(/*leave=*/true);
+  return {st, took};
+}
+
+// Stopping the daemon, or its mesh going away, ends a connect of the mesh's
+// hosts at once, not at its deadline (up to connect_timeout, 30 s).
+TEST(ClusterRendezvousTest, StopOrAMeshThatWentAwayEndsAConnectInProgressAtOnce) {
+  auto [stopped, took_stop] = InterruptAConnect(/*stop=*/true);
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kUnavailable) << stopped;
+  EXPECT_NE(stopped.message().find("leaving the cluster"), std::string::npos) << stopped;
+  EXPECT_LT(took_stop, absl::Seconds(3));
+  auto [cancelled, took_cancel] = InterruptAConnect(/*stop=*/false);
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  EXPECT_LT(took_cancel, absl::Seconds(3));
 }
 
 TEST(ClusterMeshTest, RefusesMeshCallsBeforeJoiningOrWithoutTheToken) {
