@@ -12,8 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "common/sync.h"
 #include "daemon/core/engine.h"
 #include "exec/cpu_executor.h"
 #include "tests/fakes/fake_rendezvous.h"

@@ -47,10 +47,6 @@ class CallQueue {
     items_.pop_front();
     return item;
   }
-  size_t size() {
-    MutexLock lock(&mu_);
-    return items_.size();
-  }
 
  private:
   Mutex mu_;

@@ -957,10 +957,6 @@ TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
   EXPECT_EQ(info.state(), "BROKEN");
 }
 
-// A bare {} for the axes (a default-constructed AxisNames) meant every axis,
-// then for a while the empty tuple: now every way of giving it is refused in
-// this process, naming both spellings, before anything is sent or changed,
-// small ops (member-side) and large (daemon path) alike; the mesh goes on.
 // The CPUs the calling thread may run on, in order.
 std::vector<int> AllowedCpus() {
   cpu_set_t set;
@@ -1040,6 +1036,10 @@ TEST(MemberOpsTest, MembersThatStartOnOneCpuStayExact) {
   EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
 }
 
+// A bare {} for the axes (a default-constructed AxisNames) meant every axis,
+// then for a while the empty tuple: now every way of giving it is refused in
+// this process, naming both spellings, before anything is sent or changed,
+// small ops (member-side) and large (daemon path) alike; the mesh goes on.
 TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
   auto r = Members::Start(2, {});
   ASSERT_NE(r, nullptr);
