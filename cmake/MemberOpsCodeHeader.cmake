@@ -13,7 +13,8 @@ file(GLOB _collectived_member_ops_sources CONFIGURE_DEPENDS
   ${PROJECT_SOURCE_DIR}/client/include/collectived/dtype.h
   # The members' protocol (places per op, signatures, who writes a result).
   ${PROJECT_SOURCE_DIR}/client/src/member_ops.h
-  ${PROJECT_SOURCE_DIR}/client/src/member_ops.cc)
+  ${PROJECT_SOURCE_DIR}/client/src/member_ops.cc
+  ${PROJECT_SOURCE_DIR}/client/src/member_reads.cc)
 list(FILTER _collectived_member_ops_sources EXCLUDE REGEX "_test\\.cc$")
 list(JOIN _collectived_member_ops_sources "|" _collectived_member_ops_files)
 set(_collectived_member_ops_dir ${CMAKE_BINARY_DIR}/generated)

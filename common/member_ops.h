@@ -42,6 +42,11 @@
 //
 // Wake-ups: each member sleeps on its own bell (fast_queue.h's Ring /
 // SpinThenSleep); whoever publishes rings every other member's bell.
+//
+// An all_gather whose members read each other's inputs from their memory
+// (client/src/member_reads.cc) carries no payload: its entry says where the
+// input is (Entry::pid, in_addr, token_addr, token), and a second place
+// tells the owners that their inputs were read.
 #ifndef COLLECTIVED_COMMON_MEMBER_OPS_H_
 #define COLLECTIVED_COMMON_MEMBER_OPS_H_
 
@@ -110,11 +115,25 @@ struct Entry {
   uint32_t in_bytes;
   int64_t published_ns;  // CLOCK_MONOTONIC, when the member published it
   char signature[kMaxSignature];
+  // Member, for an op whose inputs the members read from each other's
+  // memory (process_vm_readv; client/src/member_reads.cc): where this
+  // member's input is in its process, and a word of its memory (at
+  // token_addr, holding token) that a reader reads with it, so that a pid
+  // that names another process (another PID namespace, or a reused pid)
+  // is never taken for the member.
+  int32_t pid;
+  // The place after such a read: nonzero when this member could not read
+  // every other member (then no member reads again in this mesh).
+  uint32_t read_failed;
+  uint64_t in_addr;
+  uint64_t token_addr;
+  uint64_t token;
   // `payload_bytes` of input follow, 64-byte aligned.
 };
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);
 
 static_assert(sizeof(Header) <= 2048);
+static_assert(sizeof(Entry) <= 320, "an entry's header keeps its size");
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 inline uint64_t Key(uint64_t d, uint64_t s) { return ((d + 1) << 24) | (s & 0xffffff); }

@@ -228,7 +228,8 @@ MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, Mesh
       busy_poll_(shape_.num_members() <= UsableCpus()),
       // One thread (this one), and every op serial: they are small.
       executor_(CpuExecutorOptions{.threads = 1,
-                                   .serial_bytes = std::numeric_limits<size_t>::max()}) {}
+                                   .serial_bytes = std::numeric_limits<size_t>::max()}),
+      token_(member_reads::NewToken()) {}
 
 MemberOps::~MemberOps() {
   munmap(base_, bytes_);
@@ -497,6 +498,16 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   }
   const OpPlan& plan = *cached_plan_;
   if (io.shared_out != nullptr) return RunIntoShared(plan, io, now);
+  if (ReadsFit(plan, io)) {
+    if (reads_.load(std::memory_order_relaxed) == Reads::kUnknown) {
+      if (std::optional<absl::Status> probed = ProbeReads(now); !probed || !probed->ok()) {
+        return probed;
+      }
+    }
+    if (reads_.load(std::memory_order_relaxed) == Reads::kYes) {
+      return GatherByReads(plan, io, fastq::MonotonicNs());
+    }
+  }
   if (plan.in_bytes > view_.layout.payload_bytes ||
       plan.signature.size() > member_ops::kMaxSignature) {
     return std::nullopt;
@@ -517,6 +528,14 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   Advance();
   Completed();
   return absl::OkStatus();
+}
+
+bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
+  return plan.kind == OpKind::kAllGather && plan.axis == 0 &&
+         reads_.load(std::memory_order_relaxed) != Reads::kNo &&
+         plan.in_bytes >= member_reads::kMinBytes && plan.out_bytes <= member_reads::kMaxOutBytes &&
+         !io.in_place && plan.signature.size() <= member_reads::kMaxPlanSignature &&
+         RegionsFit(plan, io);
 }
 
 absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {

@@ -6,6 +6,7 @@
 #ifndef COLLECTIVED_CLIENT_SRC_MEMBER_OPS_H_
 #define COLLECTIVED_CLIENT_SRC_MEMBER_OPS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,6 +62,29 @@ struct MemberOpKey {
 // the kernel said no). Members that share a CPU use it to part.
 uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy);
 
+// All_gathers whose members read each other's inputs (member_reads.cc).
+namespace member_reads {
+// An all_gather along the first dimension reads the other members' inputs
+// (one copy) rather than copying them through the segment (two copies) or
+// going to the daemon from kMinBytes of input per member, up to kMaxOutBytes
+// of output: below, the segment's copies cost less than the system call;
+// above, the daemon's copies (non-temporal, on its threads) win. Measured
+// with collectived_perf against both paths (bench/README.md).
+inline constexpr uint64_t kMinBytes = 32 << 10;
+inline constexpr uint64_t kMaxOutBytes = 4 << 20;
+// COLLECTIVED_MEMBER_READS: "auto" (the default: when every member of the
+// mesh can have a CPU of its own, as for polling), "always" or "never".
+// The members of a mesh read only when every one of them says yes.
+enum class Mode { kAuto, kAlways, kNever };
+// The mode $COLLECTIVED_MEMBER_READS names; INVALID_ARGUMENT for any other
+// text.
+absl::StatusOr<Mode> ModeFromEnvironment();
+// The longest op signature such an op carries (its places prefix it).
+inline constexpr size_t kMaxPlanSignature = member_ops::kMaxSignature - 16;
+// A random word (never 0), to name this process to readers.
+uint64_t NewToken();
+}  // namespace member_reads
+
 class MemberOps {
  public:
   // Asks the daemon "EXPIRED <mesh> <d> <s>": true when the mesh broke (the
@@ -105,6 +129,11 @@ class MemberOps {
   // Member-side ops this member completed, for diagnostics.
   uint64_t completed() const { return ops_; }
 
+  // Whether this mesh's all_gathers read the members' inputs from their
+  // memory (member_reads): "yes", "not decided yet" (no such op yet), or
+  // "no: " and why, for diagnostics. Any thread.
+  std::string reads() const;
+
  private:
   MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape, int index,
             absl::Duration op_timeout, int live_fd, ExpiredFn expired);
@@ -140,6 +169,30 @@ class MemberOps {
   // every member that the result is written.
   std::optional<absl::Status> RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
                                             int64_t now);
+  // An all_gather along the first dimension whose inputs the members read
+  // from each other's memory (member_reads.cc): at its place each member
+  // publishes where its input is, reads every other member of its group
+  // straight into its output (one copy, none through the segment), and a
+  // second place tells every member that its input was read (it may then
+  // change it). Any size: nothing goes through the segment. The first such
+  // op of a mesh is preceded by ProbeReads.
+  std::optional<absl::Status> GatherByReads(const OpPlan& plan, const MemberIoRegion& io,
+                                            int64_t now);
+  // Whether `plan` (with `io`) is an op GatherByReads runs.
+  bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
+  // Two places at which every member reads every other member's token and
+  // says whether it could: the members then all read from each other, or
+  // (a member may not: another user, a seccomp filter, Yama's ptrace
+  // scope, another PID namespace) none of them ever does in this mesh.
+  // OK once reads_ is decided; otherwise Meet's outcome.
+  std::optional<absl::Status> ProbeReads(int64_t now);
+  // Publishes this member's pid and token in its entry at place S, with
+  // `in` as where its input is.
+  void PublishWhere(const uint8_t* in);
+  // Reads `bytes` of member m's input (its entry `e`) to `to`, checking
+  // its token in the same call: OK, or why not (errno's text).
+  absl::Status ReadMember(uint32_t m, const member_ops::Entry& e, uint8_t* to,
+                          uint64_t bytes) const;
   // Runs `plan` on the inputs in the segment at place S, writing this
   // member's result to `out` (the daemon's code and floating-point
   // environment).
@@ -181,6 +234,16 @@ class MemberOps {
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
   std::string signature_;      // RunIntoShared's signatures, kept to reuse
+  // Whether the members of this mesh read each other's inputs
+  // (ProbeReads decides, the same for every member), and why not.
+  // reads_ is stored once (release), after reads_off_, by the op's thread;
+  // reads() may look from any thread.
+  enum class Reads { kUnknown, kYes, kNo };
+  std::atomic<Reads> reads_{Reads::kUnknown};
+  std::string reads_off_;
+  // A random word at a fixed address of this process: a reader reads it
+  // with the input, and it names this member's process (Entry::token).
+  const uint64_t token_;
   uint64_t s_ = 0;    // member-side places done (S)
   uint64_t ops_ = 0;  // member-side ops done (an op into a shared buffer takes two places)
   // The key this member published and has not run member-side (0: none).

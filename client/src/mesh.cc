@@ -145,6 +145,11 @@ Mesh::~Mesh() {
   if (stream_order_ != nullptr) stream_order_->SyncStreams();
 }
 
+std::string Mesh::member_reads() const {
+  if (member_side_ == nullptr) return absl::StrCat("no: ", member_side_status_.ToString());
+  return member_side_->ops->reads();
+}
+
 absl::Status Mesh::set_stream(void* stream) {
 #ifdef COLLECTIVED_HAVE_CUDA
   if (stream == nullptr) {

@@ -81,6 +81,10 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
     session_id_ = resp.session_id();
 
     if (absl::Status st = Attach(resp.attach_token()); !st.ok()) return st;
+    // Refused at once rather than read as the default at the first op.
+    if (auto reads = internal::member_reads::ModeFromEnvironment(); !reads.ok()) {
+      return reads.status();
+    }
     const char* env = getenv("COLLECTIVED_FAST_PATH");
     if (env != nullptr && std::string(env) == "0") options_.fast_path = false;
     if (options_.fast_path) return OpenQueue();

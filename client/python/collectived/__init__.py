@@ -459,6 +459,12 @@ class Mesh:
             "(member-side small ops: in-place psum, pmean, pmax and pmin on arrays in "
             "shared buffers, the JAX FFI handler's, and the C++ SDK's); otherwise why "
             "every op goes through the daemon.")
+    member_reads = property(
+        lambda self: self._ext.member_reads,
+        doc="Whether this mesh's member-side all_gathers (along the first dimension, 32 KiB "
+            "of input per member to 4 MiB of output: the JAX FFI handler's and the C++ "
+            "SDK's) read the other members' inputs from their memory: 'yes', 'not decided "
+            "yet' (before the first such op), or 'no: ' and why.")
 
     @property
     def axes(self) -> Dict[str, int]:

@@ -637,6 +637,7 @@ NB_MODULE(_collectived, m) {
                      if (st.ok()) return std::nullopt;
                      return std::string(st.message());
                    })
+      .def_prop_ro("member_reads", [](PyMesh& m) { return m.mesh().member_reads(); })
       .def(
           "axis_index",
           [](PyMesh& m, nb::handle axes) { return m.mesh().axis_index(AxesOf(axes)); },
