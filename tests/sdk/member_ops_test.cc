@@ -14,20 +14,31 @@
 //  - an all_gather into a buffer the mesh shares is written by each member
 //    once, at any size; a member naming another region sends every member
 //    to the daemon, which refuses it before anything is written;
-//  - a member that scribbles over its segment hurts only its own mesh.
+//  - a member that scribbles over its segment hurts only its own mesh;
+//  - all_gathers whose members read each other's inputs (member_reads.cc)
+//    equal the daemon path's, an owner's input is read before its op
+//    returns, a member that may not read (a seccomp filter) sends every
+//    member to the copies, and COLLECTIVED_MEMBER_READS is obeyed.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -145,37 +156,45 @@ absl::Status RunCase(Mesh& mesh, const Buffer& in, const Buffer& out, const Case
   return mesh.run(op);
 }
 
+// Four members on axes {a: 2, b: 2} (ops over one axis are groups of two),
+// each with an input and an output buffer of `bytes`.
+std::unique_ptr<Members> StartTwoByTwo(std::vector<std::string> flags,
+                                       size_t bytes = kBufferBytes) {
+  constexpr int kN = 4;
+  auto r = std::make_unique<Members>();
+  auto d = Daemon::Start(std::move(flags));
+  EXPECT_TRUE(d.ok()) << d.status();
+  if (!d.ok()) return nullptr;
+  r->daemon = *std::move(d);
+  for (int i = 0; i < kN; ++i) {
+    auto c = Client::Connect({.socket_path = r->daemon->socket(),
+                              .client_name = absl::StrCat("eq-", i)});
+    EXPECT_TRUE(c.ok()) << c.status();
+    if (!c.ok()) return nullptr;
+    r->m.clients.push_back(*std::move(c));
+  }
+  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(kN);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] {
+      joined[i] = r->m.clients[i]->JoinMesh(
+          {.name = "eq", .axes = {{"a", 2}, {"b", 2}}, .coordinate = {i / 2, i % 2}});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_TRUE(joined[i].ok()) << joined[i].status();
+    if (!joined[i].ok()) return nullptr;
+    r->m.meshes.push_back(*std::move(joined[i]));
+    r->m.buffers.push_back(*r->m.clients[i]->Allocate(bytes));
+    r->out.push_back(*r->m.clients[i]->Allocate(bytes));
+  }
+  return r;
+}
+
 TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
   constexpr int kN = 4;
-  // Axes {a: 2, b: 2}: ops over one axis are groups of two.
-  auto start = [](std::vector<std::string> flags) {
-    auto r = std::make_unique<Members>();
-    auto d = Daemon::Start(std::move(flags));
-    EXPECT_TRUE(d.ok()) << d.status();
-    r->daemon = *std::move(d);
-    for (int i = 0; i < kN; ++i) {
-      auto c = Client::Connect({.socket_path = r->daemon->socket(),
-                                .client_name = absl::StrCat("eq-", i)});
-      EXPECT_TRUE(c.ok()) << c.status();
-      r->m.clients.push_back(*std::move(c));
-    }
-    std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(kN);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < kN; ++i) {
-      threads.emplace_back([&, i] {
-        joined[i] = r->m.clients[i]->JoinMesh(
-            {.name = "eq", .axes = {{"a", 2}, {"b", 2}}, .coordinate = {i / 2, i % 2}});
-      });
-    }
-    for (auto& t : threads) t.join();
-    for (int i = 0; i < kN; ++i) {
-      EXPECT_TRUE(joined[i].ok()) << joined[i].status();
-      r->m.meshes.push_back(*std::move(joined[i]));
-      r->m.buffers.push_back(*r->m.clients[i]->Allocate(kBufferBytes));
-      r->out.push_back(*r->m.clients[i]->Allocate(kBufferBytes));
-    }
-    return r;
-  };
+  auto start = [](std::vector<std::string> flags) { return StartTwoByTwo(std::move(flags)); };
   auto member_side = start({});
   auto daemon_side = start({"--member_op_bytes=0"});
   ASSERT_NE(member_side, nullptr);
@@ -1095,6 +1114,203 @@ TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
   // Nothing refused above reached the daemon: at most the two large psums
   // that ran (one per spelling, counted per member) did.
   EXPECT_LE(DaemonOps(*r->daemon) - before, 4);
+}
+
+// Sets an environment variable for the test's scope, restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = getenv(name); old != nullptr) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// An all_gather of `elems` elements along the first dimension of each
+// member's input into its output buffer (tiled: [n * elems]; else [n, elems]).
+absl::Status Gather(Members& r, int i, DType dtype, int64_t elems, const AxisNames& axes,
+                    bool tiled) {
+  Mesh& m = r.mesh(i);
+  const int64_t n = m.axis_size(axes);
+  const Array out = tiled ? Array{&r.out[i], 0, dtype, {n * elems}}
+                          : Array{&r.out[i], 0, dtype, {n, elems}};
+  return m.all_gather(Array{&r.m.buffers[i], 0, dtype, {elems}}, axes, out, {.tiled = tiled});
+}
+
+TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
+  // Four members read even where they share CPUs.
+  ScopedEnv always("COLLECTIVED_MEMBER_READS", "always");
+  constexpr size_t kBytes = 8 << 20;
+  auto reads = StartTwoByTwo({}, kBytes);
+  auto daemon_side = StartTwoByTwo({"--member_op_bytes=0"}, kBytes);
+  ASSERT_NE(reads, nullptr);
+  ASSERT_NE(daemon_side, nullptr);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(reads->mesh(i).member_reads(), "not decided yet");
+  struct G {
+    DType dtype;
+    int64_t elems;
+    AxisNames axes;
+    bool tiled;
+    bool reads;  // within the bounds of the reads (else the daemon runs it)
+  };
+  const std::vector<G> cases = {
+      {DType::kF32, 8192, AxisNames::All(), true, true},           // 32 KiB each, the least
+      {DType::kI8, 40001, AxisNames("b"), false, true},            // odd, groups of two
+      {DType::kF64, 131072, AxisNames::All(), true, true},         // 4 MiB out, the most
+      {DType::kBF16, 262147, AxisNames("a"), true, true},          // groups of two
+      {DType::kF32, 10000, AxisNames::None(), false, true},        // groups of one
+      {DType::kF32, 4096, AxisNames::All(), true, false},          // 16 KiB: the segment
+      {DType::kF64, 131073, AxisNames::All(), true, false},        // past 4 MiB: the daemon
+  };
+  uint32_t seed = 7;
+  for (const G& c : cases) {
+    ++seed;
+    const int64_t before = DaemonOps(*reads->daemon);
+    const uint64_t out_bytes =
+        DTypeSize(c.dtype) * c.elems * reads->mesh(0).axis_size(c.axes);
+    for (Members* r : {reads.get(), daemon_side.get()}) {
+      for (int i = 0; i < 4; ++i) {
+        Fill(r->in(i), DTypeSize(c.dtype) * c.elems, seed * 31 + i);
+        std::memset(r->out_data(i), 0xAB, out_bytes + 64);
+      }
+      ExpectAllOk(OnAll(4, [&](int i) { return Gather(*r, i, c.dtype, c.elems, c.axes, c.tiled); }));
+    }
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(std::memcmp(reads->out_data(i), daemon_side->out_data(i), out_bytes + 64), 0)
+          << "dtype " << static_cast<int>(c.dtype) << " elems " << c.elems << " member " << i;
+      // Each block is its owner's input.
+      const int64_t block = DTypeSize(c.dtype) * c.elems;
+      ASSERT_EQ(std::memcmp(reads->out_data(i) + reads->mesh(i).axis_index(c.axes) * block,
+                            reads->in(i), block),
+                0);
+    }
+    // Member-side either way but past 4 MiB of output (one op for the daemon).
+    EXPECT_EQ(DaemonOps(*reads->daemon) - before, out_bytes > (4 << 20) ? 1 : 0) << c.elems;
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(reads->mesh(i).member_reads(), "yes");
+}
+
+TEST(MemberReadsTest, AnOwnerKeepsItsInputUntilEveryMemberReadIt) {
+  ScopedEnv always("COLLECTIVED_MEMBER_READS", "always");
+  constexpr int kN = 3;
+  constexpr int64_t kElems = 16384;  // 64 KiB each
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  const int64_t before = DaemonOps(*r->daemon);
+  // Each member changes its input the moment its op returns: a reader still
+  // reading it would get 0xFF bytes (a NaN), never the values below.
+  ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
+    float* in = reinterpret_cast<float*>(r->in(i));
+    const float* out = reinterpret_cast<const float*>(r->out_data(i));
+    for (int it = 0; it < 300; ++it) {
+      std::fill(in, in + kElems, static_cast<float>(it * kN + i));
+      if (absl::Status st = Gather(*r, i, DType::kF32, kElems, AxisNames::All(), true);
+          !st.ok()) {
+        return st;
+      }
+      std::memset(in, 0xFF, kElems * sizeof(float));
+      for (int m = 0; m < kN; ++m) {
+        for (int64_t e : {int64_t{0}, kElems / 2, kElems - 1}) {
+          if (out[m * kElems + e] != static_cast<float>(it * kN + m)) {
+            return absl::InternalError(absl::StrCat("op ", it, ": member ", m, "'s block at ", e,
+                                                    " is ", out[m * kElems + e]));
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(DaemonOps(*r->daemon), before);
+  EXPECT_EQ(r->mesh(0).member_reads(), "yes");
+}
+
+// Makes process_vm_readv fail with EPERM in the calling thread, as a
+// container runtime's default seccomp profile does; false if the kernel
+// refused the filter.
+bool DenyReadsInThisThread() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+TEST(MemberReadsTest, AMemberThatMayNotReadSendsEveryMemberToTheCopies) {
+  ScopedEnv always("COLLECTIVED_MEMBER_READS", "always");
+  constexpr int kN = 3;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  for (int64_t elems : {int64_t{16384}, int64_t{65536}}) {  // 64 KiB: the segment; 256: the daemon
+    for (int i = 0; i < kN; ++i) Fill(r->in(i), elems * 4, 100 + i);
+    ExpectAllOk(OnAll(kN, [&](int i) {
+      // Member 1's first such op decides, in its thread.
+      if (i == 1 && !DenyReadsInThisThread()) return absl::InternalError("no seccomp filter");
+      return Gather(*r, i, DType::kF32, elems, AxisNames::All(), true);
+    }));
+    for (int i = 0; i < kN; ++i) {
+      for (int m = 0; m < kN; ++m) {
+        ASSERT_EQ(std::memcmp(r->out_data(i) + m * elems * 4, r->in(m), elems * 4), 0)
+            << "member " << i << ", block " << m << ", " << elems;
+      }
+    }
+  }
+  EXPECT_CONTAINS(r->mesh(1).member_reads(), "no: member 1 could not read member 0's memory");
+  EXPECT_CONTAINS(r->mesh(1).member_reads(), strerror(EPERM));
+  EXPECT_EQ(r->mesh(0).member_reads(), "no: another member said no");
+  EXPECT_EQ(r->mesh(2).member_reads(), "no: another member said no");
+}
+
+TEST(MemberReadsTest, TheEnvironmentTurnsReadsOffAndAnUnknownValueIsRefused) {
+  {
+    ScopedEnv never("COLLECTIVED_MEMBER_READS", "never");
+    auto r = Members::Start(2, {});
+    ASSERT_NE(r, nullptr);
+    const int64_t before = DaemonOps(*r->daemon);
+    for (int i = 0; i < 2; ++i) Fill(r->in(i), 65536, 5 + i);
+    ExpectAllOk(OnAll(2, [&](int i) {
+      return Gather(*r, i, DType::kF32, 16384, AxisNames::All(), true);
+    }));
+    EXPECT_EQ(std::memcmp(r->out_data(0) + 65536, r->in(1), 65536), 0);
+    EXPECT_EQ(DaemonOps(*r->daemon), before);  // through the segment
+    EXPECT_EQ(r->mesh(0).member_reads(), "no: COLLECTIVED_MEMBER_READS=never");
+  }
+  {
+    // auto: only when each of the four members can have a CPU.
+    ScopedEnv automatic("COLLECTIVED_MEMBER_READS", "auto");
+    auto r = StartTwoByTwo({});
+    ASSERT_NE(r, nullptr);
+    ExpectAllOk(OnAll(4, [&](int i) {
+      return Gather(*r, i, DType::kF32, 8192, AxisNames::All(), true);
+    }));
+    cpu_set_t cpus;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+    if (CPU_COUNT(&cpus) >= 4) {
+      EXPECT_EQ(r->mesh(0).member_reads(), "yes");
+    } else {
+      EXPECT_CONTAINS(r->mesh(0).member_reads(), "fewer CPUs than the mesh has members");
+    }
+  }
+  ScopedEnv bad("COLLECTIVED_MEMBER_READS", "sometimes");
+  auto d = Daemon::Start({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto c = Client::Connect({.socket_path = (*d)->socket(), .client_name = "bad-env"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(c.status().message(), "COLLECTIVED_MEMBER_READS='sometimes'");
 }
 
 }  // namespace

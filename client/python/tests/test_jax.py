@@ -480,3 +480,31 @@ LARGE = """
 def test_large_results_in_fresh_mappings_are_exact(daemon, tmp_path):
     for r in run_members(LARGE, daemon, 2, timeout=120):
         assert r["ok"] == [True] * 6, r
+
+
+# Jitted all_gathers of 64 KiB and 1 MiB per member: the members read each
+# other's inputs from their memory (README "All_gathers that read the
+# members' memory"); each call's inputs differ, and every element is checked.
+READS = """
+    import os
+    os.environ["COLLECTIVED_MEMBER_READS"] = "always"
+    import jax, jax.numpy as jnp
+    import collectived.jax as cjax
+    c = collectived.connect(socket=SOCK, name=f"reads{RANK}")
+    mesh = c.join_mesh("jax-reads", {"i": 2}, coordinate=[RANK], timeout=60)
+    before = mesh.member_reads
+    ok = []
+    for n in (16384, 262144):
+        gather = jax.jit(lambda v: cjax.all_gather(v, "i", mesh=mesh, tiled=True))
+        base = np.arange(n, dtype=np.float32) % 4099
+        for step in range(10):
+            got = np.asarray(gather(jnp.asarray(base + 10 * step + RANK)))
+            want = np.concatenate([base + 10 * step, base + 10 * step + 1])
+            ok.append(bool(np.array_equal(got, want)))
+    emit(ok=ok, before=before, after=mesh.member_reads)
+"""
+
+
+def test_jitted_all_gathers_that_read_the_members_are_exact(daemon, tmp_path):
+    for r in run_members(READS, daemon, 2, timeout=120):
+        assert r == {"ok": [True] * 20, "before": "not decided yet", "after": "yes"}, r
