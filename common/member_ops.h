@@ -43,10 +43,10 @@
 // Wake-ups: each member sleeps on its own bell (fast_queue.h's Ring /
 // SpinThenSleep); whoever publishes rings every other member's bell.
 //
-// An all_gather whose members read each other's inputs from their memory
-// (client/src/member_reads.cc) carries no payload: its entry says where the
-// input is (Entry::pid, in_addr, token_addr, token), and a second place
-// tells the owners that their inputs were read.
+// An all_gather whose members read each other's inputs (mapping each
+// other's buffers read-only, client/src/member_reads.cc) carries no input:
+// its entry names the input's buffer and offset, and a second place tells
+// the owners that their inputs were read.
 #ifndef COLLECTIVED_COMMON_MEMBER_OPS_H_
 #define COLLECTIVED_COMMON_MEMBER_OPS_H_
 
@@ -115,19 +115,15 @@ struct Entry {
   uint32_t in_bytes;
   int64_t published_ns;  // CLOCK_MONOTONIC, when the member published it
   char signature[kMaxSignature];
-  // Member, for an op whose inputs the members read from each other's
-  // memory (process_vm_readv; client/src/member_reads.cc): where this
-  // member's input is in its process, and a word of its memory (at
-  // token_addr, holding token) that a reader reads with it, so that a pid
-  // that names another process (another PID namespace, or a reused pid)
-  // is never taken for the member.
-  int32_t pid;
-  // The place after such a read: nonzero when this member could not read
-  // every other member (then no member reads again in this mesh).
+  // Member, for an all_gather whose members read each other's inputs
+  // (client/src/member_reads.cc): the input's buffer (its id, in_id_len
+  // bytes, is the entry's payload) and offset there, and the member's uid.
+  uint32_t in_id_len;
+  // The place after such a read: nonzero when this member said no (then no
+  // member reads in this mesh).
   uint32_t read_failed;
-  uint64_t in_addr;
-  uint64_t token_addr;
-  uint64_t token;
+  uint64_t in_offset;
+  uint32_t uid;
   // `payload_bytes` of input follow, 64-byte aligned.
 };
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);

@@ -28,6 +28,11 @@ inline constexpr absl::string_view kQueue = "QUEUE";
 // "SEGMENT <mesh id>" -> "OK <bytes>" with the mesh's member-side segment
 // (common/member_ops.h), for members of that mesh generation only.
 inline constexpr absl::string_view kSegment = "SEGMENT";
+// "PEERFD <mesh id> <member> <buffer id>" -> "OK <size>" with a read-only
+// descriptor of a buffer of another member of that mesh generation, run by
+// the same user (Engine::GetPeerBuffer; member-side all_gathers that read
+// the members' inputs).
+inline constexpr absl::string_view kPeerFd = "PEERFD";
 // "EXPIRED <mesh id> <d> <s>" -> "OK 1" when the mesh broke because a member
 // is missing at member-side place (d, s) (the segment says why), "OK 0" when
 // nobody is missing.

@@ -174,7 +174,8 @@ uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy) {
 
 absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes, MeshShape shape,
                                                           int index, absl::Duration op_timeout,
-                                                          int live_fd, ExpiredFn expired) {
+                                                          int live_fd, ExpiredFn expired,
+                                                          PeerFdFn peer_fd) {
   const int members = shape.num_members();
   if (bytes < sizeof(member_ops::Header) || bytes > member_ops::kMaxSegmentBytes ||
       index < 0 || index >= members) {
@@ -212,11 +213,13 @@ absl::StatusOr<std::unique_ptr<MemberOps>> MemberOps::Map(int fd, uint64_t bytes
         "' (different versions or builds): every op of this member goes through the daemon"));
   }
   return std::unique_ptr<MemberOps>(new MemberOps(base, bytes, layout, std::move(shape), index,
-                                                  op_timeout, live_fd, std::move(expired)));
+                                                  op_timeout, live_fd, std::move(expired),
+                                                  std::move(peer_fd)));
 }
 
 MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape,
-                     int index, absl::Duration op_timeout, int live_fd, ExpiredFn expired)
+                     int index, absl::Duration op_timeout, int live_fd, ExpiredFn expired,
+                     PeerFdFn peer_fd)
     : base_(base),
       bytes_(bytes),
       view_{static_cast<uint8_t*>(base), layout},
@@ -229,9 +232,13 @@ MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, Mesh
       // One thread (this one), and every op serial: they are small.
       executor_(CpuExecutorOptions{.threads = 1,
                                    .serial_bytes = std::numeric_limits<size_t>::max()}),
-      token_(member_reads::NewToken()) {}
+      peer_fd_(std::move(peer_fd)),
+      peer_maps_(layout.members) {}
 
 MemberOps::~MemberOps() {
+  for (const std::vector<PeerMapping>& maps : peer_maps_) {
+    for (const PeerMapping& p : maps) munmap(const_cast<uint8_t*>(p.base), p.size);
+  }
   munmap(base_, bytes_);
   close(live_fd_);
 }
@@ -534,8 +541,10 @@ bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
   return plan.kind == OpKind::kAllGather && plan.axis == 0 &&
          reads_.load(std::memory_order_relaxed) != Reads::kNo &&
          plan.in_bytes >= member_reads::kMinBytes && plan.out_bytes <= member_reads::kMaxOutBytes &&
-         !io.in_place && plan.signature.size() <= member_reads::kMaxPlanSignature &&
-         RegionsFit(plan, io);
+         !io.in_place && io.in_id != nullptr &&
+         io.in_id->size() <= std::min<uint64_t>(member_reads::kMaxIdBytes,
+                                                 view_.layout.payload_bytes) &&
+         plan.signature.size() <= member_reads::kMaxPlanSignature && RegionsFit(plan, io);
 }
 
 absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {

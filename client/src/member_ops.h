@@ -30,6 +30,7 @@ namespace collectived::internal {
 struct MemberIoRegion {
   const uint8_t* in = nullptr;  // null: not host memory this process maps
   uint64_t in_offset = 0;       // in its buffer
+  const std::string* in_id = nullptr;  // its buffer's id (null: unknown)
   uint64_t in_avail = 0;        // bytes from `in` to the end of its buffer
   bool in_place = false;        // no output: the result replaces the input
   uint8_t* out = nullptr;
@@ -65,24 +66,27 @@ uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy);
 // All_gathers whose members read each other's inputs (member_reads.cc).
 namespace member_reads {
 // An all_gather along the first dimension reads the other members' inputs
-// (one copy) rather than copying them through the segment (two copies) or
-// going to the daemon from kMinBytes of input per member, up to kMaxOutBytes
-// of output: below, the segment's copies cost less than the system call;
-// above, the daemon's copies (non-temporal, on its threads) win. Measured
-// with collectived_perf against both paths (bench/README.md).
-inline constexpr uint64_t kMinBytes = 32 << 10;
-inline constexpr uint64_t kMaxOutBytes = 4 << 20;
-// COLLECTIVED_MEMBER_READS: "auto" (the default: when every member of the
-// mesh can have a CPU of its own, as for polling), "always" or "never".
-// The members of a mesh read only when every one of them says yes.
-enum class Mode { kAuto, kAlways, kNever };
-// The mode $COLLECTIVED_MEMBER_READS names; INVALID_ARGUMENT for any other
-// text.
-absl::StatusOr<Mode> ModeFromEnvironment();
+// from their buffers, mapped read-only (one copy), rather than copying them
+// through the segment (two copies) or going to the daemon, from kMinBytes of
+// input per member up to kMaxOutBytes of output: below, the segment's copies
+// cost no more than the second place; above, the daemon's copies
+// (non-temporal, on its threads) win. Measured with collectived_perf against
+// both paths, 2 and 4 members (bench/README.md).
+inline constexpr uint64_t kMinBytes = 4 << 10;
+inline constexpr uint64_t kMaxOutBytes = 8 << 20;
+// COLLECTIVED_MEMBER_READS: unset, empty or "1" (read), or "0" (never:
+// the segment and the daemon paths). The members of a mesh read only when
+// every one of them says yes.
+// Whether $COLLECTIVED_MEMBER_READS allows reads; INVALID_ARGUMENT for a
+// value other than 0 and 1.
+absl::StatusOr<bool> AllowedByEnvironment();
 // The longest op signature such an op carries (its places prefix it).
 inline constexpr size_t kMaxPlanSignature = member_ops::kMaxSignature - 16;
-// A random word (never 0), to name this process to readers.
-uint64_t NewToken();
+// The longest buffer id an entry names (ids are the daemon's, far shorter).
+inline constexpr size_t kMaxIdBytes = member_ops::kMinPayload;
+// Another member's buffers this member keeps mapped, at most (the least
+// recently read goes first).
+inline constexpr size_t kMappedPerMember = 8;
 }  // namespace member_reads
 
 class MemberOps {
@@ -90,15 +94,24 @@ class MemberOps {
   // Asks the daemon "EXPIRED <mesh> <d> <s>": true when the mesh broke (the
   // segment says why), false when nobody is missing.
   using ExpiredFn = std::function<absl::StatusOr<bool>(uint32_t d, uint32_t s)>;
+  // Asks the daemon "PEERFD <mesh> <member> <buffer id>": a read-only
+  // descriptor of that member's buffer (the caller owns it) and its size.
+  struct PeerFd {
+    int fd = -1;
+    uint64_t size = 0;
+  };
+  using PeerFdFn = std::function<absl::StatusOr<PeerFd>(uint32_t member, const std::string& id)>;
 
   // Maps segment `fd` (`bytes` long; takes the descriptor) of a mesh of
   // `shape` in which this member is `index`. `live_fd` (taken too): a
   // duplicate of the session's side socket, watched while waiting: when it
-  // hangs up the daemon is gone. INTERNAL when the segment is not one this
-  // code can use.
+  // hangs up the daemon is gone. `peer_fd` (may be null: then the members
+  // never read each other's buffers). INTERNAL when the segment is not one
+  // this code can use.
   static absl::StatusOr<std::unique_ptr<MemberOps>> Map(int fd, uint64_t bytes, MeshShape shape,
                                                         int index, absl::Duration op_timeout,
-                                                        int live_fd, ExpiredFn expired);
+                                                        int live_fd, ExpiredFn expired,
+                                                        PeerFdFn peer_fd = nullptr);
   ~MemberOps();
   MemberOps(const MemberOps&) = delete;
   MemberOps& operator=(const MemberOps&) = delete;
@@ -136,7 +149,7 @@ class MemberOps {
 
  private:
   MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape, int index,
-            absl::Duration op_timeout, int live_fd, ExpiredFn expired);
+            absl::Duration op_timeout, int live_fd, ExpiredFn expired, PeerFdFn peer_fd);
   // Publishes this member's entry at its next place (D, S) with `signature`
   // and `payload_bytes` of `payload`, and waits until every member's entry
   // for that place is there. OK: every entry is there with the same
@@ -180,19 +193,24 @@ class MemberOps {
                                             int64_t now);
   // Whether `plan` (with `io`) is an op GatherByReads runs.
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
-  // Two places at which every member reads every other member's token and
-  // says whether it could: the members then all read from each other, or
-  // (a member may not: another user, a seccomp filter, Yama's ptrace
-  // scope, another PID namespace) none of them ever does in this mesh.
-  // OK once reads_ is decided; otherwise Meet's outcome.
+  // Two places at which every member says whether it will read (its
+  // COLLECTIVED_MEMBER_READS, a way to ask the daemon for buffers, the same
+  // user as every other member): the members then all
+  // read from each other, or none of them ever does in this mesh. OK once
+  // reads_ is decided; otherwise Meet's outcome.
   std::optional<absl::Status> ProbeReads(int64_t now);
-  // Publishes this member's pid and token in its entry at place S, with
-  // `in` as where its input is.
-  void PublishWhere(const uint8_t* in);
-  // Reads `bytes` of member m's input (its entry `e`) to `to`, checking
-  // its token in the same call: OK, or why not (errno's text).
-  absl::Status ReadMember(uint32_t m, const member_ops::Entry& e, uint8_t* to,
-                          uint64_t bytes) const;
+  // This member's vote in ProbeReads (its entry at place S holds the
+  // members' uids): OK, or why not.
+  absl::Status WhyNotRead() const;
+  // Publishes in this member's entry at place S where its input is: `id`
+  // (may be null, at the probe) at `offset`.
+  void PublishWhere(const std::string* id, uint64_t offset);
+  // Copies `bytes` of member m's input (its entry `e`) to `to`, from its
+  // buffer mapped read-only (mapped now if it is not yet): OK, or why not.
+  absl::Status ReadMember(uint32_t m, const member_ops::Entry& e, uint8_t* to, uint64_t bytes);
+  // Member m's buffer `id`, mapped read-only: its base and size.
+  absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MappedPeer(uint32_t m,
+                                                                 const std::string& id);
   // Runs `plan` on the inputs in the segment at place S, writing this
   // member's result to `out` (the daemon's code and floating-point
   // environment).
@@ -241,9 +259,17 @@ class MemberOps {
   enum class Reads { kUnknown, kYes, kNo };
   std::atomic<Reads> reads_{Reads::kUnknown};
   std::string reads_off_;
-  // A random word at a fixed address of this process: a reader reads it
-  // with the input, and it names this member's process (Entry::token).
-  const uint64_t token_;
+  PeerFdFn peer_fd_;
+  // The other members' buffers mapped read-only, by member (at most
+  // kMappedPerMember each; `used`: when last read, in reads).
+  struct PeerMapping {
+    std::string id;
+    const uint8_t* base = nullptr;
+    uint64_t size = 0;
+    uint64_t used = 0;
+  };
+  std::vector<std::vector<PeerMapping>> peer_maps_;
+  uint64_t peer_reads_ = 0;
   uint64_t s_ = 0;    // member-side places done (S)
   uint64_t ops_ = 0;  // member-side ops done (an op into a shared buffer takes two places)
   // The key this member published and has not run member-side (0: none).

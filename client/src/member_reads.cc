@@ -1,14 +1,14 @@
 // All_gathers whose members read each other's inputs: one copy from each
-// owner's memory straight into the reader's output (process_vm_readv, the
-// kernel's cross-memory attach), where the segment path copies every input
-// in and out again. See member_ops.h (GatherByReads, ProbeReads).
-#include <sys/random.h>
-#include <sys/uio.h>
+// owner's buffer, which the reader maps read-only (the daemon hands out the
+// descriptor, "PEERFD"), straight into the reader's output, where the
+// segment path copies every input in and out again. See member_ops.h
+// (GatherByReads, ProbeReads).
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <chrono>
 #include <cstring>
 #include <string_view>
 
@@ -22,24 +22,13 @@ using member_ops::Entry;
 
 namespace member_reads {
 
-uint64_t NewToken() {
-  uint64_t token = 0;
-  if (getrandom(&token, sizeof token, 0) != static_cast<ssize_t>(sizeof token)) {
-    // No entropy source: the time and this process still tell processes
-    // apart (the token only guards against a pid naming another process).
-    token = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-            (static_cast<uint64_t>(getpid()) << 32);
-  }
-  return token == 0 ? 1 : token;
-}
-
-absl::StatusOr<Mode> ModeFromEnvironment() {
+absl::StatusOr<bool> AllowedByEnvironment() {
   const char* env = getenv("COLLECTIVED_MEMBER_READS");
-  if (env == nullptr || std::string_view(env) == "auto" || *env == '\0') return Mode::kAuto;
-  if (std::string_view(env) == "always") return Mode::kAlways;
-  if (std::string_view(env) == "never") return Mode::kNever;
-  return absl::InvalidArgumentError(absl::StrCat("COLLECTIVED_MEMBER_READS='", env,
-                                                 "': expected auto, always or never"));
+  if (env == nullptr || *env == '\0' || std::string_view(env) == "1") return true;
+  if (std::string_view(env) == "0") return false;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "COLLECTIVED_MEMBER_READS='", env, "': expected 1 (members read each other's buffers, the "
+      "default) or 0 (they do not)"));
 }
 
 }  // namespace member_reads
@@ -50,77 +39,104 @@ namespace {
 // first's with kDone before it).
 constexpr absl::string_view kDone = "done: ";
 constexpr absl::string_view kRead = "read: ";
-constexpr absl::string_view kProbe = "probe: every member reads every other";
-constexpr absl::string_view kProbed = "done: probe: every member reads every other";
+constexpr absl::string_view kProbe = "probe: the members read each other's buffers";
+constexpr absl::string_view kProbed = "done: probe: the members read each other's buffers";
 
 static_assert(kDone.size() + kRead.size() + member_reads::kMaxPlanSignature <=
               member_ops::kMaxSignature);
 
 }  // namespace
 
-void MemberOps::PublishWhere(const uint8_t* in) {
+void MemberOps::PublishWhere(const std::string* id, uint64_t offset) {
   Entry* mine = view_.entry(index_, s_);
-  mine->pid = static_cast<int32_t>(getpid());
+  mine->in_id_len = id == nullptr ? 0 : static_cast<uint32_t>(id->size());
+  if (id != nullptr) std::memcpy(view_.payload(index_, s_), id->data(), id->size());
+  mine->in_offset = offset;
+  mine->uid = static_cast<uint32_t>(getuid());
   mine->read_failed = 0;
-  mine->in_addr = reinterpret_cast<uint64_t>(in);
-  mine->token_addr = reinterpret_cast<uint64_t>(&token_);
-  mine->token = token_;
 }
 
-absl::Status MemberOps::ReadMember(uint32_t m, const Entry& e, uint8_t* to,
-                                   uint64_t bytes) const {
+absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32_t m,
+                                                                         const std::string& id) {
+  std::vector<PeerMapping>& maps = peer_maps_[m];
+  for (PeerMapping& p : maps) {
+    if (p.id == id) {
+      p.used = ++peer_reads_;
+      return std::make_pair(p.base, p.size);
+    }
+  }
+  absl::StatusOr<PeerFd> got = peer_fd_(m, id);
+  if (!got.ok()) return got.status();
+  void* base = got->size == 0 ? MAP_FAILED
+                              : mmap(nullptr, got->size, PROT_READ, MAP_SHARED, got->fd, 0);
+  const int err = errno;
+  close(got->fd);
+  if (base == MAP_FAILED) {
+    return absl::InternalError(absl::StrCat("mapping member ", m, "'s buffer '", id, "' (",
+                                            got->size, " bytes): ",
+                                            got->size == 0 ? "empty" : strerror(err)));
+  }
+  if (maps.size() >= member_reads::kMappedPerMember) {
+    // The least recently read goes (its pages are the owner's to free).
+    auto oldest = std::min_element(maps.begin(), maps.end(), [](const auto& a, const auto& b) {
+      return a.used < b.used;
+    });
+    munmap(const_cast<uint8_t*>(oldest->base), oldest->size);
+    maps.erase(oldest);
+  }
+  maps.push_back(PeerMapping{id, static_cast<const uint8_t*>(base), got->size, ++peer_reads_});
+  return std::make_pair(maps.back().base, got->size);
+}
+
+absl::Status MemberOps::ReadMember(uint32_t m, const Entry& e, uint8_t* to, uint64_t bytes) {
   // Each word once: the member (or a corrupt segment) may change them.
-  const pid_t pid = e.pid;
-  const uint64_t in_addr = e.in_addr, token_addr = e.token_addr, token = e.token;
-  uint64_t word = ~token;
-  iovec local[2] = {{&word, sizeof word}, {to, bytes}};
-  iovec remote[2] = {{reinterpret_cast<void*>(token_addr), sizeof word},
-                     {reinterpret_cast<void*>(in_addr), bytes}};
-  const ssize_t n = process_vm_readv(pid, local, bytes > 0 ? 2 : 1, remote, bytes > 0 ? 2 : 1, 0);
-  if (n < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "member ", index_, " could not read member ", m, "'s memory (pid ", pid,
-        ", process_vm_readv): ", strerror(errno)));
+  const uint32_t id_len = e.in_id_len;
+  const uint64_t offset = e.in_offset;
+  if (id_len == 0 || id_len > std::min<uint64_t>(member_reads::kMaxIdBytes,
+                                                 view_.layout.payload_bytes)) {
+    return absl::InternalError(
+        absl::StrCat("member ", m, "'s entry names no buffer (", id_len, " bytes)"));
   }
-  if (static_cast<uint64_t>(n) != sizeof word + bytes) {
-    return absl::FailedPreconditionError(absl::StrCat("member ", index_, " read ", n, " of ",
-                                                      sizeof word + bytes, " bytes of member ", m,
-                                                      "'s memory (pid ", pid, ")"));
+  const std::string id(reinterpret_cast<const char*>(view_.payload(m, s_)), id_len);
+  absl::StatusOr<std::pair<const uint8_t*, uint64_t>> mapped = MappedPeer(m, id);
+  if (!mapped.ok()) return mapped.status();
+  const auto [base, size] = *mapped;
+  if (offset > size || bytes > size - offset) {
+    return absl::InternalError(absl::StrCat("member ", m, "'s input (", bytes, " bytes at ",
+                                            offset, ") is not within its buffer '", id, "' (",
+                                            size, " bytes)"));
   }
-  if (word != token) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pid ", pid, " is not member ", m, "'s process as member ", index_,
-        " sees it (another PID namespace?)"));
+  std::memcpy(to, base + offset, bytes);
+  return absl::OkStatus();
+}
+
+absl::Status MemberOps::WhyNotRead() const {
+  if (!member_reads::AllowedByEnvironment().value_or(true)) {
+    return absl::FailedPreconditionError("COLLECTIVED_MEMBER_READS=0");
+  }
+  if (!peer_fd_) return absl::FailedPreconditionError("no way to ask the daemon for buffers");
+  const uint32_t uid = view_.entry(index_, s_)->uid;
+  for (uint32_t m = 0; m < view_.layout.members; ++m) {
+    if (const uint32_t theirs = view_.entry(m, s_)->uid; theirs != uid) {
+      // The daemon hands out another member's buffers to its own user only.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "member ", m, " runs as uid ", theirs, ", member ", index_, " as ", uid));
+    }
   }
   return absl::OkStatus();
 }
 
 std::optional<absl::Status> MemberOps::ProbeReads(int64_t now) {
-  // First place: every member says where its token is.
-  PublishWhere(reinterpret_cast<const uint8_t*>(&token_));
+  // First place: every member says who it runs as.
+  PublishWhere(nullptr, 0);
   if (std::optional<absl::Status> met = Meet(kProbe, nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
-  // This member's vote: yes when it reads every other member and wants to.
-  absl::Status why_not = absl::OkStatus();
-  const auto mode = member_reads::ModeFromEnvironment().value_or(member_reads::Mode::kAuto);
-  if (mode == member_reads::Mode::kNever) {
-    why_not = absl::FailedPreconditionError("COLLECTIVED_MEMBER_READS=never");
-  } else if (mode == member_reads::Mode::kAuto && !busy_poll_) {
-    // Its two places per op cost more than the copies they save when the
-    // members take turns on CPUs.
-    why_not = absl::FailedPreconditionError(absl::StrCat(
-        "member ", index_, " may use fewer CPUs than the mesh has members "
-        "(COLLECTIVED_MEMBER_READS=always reads all the same)"));
-  }
-  for (uint32_t m = 0; m < view_.layout.members && why_not.ok(); ++m) {
-    if (m != index_) why_not = ReadMember(m, *view_.entry(m, s_), nullptr, 0);
-  }
-  const bool failed = !why_not.ok();
+  const absl::Status why_not = WhyNotRead();
   Advance();
-  // Second place: every member says whether it could read all the others.
-  view_.entry(index_, s_)->read_failed = failed ? 1 : 0;
+  // Second place: every member says whether it reads.
+  view_.entry(index_, s_)->read_failed = why_not.ok() ? 0 : 1;
   std::optional<absl::Status> probed = Meet(kProbed, nullptr, 0, fastq::MonotonicNs(), op_timeout_);
   if (!probed) {
     return Abandon(absl::InternalError(
@@ -135,7 +151,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(int64_t now) {
   }
   Advance();
   if (!all_read) {
-    reads_off_ = failed ? std::string(why_not.message()) : "another member said no";
+    reads_off_ = why_not.ok() ? "another member said no" : std::string(why_not.message());
   }
   reads_.store(all_read ? Reads::kYes : Reads::kNo, std::memory_order_release);
   return absl::OkStatus();
@@ -156,7 +172,7 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
   signature_.clear();
   absl::StrAppend(&signature_, kDone, kRead, plan.signature);
   const absl::string_view read = absl::string_view(signature_).substr(kDone.size());
-  PublishWhere(io.in);
+  PublishWhere(io.in_id, io.in_offset);
   if (std::optional<absl::Status> met = Meet(read, nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
@@ -171,10 +187,11 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
       continue;
     }
     if (absl::Status st = ReadMember(m, *view_.entry(m, s_), to, block); !st.ok()) {
-      // The probe said every member reads every other: the member died,
-      // or its entry is not what it published.
-      return Abandon(absl::AbortedError(absl::StrCat("member-side ", plan.signature, ": ",
-                                                     st.message())));
+      // The daemon refused a member's buffer (it left, or freed the buffer
+      // while its op ran), or its entry is not what it published.
+      return Abandon(absl::AbortedError(absl::StrCat("member-side ", plan.signature, ": member ",
+                                                     index_, " cannot read member ", m,
+                                                     "'s input: ", st.message())));
     }
   }
   Advance();

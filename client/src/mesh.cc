@@ -320,6 +320,7 @@ bool Mesh::RunOrDispatch(const internal::OpArgs& args, const std::function<bool(
       x->offset <= x->buffer->size()) {
     io.in = static_cast<const uint8_t*>(x->buffer->data()) + x->offset;
     io.in_offset = x->offset;
+    io.in_id = &x->buffer->id();
     io.in_avail = x->buffer->size() - x->offset;
     io.in_place = out == nullptr;
     // The output: this member's own, or a buffer this mesh shares, which

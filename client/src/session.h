@@ -82,7 +82,7 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
 
     if (absl::Status st = Attach(resp.attach_token()); !st.ok()) return st;
     // Refused at once rather than read as the default at the first op.
-    if (auto reads = internal::member_reads::ModeFromEnvironment(); !reads.ok()) {
+    if (auto reads = internal::member_reads::AllowedByEnvironment(); !reads.ok()) {
       return reads.status();
     }
     const char* env = getenv("COLLECTIVED_FAST_PATH");
@@ -423,6 +423,20 @@ class ClientImpl : public std::enable_shared_from_this<ClientImpl> {
           auto answer = client->SideRequest(absl::StrCat(side::kExpired, " ", mesh_id, " ", d, " ", s));
           if (!answer.ok()) return answer.status();
           return answer->data == absl::StrCat(side::kOk, " 1");
+        },
+        [self, mesh_id](uint32_t member, const std::string& buffer_id)
+            -> absl::StatusOr<internal::MemberOps::PeerFd> {
+          std::shared_ptr<ClientImpl> client = self.lock();
+          if (client == nullptr) return absl::CancelledError("client closed");
+          auto answer = client->SideRequest(
+              absl::StrCat(side::kPeerFd, " ", mesh_id, " ", member, " ", buffer_id));
+          if (!answer.ok()) return answer.status();
+          uint64_t size = 0;
+          if (!answer->fd.valid() || answer->data.size() < 3 ||
+              !absl::SimpleAtoi(absl::string_view(answer->data).substr(3), &size)) {
+            return absl::InternalError(absl::StrCat("unexpected PEERFD reply '", answer->data, "'"));
+          }
+          return internal::MemberOps::PeerFd{answer->fd.release(), size};
         });
   }
 

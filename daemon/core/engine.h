@@ -208,6 +208,16 @@ class Engine {
   // formed, across hosts, or member_op_bytes is 0), ABORTED when broken.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> GetMemberSegment(const std::string& session_id,
                                                                  const std::string& mesh_id);
+  // Another member's host buffer, for a member-side all_gather that reads
+  // the members' inputs (client/src/member_reads.cc): `buffer_id` of the
+  // session that is member `member` of mesh `mesh_id`, which the session
+  // `session_id` is a member of too. PERMISSION_DENIED when that session
+  // belongs to another user; NOT_FOUND, INVALID_ARGUMENT, ABORTED (broken)
+  // and FAILED_PRECONDITION (no segment, GPU memory) as the names say.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> GetPeerBuffer(const std::string& session_id,
+                                                              const std::string& mesh_id,
+                                                              int member,
+                                                              const std::string& buffer_id);
   // A member waiting member-side at place (d, s) passed its deadline. When
   // some member has neither its entry there nor a daemon-path op past `d`,
   // the mesh breaks with DEADLINE_EXCEEDED naming them (in the segment, for

@@ -307,6 +307,55 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetMemberSegment(
   return mesh.segment;
 }
 
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetPeerBuffer(
+    const std::string& session_id, const std::string& mesh_id, int member,
+    const std::string& buffer_id) {
+  MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  auto mine = (*s)->meshes.find(mesh_id);
+  if (mine == (*s)->meshes.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "mesh '", mesh_id, "' not found among this session's meshes (join it first)"));
+  }
+  const Mesh& mesh = *meshes_.at(mesh_id);
+  if (mesh.state == MeshState::kBroken) {
+    return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ", mesh.generation,
+                                           " is broken: ", mesh.broken_reason));
+  }
+  if (!mesh.segment) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mesh '", mesh.name, "' has no member-side segment: its members read nothing of "
+        "each other's"));
+  }
+  if (member < 0 || member >= static_cast<int>(mesh.member_session.size()) ||
+      member == mine->second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member ", member, " is not another member of mesh '", mesh.name, "' (it has ",
+        mesh.member_session.size(), "; this session is member ", mine->second, ")"));
+  }
+  auto peer = GetSession(mesh.member_session[member]);
+  if (!peer.ok()) {
+    return absl::NotFoundError(absl::StrCat("member ", member, " of mesh '", mesh.name,
+                                            "' has no session now"));
+  }
+  if ((*peer)->uid != (*s)->uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "member ", member, " of mesh '", mesh.name, "' runs as another user (uid ",
+        (*peer)->uid, ", this session's is ", (*s)->uid, "): its buffers are its own"));
+  }
+  auto it = (*peer)->buffers.find(buffer_id);
+  if (it == (*peer)->buffers.end()) {
+    return absl::NotFoundError(absl::StrCat("buffer '", buffer_id, "' not found among member ",
+                                            member, "'s buffers"));
+  }
+  if (it->second->kind() != "memfd") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("buffer '", buffer_id, "' is not in host memory"));
+  }
+  return it->second;
+}
+
 absl::StatusOr<bool> Engine::MemberOpExpired(const std::string& session_id,
                                              const std::string& mesh_id, uint32_t d,
                                              uint32_t s) {

@@ -1,5 +1,6 @@
 #include "daemon/server/side_channel.h"
 
+#include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -220,6 +221,35 @@ bool SideChannel::Reply(int fd, const std::string& data, int pass_fd) {
   return st.ok();
 }
 
+void SideChannel::HandlePeerFd(int fd, const Conn& conn, const std::vector<std::string>& words) {
+  if (conn.session_id.empty()) {
+    Reply(fd, ErrorReply(absl::FailedPreconditionError(
+                  "attach the session before asking for descriptors")));
+    return;
+  }
+  int member = -1;
+  if (!absl::SimpleAtoi(words[2], &member)) {
+    Reply(fd, ErrorReply(absl::InvalidArgumentError("PEERFD needs <mesh id> <member> <buffer id>")));
+    return;
+  }
+  auto buffer = engine_->GetPeerBuffer(conn.session_id, words[1], member, words[3]);
+  if (!buffer.ok()) {
+    Reply(fd, ErrorReply(buffer.status()));
+    return;
+  }
+  // The same file, opened anew for reading only: the member cannot map it
+  // writable, nor resize it.
+  const int read_only =
+      open(absl::StrCat("/proc/self/fd/", (*buffer)->fd()).c_str(), O_RDONLY | O_CLOEXEC);
+  if (read_only < 0) {
+    Reply(fd, ErrorReply(absl::InternalError(
+                  absl::StrCat("reopening the buffer for reading: ", strerror(errno)))));
+    return;
+  }
+  Reply(fd, absl::StrCat(side::kOk, " ", (*buffer)->size()), read_only);
+  close(read_only);
+}
+
 void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) {
   std::vector<std::string> words = absl::StrSplit(request, ' ', absl::SkipEmpty());
   if (words.size() == 3 && words[0] == side::kAttach) {
@@ -244,6 +274,10 @@ void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) 
       return;
     }
     Reply(fd, absl::StrCat(side::kOk, " ", (*buffer)->size()), (*buffer)->fd());
+    return;
+  }
+  if (words.size() == 4 && words[0] == side::kPeerFd) {
+    HandlePeerFd(fd, conn, words);
     return;
   }
   if (words.size() == 1 && words[0] == side::kQueue) {

@@ -7,6 +7,8 @@
 //   "QUEUE"                               ->  "OK <size> <version>" + the
 //                                             descriptor of the session's
 //                                             fast-path queue (at most once)
+//   "SEGMENT", "EXPIRED", "PEERFD"        ->  member-side ops
+//                                             (common/side_protocol.h)
 // Errors answer "ERR <grpc code number> <message>". The peer's credentials
 // come from SO_PEERCRED. When the connection closes (the process exited or
 // crashed) the session closes at once: that is how member death is noticed.
@@ -86,6 +88,8 @@ class SideChannel {
   // Sends a reply without blocking; on failure the connection is closed after
   // this round of events. Returns whether it was sent.
   bool Reply(int fd, const std::string& data, int pass_fd = -1);
+  // "PEERFD <mesh id> <member> <buffer id>" (common/side_protocol.h).
+  void HandlePeerFd(int fd, const Conn& conn, const std::vector<std::string>& words);
 
   Engine* const engine_;
   FastPath* const fast_path_;

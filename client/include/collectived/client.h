@@ -362,12 +362,12 @@ class Mesh {
   // every op of this member goes through the daemon (the daemon offers no
   // segment for the mesh, or its member-side code is not this SDK's).
   const absl::Status& member_side() const { return member_side_status_; }
-  // Whether this mesh's all_gathers along the first dimension with at least
-  // 32 KiB of input and at most 4 MiB of output (README "How an op
-  // travels") read the other members' inputs straight from their memory:
-  // "yes", "not decided yet" (before the first such op), or "no: " and why
-  // (a member may not read another's memory, COLLECTIVED_MEMBER_READS, no
-  // member-side ops).
+  // Whether this mesh's synchronous all_gathers along the first dimension
+  // with at least 4 KiB of input per member and at most 8 MiB of output
+  // (README "All_gathers that read the members' buffers") copy the other
+  // members' inputs straight from their buffers: "yes", "not decided yet"
+  // (before the first such op), or "no: " and why (COLLECTIVED_MEMBER_READS=0
+  // in a member, members of different users, no member-side ops).
   std::string member_reads() const;
 
   // Collectives. `out` absent: the result replaces `x` in place (only when it
