@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/sync.h"
 #include "exec/cpu_executor.h"
@@ -877,6 +878,54 @@ TEST_F(EngineTest, OpsRunOnTheExecutorOfTheirBuffersKindWithTheirDevices) {
     EXPECT_EQ(Data(members[i].first, host_bufs[i])[0], 3.0f);
   }
   EXPECT_EQ(gpu->runs(), 1);
+}
+
+TEST_F(EngineTest, AMembersBufferGoesToOtherMembersOfItsUserOnly) {
+  auto mesh = FormMesh("peers", 3);
+  const std::string& mesh_id = mesh[0].second;
+  const std::string b1 = Buffer(mesh[1].first, 16, 1.0f);
+  auto got = engine_->GetPeerBuffer(mesh[0].first, mesh_id, 1, b1);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->data(), (*engine_->GetBuffer(mesh[1].first, b1))->data());
+  // Not another member, not its buffer, not a member at all.
+  EXPECT_EQ(engine_->GetPeerBuffer(mesh[1].first, mesh_id, 1, b1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->GetPeerBuffer(mesh[0].first, mesh_id, 3, b1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->GetPeerBuffer(mesh[0].first, mesh_id, 2, b1).status().code(),
+            absl::StatusCode::kNotFound);
+  const std::string outsider = NewSession("outsider");
+  EXPECT_EQ(engine_->GetPeerBuffer(outsider, mesh_id, 1, b1).status().code(),
+            absl::StatusCode::kNotFound);
+
+  // A member of another user gets nothing of this one's, nor this one of its.
+  std::vector<std::string> sessions;
+  for (int uid : {1000, 1001}) {
+    auto s = engine_->CreateSession(absl::StrCat("uid", uid));
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_TRUE(engine_->AttachSession(s->session_id(), s->attach_token(), 2000 + uid, uid).ok());
+    sessions.push_back(s->session_id());
+  }
+  auto joined = JoinAll(*engine_, sessions, "two-users", "");
+  ASSERT_TRUE(joined[0].ok()) << joined[0].status();
+  const std::string mixed = joined[0]->mesh().mesh_id();
+  const std::string theirs = Buffer(sessions[1], 16, 2.0f);
+  auto refused = engine_->GetPeerBuffer(sessions[0], mixed, 1, theirs);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "another user")) << refused.status();
+
+  // A broken mesh gives nothing.
+  ASSERT_TRUE(engine_->CloseSession(mesh[2].first, "killed").ok());
+  EXPECT_EQ(engine_->GetPeerBuffer(mesh[0].first, mesh_id, 1, b1).status().code(),
+            absl::StatusCode::kAborted);
+}
+
+TEST_F(EngineTest, WithoutMemberSideOpsNoMemberGetsAnothersBuffer) {
+  Start(EngineOptions{.member_op_bytes = 0});
+  auto mesh = FormMesh("no-segment", 2);
+  const std::string b1 = Buffer(mesh[1].first, 16, 1.0f);
+  EXPECT_EQ(engine_->GetPeerBuffer(mesh[0].first, mesh[0].second, 1, b1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(EngineTest, MembersOnDifferentKindsOfMemoryFailEveryMemberAndTheMeshGoesOn) {

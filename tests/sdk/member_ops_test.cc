@@ -17,15 +17,11 @@
 //  - a member that scribbles over its segment hurts only its own mesh;
 //  - all_gathers whose members read each other's inputs (member_reads.cc)
 //    equal the daemon path's, an owner's input is read before its op
-//    returns, a member that may not read (a seccomp filter) sends every
-//    member to the copies, and COLLECTIVED_MEMBER_READS is obeyed.
+//    returns, a member's buffer goes read-only to the other members of its
+//    mesh only, and COLLECTIVED_MEMBER_READS is obeyed.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <sched.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -1148,9 +1144,7 @@ absl::Status Gather(Members& r, int i, DType dtype, int64_t elems, const AxisNam
 }
 
 TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
-  // Four members read even where they share CPUs.
-  ScopedEnv always("COLLECTIVED_MEMBER_READS", "always");
-  constexpr size_t kBytes = 8 << 20;
+  constexpr size_t kBytes = 16 << 20;
   auto reads = StartTwoByTwo({}, kBytes);
   auto daemon_side = StartTwoByTwo({"--member_op_bytes=0"}, kBytes);
   ASSERT_NE(reads, nullptr);
@@ -1161,16 +1155,15 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
     int64_t elems;
     AxisNames axes;
     bool tiled;
-    bool reads;  // within the bounds of the reads (else the daemon runs it)
   };
   const std::vector<G> cases = {
-      {DType::kF32, 8192, AxisNames::All(), true, true},           // 32 KiB each, the least
-      {DType::kI8, 40001, AxisNames("b"), false, true},            // odd, groups of two
-      {DType::kF64, 131072, AxisNames::All(), true, true},         // 4 MiB out, the most
-      {DType::kBF16, 262147, AxisNames("a"), true, true},          // groups of two
-      {DType::kF32, 10000, AxisNames::None(), false, true},        // groups of one
-      {DType::kF32, 4096, AxisNames::All(), true, false},          // 16 KiB: the segment
-      {DType::kF64, 131073, AxisNames::All(), true, false},        // past 4 MiB: the daemon
+      {DType::kF32, 1024, AxisNames::All(), true},      // 4 KiB each, the least
+      {DType::kI8, 40001, AxisNames("b"), false},       // odd, groups of two
+      {DType::kF64, 262144, AxisNames::All(), true},    // 8 MiB out, the most
+      {DType::kBF16, 262147, AxisNames("a"), true},     // groups of two
+      {DType::kF32, 10000, AxisNames::None(), false},   // groups of one
+      {DType::kF32, 1023, AxisNames::All(), true},      // 4092 B: the segment
+      {DType::kF64, 262145, AxisNames::All(), true},    // past 8 MiB: the daemon
   };
   uint32_t seed = 7;
   for (const G& c : cases) {
@@ -1194,14 +1187,13 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
                             reads->in(i), block),
                 0);
     }
-    // Member-side either way but past 4 MiB of output (one op for the daemon).
-    EXPECT_EQ(DaemonOps(*reads->daemon) - before, out_bytes > (4 << 20) ? 1 : 0) << c.elems;
+    // Member-side either way but past 8 MiB of output (one op for the daemon).
+    EXPECT_EQ(DaemonOps(*reads->daemon) - before, out_bytes > (8 << 20) ? 1 : 0) << c.elems;
   }
   for (int i = 0; i < 4; ++i) EXPECT_EQ(reads->mesh(i).member_reads(), "yes");
 }
 
 TEST(MemberReadsTest, AnOwnerKeepsItsInputUntilEveryMemberReadIt) {
-  ScopedEnv always("COLLECTIVED_MEMBER_READS", "always");
   constexpr int kN = 3;
   constexpr int64_t kElems = 16384;  // 64 KiB each
   auto r = Members::Start(kN, {});
@@ -1234,49 +1226,95 @@ TEST(MemberReadsTest, AnOwnerKeepsItsInputUntilEveryMemberReadIt) {
   EXPECT_EQ(r->mesh(0).member_reads(), "yes");
 }
 
-// Makes process_vm_readv fail with EPERM in the calling thread, as a
-// container runtime's default seccomp profile does; false if the kernel
-// refused the filter.
-bool DenyReadsInThisThread() {
-  sock_filter filter[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog prog{static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0])), filter};
-  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
-}
-
-TEST(MemberReadsTest, AMemberThatMayNotReadSendsEveryMemberToTheCopies) {
-  ScopedEnv always("COLLECTIVED_MEMBER_READS", "always");
-  constexpr int kN = 3;
+TEST(MemberReadsTest, InputsFromMoreBuffersThanAReaderKeepsMappedStayExact) {
+  constexpr int kN = 2;
+  constexpr int kBuffers = 12;  // more than kMappedPerMember: some are unmapped, mapped again
+  static_assert(kBuffers > internal::member_reads::kMappedPerMember);
   auto r = Members::Start(kN, {});
   ASSERT_NE(r, nullptr);
-  for (int64_t elems : {int64_t{16384}, int64_t{65536}}) {  // 64 KiB: the segment; 256: the daemon
-    for (int i = 0; i < kN; ++i) Fill(r->in(i), elems * 4, 100 + i);
-    ExpectAllOk(OnAll(kN, [&](int i) {
-      // Member 1's first such op decides, in its thread.
-      if (i == 1 && !DenyReadsInThisThread()) return absl::InternalError("no seccomp filter");
-      return Gather(*r, i, DType::kF32, elems, AxisNames::All(), true);
-    }));
-    for (int i = 0; i < kN; ++i) {
-      for (int m = 0; m < kN; ++m) {
-        ASSERT_EQ(std::memcmp(r->out_data(i) + m * elems * 4, r->in(m), elems * 4), 0)
-            << "member " << i << ", block " << m << ", " << elems;
+  std::vector<std::vector<Buffer>> inputs(kN);
+  for (int i = 0; i < kN; ++i) {
+    for (int k = 0; k < kBuffers; ++k) inputs[i].push_back(*r->m.clients[i]->Allocate(8192 + k * 64));
+  }
+  ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
+    for (int round = 0; round < 2; ++round) {
+      for (int k = 0; k < kBuffers; ++k) {
+        std::memset(inputs[i][k].data(), 16 * k + i + round, 8192);
+        absl::Status st = r->mesh(i).all_gather(Array{&inputs[i][k], 64, DType::kU8, {4096}},
+                                                AxisNames::All(),
+                                                Array{&r->out[i], 0, DType::kU8, {kN * 4096}},
+                                                {.tiled = true});
+        if (!st.ok()) return st;
+        for (int m = 0; m < kN; ++m) {
+          const uint8_t got = r->out_data(i)[m * 4096 + 4095];
+          if (got != 16 * k + m + round) {
+            return absl::InternalError(absl::StrCat("buffer ", k, " round ", round, ": member ",
+                                                    m, "'s block ends with ", got));
+          }
+        }
       }
     }
+    return absl::OkStatus();
+  }));
+  EXPECT_EQ(r->mesh(0).member_reads(), "yes");
+}
+
+TEST(MemberReadsTest, AMembersBufferGoesToTheOtherMembersOnlyAndReadOnly) {
+  auto d = Daemon::Start({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  RawAndSdk members(**d);  // raw: member 0, sdk: member 1
+  ASSERT_OK(members.Join("peers"));
+  RawSession& raw = members.raw;
+  Buffer b = *members.sdk->Allocate(8192);
+  std::memset(b.data(), 0x5A, 8192);
+  const std::string ask = absl::StrCat("PEERFD ", raw.mesh_id(), " 1 ", b.id());
+  auto given = raw.Request(ask);
+  ASSERT_TRUE(given.ok()) << given.status();
+  ASSERT_TRUE(given->fd.valid()) << given->data;
+  EXPECT_EQ(given->data, "OK 8192");
+  void* ro = mmap(nullptr, 8192, PROT_READ, MAP_SHARED, given->fd.get(), 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  EXPECT_EQ(static_cast<const uint8_t*>(ro)[8191], 0x5A);
+  munmap(ro, 8192);
+  // Read-only: no writable mapping, no resizing.
+  EXPECT_EQ(mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, given->fd.get(), 0),
+            MAP_FAILED);
+  EXPECT_EQ(errno, EACCES);
+  EXPECT_NE(ftruncate(given->fd.get(), 1), 0);
+  EXPECT_EQ(b.size(), 8192u);
+
+  RawSession stranger(**d, "stranger");
+  auto unattached = stranger.Request(ask);
+  ASSERT_TRUE(unattached.ok()) << unattached.status();
+  EXPECT_CONTAINS(unattached->data, "attach the session");
+  ASSERT_OK(stranger.Attach());
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {ask, "not found among this session's meshes"},  // asked by a non-member
+      {absl::StrCat("PEERFD ", raw.mesh_id(), " 0 ", b.id()), "not another member"},
+      {absl::StrCat("PEERFD ", raw.mesh_id(), " 2 ", b.id()), "not another member"},
+      {absl::StrCat("PEERFD ", raw.mesh_id(), " -1 ", b.id()), "not another member"},
+      {absl::StrCat("PEERFD ", raw.mesh_id(), " x ", b.id()), "PEERFD needs"},
+      {absl::StrCat("PEERFD ", raw.mesh_id(), " 1 b-nothing"), "not found among member 1's"},
+      {absl::StrCat("PEERFD nomesh 1 ", b.id()), "not found among this session's meshes"},
+  };
+  for (size_t i = 0; i < refused.size(); ++i) {
+    RawSession& who = i == 0 ? stranger : raw;
+    auto reply = who.Request(refused[i].first);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_FALSE(reply->fd.valid()) << refused[i].first;
+    EXPECT_CONTAINS(reply->data, "ERR");
+    EXPECT_CONTAINS(reply->data, refused[i].second);
   }
-  EXPECT_CONTAINS(r->mesh(1).member_reads(), "no: member 1 could not read member 0's memory");
-  EXPECT_CONTAINS(r->mesh(1).member_reads(), strerror(EPERM));
-  EXPECT_EQ(r->mesh(0).member_reads(), "no: another member said no");
-  EXPECT_EQ(r->mesh(2).member_reads(), "no: another member said no");
+  // A buffer its owner freed is gone for the others too.
+  ASSERT_OK(members.sdk->Free(b));
+  auto freed = raw.Request(ask);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_CONTAINS(freed->data, "not found among member 1's");
 }
 
 TEST(MemberReadsTest, TheEnvironmentTurnsReadsOffAndAnUnknownValueIsRefused) {
   {
-    ScopedEnv never("COLLECTIVED_MEMBER_READS", "never");
+    ScopedEnv off("COLLECTIVED_MEMBER_READS", "0");
     auto r = Members::Start(2, {});
     ASSERT_NE(r, nullptr);
     const int64_t before = DaemonOps(*r->daemon);
@@ -1286,23 +1324,16 @@ TEST(MemberReadsTest, TheEnvironmentTurnsReadsOffAndAnUnknownValueIsRefused) {
     }));
     EXPECT_EQ(std::memcmp(r->out_data(0) + 65536, r->in(1), 65536), 0);
     EXPECT_EQ(DaemonOps(*r->daemon), before);  // through the segment
-    EXPECT_EQ(r->mesh(0).member_reads(), "no: COLLECTIVED_MEMBER_READS=never");
+    EXPECT_EQ(r->mesh(0).member_reads(), "no: COLLECTIVED_MEMBER_READS=0");
   }
   {
-    // auto: only when each of the four members can have a CPU.
-    ScopedEnv automatic("COLLECTIVED_MEMBER_READS", "auto");
-    auto r = StartTwoByTwo({});
+    ScopedEnv on("COLLECTIVED_MEMBER_READS", "1");
+    auto r = Members::Start(2, {});
     ASSERT_NE(r, nullptr);
-    ExpectAllOk(OnAll(4, [&](int i) {
-      return Gather(*r, i, DType::kF32, 8192, AxisNames::All(), true);
+    ExpectAllOk(OnAll(2, [&](int i) {
+      return Gather(*r, i, DType::kF32, 1024, AxisNames::All(), true);
     }));
-    cpu_set_t cpus;
-    ASSERT_EQ(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
-    if (CPU_COUNT(&cpus) >= 4) {
-      EXPECT_EQ(r->mesh(0).member_reads(), "yes");
-    } else {
-      EXPECT_CONTAINS(r->mesh(0).member_reads(), "fewer CPUs than the mesh has members");
-    }
+    EXPECT_EQ(r->mesh(1).member_reads(), "yes");
   }
   ScopedEnv bad("COLLECTIVED_MEMBER_READS", "sometimes");
   auto d = Daemon::Start({});

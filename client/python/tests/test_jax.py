@@ -483,11 +483,15 @@ def test_large_results_in_fresh_mappings_are_exact(daemon, tmp_path):
 
 
 # Jitted all_gathers of 64 KiB and 1 MiB per member: the members read each
-# other's inputs from their memory (README "All_gathers that read the
-# members' memory"); each call's inputs differ, and every element is checked.
+# other's inputs from their buffers (README "All_gathers that read the
+# members' buffers"); each call's inputs differ, and every element is
+# checked. With OFF set, member 1 says no (COLLECTIVED_MEMBER_READS=0), and
+# neither reads.
 READS = """
     import os
-    os.environ["COLLECTIVED_MEMBER_READS"] = "always"
+    OFF = __OFF__
+    if OFF and RANK == 1:
+        os.environ["COLLECTIVED_MEMBER_READS"] = "0"
     import jax, jax.numpy as jnp
     import collectived.jax as cjax
     c = collectived.connect(socket=SOCK, name=f"reads{RANK}")
@@ -505,6 +509,13 @@ READS = """
 """
 
 
-def test_jitted_all_gathers_that_read_the_members_are_exact(daemon, tmp_path):
-    for r in run_members(READS, daemon, 2, timeout=120):
-        assert r == {"ok": [True] * 20, "before": "not decided yet", "after": "yes"}, r
+@pytest.mark.parametrize("off", [False, True])
+def test_jitted_all_gathers_that_read_the_members_are_exact(daemon, tmp_path, off):
+    r0, r1 = run_members(READS.replace("__OFF__", str(off)), daemon, 2, timeout=120)
+    for r in (r0, r1):
+        assert r["ok"] == [True] * 20 and r["before"] == "not decided yet", r
+    if off:
+        assert r0["after"] == "no: another member said no", r0
+        assert r1["after"] == "no: COLLECTIVED_MEMBER_READS=0", r1
+    else:
+        assert r0["after"] == r1["after"] == "yes", (r0, r1)
