@@ -616,22 +616,27 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // This place ran member-side.
   Advance();
   // The next place: the result is written once every member is there.
-  // The others are writing meanwhile: on the daemon path the op would be
-  // running, which no op timeout bounds. Here the wait is bounded all the
+  return FinishAtNextPlace(plan, "the result written into a shared buffer");
+}
+
+std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
+                                                         absl::string_view what) {
+  // The others are still working meanwhile: on the daemon path the op would
+  // be running, which no op timeout bounds. Here the wait is bounded all the
   // same, by the op timeout plus a second per 64 MiB of the result (a floor
-  // of 64 MiB/s for writing it), before the daemon is asked who is missing.
-  const absl::Duration write_time =
+  // of 64 MiB/s), before the daemon is asked who is missing.
+  const absl::Duration work_time =
       absl::Seconds(static_cast<double>(plan.out_bytes) / static_cast<double>(64 << 20));
-  std::optional<absl::Status> written =
-      Meet(signature_, nullptr, 0, fastq::MonotonicNs(), op_timeout_ + write_time);
-  if (!written) {
+  std::optional<absl::Status> done =
+      Meet(signature_, nullptr, 0, fastq::MonotonicNs(), op_timeout_ + work_time);
+  if (!done) {
     // Only a member that does not follow the protocol (or a corrupt
     // segment) takes another path at this place.
     return Abandon(absl::InternalError(absl::StrCat(
-        "member-side ", plan.signature, " into a shared buffer: a member did not confirm the "
-        "result written at the place after the op's (a corrupt segment?)")));
+        "member-side ", plan.signature, ": a member did not confirm ", what,
+        " at the place after the op's (a corrupt segment?)")));
   }
-  if (!written->ok()) return *written;
+  if (!done->ok()) return *done;
   Advance();
   Completed();
   return absl::OkStatus();

@@ -211,6 +211,10 @@ class MemberOps {
   // Member m's buffer `id`, mapped read-only: its base and size.
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MappedPeer(uint32_t m,
                                                                  const std::string& id);
+  // The second place of an op that takes two (RunIntoShared,
+  // GatherByReads; signature_ is its signature): once every member is
+  // there, `what` is done; the op completes. Otherwise the wait's error.
+  std::optional<absl::Status> FinishAtNextPlace(const OpPlan& plan, absl::string_view what);
   // Runs `plan` on the inputs in the segment at place S, writing this
   // member's result to `out` (the daemon's code and floating-point
   // environment).

@@ -196,21 +196,8 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
   }
   Advance();
   // The next place: every member's input was read once every member is
-  // there (until then its owner must not change it). Bounded like the op,
-  // plus a second per 64 MiB read (a floor of 64 MiB/s).
-  const absl::Duration read_time =
-      absl::Seconds(static_cast<double>(plan.out_bytes) / static_cast<double>(64 << 20));
-  std::optional<absl::Status> done =
-      Meet(signature_, nullptr, 0, fastq::MonotonicNs(), op_timeout_ + read_time);
-  if (!done) {
-    return Abandon(absl::InternalError(absl::StrCat(
-        "member-side ", plan.signature, ": a member did not confirm its reads at the place "
-        "after the op's (a corrupt segment?)")));
-  }
-  if (!done->ok()) return *done;
-  Advance();
-  Completed();
-  return absl::OkStatus();
+  // there (until then its owner must not change it).
+  return FinishAtNextPlace(plan, "its reads of the others' inputs");
 }
 
 }  // namespace collectived::internal

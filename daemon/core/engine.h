@@ -396,6 +396,12 @@ class Engine {
                           Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Session*> GetSession(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The mesh `mesh_id` of session `s` (its member index in `*index`) when
+  // it has a member-side segment: NOT_FOUND when `s` is not a member,
+  // ABORTED when the mesh broke, FAILED_PRECONDITION without a segment.
+  absl::StatusOr<const Mesh*> SegmentMeshLocked(const Session& s, const std::string& mesh_id,
+                                                int* index) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JoinMesh's work: takes `done` (into the mesh's join waiters) only when
   // the join stands; otherwise the error, and nothing changed.
   absl::Status JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, Callbacks& cbs)

@@ -282,15 +282,15 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetBuffer(const std::strin
   return it->second;
 }
 
-absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetMemberSegment(
-    const std::string& session_id, const std::string& mesh_id) {
-  MutexLock lock(&mu_);
-  auto s = GetSession(session_id);
-  if (!s.ok()) return s.status();
-  if ((*s)->meshes.count(mesh_id) == 0) {
+absl::StatusOr<const Engine::Mesh*> Engine::SegmentMeshLocked(const Session& s,
+                                                              const std::string& mesh_id,
+                                                              int* index) const {
+  auto mine = s.meshes.find(mesh_id);
+  if (mine == s.meshes.end()) {
     return absl::NotFoundError(absl::StrCat(
         "mesh '", mesh_id, "' not found among this session's meshes (join it first)"));
   }
+  *index = mine->second;
   const Mesh& mesh = *meshes_.at(mesh_id);
   if (mesh.state == MeshState::kBroken) {
     return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ", mesh.generation,
@@ -304,7 +304,18 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetMemberSegment(
                                           : "member-side ops are off on this daemon",
         ")"));
   }
-  return mesh.segment;
+  return &mesh;
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetMemberSegment(
+    const std::string& session_id, const std::string& mesh_id) {
+  MutexLock lock(&mu_);
+  auto s = GetSession(session_id);
+  if (!s.ok()) return s.status();
+  int index = -1;
+  absl::StatusOr<const Mesh*> mesh = SegmentMeshLocked(**s, mesh_id, &index);
+  if (!mesh.ok()) return mesh.status();
+  return (*mesh)->segment;
 }
 
 absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetPeerBuffer(
@@ -313,26 +324,14 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetPeerBuffer(
   MutexLock lock(&mu_);
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
-  auto mine = (*s)->meshes.find(mesh_id);
-  if (mine == (*s)->meshes.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "mesh '", mesh_id, "' not found among this session's meshes (join it first)"));
-  }
-  const Mesh& mesh = *meshes_.at(mesh_id);
-  if (mesh.state == MeshState::kBroken) {
-    return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ", mesh.generation,
-                                           " is broken: ", mesh.broken_reason));
-  }
-  if (!mesh.segment) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "mesh '", mesh.name, "' has no member-side segment: its members read nothing of "
-        "each other's"));
-  }
-  if (member < 0 || member >= static_cast<int>(mesh.member_session.size()) ||
-      member == mine->second) {
+  int index = -1;
+  absl::StatusOr<const Mesh*> found = SegmentMeshLocked(**s, mesh_id, &index);
+  if (!found.ok()) return found.status();
+  const Mesh& mesh = **found;
+  if (member < 0 || member >= static_cast<int>(mesh.member_session.size()) || member == index) {
     return absl::InvalidArgumentError(absl::StrCat(
         "member ", member, " is not another member of mesh '", mesh.name, "' (it has ",
-        mesh.member_session.size(), "; this session is member ", mine->second, ")"));
+        mesh.member_session.size(), "; this session is member ", index, ")"));
   }
   auto peer = GetSession(mesh.member_session[member]);
   if (!peer.ok()) {
