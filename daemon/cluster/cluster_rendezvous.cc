@@ -201,11 +201,9 @@ RendezvousStatus ClusterRendezvous::Status() {
   return s;
 }
 
-absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(
+absl::StatusOr<MeshMembership> ClusterRendezvous::AwaitMembership(
     const std::string& key, int64_t generation, absl::Time deadline,
-    std::shared_ptr<const std::atomic<bool>> cancel_flag) {
-  const std::atomic<bool>& cancel = *cancel_flag;
-  const absl::Status cancelled = absl::CancelledError("the mesh went away on this host");
+    const std::atomic<bool>& cancel, const absl::Status& cancelled) {
   absl::StatusOr<MeshMembership> membership;
   while (true) {
     if (cancel.load()) return cancelled;
@@ -222,15 +220,23 @@ absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(
     }
     if (!absl::IsDeadlineExceeded(membership.status())) break;
   }
-  if (!membership.ok()) {
-    if (absl::IsNotFound(membership.status())) {
-      // A coordinator that restarted has no record of the generation.
-      return absl::AbortedError(absl::StrCat("mesh '", key, "' generation ", generation,
-                                             " is unknown to the coordinator (restarted?): ",
-                                             membership.status().message()));
-    }
-    return membership.status();
+  if (absl::IsNotFound(membership.status())) {
+    // A coordinator that restarted has no record of the generation.
+    return absl::AbortedError(absl::StrCat("mesh '", key, "' generation ", generation,
+                                           " is unknown to the coordinator (restarted?): ",
+                                           membership.status().message()));
   }
+  return membership;
+}
+
+absl::StatusOr<FormedMesh> ClusterRendezvous::FormNow(
+    const std::string& key, int64_t generation, absl::Time deadline,
+    std::shared_ptr<const std::atomic<bool>> cancel_flag) {
+  const std::atomic<bool>& cancel = *cancel_flag;
+  const absl::Status cancelled = absl::CancelledError("the mesh went away on this host");
+  absl::StatusOr<MeshMembership> membership =
+      AwaitMembership(key, generation, deadline, cancel, cancelled);
+  if (!membership.ok()) return membership.status();
   if (cancel.load()) return cancelled;
   FormedMesh formed;
   MeshTopology& t = formed.topology;

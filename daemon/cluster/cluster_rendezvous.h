@@ -90,6 +90,14 @@ class ClusterRendezvous final : public MeshRendezvous {
   absl::StatusOr<FormedMesh> FormNow(const std::string& key, int64_t generation,
                                      absl::Time deadline,
                                      std::shared_ptr<const std::atomic<bool>> cancel);
+  // FormNow's wait for the registry's membership of generation `generation`
+  // of mesh `key`: in slices, riding out an unavailable coordinator, until
+  // `deadline` or `cancel`. CANCELLED with `cancelled`'s message when
+  // cancelled; ABORTED when the coordinator does not know the generation.
+  absl::StatusOr<MeshMembership> AwaitMembership(const std::string& key, int64_t generation,
+                                                 absl::Time deadline,
+                                                 const std::atomic<bool>& cancel,
+                                                 const absl::Status& cancelled);
   // Schedules `fn` on `pool` unless stopped (then false, nothing runs).
   bool Schedule(std::unique_ptr<ThreadPool> ClusterRendezvous::*pool, std::function<void()> fn);
 

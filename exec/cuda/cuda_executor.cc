@@ -1024,6 +1024,39 @@ absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& 
   return absl::OkStatus();
 }
 
+absl::Status CudaExecutor::CreateComms(absl::Time deadline) {
+  auto nccl = std::make_unique<Nccl>();
+  nccl->comms.assign(device_count_, nullptr);
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return NcclError("ncclGetUniqueId", r);
+  r = ncclGroupStart();
+  if (r != ncclSuccess) return NcclError("ncclGroupStart", r);
+  absl::Status status;
+  for (int d = 0; d < device_count_; ++d) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ScopedDevice scoped;
+    status = scoped.Set(d);
+    if (!status.ok()) break;
+    r = ncclCommInitRankConfig(&nccl->comms[d], device_count_, id, d, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      status = NcclError("ncclCommInitRankConfig", r);
+      break;
+    }
+  }
+  r = ncclGroupEnd();
+  if (status.ok() && r != ncclSuccess && r != ncclInProgress) {
+    status = NcclError("ncclGroupEnd", r);
+  }
+  if (status.ok()) {
+    status = AwaitComms(nccl->comms, "creating the NCCL communicators", deadline);
+  }
+  if (!status.ok()) return status;  // ~Nccl aborts what was created
+  nccl_ = std::move(nccl);
+  return absl::OkStatus();
+}
+
 absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<MemberIo>& io,
                                          Traffic* traffic) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   std::vector<int> devices;
@@ -1055,36 +1088,7 @@ absl::Status CudaExecutor::RunAcrossGpus(const OpPlan& plan, const std::vector<M
     streams[d] = devices_[d]->stream;
   }
   if (nccl_ == nullptr) {
-    // Every GPU's communicator, created together in one group.
-    auto nccl = std::make_unique<Nccl>();
-    nccl->comms.assign(device_count_, nullptr);
-    ncclUniqueId id;
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) return NcclError("ncclGetUniqueId", r);
-    r = ncclGroupStart();
-    if (r != ncclSuccess) return NcclError("ncclGroupStart", r);
-    absl::Status status;
-    for (int d = 0; d < device_count_; ++d) {
-      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      ScopedDevice scoped;
-      status = scoped.Set(d);
-      if (!status.ok()) break;
-      r = ncclCommInitRankConfig(&nccl->comms[d], device_count_, id, d, &config);
-      if (r != ncclSuccess && r != ncclInProgress) {
-        status = NcclError("ncclCommInitRankConfig", r);
-        break;
-      }
-    }
-    r = ncclGroupEnd();
-    if (status.ok() && r != ncclSuccess && r != ncclInProgress) {
-      status = NcclError("ncclGroupEnd", r);
-    }
-    if (status.ok()) {
-      status = AwaitComms(nccl->comms, "creating the NCCL communicators", deadline);
-    }
-    if (!status.ok()) return status;  // ~Nccl aborts what was created
-    nccl_ = std::move(nccl);
+    COLLECTIVED_RETURN_IF_ERROR(CreateComms(deadline));
   }
 
   SpanningTraffic moved;

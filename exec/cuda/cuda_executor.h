@@ -83,6 +83,9 @@ class CudaExecutor final : public Executor {
 
   absl::Status RunAcrossGpus(const OpPlan& plan, const std::vector<MemberIo>& io,
                              Traffic* traffic);
+  // Every GPU's NCCL communicator, created together in one group into
+  // nccl_ (RunAcrossGpus' first op); by `deadline`.
+  absl::Status CreateComms(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(across_mu_);
 
   int device_count_ = 0;
   std::string why_not_;
