@@ -117,7 +117,8 @@ struct Entry {
   char signature[kMaxSignature];
   // Member, for an all_gather whose members read each other's inputs
   // (client/src/member_reads.cc): the input's buffer (its id, in_id_len
-  // bytes, is the entry's payload) and offset there, and the member's uid.
+  // bytes, is the entry's payload) and offset there; at the probe's first
+  // place, the member's uid.
   uint32_t in_id_len;
   // The place after such a read: nonzero when this member said no (then no
   // member reads in this mesh).

@@ -74,11 +74,9 @@ namespace member_reads {
 // both paths, 2 and 4 members (bench/README.md).
 inline constexpr uint64_t kMinBytes = 4 << 10;
 inline constexpr uint64_t kMaxOutBytes = 8 << 20;
-// COLLECTIVED_MEMBER_READS: unset, empty or "1" (read), or "0" (never:
-// the segment and the daemon paths). The members of a mesh read only when
-// every one of them says yes.
-// Whether $COLLECTIVED_MEMBER_READS allows reads; INVALID_ARGUMENT for a
-// value other than 0 and 1.
+// Whether $COLLECTIVED_MEMBER_READS allows reads: unset, empty or "1" yes,
+// "0" no (the segment and the daemon paths); INVALID_ARGUMENT for any other
+// value. The members of a mesh read only when every one of them says yes.
 absl::StatusOr<bool> AllowedByEnvironment();
 // The longest op signature such an op carries (its places prefix it).
 inline constexpr size_t kMaxPlanSignature = member_ops::kMaxSignature - 16;
@@ -143,7 +141,7 @@ class MemberOps {
   uint64_t completed() const { return ops_; }
 
   // Whether this mesh's all_gathers read the members' inputs from their
-  // memory (member_reads): "yes", "not decided yet" (no such op yet), or
+  // buffers (member_reads): "yes", "not decided yet" (no such op yet), or
   // "no: " and why, for diagnostics. Any thread.
   std::string reads() const;
 
@@ -183,12 +181,13 @@ class MemberOps {
   std::optional<absl::Status> RunIntoShared(const OpPlan& plan, const MemberIoRegion& io,
                                             int64_t now);
   // An all_gather along the first dimension whose inputs the members read
-  // from each other's memory (member_reads.cc): at its place each member
-  // publishes where its input is, reads every other member of its group
-  // straight into its output (one copy, none through the segment), and a
-  // second place tells every member that its input was read (it may then
-  // change it). Any size: nothing goes through the segment. The first such
-  // op of a mesh is preceded by ProbeReads.
+  // from each other's buffers (member_reads.cc; ReadsFit has the bounds): at
+  // its place each member publishes which buffer and offset its input is
+  // at, copies every other member of its group from that buffer, mapped
+  // read-only, straight into its output (one copy, none through the
+  // segment), and a second place tells every member that its input was read
+  // (it may then change it). The first such op of a mesh is preceded by
+  // ProbeReads.
   std::optional<absl::Status> GatherByReads(const OpPlan& plan, const MemberIoRegion& io,
                                             int64_t now);
   // Whether `plan` (with `io`) is an op GatherByReads runs.
@@ -203,14 +202,14 @@ class MemberOps {
   // members' uids): OK, or why not.
   absl::Status WhyNotRead() const;
   // Publishes in this member's entry at place S where its input is: `id`
-  // (may be null, at the probe) at `offset`.
+  // (null at the probe, which writes the member's uid instead) at `offset`.
   void PublishWhere(const std::string* id, uint64_t offset);
   // Copies `bytes` of member m's input (its entry `e`) to `to`, from its
   // buffer mapped read-only (mapped now if it is not yet): OK, or why not.
   absl::Status ReadMember(uint32_t m, const member_ops::Entry& e, uint8_t* to, uint64_t bytes);
   // Member m's buffer `id`, mapped read-only: its base and size.
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MappedPeer(uint32_t m,
-                                                                 const std::string& id);
+                                                                 absl::string_view id);
   // The second place of an op that takes two (RunIntoShared,
   // GatherByReads; signature_ is its signature): once every member is
   // there, `what` is done; the op completes. Otherwise the wait's error.

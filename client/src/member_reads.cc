@@ -52,12 +52,11 @@ void MemberOps::PublishWhere(const std::string* id, uint64_t offset) {
   mine->in_id_len = id == nullptr ? 0 : static_cast<uint32_t>(id->size());
   if (id != nullptr) std::memcpy(view_.payload(index_, s_), id->data(), id->size());
   mine->in_offset = offset;
-  mine->uid = static_cast<uint32_t>(getuid());
   mine->read_failed = 0;
 }
 
 absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32_t m,
-                                                                         const std::string& id) {
+                                                                         absl::string_view id) {
   std::vector<PeerMapping>& maps = peer_maps_[m];
   for (PeerMapping& p : maps) {
     if (p.id == id) {
@@ -65,7 +64,7 @@ absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32
       return std::make_pair(p.base, p.size);
     }
   }
-  absl::StatusOr<PeerFd> got = peer_fd_(m, id);
+  absl::StatusOr<PeerFd> got = peer_fd_(m, std::string(id));
   if (!got.ok()) return got.status();
   void* base = got->size == 0 ? MAP_FAILED
                               : mmap(nullptr, got->size, PROT_READ, MAP_SHARED, got->fd, 0);
@@ -84,7 +83,8 @@ absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32
     munmap(const_cast<uint8_t*>(oldest->base), oldest->size);
     maps.erase(oldest);
   }
-  maps.push_back(PeerMapping{id, static_cast<const uint8_t*>(base), got->size, ++peer_reads_});
+  maps.push_back(
+      PeerMapping{std::string(id), static_cast<const uint8_t*>(base), got->size, ++peer_reads_});
   return std::make_pair(maps.back().base, got->size);
 }
 
@@ -97,7 +97,7 @@ absl::Status MemberOps::ReadMember(uint32_t m, const Entry& e, uint8_t* to, uint
     return absl::InternalError(
         absl::StrCat("member ", m, "'s entry names no buffer (", id_len, " bytes)"));
   }
-  const std::string id(reinterpret_cast<const char*>(view_.payload(m, s_)), id_len);
+  const absl::string_view id(reinterpret_cast<const char*>(view_.payload(m, s_)), id_len);
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> mapped = MappedPeer(m, id);
   if (!mapped.ok()) return mapped.status();
   const auto [base, size] = *mapped;
@@ -129,6 +129,7 @@ absl::Status MemberOps::WhyNotRead() const {
 std::optional<absl::Status> MemberOps::ProbeReads(int64_t now) {
   // First place: every member says who it runs as.
   PublishWhere(nullptr, 0);
+  view_.entry(index_, s_)->uid = static_cast<uint32_t>(getuid());
   if (std::optional<absl::Status> met = Meet(kProbe, nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
