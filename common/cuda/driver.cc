@@ -5,13 +5,14 @@
 
 #include <cctype>
 #include <cstdio>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/sync.h"
 
 namespace collectived::cuda {
 namespace {
@@ -122,8 +123,8 @@ const Loaded& TheDriver() {
 
 // Primary contexts retained by SetCurrentDevice, by ordinal.
 struct Contexts {
-  std::mutex mu;
-  std::vector<CUcontext> by_ordinal;
+  Mutex mu;
+  std::vector<CUcontext> by_ordinal ABSL_GUARDED_BY(mu);
 };
 
 Contexts& TheContexts() {
@@ -259,7 +260,7 @@ absl::Status SetCurrentDevice(int ordinal) {
   CUcontext ctx = nullptr;
   {
     Contexts& contexts = TheContexts();
-    std::lock_guard<std::mutex> lock(contexts.mu);
+    MutexLock lock(&contexts.mu);
     if (contexts.by_ordinal.size() < static_cast<size_t>(d.device_count)) {
       contexts.by_ordinal.resize(d.device_count, nullptr);
     }

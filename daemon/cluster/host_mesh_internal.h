@@ -9,21 +9,21 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/sync.h"
 #include "daemon/cluster/host_mesh.h"
 #include "daemon/cluster/host_op_header.h"
 #include "daemon/cluster/host_scratch.h"
@@ -80,7 +80,7 @@ class ObserverRelay {
   void Broken(const absl::Status& why) {
     std::function<void(const absl::Status&)> cb;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!broken_.ok()) return;
       broken_ = why;
       cb = observer_.on_broken;
@@ -92,7 +92,7 @@ class ObserverRelay {
   std::optional<std::string> Query(int64_t sequence) {
     std::function<std::string(int64_t)> cb;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       cb = observer_.on_query;
     }
     if (!cb) return std::nullopt;
@@ -102,7 +102,7 @@ class ObserverRelay {
     absl::Status earlier;
     std::function<void(const absl::Status&)> cb;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       observer_ = std::move(observer);
       earlier = broken_;
       cb = observer_.on_broken;
@@ -111,14 +111,14 @@ class ObserverRelay {
   }
   // The engine's mesh is going: nothing more reaches it.
   void Detach() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     observer_ = CrossHostObserver{};
   }
 
  private:
-  std::mutex mu_;
-  CrossHostObserver observer_;
-  absl::Status broken_;
+  Mutex mu_;
+  CrossHostObserver observer_ ABSL_GUARDED_BY(mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 
 class HostMesh final : public CrossHostMesh {
@@ -135,10 +135,9 @@ class HostMesh final : public CrossHostMesh {
     Abort(absl::AbortedError(
         absl::StrCat("the mesh was closed on host ", topology_.hosts[topology_.self])));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);  // the worker's Await sees it at the unlock
       stop_ = true;
     }
-    cv_.notify_all();
     worker_.join();
     // Transfers go before their transport.
     header_recvs_.clear();
@@ -149,17 +148,16 @@ class HostMesh final : public CrossHostMesh {
              Executor* executor, absl::Status verdict, absl::Time deadline, Done done,
              absl::Duration timeout) override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(Op{std::move(plan), sequence, std::move(io), executor, std::move(verdict),
                           deadline, timeout, std::move(done)});
-    }
-    cv_.notify_all();
+    }  // the worker's Await sees it at the unlock
   }
 
   void Abort(const absl::Status& why_in) override {
     const absl::Status why = why_in.ok() ? absl::AbortedError("the mesh was aborted") : why_in;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (aborted_) return;
       aborted_ = true;
       abort_status_ = why;
@@ -170,7 +168,6 @@ class HostMesh final : public CrossHostMesh {
     // Every transfer in flight fails with `why`, and the other hosts are
     // told.
     transport_->Break(why);
-    cv_.notify_all();
   }
 
   void Observe(CrossHostObserver observer) override { relay_->Install(std::move(observer)); }
@@ -251,24 +248,26 @@ class HostMesh final : public CrossHostMesh {
   // transport fails every transfer with it); else what the transport says
   // (it names the cause).
   absl::Status Failure(const absl::Status& st) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return aborted_ ? abort_status_ : st;
   }
 
   void Loop() {
     for (;;) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) {
-        if (stop_) return;
-        continue;
+      Op op;
+      bool aborted;
+      absl::Status abort_status, broken;
+      {
+        MutexLock lock(&mu_);
+        // Await evaluates the condition with mu_ held.
+        mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_
+        op = std::move(queue_.front());
+        queue_.pop_front();
+        aborted = aborted_;
+        abort_status = abort_status_;
+        broken = broken_;
       }
-      Op op = std::move(queue_.front());
-      queue_.pop_front();
-      const bool aborted = aborted_;
-      const absl::Status abort_status = abort_status_;
-      const absl::Status broken = broken_;
-      lock.unlock();
       Result r;
       if (aborted) {
         r.status = abort_status;
@@ -281,7 +280,7 @@ class HostMesh final : public CrossHostMesh {
         r = Run(op);
         if (r.broken) {
           {
-            std::lock_guard<std::mutex> relock(mu_);
+            MutexLock relock(&mu_);
             broken_ = r.status;
           }
           // The other hosts learn why at once (they may be waiting on this
@@ -331,20 +330,19 @@ class HostMesh final : public CrossHostMesh {
   ScratchPool scratch_{options_.scratch_keep_bytes};  // the host ops' scratch
   std::vector<uint8_t> fence_in_ = std::vector<uint8_t>(topology_.hosts.size());
   // Set (under mu_) while an op runs over the link: stops its waits.
-  std::function<void(const absl::Status&)> stop_link_;
+  std::function<void(const absl::Status&)> stop_link_ ABSL_GUARDED_BY(mu_);
   // The executor's link between the hosts (GPU ops), made by the first op
   // that needs it; only the worker uses it. Dropped when an op over it
   // fails.
   std::unique_ptr<HostLink> link_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;
-  bool aborted_ = false;
-  bool stop_ = false;
-  absl::Status abort_status_;
+  Mutex mu_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
   // Why an earlier op broke the connections (OK while they are fine).
-  absl::Status broken_;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
   // The receive of each other host's next header, posted as soon as the
   // last one came (so that a host's header goes out the moment it starts
   // the op). Only the worker uses them; header_in_ holds what they receive.

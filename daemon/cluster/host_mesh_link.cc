@@ -235,7 +235,7 @@ HostMesh::Result HostMesh::RunOverLink(const Op& op,
   Result r;
   LinkWatch watch(this, op.sequence, op.deadline);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (aborted_) watch.StopFor(abort_status_);
     stop_link_ = [&watch](const absl::Status& why) { watch.StopFor(why); };
   }
@@ -254,7 +254,7 @@ HostMesh::Result HostMesh::RunOverLink(const Op& op,
   }
   status = watch.Finish(std::move(status));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_link_ = nullptr;
   }
   if (status.ok()) return r;
@@ -269,7 +269,7 @@ HostMesh::Result HostMesh::RunOverLink(const Op& op,
   const std::string with = absl::StrCat(others.size() == 1 ? "host " : "hosts ",
                                         absl::StrJoin(others, ", "));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (aborted_) {
       r.status = abort_status_;
       return r;

@@ -186,7 +186,7 @@ void HostTransport::Loop(Lane& lane) {
       // Leave once every connection's BREAK went out, or the flush time is up.
       absl::Time broke_at;
       {
-        std::lock_guard<std::mutex> lock(state_mu_);
+        MutexLock lock(&state_mu_);
         broke_at = broken_at_;
       }
       bool flushed = true;
@@ -493,10 +493,10 @@ absl::Status HostTransport::EndFrame(Connection& c, std::vector<int64_t>* querie
       queries->push_back(static_cast<int64_t>(f.slot));
       return absl::OkStatus();
     case kAnswer: {
-      std::lock_guard<std::mutex> lock(state_mu_);
+      MutexLock lock(&state_mu_);
       answers_[{c.rank, static_cast<int64_t>(f.slot)}] = Clean(c.rx_small, kMaxQueryAnswerBytes);
       while (answers_.size() > kMaxAnswersKept) answers_.erase(answers_.begin());
-      answers_cv_.notify_all();
+      answers_cv_.SignalAll();
       return absl::OkStatus();
     }
   }
@@ -528,11 +528,11 @@ absl::Status HostTransport::OnReady(Connection& c) {
 }
 
 void HostTransport::Complete(HostTransfer& t, const absl::Status& status) {
-  std::lock_guard<std::mutex> lock(done_mu_);
+  MutexLock lock(&done_mu_);
   if (t.state_.load() != 0) return;
   t.status_ = status;
   t.state_.store(status.ok() ? 1 : 2);
-  done_cv_.notify_all();
+  done_cv_.SignalAll();
 }
 
 absl::StatusOr<std::unique_ptr<HostTransfer>> HostTransport::Send(int rank, int lane, uint64_t slot,
@@ -601,7 +601,7 @@ absl::StatusOr<std::unique_ptr<HostTransfer>> HostTransport::Post(bool send, int
 void HostTransport::PeerFailed(Connection& c, const absl::Status& why) {
   bool first;
   {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    MutexLock lock(&state_mu_);
     // After a local break every connection is detached already; a peer
     // whose failure was seen is not failed twice.
     const size_t at = static_cast<size_t>(c.rank * options_.lanes + c.lane);
@@ -611,7 +611,7 @@ void HostTransport::PeerFailed(Connection& c, const absl::Status& why) {
     reported_ = true;
     if (broken_at_ == absl::InfinitePast()) broken_at_ = absl::Now();
   }
-  answers_cv_.notify_all();
+  answers_cv_.SignalAll();
   // This connection ends; the others go on until theirs end too (a peer
   // that breaks sends a BREAK on each, after what it sent there before),
   // so an op that needs nothing more from that host can still finish.
@@ -623,12 +623,12 @@ void HostTransport::PeerFailed(Connection& c, const absl::Status& why) {
 void HostTransport::Break(const absl::Status& why_in) {
   const absl::Status why = why_in.ok() ? absl::AbortedError("the mesh was aborted") : why_in;
   {
-    std::lock_guard<std::mutex> lock(state_mu_);
+    MutexLock lock(&state_mu_);
     if (!broken_.ok()) return;
     broken_ = why;
     broken_at_ = absl::Now();
   }
-  answers_cv_.notify_all();
+  answers_cv_.SignalAll();
   for (auto& cp : conns_) {
     if (cp != nullptr) Detach(*cp, why);
   }
@@ -680,12 +680,12 @@ void HostTransport::Detach(Connection& c, const absl::Status& why) {
 }
 
 absl::Status HostTransport::Failed(const Connection& c) const {
-  std::lock_guard<std::mutex> lock(state_mu_);
+  MutexLock lock(&state_mu_);
   return broken_.ok() ? dead_[static_cast<size_t>(c.rank * options_.lanes + c.lane)] : broken_;
 }
 
 absl::Status HostTransport::broken() const {
-  std::lock_guard<std::mutex> lock(state_mu_);
+  MutexLock lock(&state_mu_);
   return broken_;
 }
 
@@ -704,9 +704,9 @@ void HostTransport::Query(int rank, int64_t sequence) {
 
 std::map<int, std::string> HostTransport::Answers(const std::vector<int>& ranks,
                                                   int64_t sequence, absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(state_mu_);
+  MutexLock lock(&state_mu_);
   // Every rank answered, or can no longer.
-  auto have = [&] {
+  auto have = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_mu_) {
     for (int r : ranks) {
       // Queries and answers travel on lane 0.
       if (answers_.count({r, sequence}) == 0 && dead_[static_cast<size_t>(r * options_.lanes)].ok()) {
@@ -716,8 +716,7 @@ std::map<int, std::string> HostTransport::Answers(const std::vector<int>& ranks,
     return true;
   };
   while (!have() && broken_.ok() && absl::Now() < deadline) {
-    answers_cv_.wait_for(lock, absl::ToChronoMilliseconds(
-                                   std::max(absl::Milliseconds(1), deadline - absl::Now())));
+    answers_cv_.WaitWithDeadline(&state_mu_, deadline);
   }
   std::map<int, std::string> out;
   for (int r : ranks) {
@@ -771,7 +770,7 @@ HostTransfer::~HostTransfer() {
 }
 
 absl::Status HostTransfer::Wait(absl::Time deadline) {
-  std::unique_lock<std::mutex> lock(transport_->done_mu_);
+  MutexLock lock(&transport_->done_mu_);
   while (state_.load() == 0) {
     const absl::Time now = absl::Now();
     if (now >= deadline) {
@@ -779,8 +778,8 @@ absl::Status HostTransfer::Wait(absl::Time deadline) {
           "host ", transport_->host(rank_), " did not ", send_ ? "take" : "send",
           " its part in time"));
     }
-    transport_->done_cv_.wait_for(
-        lock, absl::ToChronoMicroseconds(std::min(deadline - now, absl::Hours(1))));
+    transport_->done_cv_.WaitWithDeadline(&transport_->done_mu_,
+                                          std::min(deadline, now + absl::Hours(1)));
   }
   return status_;
 }

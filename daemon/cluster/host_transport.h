@@ -59,20 +59,20 @@
 #define COLLECTIVED_DAEMON_CLUSTER_HOST_TRANSPORT_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/sync.h"
 #include "daemon/cluster/peer_auth.h"
 #include "daemon/cluster/peer_stream.h"
 
@@ -303,18 +303,19 @@ class HostTransport {
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::atomic<bool> stopping_{false};
 
-  mutable std::mutex state_mu_;  // leaf
-  absl::Status broken_;          // under state_mu_
-  // Why each connection ended (OK while it works; by rank * lanes + lane),
-  // under state_mu_.
-  std::vector<absl::Status> dead_;
-  absl::Time broken_at_ = absl::InfinitePast();  // under state_mu_
-  bool reported_ = false;        // on_break called (under state_mu_)
-  std::map<std::pair<int, int64_t>, std::string> answers_;  // under state_mu_
-  std::condition_variable answers_cv_;
+  mutable Mutex state_mu_;  // leaf
+  absl::Status broken_ ABSL_GUARDED_BY(state_mu_);
+  // Why each connection ended (OK while it works; by rank * lanes + lane).
+  std::vector<absl::Status> dead_ ABSL_GUARDED_BY(state_mu_);
+  absl::Time broken_at_ ABSL_GUARDED_BY(state_mu_) = absl::InfinitePast();
+  bool reported_ ABSL_GUARDED_BY(state_mu_) = false;  // on_break called
+  std::map<std::pair<int, int64_t>, std::string> answers_ ABSL_GUARDED_BY(state_mu_);
+  CondVar answers_cv_;  // an answer came, a connection died, or the mesh broke
 
-  std::mutex done_mu_;  // leaf: transfers' states
-  std::condition_variable done_cv_;
+  // Leaf: transfers' states (HostTransfer::status_; the analysis cannot
+  // name another object's lock there).
+  Mutex done_mu_;
+  CondVar done_cv_;  // a transfer completed
 };
 
 }  // namespace collectived

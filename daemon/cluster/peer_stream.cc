@@ -207,7 +207,7 @@ PeerStream::Io PeerStream::TlsIo(int ret, std::string* error) {
 
 PeerStream::Io PeerStream::Handshake(std::string* error) {
   if (ssl_ == nullptr) return Io::kOk;
-  std::lock_guard<std::mutex> lock(ssl_mu_);
+  MutexLock lock(&ssl_mu_);
   ERR_clear_error();
   errno = 0;
   const int r = SSL_do_handshake(ssl_);
@@ -249,7 +249,7 @@ size_t PeerStream::Read(void* p, size_t n, Io* io, std::string* error) {
       return 0;
     }
   }
-  std::lock_guard<std::mutex> lock(ssl_mu_);
+  MutexLock lock(&ssl_mu_);
   ERR_clear_error();
   errno = 0;
   size_t got = 0;
@@ -282,7 +282,7 @@ size_t PeerStream::Write(const struct iovec* iov, int iovcnt, Io* io, std::strin
       return 0;
     }
   }
-  std::lock_guard<std::mutex> lock(ssl_mu_);
+  MutexLock lock(&ssl_mu_);
   size_t total = 0;
   for (int i = 0; i < iovcnt; ++i) {
     if (iov[i].iov_len == 0) continue;
@@ -303,13 +303,13 @@ size_t PeerStream::Write(const struct iovec* iov, int iovcnt, Io* io, std::strin
 
 bool PeerStream::Buffered() {
   if (ssl_ == nullptr) return false;
-  std::lock_guard<std::mutex> lock(ssl_mu_);
+  MutexLock lock(&ssl_mu_);
   return SSL_pending(ssl_) > 0;
 }
 
 void PeerStream::ShutdownWrite() {
   if (ssl_ != nullptr) {
-    std::lock_guard<std::mutex> lock(ssl_mu_);
+    MutexLock lock(&ssl_mu_);
     ERR_clear_error();
     SSL_shutdown(ssl_);
     ERR_clear_error();

@@ -21,13 +21,14 @@
 #include <sys/uio.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/sync.h"
 
 typedef struct ssl_ctx_st SSL_CTX;
 typedef struct ssl_st SSL;
@@ -111,8 +112,8 @@ class PeerStream {
   PeerStream(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
   Io TlsIo(int ret, std::string* error);
   const int fd_;
-  SSL* const ssl_;
-  std::mutex ssl_mu_;  // serializes TLS calls
+  Mutex ssl_mu_;  // serializes TLS calls
+  SSL* const ssl_ ABSL_PT_GUARDED_BY(ssl_mu_);
 };
 
 // The text of the last OpenSSL errors of this thread (and clears them).

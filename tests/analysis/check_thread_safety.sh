@@ -21,8 +21,12 @@ if [ -n "$cuda_include" ]; then
   flags+=(-DCOLLECTIVED_HAVE_CUDA=1 -isystem "$cuda_include")
 fi
 cd "$repo" || exit 2
+# The CUDA code too where the CUDA headers are given (the CUDA variant).
+cuda_files=""
+[ -n "$cuda_include" ] && cuda_files="common/cuda/*.cc exec/cuda/*.cc"
+# shellcheck disable=SC2086
 files=$(ls daemon/core/*.cc daemon/memory/*.cc daemon/util/*.cc daemon/cluster/*.cc \
-           daemon/server/*.cc client/src/*.cc exec/*.cc plan/*.cc common/*.cc |
+           daemon/server/*.cc client/src/*.cc exec/*.cc plan/*.cc common/*.cc $cuda_files |
         grep -v '_test\.cc$')
 count=$(echo "$files" | wc -l)
 # Two at a time; each prints its file's diagnostics.
