@@ -114,6 +114,7 @@ void ClusterClient::Stop(bool leave) {
     if (state_ == ClusterState::kStopped) return;
     stopping_ = true;
     wake_.SignalAll();
+    if (loop_call_ != nullptr) loop_call_->TryCancel();
   }
   if (thread_.joinable()) thread_.join();
   std::string lease;
@@ -176,6 +177,24 @@ void ClusterClient::SetState(ClusterState state, const absl::Status& error) {
   if (before != state) LogClusterState(options_.host_id, state, error);
 }
 
+grpc::Status ClusterClient::CancellableByStop(grpc::ClientContext* ctx,
+                                              absl::FunctionRef<grpc::Status()> call) {
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return grpc::Status(grpc::StatusCode::CANCELLED, "the daemon is stopping");
+    loop_call_ = ctx;
+  }
+  grpc::Status st = call();
+  MutexLock lock(&mu_);  // Stop cancels ctx only under mu_: it may go now
+  loop_call_ = nullptr;
+  return st;
+}
+
+bool ClusterClient::StopBegan() {
+  MutexLock lock(&mu_);
+  return stopping_;
+}
+
 bool ClusterClient::SleepUnlessStopping(absl::Duration d) {
   const absl::Time deadline = absl::Now() + d;
   MutexLock lock(&mu_);
@@ -193,7 +212,10 @@ absl::Status ClusterClient::JoinOnce() {
     req.set_address(options_.address);
     req.set_previous_lease_id(previous_lease_);
     v1::JoinClusterResponse resp;
-    last = FromGrpc(stubs_[i]->JoinCluster(&ctx, req, &resp), options_.coordinators[i]);
+    last = FromGrpc(
+        CancellableByStop(&ctx, [&] { return stubs_[i]->JoinCluster(&ctx, req, &resp); }),
+        options_.coordinators[i]);
+    if (absl::IsCancelled(last) && StopBegan()) return last;
     // Another daemon holds the host id: every coordinator would say so.
     if (absl::IsAlreadyExists(last)) return last;
     if (!last.ok()) continue;
@@ -232,7 +254,9 @@ absl::Status ClusterClient::HeartbeatOnce() {
   v1::HeartbeatRequest req;
   req.set_lease_id(lease);
   v1::HeartbeatResponse resp;
-  return FromGrpc(stubs_[current]->Heartbeat(&ctx, req, &resp), options_.coordinators[current]);
+  return FromGrpc(
+      CancellableByStop(&ctx, [&] { return stubs_[current]->Heartbeat(&ctx, req, &resp); }),
+      options_.coordinators[current]);
 }
 
 void ClusterClient::Loop() {
@@ -249,6 +273,7 @@ void ClusterClient::Loop() {
     }
     if (!joined) {
       absl::Status st = JoinOnce();
+      if (absl::IsCancelled(st) && StopBegan()) return;
       if (st.ok()) {
         SetState(ClusterState::kJoined, absl::OkStatus());
         continue;
@@ -263,6 +288,8 @@ void ClusterClient::Loop() {
         now == ClusterState::kJoined ? ttl / 3 : std::min(ttl / 3, options_.retry_interval);
     if (!SleepUnlessStopping(interval)) return;
     absl::Status st = HeartbeatOnce();
+    // Stop cancelled it: the lease stays, for Stop's leave.
+    if (absl::IsCancelled(st) && StopBegan()) return;
     if (st.ok()) {
       SetState(ClusterState::kJoined, absl::OkStatus());
       continue;

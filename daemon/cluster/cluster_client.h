@@ -24,6 +24,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -131,8 +132,15 @@ class ClusterClient final : public Cluster {
   absl::Duration AnswerMargin() const {
     return std::min(options_.rpc_timeout, absl::Milliseconds(500));
   }
+  // Whether Stop has begun.
+  bool StopBegan();
   // Sleeps `d` unless stopping; false when stopping.
   bool SleepUnlessStopping(absl::Duration d);
+  // Makes `call`, an RPC of the membership thread on `ctx`, one that Stop
+  // cancels (so that Stop does not wait up to rpc_timeout for a coordinator
+  // that does not answer). CANCELLED without calling it once Stop began.
+  grpc::Status CancellableByStop(grpc::ClientContext* ctx,
+                                 absl::FunctionRef<grpc::Status()> call);
 
   const ClusterClientOptions options_;
   std::vector<std::unique_ptr<v1::Cluster::Stub>> stubs_;
@@ -147,6 +155,8 @@ class ClusterClient final : public Cluster {
   absl::Duration ttl_ ABSL_GUARDED_BY(mu_) = absl::Seconds(10);
   size_t current_ ABSL_GUARDED_BY(mu_) = 0;  // index of the coordinator in use
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The membership thread's RPC in flight (CancellableByStop), or null.
+  grpc::ClientContext* loop_call_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

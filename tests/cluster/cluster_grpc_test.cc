@@ -405,6 +405,53 @@ TEST(ClusterClientTest, StartsUnavailableWhenNoCoordinatorAnswers) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
+// A coordinator that takes calls and never answers a join (a hung one):
+// the call ends only when its client cancels it or at its deadline.
+class HungCoordinator final : public v1::Cluster::Service {
+ public:
+  grpc::Status JoinCluster(grpc::ServerContext* ctx, const v1::JoinClusterRequest*,
+                           v1::JoinClusterResponse*) override {
+    joins_.fetch_add(1);
+    while (!ctx->IsCancelled() && absl::Now() < absl::FromChrono(ctx->deadline())) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "hung");
+  }
+  int joins() const { return joins_.load(); }
+
+ private:
+  std::atomic<int> joins_{0};
+};
+
+TEST(ClusterClientTest, StopCancelsAJoinThatTheCoordinatorDoesNotAnswer) {
+  HungCoordinator hung;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&hung);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ClusterClientOptions o;
+  o.coordinators = {absl::StrCat("127.0.0.1:", port)};
+  o.host_id = "host-a";
+  o.address = "host-a:7000";
+  o.token = kToken;
+  o.rpc_timeout = absl::Seconds(20);
+  o.retry_interval = absl::Milliseconds(50);
+  auto a = ClusterClient::Create(std::move(o));
+  ASSERT_TRUE(a.ok()) << a.status();
+  (*a)->Start();
+  ASSERT_TRUE(Eventually([&] { return hung.joins() == 1; }));  // the join is in flight
+  EXPECT_EQ((*a)->state(), ClusterState::kStarting) << (*a)->last_error();
+  const absl::Time start = absl::Now();
+  (*a)->Stop(/*leave=*/true);
+  // At once, not at the join's 20 s deadline; and no join after Stop.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ((*a)->state(), ClusterState::kStopped);
+  EXPECT_EQ(hung.joins(), 1);
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
 TEST(ClusterMeshTest, TwoClientsFormAMeshAndWaitForTheSameMembership) {
   auto coord = TestCoordinator::Start(0, kToken, absl::Seconds(10));
   ASSERT_NE(coord, nullptr);
