@@ -156,13 +156,14 @@ void HostTransport::Wake(Lane& lane) {
 }
 
 void HostTransport::ArmWrite(Connection& c, bool on) {
-  std::lock_guard<std::mutex> lock(c.ev_mu);
+  MutexLock lock(&c.ev_mu);
   if (on == c.ev_out && !c.rx_done.load()) return;
   c.ev_out = on;
   UpdateEvents(c);
 }
 
 void HostTransport::UpdateEvents(Connection& c) {
+  c.ev_mu.AssertHeld();
   if (static_cast<size_t>(c.lane) >= lanes_.size()) return;  // not started
   const int epoll = lanes_[c.lane]->epoll;
   const uint32_t events = (c.rx_done.load() ? 0u : (EPOLLIN | EPOLLRDHUP)) | (c.ev_out ? EPOLLOUT : 0u);
@@ -191,7 +192,7 @@ void HostTransport::Loop(Lane& lane) {
       }
       bool flushed = true;
       for (Connection* c : lane.conns) {
-        std::lock_guard<std::mutex> lock(c->tx_mu);
+        MutexLock lock(&c->tx_mu);
         flushed = flushed && (c->shut || c->tx_dead);
       }
       if (flushed || absl::Now() >= broke_at + options_.break_flush) return;
@@ -208,17 +209,17 @@ void HostTransport::Loop(Lane& lane) {
       Connection& c = *static_cast<Connection*>(events[i].data.ptr);
       absl::Status failure;
       if (events[i].events & EPOLLOUT) {
-        std::lock_guard<std::mutex> lock(c.tx_mu);
+        MutexLock lock(&c.tx_mu);
         failure = Flush(c);
       }
       if (failure.ok() && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR | EPOLLRDHUP))) {
         std::vector<int64_t> queries;
         {
-          std::lock_guard<std::mutex> lock(c.rx_mu);
+          MutexLock lock(&c.rx_mu);
           failure = ReadSome(c, &queries);
         }
         if (c.rx_done.load()) {
-          std::lock_guard<std::mutex> lock(c.ev_mu);
+          MutexLock lock(&c.ev_mu);
           UpdateEvents(c);
         }
         for (int64_t q : queries) {
@@ -226,7 +227,7 @@ void HostTransport::Loop(Lane& lane) {
           if (options_.on_query) answer = options_.on_query(q);
           if (!answer.has_value()) continue;
           if (answer->size() > kMaxQueryAnswerBytes) answer->resize(kMaxQueryAnswerBytes);
-          std::lock_guard<std::mutex> lock(c.tx_mu);
+          MutexLock lock(&c.tx_mu);
           if (c.closing) break;
           c.control.push_back(ControlFrame(kAnswer, static_cast<uint64_t>(q), 0, *answer));
           if (absl::Status st = Flush(c); !st.ok() && failure.ok()) failure = st;
@@ -238,6 +239,7 @@ void HostTransport::Loop(Lane& lane) {
 }
 
 absl::Status HostTransport::Flush(Connection& c) {
+  c.tx_mu.AssertHeld();
   for (;;) {
     if (c.tx_dead || c.shut) return absl::OkStatus();
     // Up to kControlBatch control frames go out in one write.
@@ -300,6 +302,7 @@ absl::Status HostTransport::Flush(Connection& c) {
 
 // The next frame of the first matched send.
 void HostTransport::BeginDataFrame(Connection& c) {
+  c.tx_mu.AssertHeld();
   HostTransfer& t = *c.outgoing.front();
   Frame f;
   f.type = kData;
@@ -320,6 +323,7 @@ void HostTransport::BeginDataFrame(Connection& c) {
 // `n` more bytes of the data frame went out; a frame that is out whole
 // moves its send on, and a send that is out whole completes.
 void HostTransport::DataWritten(Connection& c, size_t n) {
+  c.tx_mu.AssertHeld();
   const size_t hdr = std::min<size_t>(n, kFrameHeaderBytes - c.tx_hdr_sent);
   c.tx_hdr_sent += hdr;
   c.tx_sent += n - hdr;
@@ -346,6 +350,7 @@ absl::Status HostTransport::ProtocolError(Connection& c, absl::string_view what)
 
 size_t HostTransport::ReadChunk(Connection& c, bool broken, size_t budget, PeerStream::Io* io,
                                 std::string* error) {
+  c.rx_mu.AssertHeld();
   if (broken) {
     // Nothing more is acted on: drain until the peer closes.
     return c.stream->Read(c.sink.get(), kSinkBytes, io, error);
@@ -370,6 +375,7 @@ size_t HostTransport::ReadChunk(Connection& c, bool broken, size_t budget, PeerS
 }
 
 absl::Status HostTransport::ReadSome(Connection& c, std::vector<int64_t>* queries) {
+  c.rx_mu.AssertHeld();
   size_t budget = c.stream->ssl() != nullptr ? SIZE_MAX : kReadBudget;
   const bool broken = !Failed(c).ok();
   while (!c.rx_done && budget > 0) {
@@ -407,11 +413,12 @@ absl::Status HostTransport::ReadSome(Connection& c, std::vector<int64_t>* querie
 }
 
 absl::Status HostTransport::StartFrame(Connection& c) {
+  c.rx_mu.AssertHeld();
   c.rx_hdr_got = 0;
   c.rx_frame = DecodeFrame(c.rx_hdr);
   c.rx_payload_got = 0;
   c.rx_small.clear();
-  const Frame& f = c.rx_frame;
+  const Frame f = c.rx_frame;  // a copy: clang 14 loses an asserted lock through a reference
   switch (f.type) {
     case kReady:
     case kQuery:
@@ -434,7 +441,8 @@ absl::Status HostTransport::StartFrame(Connection& c) {
 }
 
 absl::Status HostTransport::StartData(Connection& c) {
-  const Frame& f = c.rx_frame;
+  c.rx_mu.AssertHeld();
+  const Frame f = c.rx_frame;  // a copy: clang 14 loses an asserted lock through a reference
   if (f.length > f.total || f.offset > f.total - f.length) {
     return ProtocolError(c, absl::StrCat("a frame of ", f.length, " bytes at ", f.offset,
                                          " of a message of ", f.total));
@@ -467,7 +475,8 @@ absl::Status HostTransport::StartData(Connection& c) {
 }
 
 absl::Status HostTransport::EndFrame(Connection& c, std::vector<int64_t>* queries) {
-  const Frame& f = c.rx_frame;
+  c.rx_mu.AssertHeld();
+  const Frame f = c.rx_frame;  // a copy: clang 14 loses an asserted lock through a reference
   switch (f.type) {
     case kReady:
       return OnReady(c);
@@ -506,8 +515,9 @@ absl::Status HostTransport::EndFrame(Connection& c, std::vector<int64_t>* querie
 // A peer's READY: its receive meets this host's oldest send of the slot, or
 // waits for one.
 absl::Status HostTransport::OnReady(Connection& c) {
-  const Frame& f = c.rx_frame;
-  std::lock_guard<std::mutex> lock(c.tx_mu);
+  c.rx_mu.AssertHeld();  // EndFrame's, from the I/O thread
+  const Frame f = c.rx_frame;  // a copy: clang 14 loses an asserted lock through a reference
+  MutexLock lock(&c.tx_mu);
   if (c.closing) return absl::OkStatus();
   auto it = c.sends.find(f.slot);
   if (it == c.sends.end() || it->second.empty()) {
@@ -557,7 +567,7 @@ absl::StatusOr<std::unique_ptr<HostTransfer>> HostTransport::Post(bool send, int
   auto t = std::unique_ptr<HostTransfer>(new HostTransfer(this, rank, lane, send, slot, p, size));
   absl::Status failure;
   if (send) {
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(&c.tx_mu);
     if (absl::Status b = Failed(c); !b.ok()) return b;
     if (c.out_of_step) {
       return absl::InternalError(absl::StrCat(
@@ -584,11 +594,11 @@ absl::StatusOr<std::unique_ptr<HostTransfer>> HostTransport::Post(bool send, int
     }
   } else {
     {
-      std::lock_guard<std::mutex> lock(c.rx_mu);
+      MutexLock lock(&c.rx_mu);
       if (absl::Status b = Failed(c); !b.ok()) return b;
       c.recvs[slot].push_back(t.get());
     }
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(&c.tx_mu);
     if (!c.closing) {
       c.control.push_back(ControlFrame(kReady, slot, size));
       failure = Flush(c);
@@ -637,7 +647,7 @@ void HostTransport::Break(const absl::Status& why_in) {
 
 void HostTransport::Detach(Connection& c, const absl::Status& why) {
   {
-    std::lock_guard<std::mutex> lock(c.rx_mu);
+    MutexLock lock(&c.rx_mu);
     for (auto& [slot, q] : c.recvs) {
       for (HostTransfer* t : q) {
         if (t != nullptr) Complete(*t, why);
@@ -649,7 +659,7 @@ void HostTransport::Detach(Connection& c, const absl::Status& why) {
       c.rx_target = nullptr;
     }
   }
-  std::lock_guard<std::mutex> lock(c.tx_mu);
+  MutexLock lock(&c.tx_mu);
   if (c.closing) return;
   if (c.tx_in_frame && c.tx_owner != nullptr) {
     // The frame being written is finished from a copy: its transfer's
@@ -694,7 +704,7 @@ void HostTransport::Query(int rank, int64_t sequence) {
   Connection& c = conn(rank, 0);
   absl::Status failure;
   {
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(&c.tx_mu);
     if (c.closing) return;
     c.control.push_back(ControlFrame(kQuery, static_cast<uint64_t>(sequence), 0));
     failure = Flush(c);
@@ -729,7 +739,7 @@ std::map<int, std::string> HostTransport::Answers(const std::vector<int>& ranks,
 void HostTransport::Withdraw(HostTransfer& t) {
   Connection& c = conn(t.rank_, t.lane_);
   if (t.send_) {
-    std::lock_guard<std::mutex> lock(c.tx_mu);
+    MutexLock lock(&c.tx_mu);
     if (t.state_.load() != 0) return;
     auto it = c.sends.find(t.slot_);
     if (it != c.sends.end()) {
@@ -753,7 +763,7 @@ void HostTransport::Withdraw(HostTransfer& t) {
     c.out_of_step = true;
     return;
   }
-  std::lock_guard<std::mutex> lock(c.rx_mu);
+  MutexLock lock(&c.rx_mu);
   if (t.state_.load() != 0) return;
   if (c.rx_target == &t) {
     c.rx_target = nullptr;  // the rest of its frames are discarded

@@ -11,11 +11,12 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "common/sync.h"
 #include "daemon/cluster/host_transport.h"
 #include "daemon/cluster/peer_stream.h"
 
@@ -49,47 +50,53 @@ struct HostTransport::Connection {
   std::string peer;  // its address, for logs
 
   // Read side: the lane's I/O thread reads; posting threads add receives.
-  std::mutex rx_mu;
-  std::map<uint64_t, std::deque<HostTransfer*>> recvs;  // posted, READY sent; null: withdrawn
-  char rx_hdr[host_wire::kFrameHeaderBytes];
-  size_t rx_hdr_got = 0;
-  bool rx_in_frame = false;
-  host_wire::Frame rx_frame;
-  uint64_t rx_payload_got = 0;
-  std::string rx_small;  // a control frame's payload
+  // (The functions that run under these locks are HostTransport's, declared
+  // where Connection is incomplete: they assert the lock, AssertHeld.)
+  Mutex rx_mu;
+  // Posted, READY sent; null: withdrawn.
+  std::map<uint64_t, std::deque<HostTransfer*>> recvs ABSL_GUARDED_BY(rx_mu);
+  char rx_hdr[host_wire::kFrameHeaderBytes] ABSL_GUARDED_BY(rx_mu);
+  size_t rx_hdr_got ABSL_GUARDED_BY(rx_mu) = 0;
+  bool rx_in_frame ABSL_GUARDED_BY(rx_mu) = false;
+  host_wire::Frame rx_frame ABSL_GUARDED_BY(rx_mu);
+  uint64_t rx_payload_got ABSL_GUARDED_BY(rx_mu) = 0;
+  std::string rx_small ABSL_GUARDED_BY(rx_mu);  // a control frame's payload
   // The data transfer being received (its frames come in order).
-  bool rx_active = false;
-  HostTransfer* rx_target = nullptr;  // null while active: discarded
-  uint64_t rx_total = 0;
-  uint64_t rx_next = 0;
-  std::unique_ptr<char[]> sink;
+  bool rx_active ABSL_GUARDED_BY(rx_mu) = false;
+  HostTransfer* rx_target ABSL_GUARDED_BY(rx_mu) = nullptr;  // null while active: discarded
+  uint64_t rx_total ABSL_GUARDED_BY(rx_mu) = 0;
+  uint64_t rx_next ABSL_GUARDED_BY(rx_mu) = 0;
+  std::unique_ptr<char[]> sink;  // set before the I/O threads start, then theirs
   std::atomic<bool> rx_done{false};  // the read side ended (end of stream, or error)
 
   // What the lane's epoll watches of this connection (UpdateEvents).
-  std::mutex ev_mu;  // leaf
-  bool ev_out = false;
-  bool ev_registered = true;
+  Mutex ev_mu;  // leaf
+  bool ev_out ABSL_GUARDED_BY(ev_mu) = false;
+  bool ev_registered ABSL_GUARDED_BY(ev_mu) = true;
 
-  // Write side: any thread, under tx_mu.
-  std::mutex tx_mu;
-  std::deque<std::string> control;
-  size_t control_sent = 0;
-  std::map<uint64_t, std::deque<HostTransfer*>> sends;    // posted, no READY yet
-  std::map<uint64_t, std::deque<uint64_t>> readies;   // READYs (capacities) without a send yet
-  std::deque<HostTransfer*> outgoing;                     // matched, in order
+  // Write side: any thread.
+  Mutex tx_mu;
+  std::deque<std::string> control ABSL_GUARDED_BY(tx_mu);
+  size_t control_sent ABSL_GUARDED_BY(tx_mu) = 0;
+  // Posted, no READY yet.
+  std::map<uint64_t, std::deque<HostTransfer*>> sends ABSL_GUARDED_BY(tx_mu);
+  // READYs (capacities) without a send yet.
+  std::map<uint64_t, std::deque<uint64_t>> readies ABSL_GUARDED_BY(tx_mu);
+  std::deque<HostTransfer*> outgoing ABSL_GUARDED_BY(tx_mu);  // matched, in order
   // The data frame being written.
-  bool tx_in_frame = false;
-  char tx_hdr[host_wire::kFrameHeaderBytes];
-  size_t tx_hdr_sent = 0;
-  const uint8_t* tx_src = nullptr;
-  uint64_t tx_len = 0;
-  uint64_t tx_sent = 0;
-  HostTransfer* tx_owner = nullptr;  // null after Break: tx_copy holds the rest
-  std::string tx_copy;
-  bool closing = false;    // after Break: the BREAK, then shut down
-  bool out_of_step = false;  // a send was withdrawn: no more sends
-  bool shut = false;       // the write side is shut down
-  bool tx_dead = false;    // a write failed
+  bool tx_in_frame ABSL_GUARDED_BY(tx_mu) = false;
+  char tx_hdr[host_wire::kFrameHeaderBytes] ABSL_GUARDED_BY(tx_mu);
+  size_t tx_hdr_sent ABSL_GUARDED_BY(tx_mu) = 0;
+  const uint8_t* tx_src ABSL_GUARDED_BY(tx_mu) = nullptr;
+  uint64_t tx_len ABSL_GUARDED_BY(tx_mu) = 0;
+  uint64_t tx_sent ABSL_GUARDED_BY(tx_mu) = 0;
+  // Null after Break: tx_copy holds the rest.
+  HostTransfer* tx_owner ABSL_GUARDED_BY(tx_mu) = nullptr;
+  std::string tx_copy ABSL_GUARDED_BY(tx_mu);
+  bool closing ABSL_GUARDED_BY(tx_mu) = false;      // after Break: the BREAK, then shut down
+  bool out_of_step ABSL_GUARDED_BY(tx_mu) = false;  // a send was withdrawn: no more sends
+  bool shut ABSL_GUARDED_BY(tx_mu) = false;         // the write side is shut down
+  bool tx_dead ABSL_GUARDED_BY(tx_mu) = false;      // a write failed
 };
 
 struct HostTransport::Lane {

@@ -1,10 +1,8 @@
 #!/bin/bash
-# Clang's thread-safety analysis (-Wthread-safety) over the product sources
-# whose locks are absl::Mutex (the ABSL_GUARDED_BY / ABSL_EXCLUSIVE_LOCKS_
-# REQUIRED annotations mean something only to clang; the build uses g++).
-# Any warning fails the test. State behind a std::mutex (not a capability
-# clang can follow: the host transport's connection locks, the host mesh's
-# queue, the health service) is not annotated, so not checked.
+# Clang's thread-safety analysis (-Wthread-safety) over the product sources,
+# whose locks are Mutexes (common/sync.h) with ABSL_GUARDED_BY /
+# ABSL_EXCLUSIVE_LOCKS_REQUIRED annotations (they mean something only to
+# clang; the build uses g++). Any warning fails the test.
 #
 #   check_thread_safety.sh REPO BUILD_DIR [CUDA_INCLUDE_DIR]
 # Exit 77 (skipped) without clang++.
