@@ -215,7 +215,6 @@ absl::Status ClusterClient::JoinOnce() {
     last = FromGrpc(
         CancellableByStop(&ctx, [&] { return stubs_[i]->JoinCluster(&ctx, req, &resp); }),
         options_.coordinators[i]);
-    if (absl::IsCancelled(last) && StopBegan()) return last;
     // Another daemon holds the host id: every coordinator would say so.
     if (absl::IsAlreadyExists(last)) return last;
     if (!last.ok()) continue;
@@ -273,11 +272,12 @@ void ClusterClient::Loop() {
     }
     if (!joined) {
       absl::Status st = JoinOnce();
-      if (absl::IsCancelled(st) && StopBegan()) return;
       if (st.ok()) {
         SetState(ClusterState::kJoined, absl::OkStatus());
         continue;
       }
+      // A join Stop cancelled ends here: once stopping, SetState changes
+      // nothing and the sleep returns false at once.
       SetState(ClusterState::kUnavailable, st);
       if (!SleepUnlessStopping(options_.retry_interval)) return;
       continue;
