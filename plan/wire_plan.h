@@ -1,28 +1,24 @@
-// Validation of one op, as the wire format gives it, against a mesh: the
-// plan the executor runs (plan/op_plan.h).
-//
-// PlanOp checks everything that can be checked from the op alone (kind, axes,
-// dtype, shape, parameters) and derives the result shape and the groups of
-// members that communicate. Buffer ranges are checked by the engine, which
-// owns the buffers. Pure functions; thread-safe.
+// The wire format's op (v1::OpSpec) in the project's own form
+// (plan/op_request.h), and planning straight from it: the edge where the
+// server and the SDK convert. The enum conversions keep the numbering,
+// checked at compile time. Pure functions; thread-safe.
 #ifndef COLLECTIVED_PLAN_WIRE_PLAN_H_
 #define COLLECTIVED_PLAN_WIRE_PLAN_H_
-
-#include <cstdint>
-#include <string>
-#include <vector>
 
 #include "absl/status/statusor.h"
 #include "collectived/v1/collective.pb.h"
 #include "plan/op_plan.h"
+#include "plan/op_request.h"
+#include "plan/plan_op.h"
 
 namespace collectived {
 
-// Builds the plan of `op` on a mesh of `shape`. INVALID_ARGUMENT with a precise
-// message for any problem (unknown kind or axis, unsupported dtype for the
-// kind, a negative or oversized dimension or element count of the input or
-// the result (kMaxElements), parameters out of range, a perm with
-// duplicates, ...).
+// `op` as the core takes it. Keeps every value as sent, an unknown kind or
+// dtype included (PlanOp refuses them, naming the number; a dtype number
+// beyond 255 becomes kInvalid).
+OpRequest FromProto(const v1::OpSpec& op);
+
+// PlanOp(FromProto(op), shape).
 absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& shape);
 
 // Conversions between the proto and internal dtype enums (same numbering).
