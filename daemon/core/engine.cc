@@ -117,12 +117,12 @@ absl::StatusOr<Engine::Session*> Engine::GetSession(const std::string& id) {
   return s;
 }
 
-absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string client_name) {
+absl::StatusOr<NewSession> Engine::CreateSession(std::string client_name) {
   if (client_name.size() > kMaxClientName) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_name is ", client_name.size(), " bytes; the limit is ", kMaxClientName));
   }
-  v1::CreateSessionResponse resp;
+  NewSession resp;
   Callbacks logs;
   {
     MutexLock lock(&mu_);
@@ -148,16 +148,16 @@ absl::StatusOr<v1::CreateSessionResponse> Engine::CreateSession(std::string clie
       }
       Run(cbs);
     });
-    resp.set_session_id(s->id);
-    resp.set_attach_token(s->token);
+    resp.session_id = s->id;
+    resp.attach_token = s->token;
     LogEventLater(logs, LogLevel::kInfo, "session_created",
                   {{"session", DisplayId(s->id)}, {"client", s->client_name}});
     sessions_.emplace(s->id, std::move(s));
   }
   Run(logs);
-  resp.set_side_socket_path(options_.side_socket_path);
-  resp.set_attach_timeout_ms(Millis(options_.attach_timeout));
-  resp.set_daemon_id(options_.daemon_id);
+  resp.side_socket_path = options_.side_socket_path;
+  resp.attach_timeout_ms = Millis(options_.attach_timeout);
+  resp.daemon_id = options_.daemon_id;
   return resp;
 }
 

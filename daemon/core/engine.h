@@ -1,8 +1,9 @@
 // Engine: sessions, meshes, buffers, op matching, deadlines and failures.
 //
-// The engine is the daemon's core and knows nothing of gRPC: the server
-// translates requests into calls here, and the side channel attaches sessions
-// and fetches buffer descriptors. Every asynchronous result (join, op, wait)
+// The engine is the daemon's core and knows nothing of gRPC or of the wire
+// format: it takes and gives its own types (engine_types.h, plan/op_request.h),
+// which the server converts at its edge (daemon/server/wire.h); the side
+// channel attaches sessions and fetches buffer descriptors. Every asynchronous result (join, op, wait)
 // is delivered through a callback that is called exactly once, never with the
 // engine's lock held, from a gRPC, timer or executor thread.
 //
@@ -28,10 +29,11 @@
 #include "common/member_ops.h"
 #include "common/sync.h"
 #include "absl/time/time.h"
-#include "collectived/v1/collective.pb.h"
 #include "daemon/core/stream_sync.h"
 #include "daemon/core/backends.h"
-#include "plan/wire_plan.h"
+#include "daemon/core/engine_types.h"
+#include "plan/op_request.h"
+#include "plan/plan_op.h"
 #include "daemon/core/join_request.h"
 #include "daemon/core/rendezvous.h"
 #include "daemon/core/timer.h"
@@ -138,7 +140,7 @@ struct SubmittedBuffers {
 // input's device, the same region as the input or apart from it; in place
 // only when the result has the input's size. A barrier or an op of no
 // bytes names none. Pure: looks at nothing but its arguments.
-absl::Status ResolveBuffers(const v1::OpSpec& op, const OpPlan& plan,
+absl::Status ResolveBuffers(const OpRequest& op, const OpPlan& plan,
                             const BufferTable& buffers, SubmittedBuffers& out);
 
 class Engine {
@@ -154,7 +156,7 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Opens a session. RESOURCE_EXHAUSTED past max_sessions.
-  absl::StatusOr<v1::CreateSessionResponse> CreateSession(std::string client_name);
+  absl::StatusOr<NewSession> CreateSession(std::string client_name);
   // Ties a session to the peer of a side socket (credentials from
   // SO_PEERCRED). PERMISSION_DENIED for a wrong token, FAILED_PRECONDITION if
   // already attached.
@@ -165,12 +167,11 @@ class Engine {
   absl::Status CloseSession(const std::string& session_id, const std::string& reason);
 
   // Joins a mesh; `done` runs when the mesh is full, or on failure/deadline.
-  using JoinDone = std::function<void(absl::StatusOr<v1::JoinMeshResponse>)>;
-  void JoinMesh(const v1::JoinMeshRequest& request, JoinDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  using JoinDone = std::function<void(absl::StatusOr<Joined>)>;
+  void JoinMesh(const JoinRequest& request, JoinDone done) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status LeaveMesh(const std::string& session_id, const std::string& mesh_id);
-  absl::StatusOr<v1::MeshInfo> DescribeMesh(const std::string& mesh_id,
-                                            const std::string& mesh_name,
-                                            const std::string& scope = "");
+  absl::StatusOr<MeshView> DescribeMesh(const std::string& mesh_id, const std::string& mesh_name,
+                                        const std::string& scope = "");
 
   // A zero-filled buffer on `device` (ParseDevice's forms; "" is "cpu").
   // INVALID_ARGUMENT for a malformed device or size, FAILED_PRECONDITION
@@ -187,10 +188,9 @@ class Engine {
   // (UNIMPLEMENTED for GPU memory). Ops may name it as every member's
   // output of an op whose result is the same for all (see CheckSharedOutput):
   // the daemon then writes the result once.
-  absl::StatusOr<v1::BufferInfo> AllocateBuffer(const std::string& session_id,
-                                                int64_t size_bytes,
-                                                const std::string& device = "",
-                                                const std::string& mesh_id = "");
+  absl::StatusOr<BufferView> AllocateBuffer(const std::string& session_id, int64_t size_bytes,
+                                            const std::string& device = "",
+                                            const std::string& mesh_id = "");
   absl::Status FreeBuffer(const std::string& session_id, const std::string& buffer_id);
   // The buffer, for passing its descriptor to the owning session's process.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> GetBuffer(const std::string& session_id,
@@ -200,9 +200,8 @@ class Engine {
   // error nothing changes and `done` is not called. On success `done` is
   // called exactly once when the op completes or fails. With `retain`, the
   // outcome is also kept for Wait.
-  absl::StatusOr<v1::SubmitResponse> Submit(const std::string& session_id,
-                                            const v1::OpSpec& op, bool retain,
-                                            OpDone done);
+  absl::StatusOr<Accepted> Submit(const std::string& session_id, const OpRequest& op,
+                                  bool retain, OpDone done);
   // Member-side small ops (common/member_ops.h). The segment of a mesh the
   // session is a member of: FAILED_PRECONDITION when the mesh has none (not
   // formed, across hosts, or member_op_bytes is 0), ABORTED when broken.
@@ -229,14 +228,14 @@ class Engine {
   // Waits for a retained op; `done` gets the op's outcome, or
   // DEADLINE_EXCEEDED ("still running") when `timeout` (if > 0) passes first.
   void Wait(const std::string& session_id, int64_t op_id, absl::Duration timeout,
-            std::function<void(absl::StatusOr<v1::WaitResponse>)> done);
+            std::function<void(absl::StatusOr<Waited>)> done);
 
-  v1::ListSessionsResponse ListSessions();
-  v1::ListMeshesResponse ListMeshes();
+  std::vector<SessionView> ListSessions();
+  std::vector<MeshView> ListMeshes();
   // Ops of one mesh (every mesh: empty id) not yet done: daemon-path ops
   // (submitted, waiting or running) and member-side ops some members wait in.
-  absl::StatusOr<v1::ListPendingOpsResponse> ListPendingOps(const std::string& mesh_id);
-  v1::GetStatsResponse GetStats();
+  absl::StatusOr<std::vector<PendingOpView>> ListPendingOps(const std::string& mesh_id);
+  EngineStats GetStats();
   // How an op reached the daemon: the server counts each submission before
   // it calls Submit (GetStats' submitted_*, the metrics' share by path).
   enum class SubmitPath { kFastPath = 0, kExecute = 1, kUnary = 2 };
@@ -312,7 +311,7 @@ class Engine {
     // answer, which names the missing members of every host, comes first).
     absl::Time deadline;
     DeadlineTimer::TimerId timer = 0;
-    std::function<void(absl::StatusOr<v1::JoinMeshResponse>)> done;
+    JoinDone done;
   };
 
   struct Mesh {
@@ -404,17 +403,17 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // JoinMesh's work: takes `done` (into the mesh's join waiters) only when
   // the join stands; otherwise the error, and nothing changed.
-  absl::Status JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, Callbacks& cbs)
+  absl::Status JoinLocked(const JoinRequest& req, JoinDone& done, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mesh a valid join joins: the forming one of its name (refused, and
   // the refusal kept for its waiters, when the join does not match it) or a
   // new one.
-  absl::StatusOr<Mesh*> MeshToJoinLocked(const v1::JoinMeshRequest& req, const JoinSpec& spec,
+  absl::StatusOr<Mesh*> MeshToJoinLocked(const JoinRequest& req, const JoinSpec& spec,
                                          Session& session, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new mesh for the join's name, unless an earlier generation's token
   // binds the name or the mesh limit is reached.
-  absl::StatusOr<Mesh*> NewMeshLocked(const v1::JoinMeshRequest& req, const JoinSpec& spec,
+  absl::StatusOr<Mesh*> NewMeshLocked(const JoinRequest& req, const JoinSpec& spec,
                                       Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CompleteJoin(Mesh& mesh, Callbacks& cbs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnJoinDeadline(const std::string& mesh_id, int index)
@@ -538,7 +537,7 @@ class Engine {
   // Submit's steps. The submission of `session` for `op`: its mesh (one
   // that formed and is not broken: a segment a member marked broken breaks
   // it now), its plan and its buffers.
-  absl::StatusOr<Submission> ResolveSubmissionLocked(Session& session, const v1::OpSpec& op,
+  absl::StatusOr<Submission> ResolveSubmissionLocked(Session& session, const OpRequest& op,
                                                      Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Room for one more retained op: drops the oldest completed one at the
@@ -550,18 +549,18 @@ class Engine {
   // Places `sub`, member `index`'s op, at its sequence in the mesh's pending
   // ops (arming the op's deadline with the first member's), and matches the
   // op once every local member's is there.
-  v1::SubmitResponse EnqueueLocked(Mesh& mesh, int index, Submission sub, const v1::OpSpec& op,
+  Accepted EnqueueLocked(Mesh& mesh, int index, Submission sub, const OpRequest& op,
                                    Session& session, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string MemberLabel(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::Member MemberInfo(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::MeshInfo MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MemberView MemberInfo(const Mesh& mesh, int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MeshView MeshInfoOf(const Mesh& mesh) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The member-side ops of `mesh` some members wait in while others have
   // not come (read from its segment, which only shows what the members
   // wrote): one PendingOp each, member_side set.
-  void AddMemberSidePending(const Mesh& mesh, v1::ListPendingOpsResponse* resp)
+  void AddMemberSidePending(const Mesh& mesh, std::vector<PendingOpView>& ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -584,7 +583,7 @@ class Engine {
   // the session asks for is made already, nullptr with it in *attached.
   absl::StatusOr<BufferAllocator*> CheckAllocationLocked(
       const std::string& session_id, int64_t size_bytes, const absl::StatusOr<DeviceSpec>& spec,
-      const std::string& mesh_id, std::optional<v1::BufferInfo>* attached)
+      const std::string& mesh_id, std::optional<BufferView>* attached)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The mesh and this session's member index in it, for a mesh-shared buffer.
   absl::StatusOr<std::pair<Mesh*, int>> SharedBufferMember(Session& session,
@@ -592,13 +591,13 @@ class Engine {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives the session buffer number shared_asked[index] of the mesh, which
   // was made (`made_now`: by this call).
-  absl::StatusOr<v1::BufferInfo> AttachSharedBuffer(Session& session, Mesh& mesh, int index,
+  absl::StatusOr<BufferView> AttachSharedBuffer(Session& session, Mesh& mesh, int index,
                                                     bool made_now, int64_t size_bytes,
                                                     const DeviceSpec& spec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the session's buffers to `by_device` (keyed by device).
   static void CountByDevice(const Session& s,
-                            std::map<std::string, v1::DeviceBufferStats>& by_device);
+                            std::map<std::string, DeviceBuffers>& by_device);
   static void Run(Callbacks& cbs);
 
   const EngineOptions options_;
@@ -643,11 +642,11 @@ class Engine {
   // Never shrinks (generation numbers of a name never repeat).
   absl::flat_hash_map<std::string, NameRecord> names_ ABSL_GUARDED_BY(mu_);
 
-  struct KindStats {
+  struct KindCounts {
     int64_t completed = 0, failed = 0, bytes = 0;
     uint64_t bytes_read = 0, bytes_written = 0, bytes_required = 0;
   };
-  std::map<int, KindStats> stats_ ABSL_GUARDED_BY(mu_);
+  std::map<int, KindCounts> stats_ ABSL_GUARDED_BY(mu_);
   // Ops started on meshes' CrossHostMesh whose callback has not returned
   // yet: the destructor waits for none to be left (the callbacks use the
   // engine).

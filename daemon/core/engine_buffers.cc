@@ -44,13 +44,9 @@ class MeshSharedBuffer final : public SharedBuffer {
   const std::string mesh_id_;
 };
 
-v1::BufferInfo InfoOf(const std::string& id, const SharedBuffer& buffer) {
-  v1::BufferInfo info;
-  info.set_buffer_id(id);
-  info.set_size_bytes(static_cast<int64_t>(buffer.size()));
-  info.set_kind(std::string(buffer.kind()));
-  info.set_device(buffer.device());
-  return info;
+BufferView InfoOf(const std::string& id, const SharedBuffer& buffer) {
+  return BufferView{id, static_cast<int64_t>(buffer.size()), std::string(buffer.kind()),
+                    buffer.device()};
 }
 
 }  // namespace
@@ -98,7 +94,7 @@ absl::StatusOr<std::pair<Engine::Mesh*, int>> Engine::SharedBufferMember(
   return std::make_pair(&mesh, m->second);
 }
 
-absl::StatusOr<v1::BufferInfo> Engine::AttachSharedBuffer(Session& session, Mesh& mesh, int index,
+absl::StatusOr<BufferView> Engine::AttachSharedBuffer(Session& session, Mesh& mesh, int index,
                                                           bool made_now, int64_t size_bytes,
                                                           const DeviceSpec& spec) {
   const size_t k = mesh.shared_asked[index];
@@ -144,16 +140,16 @@ absl::StatusOr<v1::BufferInfo> Engine::AttachSharedBuffer(Session& session, Mesh
   if (session.buffers.count(shared.id) > 0) {
     return absl::InternalError(absl::StrCat("shared buffer '", shared.id, "' already held"));
   }
-  const v1::BufferInfo info = InfoOf(shared.id, *buffer);
+  const BufferView info = InfoOf(shared.id, *buffer);
   session.buffers.emplace(shared.id, std::move(buffer));
-  session.buffer_bytes += static_cast<uint64_t>(info.size_bytes());
+  session.buffer_bytes += static_cast<uint64_t>(info.size_bytes);
   asked();
   return info;
 }
 
 absl::StatusOr<BufferAllocator*> Engine::CheckAllocationLocked(
     const std::string& session_id, int64_t size_bytes, const absl::StatusOr<DeviceSpec>& spec,
-    const std::string& mesh_id, std::optional<v1::BufferInfo>* attached) {
+    const std::string& mesh_id, std::optional<BufferView>* attached) {
   auto s = GetSession(session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
@@ -199,7 +195,7 @@ absl::StatusOr<BufferAllocator*> Engine::CheckAllocationLocked(
   return a->second;
 }
 
-absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session_id,
+absl::StatusOr<BufferView> Engine::AllocateBuffer(const std::string& session_id,
                                                       int64_t size_bytes,
                                                       const std::string& device,
                                                       const std::string& mesh_id) {
@@ -207,7 +203,7 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
   BufferAllocator* allocator = nullptr;
   {
     MutexLock lock(&mu_);
-    std::optional<v1::BufferInfo> attached;
+    std::optional<BufferView> attached;
     auto a = CheckAllocationLocked(session_id, size_bytes, spec, mesh_id, &attached);
     if (!a.ok()) return a.status();
     if (attached.has_value()) return *std::move(attached);
@@ -247,9 +243,9 @@ absl::StatusOr<v1::BufferInfo> Engine::AllocateBuffer(const std::string& session
       !FitsBufferQuota(*session, (*buffer)->size(), gpu)) {
     return absl::ResourceExhaustedError("buffer quota exceeded by concurrent allocations");
   }
-  const v1::BufferInfo info = InfoOf(RandomId("b-"), **buffer);
+  const BufferView info = InfoOf(RandomId("b-"), **buffer);
   (gpu ? session->gpu_buffer_bytes : session->buffer_bytes) += (*buffer)->size();
-  session->buffers.emplace(info.buffer_id(), *std::move(buffer));
+  session->buffers.emplace(info.buffer_id, *std::move(buffer));
   return info;
 }
 

@@ -36,22 +36,22 @@ std::string Engine::MemberLabel(const Mesh& mesh, int index) {
   return label;
 }
 
-v1::Member Engine::MemberInfo(const Mesh& mesh, int index) {
-  v1::Member m;
-  m.set_index(index);
-  for (int c : mesh.shape.Coordinate(index)) m.add_coordinate(c);
+MemberView Engine::MemberInfo(const Mesh& mesh, int index) {
+  MemberView m;
+  m.index = index;
+  m.coordinate = mesh.shape.Coordinate(index);
   const std::string& sid = mesh.member_session[index];
-  m.set_session_id(DisplayId(sid));
+  m.session_id = DisplayId(sid);
   if (Session* s = sid.empty() ? nullptr : FindSession(sid)) {
-    m.set_client_name(s->client_name);
-    m.set_pid(s->pid);
+    m.client_name = s->client_name;
+    m.pid = s->pid;
   }
   const std::string host = HostOf(mesh, index);
-  m.set_host(host.empty() ? options_.host : host);
+  m.host = host.empty() ? options_.host : host;
   return m;
 }
 
-void Engine::AddMemberSidePending(const Mesh& mesh, v1::ListPendingOpsResponse* resp) {
+void Engine::AddMemberSidePending(const Mesh& mesh, std::vector<PendingOpView>& ops) {
   // Everything read here is the members' to write: keys are only compared,
   // text is bounded and cleaned, times are clamped.
   const member_ops::View& v = mesh.seg;
@@ -100,56 +100,51 @@ void Engine::AddMemberSidePending(const Mesh& mesh, v1::ListPendingOpsResponse* 
       }
     }
     if (here.empty() || missing.empty()) continue;  // done, or nobody waits at it
-    auto* p = resp->add_ops();
-    p->set_mesh_id(mesh.id);
-    p->set_mesh_name(mesh.name);
-    p->set_sequence(-1);
-    p->set_member_side(true);
-    p->set_member_op(static_cast<int64_t>(s));
-    p->set_description(what);
-    for (int32_t m : here) p->add_submitted(m);
-    for (int32_t m : missing) p->add_missing(m);
-    p->set_state("waiting");
-    const int64_t age_ms = std::max<int64_t>(0, (now_ns - first_ns) / 1000000);
-    p->set_age_ms(age_ms);
-    p->set_deadline_ms(std::max<int64_t>(0, Millis(mesh.op_timeout) - age_ms));
+    PendingOpView& p = ops.emplace_back();
+    p.mesh_id = mesh.id;
+    p.mesh_name = mesh.name;
+    p.sequence = -1;
+    p.member_side = true;
+    p.member_op = static_cast<int64_t>(s);
+    p.description = what;
+    p.submitted = std::move(here);
+    p.missing = std::move(missing);
+    p.state = "waiting";
+    p.age_ms = std::max<int64_t>(0, (now_ns - first_ns) / 1000000);
+    p.deadline_ms = std::max<int64_t>(0, Millis(mesh.op_timeout) - p.age_ms);
   }
 }
 
-v1::MeshInfo Engine::MeshInfoOf(const Mesh& mesh) {
-  v1::MeshInfo info;
-  info.set_mesh_id(mesh.id);
-  info.set_name(mesh.name);
-  info.set_scope(mesh.scope);
-  for (size_t i = 0; i < mesh.shape.names.size(); ++i) {
-    auto* a = info.add_axes();
-    a->set_name(mesh.shape.names[i]);
-    a->set_size(mesh.shape.sizes[i]);
-  }
-  info.set_generation(mesh.generation);
-  info.set_state(mesh.state == MeshState::kForming ? "FORMING"
-                 : mesh.state == MeshState::kReady ? "READY"
-                                                   : "BROKEN");
+MeshView Engine::MeshInfoOf(const Mesh& mesh) {
+  MeshView info;
+  info.mesh_id = mesh.id;
+  info.name = mesh.name;
+  info.scope = mesh.scope;
+  info.shape = mesh.shape;
+  info.generation = mesh.generation;
+  info.state = mesh.state == MeshState::kForming ? "FORMING"
+               : mesh.state == MeshState::kReady ? "READY"
+                                                 : "BROKEN";
   for (size_t i = 0; i < mesh.member_session.size(); ++i) {
     if (!mesh.member_session[i].empty() || !HostOf(mesh, static_cast<int>(i)).empty()) {
-      *info.add_members() = MemberInfo(mesh, static_cast<int>(i));
+      info.members.push_back(MemberInfo(mesh, static_cast<int>(i)));
     }
   }
-  info.set_op_timeout_ms(Millis(mesh.op_timeout));
-  info.set_completed_ops(mesh.completed);
+  info.op_timeout_ms = Millis(mesh.op_timeout);
+  info.completed_ops = mesh.completed;
   if (mesh.segment) {
-    info.set_member_op_bytes(mesh.seg.layout.payload_bytes);
-    for (v1::Member& m : *info.mutable_members()) {
-      m.set_member_side_ops(ReportedMemberSideOps(mesh.seg, m.index()));
+    info.member_op_bytes = static_cast<int64_t>(mesh.seg.layout.payload_bytes);
+    for (MemberView& m : info.members) {
+      m.member_side_ops = ReportedMemberSideOps(mesh.seg, m.index);
     }
-    info.set_member_side_ops(MostMemberSideOps(mesh.seg));
+    info.member_side_ops = MostMemberSideOps(mesh.seg);
   }
   return info;
 }
 
-absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
-                                                  const std::string& mesh_name,
-                                                  const std::string& scope) {
+absl::StatusOr<MeshView> Engine::DescribeMesh(const std::string& mesh_id,
+                                              const std::string& mesh_name,
+                                              const std::string& scope) {
   MutexLock lock(&mu_);
   std::string id = mesh_id;
   if (id.empty()) {
@@ -166,142 +161,131 @@ absl::StatusOr<v1::MeshInfo> Engine::DescribeMesh(const std::string& mesh_id,
 }
 
 void Engine::CountByDevice(const Session& s,
-                           std::map<std::string, v1::DeviceBufferStats>& by_device) {
+                           std::map<std::string, DeviceBuffers>& by_device) {
   for (const auto& [id, buffer] : s.buffers) {
     const std::string device = buffer->device();
-    v1::DeviceBufferStats& d = by_device[device];
-    d.set_device(device);
-    d.set_kind(std::string(buffer->kind()));
-    d.set_buffers(d.buffers() + 1);
-    d.set_buffer_bytes(d.buffer_bytes() + static_cast<int64_t>(buffer->size()));
+    DeviceBuffers& d = by_device[device];
+    d.device = device;
+    d.kind = std::string(buffer->kind());
+    ++d.buffers;
+    d.buffer_bytes += static_cast<int64_t>(buffer->size());
   }
 }
 
-v1::ListSessionsResponse Engine::ListSessions() {
+std::vector<SessionView> Engine::ListSessions() {
   MutexLock lock(&mu_);
-  v1::ListSessionsResponse resp;
+  std::vector<SessionView> sessions;
   for (const auto& [id, s] : sessions_) {
-    auto* info = resp.add_sessions();
-    info->set_session_id(DisplayId(id));
-    info->set_client_name(s->client_name);
-    info->set_pid(s->pid);
-    info->set_uid(s->uid);
-    info->set_attached(s->attached);
-    info->set_buffers(static_cast<int32_t>(s->buffers.size()));
-    info->set_buffer_bytes(static_cast<int64_t>(s->buffer_bytes + s->gpu_buffer_bytes));
-    std::map<std::string, v1::DeviceBufferStats> by_device;
+    SessionView& info = sessions.emplace_back();
+    info.session_id = DisplayId(id);
+    info.client_name = s->client_name;
+    info.pid = s->pid;
+    info.uid = s->uid;
+    info.attached = s->attached;
+    info.buffers = static_cast<int32_t>(s->buffers.size());
+    info.buffer_bytes = static_cast<int64_t>(s->buffer_bytes + s->gpu_buffer_bytes);
+    std::map<std::string, DeviceBuffers> by_device;
     CountByDevice(*s, by_device);
-    for (const auto& [device, d] : by_device) *info->add_buffers_by_device() = d;
-    for (const auto& [mesh_id, index] : s->meshes) info->add_mesh_ids(mesh_id);
-    info->set_ops_submitted(s->ops_submitted);
+    for (auto& [device, d] : by_device) info.buffers_by_device.push_back(std::move(d));
+    for (const auto& [mesh_id, index] : s->meshes) info.mesh_ids.push_back(mesh_id);
+    info.ops_submitted = s->ops_submitted;
   }
-  return resp;
+  return sessions;
 }
 
-v1::ListMeshesResponse Engine::ListMeshes() {
+std::vector<MeshView> Engine::ListMeshes() {
   MutexLock lock(&mu_);
-  v1::ListMeshesResponse resp;
-  for (const auto& [id, mesh] : meshes_) *resp.add_meshes() = MeshInfoOf(*mesh);
-  return resp;
+  std::vector<MeshView> meshes;
+  for (const auto& [id, mesh] : meshes_) meshes.push_back(MeshInfoOf(*mesh));
+  return meshes;
 }
 
-absl::StatusOr<v1::ListPendingOpsResponse> Engine::ListPendingOps(const std::string& mesh_id) {
+absl::StatusOr<std::vector<PendingOpView>> Engine::ListPendingOps(const std::string& mesh_id) {
   MutexLock lock(&mu_);
   if (!mesh_id.empty() && !meshes_.count(mesh_id)) {
     return absl::NotFoundError(absl::StrCat("mesh '", mesh_id, "' not found"));
   }
-  v1::ListPendingOpsResponse resp;
+  std::vector<PendingOpView> ops;
   absl::Time now = absl::Now();
   for (const auto& [id, mesh] : meshes_) {
     if (!mesh_id.empty() && id != mesh_id) continue;
     for (const auto& [seq, op] : mesh->pending) {
-      auto* p = resp.add_ops();
-      p->set_mesh_id(id);
-      p->set_mesh_name(mesh->name);
-      p->set_sequence(seq);
+      PendingOpView& p = ops.emplace_back();
+      p.mesh_id = id;
+      p.mesh_name = mesh->name;
+      p.sequence = seq;
       for (int i = 0; i < static_cast<int>(op.subs.size()); ++i) {
         if (op.subs[i]) {
-          p->add_submitted(i);
-          if (p->description().empty()) p->set_description(op.subs[i]->plan->signature);
+          p.submitted.push_back(i);
+          if (p.description.empty()) p.description = op.subs[i]->plan->signature;
         } else if (mesh->cluster && !mesh->member_host.empty() &&
                    mesh->member_host[i] != options_.rendezvous->host_id()) {
-          p->add_elsewhere(i);
+          p.elsewhere.push_back(i);
         } else {
-          p->add_missing(i);
+          p.missing.push_back(i);
         }
       }
-      p->set_state(op.running ? "running"
-                   : op.submitted == mesh->local_members ? "queued"
-                                                               : "waiting");
-      p->set_age_ms(Millis(now - op.first_submit));
-      p->set_deadline_ms(std::max<int64_t>(0, Millis(op.deadline - now)));
+      p.state = op.running ? "running"
+                : op.submitted == mesh->local_members ? "queued"
+                                                      : "waiting";
+      p.age_ms = Millis(now - op.first_submit);
+      p.deadline_ms = std::max<int64_t>(0, Millis(op.deadline - now));
     }
-    if (mesh->segment && mesh->state == MeshState::kReady) AddMemberSidePending(*mesh, &resp);
+    if (mesh->segment && mesh->state == MeshState::kReady) AddMemberSidePending(*mesh, ops);
   }
-  return resp;
+  return ops;
 }
 
-v1::GetStatsResponse Engine::GetStats() {
-  v1::GetStatsResponse resp;
+EngineStats Engine::GetStats() {
+  EngineStats resp;
   if (options_.rendezvous != nullptr) {
     // Outside mu_: the rendezvous takes its own locks.
     RendezvousStatus r = options_.rendezvous->Status();
-    v1::ClusterStats* c = resp.mutable_cluster();
-    c->set_host_id(options_.rendezvous->host_id());
-    c->set_state(r.state);
-    c->set_coordinator(r.coordinator);
-    c->set_serves_coordinator(r.serves_coordinator);
-    c->set_last_error(r.last_error);
+    resp.in_cluster = true;
+    ClusterView& c = resp.cluster;
+    c.host_id = options_.rendezvous->host_id();
+    c.state = r.state;
+    c.coordinator = r.coordinator;
+    c.serves_coordinator = r.serves_coordinator;
+    c.last_error = r.last_error;
   }
   MutexLock lock(&mu_);
   if (options_.rendezvous != nullptr) {
-    v1::ClusterStats* c = resp.mutable_cluster();
-    int32_t across = 0;
-    for (const auto& [id, mesh] : meshes_) across += mesh->cross ? 1 : 0;
-    c->set_meshes_across_hosts(across);
-    c->set_ops_across_hosts(cross_ops_completed_);
-    c->set_ops_across_hosts_failed(cross_ops_failed_);
+    ClusterView& c = resp.cluster;
+    for (const auto& [id, mesh] : meshes_) c.meshes_across_hosts += mesh->cross ? 1 : 0;
+    c.ops_across_hosts = cross_ops_completed_;
+    c.ops_across_hosts_failed = cross_ops_failed_;
   }
-  resp.set_daemon_id(options_.daemon_id);
-  resp.set_uptime_ms(Millis(absl::Now() - started_));
-  resp.set_sessions(static_cast<int32_t>(sessions_.size()));
-  resp.set_meshes(static_cast<int32_t>(meshes_.size()));
-  int64_t member_side = 0;
+  resp.daemon_id = options_.daemon_id;
+  resp.uptime_ms = Millis(absl::Now() - started_);
+  resp.sessions = static_cast<int32_t>(sessions_.size());
+  resp.meshes = static_cast<int32_t>(meshes_.size());
   for (const auto& [id, mesh] : meshes_) {
-    if (mesh->segment) member_side += MostMemberSideOps(mesh->seg);
+    if (mesh->segment) resp.member_side_ops += MostMemberSideOps(mesh->seg);
   }
-  resp.set_member_side_ops(member_side);
-  resp.set_member_segment_bytes(static_cast<int64_t>(segment_bytes_));
-  int64_t buffers = 0, bytes = 0;
-  std::map<std::string, v1::DeviceBufferStats> by_device;
+  resp.member_segment_bytes = static_cast<int64_t>(segment_bytes_);
+  int64_t buffers = 0;
+  std::map<std::string, DeviceBuffers> by_device;
   for (const auto& [id, s] : sessions_) {
     buffers += static_cast<int64_t>(s->buffers.size());
-    bytes += static_cast<int64_t>(s->buffer_bytes + s->gpu_buffer_bytes);
+    resp.buffer_bytes += static_cast<int64_t>(s->buffer_bytes + s->gpu_buffer_bytes);
     CountByDevice(*s, by_device);
   }
-  resp.set_buffers(static_cast<int32_t>(buffers));
-  resp.set_buffer_bytes(bytes);
-  int64_t completed = 0, failed = 0;
+  resp.buffers = static_cast<int32_t>(buffers);
   for (const auto& [kind, k] : stats_) {
-    auto* out = resp.add_by_kind();
-    out->set_kind(std::string(OpKindName(static_cast<OpKind>(kind))));
-    out->set_completed(k.completed);
-    out->set_failed(k.failed);
-    out->set_bytes(k.bytes);
-    out->set_bytes_read(static_cast<int64_t>(k.bytes_read));
-    out->set_bytes_written(static_cast<int64_t>(k.bytes_written));
-    out->set_bytes_required(static_cast<int64_t>(k.bytes_required));
-    completed += k.completed;
-    failed += k.failed;
+    resp.by_kind.push_back(KindStats{static_cast<OpKind>(kind), k.completed, k.failed, k.bytes,
+                                     static_cast<int64_t>(k.bytes_read),
+                                     static_cast<int64_t>(k.bytes_written),
+                                     static_cast<int64_t>(k.bytes_required)});
+    resp.ops_completed += k.completed;
+    resp.ops_failed += k.failed;
   }
-  resp.set_ops_completed(completed);
-  resp.set_ops_failed(failed);
-  resp.set_submitted_fast_path(submitted_[0].load(std::memory_order_relaxed));
-  resp.set_submitted_execute(submitted_[1].load(std::memory_order_relaxed));
-  resp.set_submitted_unary(submitted_[2].load(std::memory_order_relaxed));
+  resp.submitted_fast_path = submitted_[0].load(std::memory_order_relaxed);
+  resp.submitted_execute = submitted_[1].load(std::memory_order_relaxed);
+  resp.submitted_unary = submitted_[2].load(std::memory_order_relaxed);
   Executor* host = ExecutorFor("memfd");
-  resp.set_executor_threads(host != nullptr ? host->threads() : 0);
-  for (const auto& [device, d] : by_device) *resp.add_buffers_by_device() = d;
+  resp.executor_threads = host != nullptr ? host->threads() : 0;
+  for (auto& [device, d] : by_device) resp.buffers_by_device.push_back(std::move(d));
   return resp;
 }
 

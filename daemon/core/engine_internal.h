@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "collectived/v1/collective.pb.h"
+#include "plan/op_request.h"
 #include "common/member_ops.h"
 #include "plan/op_plan.h"
 
@@ -52,19 +52,20 @@ inline absl::Status CheckRange(absl::string_view what, const std::string& id, in
   return absl::OkStatus();
 }
 
-// Checks the declared length of a region (BufferRef.size_bytes), when the
+// Checks the declared length of a region (BufferRegion::size_bytes), when the
 // client gave one, against the `bytes` of `data` (e.g. "result f32[8]") that
 // the op reads or writes there.
 inline absl::Status CheckDeclared(absl::string_view kind, absl::string_view what,
-                           const v1::BufferRef& ref, uint64_t bytes, absl::string_view data) {
-  if (!ref.has_size_bytes()) return absl::OkStatus();
-  if (ref.size_bytes() < 0) {
+                           const BufferRegion& ref, uint64_t bytes, absl::string_view data) {
+  if (!ref.size_bytes.has_value()) return absl::OkStatus();
+  const int64_t declared = *ref.size_bytes;
+  if (declared < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kind, ": ", what, " size_bytes ", ref.size_bytes(), " is negative"));
+        absl::StrCat(kind, ": ", what, " size_bytes ", declared, " is negative"));
   }
-  if (static_cast<uint64_t>(ref.size_bytes()) < bytes) {
+  if (static_cast<uint64_t>(declared) < bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kind, ": ", what, " region of ", ref.size_bytes(), " bytes is smaller than the ", data,
+        kind, ": ", what, " region of ", declared, " bytes is smaller than the ", data,
         " of ", bytes, " bytes; give ", what == "output" ? "an output" : "an input",
         " of at least ", bytes, " bytes"));
   }

@@ -23,7 +23,7 @@ namespace collectived {
 
 using namespace engine_internal;  // NOLINT(build/namespaces): the engine's own helpers
 
-void Engine::JoinMesh(const v1::JoinMeshRequest& req, JoinDone done) {
+void Engine::JoinMesh(const JoinRequest& req, JoinDone done) {
   Callbacks cbs;
   // Run after unlocking, on every return.
   absl::Cleanup run_callbacks = [&cbs] { Run(cbs); };
@@ -31,13 +31,13 @@ void Engine::JoinMesh(const v1::JoinMeshRequest& req, JoinDone done) {
   const absl::Status error = JoinLocked(req, done, cbs);
   if (error.ok()) return;
   LogEventLater(cbs, LogLevel::kWarn, "join_failed",
-                {{"mesh", req.mesh_name()}, {"session", DisplayId(req.session_id())},
+                {{"mesh", req.mesh_name}, {"session", DisplayId(req.session_id)},
                  {"error", error.ToString()}});
   cbs.push_back([done = std::move(done), error] { done(error); });
 }
 
-absl::Status Engine::JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, Callbacks& cbs) {
-  auto s = GetSession(req.session_id());
+absl::Status Engine::JoinLocked(const JoinRequest& req, JoinDone& done, Callbacks& cbs) {
+  auto s = GetSession(req.session_id);
   if (!s.ok()) return s.status();
   Session* session = *s;
   const absl::StatusOr<JoinSpec> valid =
@@ -52,7 +52,7 @@ absl::Status Engine::JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, 
     if (m == meshes_.end() || m->second->key != spec.key) continue;
     if (m->second->state != MeshState::kBroken) {
       return absl::AlreadyExistsError(absl::StrCat(
-          "this session is already member ", member_index, " of mesh '", req.mesh_name(),
+          "this session is already member ", member_index, " of mesh '", req.mesh_name,
           "' (generation ", m->second->generation, ")"));
     }
     stale.emplace_back(mesh_id, member_index);
@@ -77,8 +77,8 @@ absl::Status Engine::JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, 
     meshes_.at(old_id)->member_left[old_index] = true;
     MaybeEraseMesh(old_id);
   }
-  if (req.op_timeout_ms() > 0 && !mesh->op_timeout_set) {
-    mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms());
+  if (req.op_timeout_ms > 0 && !mesh->op_timeout_set) {
+    mesh->op_timeout = absl::Milliseconds(req.op_timeout_ms);
     mesh->op_timeout_set = true;
   }
   mesh->member_session[index] = session->id;
@@ -87,7 +87,7 @@ absl::Status Engine::JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, 
   waiter.session_id = session->id;
   waiter.done = std::move(done);
   absl::Duration timeout =
-      req.timeout_ms() > 0 ? absl::Milliseconds(req.timeout_ms()) : options_.join_timeout;
+      req.timeout_ms > 0 ? absl::Milliseconds(req.timeout_ms) : options_.join_timeout;
   std::string mesh_id = mesh->id;
   waiter.deadline = absl::Now() + timeout;
   waiter.timer = timer_->Schedule(waiter.deadline,
@@ -113,19 +113,19 @@ absl::Status Engine::JoinLocked(const v1::JoinMeshRequest& req, JoinDone& done, 
   return absl::OkStatus();
 }
 
-absl::StatusOr<Engine::Mesh*> Engine::MeshToJoinLocked(const v1::JoinMeshRequest& req,
+absl::StatusOr<Engine::Mesh*> Engine::MeshToJoinLocked(const JoinRequest& req,
                                                        const JoinSpec& spec, Session& session,
                                                        Callbacks& cbs) {
   auto by_name = mesh_by_name_.find(spec.key);
   if (by_name == mesh_by_name_.end()) return NewMeshLocked(req, spec, cbs);
   Mesh& mesh = *meshes_.at(by_name->second);
-  if (mesh.state == MeshState::kReady && mesh.token == req.join_token()) {
+  if (mesh.state == MeshState::kReady && mesh.token == req.join_token) {
     return absl::FailedPreconditionError(absl::StrCat(
         "mesh '", mesh.name, "' generation ", mesh.generation, " is already full (",
         mesh.shape.num_members(), " members)"));
   }
   absl::Status refused;
-  if (mesh.token != req.join_token()) {
+  if (mesh.token != req.join_token) {
     refused = absl::PermissionDeniedError(absl::StrCat(
         "mesh '", mesh.name, "' needs the join token its first member set"));
   } else if (mesh.shape.names != spec.shape.names || mesh.shape.sizes != spec.shape.sizes) {
@@ -138,11 +138,11 @@ absl::StatusOr<Engine::Mesh*> Engine::MeshToJoinLocked(const v1::JoinMeshRequest
         mesh.assign ? "asked the daemon to assign coordinates"
                      : "gave explicit coordinates",
         "; every member must do the same"));
-  } else if (req.op_timeout_ms() > 0 && mesh.op_timeout_set &&
-             Millis(mesh.op_timeout) != req.op_timeout_ms()) {
+  } else if (req.op_timeout_ms > 0 && mesh.op_timeout_set &&
+             Millis(mesh.op_timeout) != req.op_timeout_ms) {
     refused = absl::FailedPreconditionError(absl::StrCat(
         "mesh '", mesh.name, "' has op_timeout_ms ", Millis(mesh.op_timeout),
-        " but this join asks for ", req.op_timeout_ms()));
+        " but this join asks for ", req.op_timeout_ms));
   }
   if (!refused.ok()) {
     // The members already waiting hear of it if they time out.
@@ -160,15 +160,15 @@ absl::StatusOr<Engine::Mesh*> Engine::MeshToJoinLocked(const v1::JoinMeshRequest
   return &mesh;
 }
 
-absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const v1::JoinMeshRequest& req,
+absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const JoinRequest& req,
                                                     const JoinSpec& spec, Callbacks& cbs) {
   // No mesh holds the name now, but an earlier generation's token may
   // still bind it.
   auto record = names_.find(spec.key);
   if (record != names_.end() && record->second.held(absl::Now(), options_.token_hold) &&
-      record->second.token != req.join_token()) {
+      record->second.token != req.join_token) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "mesh '", req.mesh_name(), "' needs the join token of its generation ",
+        "mesh '", req.mesh_name, "' needs the join token of its generation ",
         record->second.last_generation,
         " (a mesh's token carries over to its next generations)"));
   }
@@ -178,13 +178,13 @@ absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const v1::JoinMeshRequest& r
   }
   auto m = std::make_unique<Mesh>();
   m->id = RandomId("m-");
-  m->name = req.mesh_name();
-  m->scope = req.scope();
+  m->name = req.mesh_name;
+  m->scope = req.scope;
   m->key = spec.key;
-  m->token = req.join_token();
+  m->token = req.join_token;
   m->shape = spec.shape;
   NameRecord& name = names_[spec.key];
-  name.token = req.join_token();
+  name.token = req.join_token;
   ++name.meshes;
   m->generation = ++name.last_generation;
   m->assign = spec.assign;
@@ -199,7 +199,7 @@ absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const v1::JoinMeshRequest& r
     m->join_info.key = absl::StrCat("mesh", spec.key);
     m->join_info.axes = AxesString(spec.shape);
     m->join_info.members = spec.members;
-    m->join_info.token = req.join_token();
+    m->join_info.token = req.join_token;
     m->registered.assign(spec.members, false);
   }
   Mesh* mesh = m.get();
@@ -241,13 +241,11 @@ void Engine::CompleteJoin(Mesh& mesh, Callbacks& cbs) {
       }
     }
   }
-  v1::MeshInfo info = MeshInfoOf(mesh);
+  const MeshView info = MeshInfoOf(mesh);
   for (auto& [index, waiter] : mesh.join_waiters) {
     timer_->Cancel(waiter.timer);
-    v1::JoinMeshResponse resp;
-    *resp.mutable_mesh() = info;
-    *resp.mutable_self() = MemberInfo(mesh, index);
-    cbs.push_back([done = std::move(waiter.done), resp = std::move(resp)] { done(resp); });
+    Joined joined{info, MemberInfo(mesh, index)};
+    cbs.push_back([done = std::move(waiter.done), joined = std::move(joined)] { done(joined); });
   }
   mesh.join_waiters.clear();
   LogEventLater(cbs, LogLevel::kInfo, "mesh_ready",

@@ -80,7 +80,7 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> FindBuffer(const BufferTable& buff
 
 }  // namespace
 
-absl::Status ResolveBuffers(const v1::OpSpec& op, const OpPlan& plan,
+absl::Status ResolveBuffers(const OpRequest& op, const OpPlan& plan,
                             const BufferTable& buffers, SubmittedBuffers& out) {
   if (plan.kind == OpKind::kBarrier || (plan.in_bytes == 0 && plan.out_bytes == 0)) {
     return absl::OkStatus();
@@ -91,17 +91,17 @@ absl::Status ResolveBuffers(const v1::OpSpec& op, const OpPlan& plan,
                       : FindBuffer(buffers, id, what);
   };
   const absl::string_view kind = OpKindName(plan.kind);
-  auto in = find(op.input().buffer_id(), "input");
+  auto in = find(op.input.buffer_id, "input");
   if (!in.ok()) return in.status();
-  absl::Status st = CheckDeclared(kind, "input", op.input(), plan.in_bytes,
+  absl::Status st = CheckDeclared(kind, "input", op.input, plan.in_bytes,
                                   absl::StrCat("input ", ShapeString(plan.dtype, plan.in_shape)));
   if (!st.ok()) return st;
-  st = CheckRange("input", op.input().buffer_id(), op.input().offset(), plan.in_bytes,
+  st = CheckRange("input", op.input.buffer_id, op.input.offset, plan.in_bytes,
                   (*in)->size(), DTypeSize(plan.dtype));
   if (!st.ok()) return st;
   out.in_buf = *in;
-  out.in_offset = static_cast<uint64_t>(op.input().offset());
-  if (!op.has_output()) {
+  out.in_offset = static_cast<uint64_t>(op.input.offset);
+  if (!op.output.has_value()) {
     if (plan.out_bytes != plan.in_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           kind, ": the result ", ShapeString(plan.out_dtype, plan.out_shape),
@@ -112,23 +112,23 @@ absl::Status ResolveBuffers(const v1::OpSpec& op, const OpPlan& plan,
     out.out_offset = out.in_offset;
     return absl::OkStatus();
   }
-  auto res = find(op.output().buffer_id(), "output");
+  auto res = find(op.output->buffer_id, "output");
   if (!res.ok()) return res.status();
   // The result must fit in the region the client declared, not only in the
   // buffer: else it would overwrite what follows the region.
-  st = CheckDeclared(kind, "output", op.output(), plan.out_bytes,
+  st = CheckDeclared(kind, "output", *op.output, plan.out_bytes,
                      absl::StrCat("result ", ShapeString(plan.out_dtype, plan.out_shape)));
   if (!st.ok()) return st;
-  st = CheckRange("output", op.output().buffer_id(), op.output().offset(), plan.out_bytes,
+  st = CheckRange("output", op.output->buffer_id, op.output->offset, plan.out_bytes,
                   (*res)->size(), DTypeSize(plan.out_dtype));
   if (!st.ok()) return st;
   out.out_buf = *res;
-  out.out_offset = static_cast<uint64_t>(op.output().offset());
+  out.out_offset = static_cast<uint64_t>(op.output->offset);
   // One member's op runs on one kind of memory, on one device.
   if (out.out_buf->kind() != out.in_buf->kind() || out.out_buf->device() != out.in_buf->device()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kind, ": the input buffer '", op.input().buffer_id(), "' is ", out.in_buf->kind(),
-        " memory on ", out.in_buf->device(), " but the output buffer '", op.output().buffer_id(),
+        kind, ": the input buffer '", op.input.buffer_id, "' is ", out.in_buf->kind(),
+        " memory on ", out.in_buf->device(), " but the output buffer '", op.output->buffer_id,
         "' is ", out.out_buf->kind(), " memory on ", out.out_buf->device(),
         "; an op's input and output must be on the same device"));
   }
@@ -140,9 +140,8 @@ absl::Status ResolveBuffers(const v1::OpSpec& op, const OpPlan& plan,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
-                                                  const v1::OpSpec& op, bool retain,
-                                                  OpDone done) {
+absl::StatusOr<Accepted> Engine::Submit(const std::string& session_id, const OpRequest& op,
+                                        bool retain, OpDone done) {
   Callbacks cbs;
   // Run after unlocking, on every return (a refusal may have broken the mesh).
   absl::Cleanup run_callbacks = [&cbs] { Run(cbs); };
@@ -151,15 +150,15 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
   if (!s.ok()) return s.status();
   Session* session = *s;
   // Stream-ordered submission: the words first, so that a refusal below
-  // still releases the client's stream (see v1::StreamSync).
+  // still releases the client's stream (see StreamOrder).
   std::optional<SyncWords> sync;
-  if (op.has_stream_sync()) {
+  if (op.stream_sync.has_value()) {
     auto find = [&](const std::string& id, const char* what) {
       return FindBuffer(session->buffers, id, what);
     };
-    auto words = SyncWords::Resolve(op.stream_sync(), find);
+    auto words = SyncWords::Resolve(*op.stream_sync, find);
     if (!words.ok()) {
-      SyncWords::ReleaseDoneIfValid(op.stream_sync(), find);
+      SyncWords::ReleaseDoneIfValid(*op.stream_sync, find);
       return words.status();
     }
     sync = *std::move(words);
@@ -172,23 +171,23 @@ absl::StatusOr<v1::SubmitResponse> Engine::Submit(const std::string& session_id,
   if (retain) {
     if (absl::Status st = MakeRoomToRetainLocked(*session); !st.ok()) return st;
   }
-  Mesh& mesh = *meshes_.at(op.mesh_id());
+  Mesh& mesh = *meshes_.at(op.mesh_id);
   std::move(release_if_refused).Cancel();
   sub->done = retain ? RetainingDone(*session, std::move(done)) : std::move(done);
   sub->sync = sync;
-  return EnqueueLocked(mesh, session->meshes.at(op.mesh_id()), *std::move(sub), op, *session,
+  return EnqueueLocked(mesh, session->meshes.at(op.mesh_id), *std::move(sub), op, *session,
                        cbs);  // then run_callbacks
 }
 
 absl::StatusOr<Engine::Submission> Engine::ResolveSubmissionLocked(Session& session,
-                                                                    const v1::OpSpec& op,
+                                                                    const OpRequest& op,
                                                                     Callbacks& cbs) {
-  auto member = session.meshes.find(op.mesh_id());
+  auto member = session.meshes.find(op.mesh_id);
   if (member == session.meshes.end()) {
     return absl::NotFoundError(absl::StrCat(
-        "mesh '", op.mesh_id(), "' not found among this session's meshes (join it first)"));
+        "mesh '", op.mesh_id, "' not found among this session's meshes (join it first)"));
   }
-  Mesh& mesh = *meshes_.at(op.mesh_id());
+  Mesh& mesh = *meshes_.at(op.mesh_id);
   if (mesh.state == MeshState::kForming) {
     return absl::FailedPreconditionError(
         absl::StrCat("mesh '", mesh.name, "' has not formed yet"));
@@ -206,7 +205,7 @@ absl::StatusOr<Engine::Submission> Engine::ResolveSubmissionLocked(Session& sess
     return absl::AbortedError(absl::StrCat("mesh '", mesh.name, "' generation ",
                                            mesh.generation, " is broken: ", mesh.broken_reason));
   }
-  if (op.timeout_ms() < 0) return absl::InvalidArgumentError("timeout_ms must be >= 0");
+  if (op.timeout_ms < 0) return absl::InvalidArgumentError("timeout_ms must be >= 0");
   auto plan = PlanOp(op, mesh.shape);
   if (!plan.ok()) return plan.status();
   Submission sub;
@@ -260,8 +259,8 @@ OpDone Engine::RetainingDone(Session& session, OpDone user_done) {
   };
 }
 
-v1::SubmitResponse Engine::EnqueueLocked(Mesh& mesh, int index, Submission sub,
-                                         const v1::OpSpec& op, Session& session, Callbacks& cbs) {
+Accepted Engine::EnqueueLocked(Mesh& mesh, int index, Submission sub, const OpRequest& op,
+                               Session& session, Callbacks& cbs) {
   const int64_t seq = mesh.next_sequence[index]++;
   if (mesh.segment) {
     // Members waiting member-side at this place take the daemon path too.
@@ -279,7 +278,7 @@ v1::SubmitResponse Engine::EnqueueLocked(Mesh& mesh, int index, Submission sub,
     pending.subs.resize(mesh.shape.num_members());
     pending.first_submit = absl::Now();
     absl::Duration timeout =
-        op.timeout_ms() > 0 ? absl::Milliseconds(op.timeout_ms()) : mesh.op_timeout;
+        op.timeout_ms > 0 ? absl::Milliseconds(op.timeout_ms) : mesh.op_timeout;
     pending.deadline = pending.first_submit + timeout;
     std::string mesh_id = mesh.id;
     pending.timer = timer_->Schedule(pending.deadline,
@@ -287,19 +286,15 @@ v1::SubmitResponse Engine::EnqueueLocked(Mesh& mesh, int index, Submission sub,
   }
   const int64_t op_id = session.next_op_id++;
   ++session.ops_submitted;
-  v1::SubmitResponse resp;
-  resp.set_op_id(op_id);
-  resp.set_sequence(seq);
-  for (int64_t d : sub.plan->out_shape) resp.add_out_shape(d);
-  resp.set_out_dtype(ToProto(sub.plan->out_dtype));
+  Accepted accepted{op_id, seq, sub.plan->out_shape, sub.plan->out_dtype};
   pending.subs[index] = std::move(sub);
   ++pending.submitted;
   if (pending.submitted == mesh.local_members) OnOpFull(mesh, pending, cbs);
-  return resp;
+  return accepted;
 }
 
 void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs) {
-  // The client's stream goes on whatever the outcome (v1::StreamSync).
+  // The client's stream goes on whatever the outcome (StreamOrder).
   if (sub.sync) sub.sync->Release();
   if (!sub.done) return;
   OpOutcome o = outcome;
@@ -309,7 +304,7 @@ void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Cal
 }
 
 void Engine::CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic) {
-  KindStats& k = stats_[static_cast<int>(kind)];
+  KindCounts& k = stats_[static_cast<int>(kind)];
   if (ok) {
     ++k.completed;
     k.bytes += static_cast<int64_t>(bytes);
@@ -747,16 +742,13 @@ std::string Engine::MissingAt(const std::string& mesh_id, int64_t sequence) {
 }
 
 void Engine::Wait(const std::string& session_id, int64_t op_id, absl::Duration timeout,
-                  std::function<void(absl::StatusOr<v1::WaitResponse>)> done) {
+                  std::function<void(absl::StatusOr<Waited>)> done) {
   auto respond = [op_id, done](const OpOutcome& outcome) {
     if (!outcome.status.ok()) {
       done(outcome.status);
       return;
     }
-    v1::WaitResponse resp;
-    resp.set_op_id(op_id);
-    resp.set_sequence(outcome.sequence);
-    done(resp);
+    done(Waited{op_id, outcome.sequence});
   };
   absl::Status error;
   std::optional<OpOutcome> ready;

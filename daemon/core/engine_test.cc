@@ -49,20 +49,18 @@ class EngineTest : public ::testing::Test {
   std::string NewSession(const std::string& name = "member") {
     auto s = engine_->CreateSession(name);
     EXPECT_TRUE(s.ok()) << s.status();
-    EXPECT_TRUE(engine_->AttachSession(s->session_id(), s->attach_token(), 1000, 0).ok());
-    return s->session_id();
+    EXPECT_TRUE(engine_->AttachSession(s->session_id, s->attach_token, 1000, 0).ok());
+    return s->session_id;
   }
 
-  v1::JoinMeshRequest JoinRequest(const std::string& session, const std::string& mesh, int size,
+  JoinRequest JoinReq(const std::string& session, const std::string& mesh, int size,
                                   int64_t timeout_ms = 10000, int64_t op_timeout_ms = 0) {
-    v1::JoinMeshRequest req;
-    req.set_session_id(session);
-    req.set_mesh_name(mesh);
-    auto* a = req.add_axes();
-    a->set_name("i");
-    a->set_size(size);
-    req.set_timeout_ms(timeout_ms);
-    req.set_op_timeout_ms(op_timeout_ms);
+    JoinRequest req;
+    req.session_id = session;
+    req.mesh_name = mesh;
+    req.axes.push_back(AxisRequest{"i", size});
+    req.timeout_ms = timeout_ms;
+    req.op_timeout_ms = op_timeout_ms;
     return req;
   }
 
@@ -71,18 +69,18 @@ class EngineTest : public ::testing::Test {
                                                             int64_t op_timeout_ms = 0) {
     std::vector<std::string> sessions;
     for (int i = 0; i < n; ++i) sessions.push_back(NewSession(absl::StrCat("m", i)));
-    std::vector<std::unique_ptr<Result<absl::StatusOr<v1::JoinMeshResponse>>>> results;
+    std::vector<std::unique_ptr<Result<absl::StatusOr<Joined>>>> results;
     for (int i = 0; i < n; ++i) {
-      results.push_back(std::make_unique<Result<absl::StatusOr<v1::JoinMeshResponse>>>());
-      auto req = JoinRequest(sessions[i], name, n, 10000, op_timeout_ms);
-      req.add_coordinate(i);
+      results.push_back(std::make_unique<Result<absl::StatusOr<Joined>>>());
+      auto req = JoinReq(sessions[i], name, n, 10000, op_timeout_ms);
+      req.coordinate.push_back(i);
       engine_->JoinMesh(req, results.back()->Callback());
     }
     std::vector<std::pair<std::string, std::string>> out;
     for (int i = 0; i < n; ++i) {
       const auto& r = results[i]->Get();
       EXPECT_TRUE(r.ok()) << r.status();
-      out.emplace_back(sessions[i], r.ok() ? r->mesh().mesh_id() : "");
+      out.emplace_back(sessions[i], r.ok() ? r->mesh.mesh_id : "");
     }
     return out;
   }
@@ -92,50 +90,48 @@ class EngineTest : public ::testing::Test {
                      const std::string& device = "") {
     auto info = engine_->AllocateBuffer(session, static_cast<int64_t>(count * 4), device);
     EXPECT_TRUE(info.ok()) << info.status();
-    auto buf = engine_->GetBuffer(session, info->buffer_id());
+    auto buf = engine_->GetBuffer(session, info->buffer_id);
     float* p = static_cast<float*>((*buf)->data());
     for (size_t i = 0; i < count; ++i) p[i] = value;
-    return info->buffer_id();
+    return info->buffer_id;
   }
 
   float* Data(const std::string& session, const std::string& buffer) {
     return static_cast<float*>((*engine_->GetBuffer(session, buffer))->data());
   }
 
-  static v1::OpSpec Op(const std::string& mesh, v1::OpKind kind, const std::string& buffer,
+  static OpRequest Op(const std::string& mesh, OpKind kind, const std::string& buffer,
                        int64_t count) {
-    v1::OpSpec op;
-    op.set_mesh_id(mesh);
-    op.set_kind(kind);
-    op.set_dtype(v1::FLOAT32);
-    op.add_shape(count);
-    op.mutable_input()->set_buffer_id(buffer);
+    OpRequest op;
+    op.mesh_id = mesh;
+    op.kind = kind;
+    op.dtype = DType::kF32;
+    op.shape.push_back(count);
+    op.input.buffer_id = buffer;
     return op;
   }
 
   std::unique_ptr<Engine> engine_;
 };
 
-std::vector<absl::StatusOr<v1::JoinMeshResponse>> JoinAll(Engine& engine,
+std::vector<absl::StatusOr<Joined>> JoinAll(Engine& engine,
                                                           const std::vector<std::string>& sessions,
                                                           const std::string& name,
                                                           const std::string& token) {
   const int n = static_cast<int>(sessions.size());
-  std::vector<std::unique_ptr<Result<absl::StatusOr<v1::JoinMeshResponse>>>> results;
+  std::vector<std::unique_ptr<Result<absl::StatusOr<Joined>>>> results;
   for (int i = 0; i < n; ++i) {
-    results.push_back(std::make_unique<Result<absl::StatusOr<v1::JoinMeshResponse>>>());
-    v1::JoinMeshRequest req;
-    req.set_session_id(sessions[i]);
-    req.set_mesh_name(name);
-    auto* a = req.add_axes();
-    a->set_name("i");
-    a->set_size(n);
-    req.add_coordinate(i);
-    req.set_timeout_ms(10000);
-    req.set_join_token(token);
+    results.push_back(std::make_unique<Result<absl::StatusOr<Joined>>>());
+    JoinRequest req;
+    req.session_id = sessions[i];
+    req.mesh_name = name;
+    req.axes.push_back(AxisRequest{"i", n});
+    req.coordinate.push_back(i);
+    req.timeout_ms = 10000;
+    req.join_token = token;
     engine.JoinMesh(req, results.back()->Callback());
   }
-  std::vector<absl::StatusOr<v1::JoinMeshResponse>> out;
+  std::vector<absl::StatusOr<Joined>> out;
   for (auto& r : results) out.push_back(r->Get());
   return out;
 }
@@ -144,48 +140,48 @@ TEST_F(EngineTest, JoinAssignsDistinctCoordinatesConcurrently) {
   constexpr int kMembers = 6;
   std::vector<std::string> sessions;
   for (int i = 0; i < kMembers; ++i) sessions.push_back(NewSession());
-  std::vector<Result<absl::StatusOr<v1::JoinMeshResponse>>> results(kMembers);
+  std::vector<Result<absl::StatusOr<Joined>>> results(kMembers);
   std::vector<std::thread> threads;
   for (int i = 0; i < kMembers; ++i) {
     threads.emplace_back([&, i] {
-      engine_->JoinMesh(JoinRequest(sessions[i], "auto", kMembers), results[i].Callback());
+      engine_->JoinMesh(JoinReq(sessions[i], "auto", kMembers), results[i].Callback());
     });
   }
   for (auto& t : threads) t.join();
   std::set<int> indices;
   for (auto& r : results) {
     ASSERT_TRUE(r.Get().ok()) << r.Get().status();
-    indices.insert(r.Get()->self().index());
-    EXPECT_EQ(r.Get()->mesh().state(), "READY");
-    EXPECT_EQ(r.Get()->mesh().members_size(), kMembers);
+    indices.insert(r.Get()->self.index);
+    EXPECT_EQ(r.Get()->mesh.state, "READY");
+    EXPECT_EQ(r.Get()->mesh.members.size(), kMembers);
   }
   EXPECT_EQ(indices.size(), static_cast<size_t>(kMembers));
 }
 
 TEST_F(EngineTest, JoinTimesOutNamingMissingCoordinates) {
   std::string s = NewSession();
-  Result<absl::StatusOr<v1::JoinMeshResponse>> r;
-  auto req = JoinRequest(s, "lonely", 3, /*timeout_ms=*/100);
-  req.add_coordinate(1);
+  Result<absl::StatusOr<Joined>> r;
+  auto req = JoinReq(s, "lonely", 3, /*timeout_ms=*/100);
+  req.coordinate.push_back(1);
   engine_->JoinMesh(req, r.Callback());
   ASSERT_EQ(r.Get().status().code(), absl::StatusCode::kDeadlineExceeded);
   const std::string msg(r.Get().status().message());
   EXPECT_NE(msg.find("missing coordinates: (0) (2)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1 (1) pid 1000"), std::string::npos) << msg;
   // The name is free again.
-  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
+  EXPECT_EQ(engine_->ListMeshes().size(), 0);
 }
 
 // A member waiting for the others is told, when its join times out, of
 // the joins refused meanwhile (the others may have asked for other axes).
 TEST_F(EngineTest, AJoinTimeoutNamesTheJoinsRefusedMeanwhile) {
   std::string a = NewSession(), b = NewSession();
-  Result<absl::StatusOr<v1::JoinMeshResponse>> ra, rb;
-  auto req = JoinRequest(a, "shape", 2, /*timeout_ms=*/300);
-  req.add_coordinate(0);
+  Result<absl::StatusOr<Joined>> ra, rb;
+  auto req = JoinReq(a, "shape", 2, /*timeout_ms=*/300);
+  req.coordinate.push_back(0);
   engine_->JoinMesh(req, ra.Callback());
-  auto other = JoinRequest(b, "shape", 4);
-  other.add_coordinate(1);
+  auto other = JoinReq(b, "shape", 4);
+  other.coordinate.push_back(1);
   engine_->JoinMesh(other, rb.Callback());
   ASSERT_EQ(rb.Get().status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_EQ(ra.Get().status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -199,17 +195,17 @@ TEST_F(EngineTest, AJoinTimeoutNamesTheJoinsRefusedMeanwhile) {
 
 TEST_F(EngineTest, JoinRejectsDisagreeingAxesAndTakenCoordinates) {
   std::string a = NewSession(), b = NewSession(), c = NewSession();
-  Result<absl::StatusOr<v1::JoinMeshResponse>> ra, rb, rc;
-  auto req = JoinRequest(a, "m", 2);
-  req.add_coordinate(0);
+  Result<absl::StatusOr<Joined>> ra, rb, rc;
+  auto req = JoinReq(a, "m", 2);
+  req.coordinate.push_back(0);
   engine_->JoinMesh(req, ra.Callback());
-  auto other = JoinRequest(b, "m", 3);
-  other.add_coordinate(0);
+  auto other = JoinReq(b, "m", 3);
+  other.coordinate.push_back(0);
   engine_->JoinMesh(other, rb.Callback());
   EXPECT_EQ(rb.Get().status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(rb.Get().status().message().find("forming with axes (i=2)"), std::string::npos);
-  auto taken = JoinRequest(c, "m", 2);
-  taken.add_coordinate(0);
+  auto taken = JoinReq(c, "m", 2);
+  taken.coordinate.push_back(0);
   engine_->JoinMesh(taken, rc.Callback());
   EXPECT_EQ(rc.Get().status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_FALSE(ra.Done());
@@ -219,47 +215,47 @@ TEST_F(EngineTest, JoinRejectsDisagreeingAxesAndTakenCoordinates) {
 
 TEST_F(EngineTest, ScopesKeepJobsApartAndTokensGuardJoins) {
   // Two jobs use the same mesh name in different scopes: two meshes.
-  std::vector<Result<absl::StatusOr<v1::JoinMeshResponse>>> joins(2);
+  std::vector<Result<absl::StatusOr<Joined>>> joins(2);
   for (int job = 0; job < 2; ++job) {
-    auto req = JoinRequest(NewSession(), "train", 1);
-    req.set_scope(absl::StrCat("job-", job));
+    auto req = JoinReq(NewSession(), "train", 1);
+    req.scope = absl::StrCat("job-", job);
     engine_->JoinMesh(req, joins[job].Callback());
   }
   ASSERT_TRUE(joins[0].Get().ok()) << joins[0].Get().status();
   ASSERT_TRUE(joins[1].Get().ok()) << joins[1].Get().status();
-  EXPECT_NE(joins[0].Get()->mesh().mesh_id(), joins[1].Get()->mesh().mesh_id());
-  EXPECT_EQ(joins[1].Get()->mesh().scope(), "job-1");
-  EXPECT_EQ(joins[1].Get()->mesh().generation(), 1);
+  EXPECT_NE(joins[0].Get()->mesh.mesh_id, joins[1].Get()->mesh.mesh_id);
+  EXPECT_EQ(joins[1].Get()->mesh.scope, "job-1");
+  EXPECT_EQ(joins[1].Get()->mesh.generation, 1);
   auto described = engine_->DescribeMesh("", "train", "job-1");
   ASSERT_TRUE(described.ok());
-  EXPECT_EQ(described->mesh_id(), joins[1].Get()->mesh().mesh_id());
+  EXPECT_EQ(described->mesh_id, joins[1].Get()->mesh.mesh_id);
 
   // A join token set by the first member keeps others out.
-  Result<absl::StatusOr<v1::JoinMeshResponse>> owner, intruder, teammate;
-  auto req = JoinRequest(NewSession(), "guarded", 2);
-  req.set_join_token("secret");
+  Result<absl::StatusOr<Joined>> owner, intruder, teammate;
+  auto req = JoinReq(NewSession(), "guarded", 2);
+  req.join_token = "secret";
   engine_->JoinMesh(req, owner.Callback());
-  auto bad = JoinRequest(NewSession(), "guarded", 2);
-  bad.set_join_token("guess");
+  auto bad = JoinReq(NewSession(), "guarded", 2);
+  bad.join_token = "guess";
   engine_->JoinMesh(bad, intruder.Callback());
   EXPECT_EQ(intruder.Get().status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_FALSE(owner.Done());
-  auto good = JoinRequest(NewSession(), "guarded", 2);
-  good.set_join_token("secret");
+  auto good = JoinReq(NewSession(), "guarded", 2);
+  good.join_token = "secret";
   engine_->JoinMesh(good, teammate.Callback());
   ASSERT_TRUE(teammate.Get().ok()) << teammate.Get().status();
   ASSERT_TRUE(owner.Get().ok()) << owner.Get().status();
 
-  auto bad_scope = JoinRequest(NewSession(), "m", 1);
-  bad_scope.set_scope("a b");
-  Result<absl::StatusOr<v1::JoinMeshResponse>> rejected;
+  auto bad_scope = JoinReq(NewSession(), "m", 1);
+  bad_scope.scope = "a b";
+  Result<absl::StatusOr<Joined>> rejected;
   engine_->JoinMesh(bad_scope, rejected.Callback());
   EXPECT_EQ(rejected.Get().status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Joins `sessions` to mesh `name` of that many members with `token`,
 // coordinates in order; returns the results.
-std::vector<absl::StatusOr<v1::JoinMeshResponse>> JoinAll(Engine& engine,
+std::vector<absl::StatusOr<Joined>> JoinAll(Engine& engine,
                                                           const std::vector<std::string>& sessions,
                                                           const std::string& name,
                                                           const std::string& token);
@@ -269,15 +265,15 @@ TEST_F(EngineTest, JoinTokenCarriesOverToTheNextGenerations) {
   std::vector<std::string> job = {NewSession("m0"), NewSession("m1")};
   for (const auto& r : JoinAll(*engine_, job, "job", "secret")) {
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->mesh().generation(), 1);
+    EXPECT_EQ(r->mesh.generation, 1);
   }
   ASSERT_TRUE(engine_->CloseSession(job[1], "killed").ok());
   // A foreign process rejoins the name before the survivor: refused, with a
   // wrong token or none, and the refusal changes nothing.
   for (const std::string token : {"guess", ""}) {
-    Result<absl::StatusOr<v1::JoinMeshResponse>> intruder;
-    auto req = JoinRequest(NewSession("intruder"), "job", 1);
-    req.set_join_token(token);
+    Result<absl::StatusOr<Joined>> intruder;
+    auto req = JoinReq(NewSession("intruder"), "job", 1);
+    req.join_token = token;
     engine_->JoinMesh(req, intruder.Callback());
     EXPECT_EQ(intruder.Get().status().code(), absl::StatusCode::kPermissionDenied)
         << "token '" << token << "': " << intruder.Get().status();
@@ -288,18 +284,18 @@ TEST_F(EngineTest, JoinTokenCarriesOverToTheNextGenerations) {
   job[1] = NewSession("replacement");
   for (const auto& r : JoinAll(*engine_, job, "job", "secret")) {
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->mesh().generation(), 2);
+    EXPECT_EQ(r->mesh.generation, 2);
   }
   // Every member leaves: with the default hold (60 s) the name stays guarded
   // though no mesh of it is left, so a job restarting all its processes
   // cannot be overtaken either.
   for (const auto& s : job) ASSERT_TRUE(engine_->CloseSession(s, "job ended").ok());
-  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
+  EXPECT_EQ(engine_->ListMeshes().size(), 0);
   auto late = JoinAll(*engine_, {NewSession("late")}, "job", "guess");
   EXPECT_EQ(late[0].status().code(), absl::StatusCode::kPermissionDenied) << late[0].status();
   auto restarted = JoinAll(*engine_, {NewSession("restarted")}, "job", "secret");
   ASSERT_TRUE(restarted[0].ok()) << restarted[0].status();
-  EXPECT_EQ(restarted[0]->mesh().generation(), 3);
+  EXPECT_EQ(restarted[0]->mesh.generation, 3);
 }
 
 TEST_F(EngineTest, CarriedJoinTokenIsForgottenOnceTheNameIsIdleForTheHold) {
@@ -314,11 +310,11 @@ TEST_F(EngineTest, CarriedJoinTokenIsForgottenOnceTheNameIsIdleForTheHold) {
   EXPECT_EQ(early[0].status().code(), absl::StatusCode::kPermissionDenied) << early[0].status();
   // The survivor leaves too: no mesh of the name is left and the hold is 0,
   // so another job may take the name with its own token.
-  ASSERT_TRUE(engine_->LeaveMesh(job[0], formed[0]->mesh().mesh_id()).ok());
-  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 0);
+  ASSERT_TRUE(engine_->LeaveMesh(job[0], formed[0]->mesh.mesh_id).ok());
+  EXPECT_EQ(engine_->ListMeshes().size(), 0);
   auto next = JoinAll(*engine_, {NewSession("next-job")}, "job", "other-token");
   ASSERT_TRUE(next[0].ok()) << next[0].status();
-  EXPECT_EQ(next[0]->mesh().generation(), 2);
+  EXPECT_EQ(next[0]->mesh.generation, 2);
 }
 
 TEST_F(EngineTest, PsumFromThreadsGivesEveryMemberTheSum) {
@@ -331,10 +327,10 @@ TEST_F(EngineTest, PsumFromThreadsGivesEveryMemberTheSum) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kMembers; ++i) {
     threads.emplace_back([&, i] {
-      auto r = engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], kCount),
+      auto r = engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, buffers[i], kCount),
                                false, done[i].Callback());
       EXPECT_TRUE(r.ok()) << r.status();
-      EXPECT_EQ(r->sequence(), 0);
+      EXPECT_EQ(r->sequence, 0);
     });
   }
   for (auto& t : threads) t.join();
@@ -344,7 +340,7 @@ TEST_F(EngineTest, PsumFromThreadsGivesEveryMemberTheSum) {
     for (int e = 0; e < kCount; ++e) ASSERT_EQ(p[e], 10.0f) << "member " << i << " element " << e;
   }
   auto stats = engine_->GetStats();
-  EXPECT_EQ(stats.ops_completed(), 1);
+  EXPECT_EQ(stats.ops_completed, 1);
 }
 
 TEST_F(EngineTest, MismatchFailsEveryMemberWithOneMessageAndTheMeshGoesOn) {
@@ -353,7 +349,7 @@ TEST_F(EngineTest, MismatchFailsEveryMemberWithOneMessageAndTheMeshGoesOn) {
   for (auto& [s, m] : members) buffers.push_back(Buffer(s, 8, 1.0f));
   std::vector<Result<OpOutcome>> done(4);
   for (int i = 0; i < 4; ++i) {
-    auto kind = i == 2 ? v1::PMAX : v1::PSUM;
+    auto kind = i == 2 ? OpKind::kPmax : OpKind::kPsum;
     ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, kind, buffers[i], 8), false,
                                 done[i].Callback()).ok());
   }
@@ -367,10 +363,10 @@ TEST_F(EngineTest, MismatchFailsEveryMemberWithOneMessageAndTheMeshGoesOn) {
   }
   std::vector<Result<OpOutcome>> next(4);
   for (int i = 0; i < 4; ++i) {
-    auto r = engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], 8), false,
+    auto r = engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, buffers[i], 8), false,
                              next[i].Callback());
     ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->sequence(), 1);
+    EXPECT_EQ(r->sequence, 1);
   }
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
@@ -384,15 +380,15 @@ TEST_F(EngineTest, OpTimeoutNamesTheMissingMemberAndBreaksTheMesh) {
   for (auto& [s, m] : members) buffers.push_back(Buffer(s, 4, 1.0f));
   std::vector<Result<OpOutcome>> done(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], 4),
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, buffers[i], 4),
                                 false, done[i].Callback()).ok());
   }
   auto pending = engine_->ListPendingOps("");
   ASSERT_TRUE(pending.ok());
-  ASSERT_EQ(pending->ops_size(), 1);
-  EXPECT_EQ(pending->ops(0).state(), "waiting");
-  EXPECT_EQ(pending->ops(0).missing_size(), 1);
-  EXPECT_EQ(pending->ops(0).missing(0), 2);
+  ASSERT_EQ(pending->size(), 1);
+  EXPECT_EQ((*pending)[0].state, "waiting");
+  EXPECT_EQ((*pending)[0].missing.size(), 1);
+  EXPECT_EQ((*pending)[0].missing[0], 2);
   for (int i = 0; i < 2; ++i) {
     const OpOutcome& o = done[i].Get();
     ASSERT_EQ(o.status.code(), absl::StatusCode::kDeadlineExceeded) << o.status;
@@ -401,7 +397,7 @@ TEST_F(EngineTest, OpTimeoutNamesTheMissingMemberAndBreaksTheMesh) {
     EXPECT_NE(msg.find("missing: 2 (2) pid 1000"), std::string::npos) << msg;
   }
   // The late member learns the mesh is broken.
-  auto late = engine_->Submit(members[2].first, Op(members[2].second, v1::PSUM, buffers[2], 4),
+  auto late = engine_->Submit(members[2].first, Op(members[2].second, OpKind::kPsum, buffers[2], 4),
                               false, [](const OpOutcome&) {});
   EXPECT_EQ(late.status().code(), absl::StatusCode::kAborted);
 }
@@ -412,7 +408,7 @@ TEST_F(EngineTest, ClosedMemberBreaksTheMeshAndSurvivorsReform) {
   for (auto& [s, m] : members) buffers.push_back(Buffer(s, 4, 2.0f));
   std::vector<Result<OpOutcome>> done(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, buffers[i], 4),
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, buffers[i], 4),
                                 false, done[i].Callback()).ok());
   }
   ASSERT_TRUE(engine_->CloseSession(members[2].first, "killed").ok());
@@ -424,18 +420,18 @@ TEST_F(EngineTest, ClosedMemberBreaksTheMeshAndSurvivorsReform) {
   // Survivors re-form the name as generation 2 with a new member.
   std::string fresh = NewSession();
   std::vector<std::string> sessions = {members[0].first, members[1].first, fresh};
-  std::vector<Result<absl::StatusOr<v1::JoinMeshResponse>>> joins(3);
+  std::vector<Result<absl::StatusOr<Joined>>> joins(3);
   for (int i = 0; i < 3; ++i) {
-    auto req = JoinRequest(sessions[i], "crash", 3);
-    req.add_coordinate(i);
+    auto req = JoinReq(sessions[i], "crash", 3);
+    req.coordinate.push_back(i);
     engine_->JoinMesh(req, joins[i].Callback());
   }
   for (auto& j : joins) {
     ASSERT_TRUE(j.Get().ok()) << j.Get().status();
-    EXPECT_EQ(j.Get()->mesh().generation(), 2);
+    EXPECT_EQ(j.Get()->mesh.generation, 2);
   }
   // The broken generation is gone once every member left it.
-  EXPECT_EQ(engine_->ListMeshes().meshes_size(), 1);
+  EXPECT_EQ(engine_->ListMeshes().size(), 1);
 }
 
 TEST_F(EngineTest, BadInputIsRejectedAndChangesNothing) {
@@ -444,46 +440,46 @@ TEST_F(EngineTest, BadInputIsRejectedAndChangesNothing) {
   std::string buf = Buffer(s, 16, 1.0f);
   std::string other = NewSession();
   std::string foreign = Buffer(other, 16, 1.0f);
-  auto submit = [&](const v1::OpSpec& op) {
+  auto submit = [&](const OpRequest& op) {
     return engine_->Submit(s, op, false, [](const OpOutcome&) { ADD_FAILURE() << "ran"; }).status();
   };
-  EXPECT_EQ(submit(Op(mesh, v1::PSUM, "b-nope", 16)).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(submit(Op(mesh, v1::PSUM, foreign, 16)).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(submit(Op(mesh, v1::PSUM, buf, 1 << 20)).code(), absl::StatusCode::kOutOfRange);
-  auto op = Op(mesh, v1::PSUM, buf, 4);
-  op.mutable_input()->set_offset(2);
+  EXPECT_EQ(submit(Op(mesh, OpKind::kPsum, "b-nope", 16)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(submit(Op(mesh, OpKind::kPsum, foreign, 16)).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(submit(Op(mesh, OpKind::kPsum, buf, 1 << 20)).code(), absl::StatusCode::kOutOfRange);
+  auto op = Op(mesh, OpKind::kPsum, buf, 4);
+  op.input.offset = 2;
   EXPECT_EQ(submit(op).code(), absl::StatusCode::kInvalidArgument);
-  op.mutable_input()->set_offset(-4);
+  op.input.offset = -4;
   EXPECT_EQ(submit(op).code(), absl::StatusCode::kOutOfRange);
-  op.mutable_input()->set_offset(int64_t{1} << 62);
+  op.input.offset = int64_t{1} << 62;
   EXPECT_EQ(submit(op).code(), absl::StatusCode::kOutOfRange);
-  op = Op(mesh, v1::PSUM, buf, 4);
-  op.mutable_output()->set_buffer_id(buf);
-  op.mutable_output()->set_offset(8);
+  op = Op(mesh, OpKind::kPsum, buf, 4);
+  op.output = BufferRegion{buf};
+  op.output->offset = 8;
   EXPECT_EQ(submit(op).code(), absl::StatusCode::kInvalidArgument);  // partial overlap
-  auto gather = Op(mesh, v1::ALL_GATHER, buf, 4);
-  gather.mutable_all_gather()->set_axis(0);
+  auto gather = Op(mesh, OpKind::kAllGather, buf, 4);
+  gather.all_gather.axis = 0;
   // A group of one: the gathered result has the input's size, so in place is fine.
   EXPECT_TRUE(engine_->Submit(s, gather, false, [](const OpOutcome&) {}).ok());
   // Sizes that overflow: f32[0, 2^62] gathered (tiled) over the group; the
   // zero dimension makes the input empty, the result's other one overflows.
-  auto overflow = Op(mesh, v1::ALL_GATHER, buf, 0);
-  overflow.add_shape(int64_t{1} << 62);
-  overflow.mutable_all_gather()->set_axis(1);
-  overflow.mutable_all_gather()->set_tiled(true);
-  overflow.mutable_output()->set_buffer_id(buf);
+  auto overflow = Op(mesh, OpKind::kAllGather, buf, 0);
+  overflow.shape.push_back(int64_t{1} << 62);
+  overflow.all_gather.axis = 1;
+  overflow.all_gather.tiled = true;
+  overflow.output = BufferRegion{buf};
   absl::Status st = submit(overflow);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("exceeds 2^40"), std::string::npos) << st;
-  auto unknown_mesh = Op("m-nope", v1::PSUM, buf, 4);
+  auto unknown_mesh = Op("m-nope", OpKind::kPsum, buf, 4);
   EXPECT_EQ(submit(unknown_mesh).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(engine_->Submit("s-nope", Op(mesh, v1::PSUM, buf, 4), false, nullptr).status().code(),
+  EXPECT_EQ(engine_->Submit("s-nope", Op(mesh, OpKind::kPsum, buf, 4), false, nullptr).status().code(),
             absl::StatusCode::kNotFound);
   // Only the accepted op took a sequence number.
   Result<OpOutcome> done;
-  auto r = engine_->Submit(s, Op(mesh, v1::PSUM, buf, 4), false, done.Callback());
+  auto r = engine_->Submit(s, Op(mesh, OpKind::kPsum, buf, 4), false, done.Callback());
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->sequence(), 1);
+  EXPECT_EQ(r->sequence, 1);
   EXPECT_TRUE(done.Get().status.ok());
 }
 
@@ -493,37 +489,36 @@ TEST_F(EngineTest, OutputRegionShorterThanTheResultIsRefused) {
   auto members = FormMesh("short-out", 1);
   const auto& [s, mesh] = members[0];
   std::string buf = Buffer(s, 64, 1.0f);
-  auto submit = [&](const v1::OpSpec& op) {
+  auto submit = [&](const OpRequest& op) {
     return engine_->Submit(s, op, false, [](const OpOutcome&) { ADD_FAILURE() << "ran"; }).status();
   };
   // psum f32[8] into a region declared as 16 bytes (f32[4]) that the buffer
   // has room after: the result would be written past it.
-  auto op = Op(mesh, v1::PSUM, buf, 8);
-  op.mutable_output()->set_buffer_id(buf);
-  op.mutable_output()->set_offset(128);
-  op.mutable_output()->set_size_bytes(16);
+  auto op = Op(mesh, OpKind::kPsum, buf, 8);
+  op.output = BufferRegion{buf};
+  op.output->offset = 128;
+  op.output->size_bytes = 16;
   absl::Status st = submit(op);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("output region of 16 bytes"), std::string::npos) << st;
   EXPECT_NE(st.message().find("f32[8] of 32 bytes"), std::string::npos) << st;
   // An all_gather result (f32[1,8]) likewise; pmean of int8 gives float32.
   auto gather = op;
-  gather.set_kind(v1::ALL_GATHER);
-  gather.mutable_all_gather();
-  gather.mutable_output()->set_size_bytes(31);
+  gather.kind = OpKind::kAllGather;
+  gather.output->size_bytes = 31;
   EXPECT_EQ(submit(gather).code(), absl::StatusCode::kInvalidArgument);
   auto mean = op;
-  mean.set_kind(v1::PMEAN);
-  mean.set_dtype(v1::INT8);
-  mean.mutable_output()->set_size_bytes(8);  // int8[8]; the result is f32[8]
+  mean.kind = OpKind::kPmean;
+  mean.dtype = DType::kI8;
+  mean.output->size_bytes = 8;  // int8[8]; the result is f32[8]
   st = submit(mean);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("f32[8] of 32 bytes"), std::string::npos) << st;
-  op.mutable_output()->set_size_bytes(-1);
+  op.output->size_bytes = -1;
   EXPECT_EQ(submit(op).code(), absl::StatusCode::kInvalidArgument);
   // An input region shorter than its shape, too.
-  auto in = Op(mesh, v1::PSUM, buf, 8);
-  in.mutable_input()->set_size_bytes(28);
+  auto in = Op(mesh, OpKind::kPsum, buf, 8);
+  in.input.size_bytes = 28;
   EXPECT_EQ(submit(in).code(), absl::StatusCode::kInvalidArgument);
   const float* p = Data(s, buf);
   for (int e = 0; e < 64; ++e) ASSERT_EQ(p[e], 1.0f) << "element " << e << " changed";
@@ -531,12 +526,12 @@ TEST_F(EngineTest, OutputRegionShorterThanTheResultIsRefused) {
   // Exactly the result's size, or more, is fine; the result starts at the
   // offset and nothing after it changes.
   Result<OpOutcome> exact, longer;
-  op.mutable_output()->set_size_bytes(32);
+  op.output->size_bytes = 32;
   ASSERT_TRUE(engine_->Submit(s, op, false, exact.Callback()).ok());
   EXPECT_TRUE(exact.Get().status.ok()) << exact.Get().status;
-  op.mutable_output()->set_size_bytes(4096);
-  op.mutable_output()->set_offset(0);
-  op.mutable_input()->set_offset(128);
+  op.output->size_bytes = 4096;
+  op.output->offset = 0;
+  op.input.offset = 128;
   ASSERT_TRUE(engine_->Submit(s, op, false, longer.Callback()).ok());
   EXPECT_TRUE(longer.Get().status.ok()) << longer.Get().status;
   p = Data(s, buf);
@@ -557,8 +552,8 @@ TEST_F(EngineTest, BufferQuotas) {
   EXPECT_EQ(engine_->AllocateBuffer(s, 8192).status().code(), absl::StatusCode::kResourceExhausted);
   ASSERT_TRUE(engine_->AllocateBuffer(s, 1).ok());
   EXPECT_EQ(engine_->AllocateBuffer(s, 1).status().code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(engine_->FreeBuffer(s, a->buffer_id()).ok());
-  EXPECT_EQ(engine_->FreeBuffer(s, a->buffer_id()).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(engine_->FreeBuffer(s, a->buffer_id).ok());
+  EXPECT_EQ(engine_->FreeBuffer(s, a->buffer_id).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(engine_->AllocateBuffer(s, 4096).ok());
 }
 
@@ -570,16 +565,16 @@ TEST_F(EngineTest, SessionAndMeshQuotas) {
   std::string a = NewSession(), b = NewSession(), c = NewSession();
   EXPECT_EQ(engine_->CreateSession("one too many").status().code(),
             absl::StatusCode::kResourceExhausted);
-  Result<absl::StatusOr<v1::JoinMeshResponse>> first, second;
-  engine_->JoinMesh(JoinRequest(a, "one", 1), first.Callback());
+  Result<absl::StatusOr<Joined>> first, second;
+  engine_->JoinMesh(JoinReq(a, "one", 1), first.Callback());
   ASSERT_TRUE(first.Get().ok());
-  engine_->JoinMesh(JoinRequest(b, "two", 1), second.Callback());
+  engine_->JoinMesh(JoinReq(b, "two", 1), second.Callback());
   EXPECT_EQ(second.Get().status().code(), absl::StatusCode::kResourceExhausted);
   // Closing frees the slots.
   ASSERT_TRUE(engine_->CloseSession(a, "test").ok());
   EXPECT_TRUE(engine_->CreateSession("fits again").ok());
-  Result<absl::StatusOr<v1::JoinMeshResponse>> third;
-  engine_->JoinMesh(JoinRequest(c, "three", 1), third.Callback());
+  Result<absl::StatusOr<Joined>> third;
+  engine_->JoinMesh(JoinReq(c, "three", 1), third.Callback());
   EXPECT_TRUE(third.Get().ok()) << third.Get().status();
 }
 
@@ -587,22 +582,22 @@ TEST_F(EngineTest, WaitReturnsTheOutcomeOrTimesOut) {
   auto members = FormMesh("wait", 2);
   std::vector<std::string> buffers;
   for (auto& [s, m] : members) buffers.push_back(Buffer(s, 4, 1.0f));
-  auto r0 = engine_->Submit(members[0].first, Op(members[0].second, v1::PSUM, buffers[0], 4), true,
+  auto r0 = engine_->Submit(members[0].first, Op(members[0].second, OpKind::kPsum, buffers[0], 4), true,
                             nullptr);
   ASSERT_TRUE(r0.ok());
-  Result<absl::StatusOr<v1::WaitResponse>> early;
-  engine_->Wait(members[0].first, r0->op_id(), absl::Milliseconds(50), early.Callback());
+  Result<absl::StatusOr<Waited>> early;
+  engine_->Wait(members[0].first, r0->op_id, absl::Milliseconds(50), early.Callback());
   EXPECT_EQ(early.Get().status().code(), absl::StatusCode::kDeadlineExceeded);
-  auto r1 = engine_->Submit(members[1].first, Op(members[1].second, v1::PSUM, buffers[1], 4), true,
+  auto r1 = engine_->Submit(members[1].first, Op(members[1].second, OpKind::kPsum, buffers[1], 4), true,
                             nullptr);
   ASSERT_TRUE(r1.ok());
-  Result<absl::StatusOr<v1::WaitResponse>> w0, w1;
-  engine_->Wait(members[0].first, r0->op_id(), absl::ZeroDuration(), w0.Callback());
-  engine_->Wait(members[1].first, r1->op_id(), absl::ZeroDuration(), w1.Callback());
+  Result<absl::StatusOr<Waited>> w0, w1;
+  engine_->Wait(members[0].first, r0->op_id, absl::ZeroDuration(), w0.Callback());
+  engine_->Wait(members[1].first, r1->op_id, absl::ZeroDuration(), w1.Callback());
   ASSERT_TRUE(w0.Get().ok()) << w0.Get().status();
   ASSERT_TRUE(w1.Get().ok()) << w1.Get().status();
   EXPECT_EQ(Data(members[1].first, buffers[1])[3], 2.0f);
-  Result<absl::StatusOr<v1::WaitResponse>> unknown;
+  Result<absl::StatusOr<Waited>> unknown;
   engine_->Wait(members[0].first, 999, absl::ZeroDuration(), unknown.Callback());
   EXPECT_EQ(unknown.Get().status().code(), absl::StatusCode::kNotFound);
 }
@@ -611,11 +606,11 @@ TEST_F(EngineTest, ShutdownFailsPendingWorkWithUnavailable) {
   auto members = FormMesh("down", 2);
   std::string buf = Buffer(members[0].first, 4, 1.0f);
   Result<OpOutcome> op;
-  ASSERT_TRUE(engine_->Submit(members[0].first, Op(members[0].second, v1::PSUM, buf, 4), false,
+  ASSERT_TRUE(engine_->Submit(members[0].first, Op(members[0].second, OpKind::kPsum, buf, 4), false,
                               op.Callback()).ok());
   std::string joiner = NewSession();
-  Result<absl::StatusOr<v1::JoinMeshResponse>> join;
-  engine_->JoinMesh(JoinRequest(joiner, "other", 2), join.Callback());
+  Result<absl::StatusOr<Joined>> join;
+  engine_->JoinMesh(JoinReq(joiner, "other", 2), join.Callback());
   engine_->Shutdown("test");
   EXPECT_EQ(op.Get().status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(join.Get().status().code(), absl::StatusCode::kUnavailable);
@@ -643,8 +638,8 @@ TEST_F(EngineTest, ALogLineStuckOnStderrDoesNotHoldUpTheEngine) {
   for (const absl::Time deadline = absl::Now() + absl::Seconds(5);
        !broken && !stuck && absl::Now() < deadline;) {
     probes.push_back(std::async(std::launch::async, [this] {
-      v1::ListMeshesResponse list = engine_->ListMeshes();
-      return list.meshes_size() == 1 ? list.meshes(0).state() : std::string("?");
+      std::vector<MeshView> list = engine_->ListMeshes();
+      return list.size() == 1 ? list[0].state : std::string("?");
     }));
     if (probes.back().wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
       stuck = true;
@@ -673,11 +668,11 @@ TEST_F(EngineTest, UnattachedSessionsExpire) {
   Start(options);
   auto s = engine_->CreateSession("never-attaches");
   ASSERT_TRUE(s.ok());
-  for (int i = 0; i < 200 && engine_->ListSessions().sessions_size() > 0; ++i) {
+  for (int i = 0; i < 200 && engine_->ListSessions().size() > 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  EXPECT_EQ(engine_->ListSessions().sessions_size(), 0);
-  EXPECT_EQ(engine_->AttachSession(s->session_id(), s->attach_token(), 1, 0).code(),
+  EXPECT_EQ(engine_->ListSessions().size(), 0);
+  EXPECT_EQ(engine_->AttachSession(s->session_id, s->attach_token, 1, 0).code(),
             absl::StatusCode::kNotFound);
 }
 
@@ -693,16 +688,16 @@ TEST_F(EngineTest, BuffersLiveOnTheDeviceAskedForAndStatsSplitThemByDevice) {
   std::string s = NewSession();
   auto host = engine_->AllocateBuffer(s, 100);
   ASSERT_TRUE(host.ok()) << host.status();
-  EXPECT_EQ(host->kind(), "memfd");
-  EXPECT_EQ(host->device(), "cpu");
+  EXPECT_EQ(host->kind, "memfd");
+  EXPECT_EQ(host->device, "cpu");
   auto cpu = engine_->AllocateBuffer(s, 4096, "cpu");
   ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_EQ(cpu->device(), "cpu");
+  EXPECT_EQ(cpu->device, "cpu");
   auto g1 = engine_->AllocateBuffer(s, 8192, "cuda:1");
   ASSERT_TRUE(g1.ok()) << g1.status();
-  EXPECT_EQ(g1->kind(), "cuda");
-  EXPECT_EQ(g1->device(), FakeGpuBuffer::FakeDevice(1));
-  EXPECT_EQ(g1->size_bytes(), 8192);
+  EXPECT_EQ(g1->kind, "cuda");
+  EXPECT_EQ(g1->device, FakeGpuBuffer::FakeDevice(1));
+  EXPECT_EQ(g1->size_bytes, 8192);
   auto by_uuid = engine_->AllocateBuffer(s, 4096, "GPU-00000000-0000-0000-0000-000000000001");
   EXPECT_EQ(by_uuid.status().code(), absl::StatusCode::kNotFound);  // the fake knows ordinals only
   EXPECT_EQ(engine_->AllocateBuffer(s, 4096, "cuda:7").status().code(),
@@ -711,29 +706,29 @@ TEST_F(EngineTest, BuffersLiveOnTheDeviceAskedForAndStatsSplitThemByDevice) {
             absl::StatusCode::kInvalidArgument);
 
   auto sessions = engine_->ListSessions();
-  ASSERT_EQ(sessions.sessions_size(), 1);
-  const auto& info = sessions.sessions(0);
-  EXPECT_EQ(info.buffers(), 3);
-  EXPECT_EQ(info.buffer_bytes(), 4096 + 4096 + 8192);
-  ASSERT_EQ(info.buffers_by_device_size(), 2);
-  EXPECT_EQ(info.buffers_by_device(0).device(), "cpu");
-  EXPECT_EQ(info.buffers_by_device(0).kind(), "memfd");
-  EXPECT_EQ(info.buffers_by_device(0).buffers(), 2);
-  EXPECT_EQ(info.buffers_by_device(0).buffer_bytes(), 8192);
-  EXPECT_EQ(info.buffers_by_device(1).device(), FakeGpuBuffer::FakeDevice(1));
-  EXPECT_EQ(info.buffers_by_device(1).kind(), "cuda");
-  EXPECT_EQ(info.buffers_by_device(1).buffers(), 1);
-  EXPECT_EQ(info.buffers_by_device(1).buffer_bytes(), 8192);
+  ASSERT_EQ(sessions.size(), 1);
+  const auto& info = sessions[0];
+  EXPECT_EQ(info.buffers, 3);
+  EXPECT_EQ(info.buffer_bytes, 4096 + 4096 + 8192);
+  ASSERT_EQ(info.buffers_by_device.size(), 2);
+  EXPECT_EQ(info.buffers_by_device[0].device, "cpu");
+  EXPECT_EQ(info.buffers_by_device[0].kind, "memfd");
+  EXPECT_EQ(info.buffers_by_device[0].buffers, 2);
+  EXPECT_EQ(info.buffers_by_device[0].buffer_bytes, 8192);
+  EXPECT_EQ(info.buffers_by_device[1].device, FakeGpuBuffer::FakeDevice(1));
+  EXPECT_EQ(info.buffers_by_device[1].kind, "cuda");
+  EXPECT_EQ(info.buffers_by_device[1].buffers, 1);
+  EXPECT_EQ(info.buffers_by_device[1].buffer_bytes, 8192);
   auto stats = engine_->GetStats();
-  EXPECT_EQ(stats.buffers(), 3);
-  EXPECT_EQ(stats.buffer_bytes(), 16384);
-  ASSERT_EQ(stats.buffers_by_device_size(), 2);
-  EXPECT_EQ(stats.buffers_by_device(1).buffer_bytes(), 8192);
-  EXPECT_EQ(stats.executor_threads(), 1);  // the host executor's (threads = 1)
+  EXPECT_EQ(stats.buffers, 3);
+  EXPECT_EQ(stats.buffer_bytes, 16384);
+  ASSERT_EQ(stats.buffers_by_device.size(), 2);
+  EXPECT_EQ(stats.buffers_by_device[1].buffer_bytes, 8192);
+  EXPECT_EQ(stats.executor_threads, 1);  // the host executor's (threads = 1)
 
-  ASSERT_TRUE(engine_->FreeBuffer(s, g1->buffer_id()).ok());
-  EXPECT_EQ(engine_->GetStats().buffers_by_device_size(), 1);
-  EXPECT_EQ(engine_->GetStats().buffer_bytes(), 8192);
+  ASSERT_TRUE(engine_->FreeBuffer(s, g1->buffer_id).ok());
+  EXPECT_EQ(engine_->GetStats().buffers_by_device.size(), 1);
+  EXPECT_EQ(engine_->GetStats().buffer_bytes, 8192);
 }
 
 TEST_F(EngineTest, HostAndGpuBytesHaveSeparateQuotas) {
@@ -750,7 +745,7 @@ TEST_F(EngineTest, HostAndGpuBytesHaveSeparateQuotas) {
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(std::string(over.status().message()),
             "session holds 8192 GPU buffer bytes; 1 more exceeds the limit of 8192");
-  ASSERT_TRUE(engine_->FreeBuffer(s, g->buffer_id()).ok());
+  ASSERT_TRUE(engine_->FreeBuffer(s, g->buffer_id).ok());
   EXPECT_TRUE(engine_->AllocateBuffer(s, 1, "cuda:1").ok());
   EXPECT_EQ(engine_->AllocateBuffer(s, 1).status().code(), absl::StatusCode::kResourceExhausted);
 }
@@ -805,12 +800,12 @@ TEST_F(EngineTest, AClosedSessionsBuffersAreUnmappedOutsideTheEnginesLock) {
   ASSERT_TRUE(engine_->AllocateBuffer(s, 8192).ok());
   ASSERT_TRUE(engine_->CloseSession(s, "test").ok());
   EXPECT_EQ(under_lock.load(), 0) << "buffers destroyed while the engine's lock was held";
-  EXPECT_EQ(engine_->ListSessions().sessions_size(), 0);
+  EXPECT_EQ(engine_->ListSessions().size(), 0);
   // FreeBuffer too.
   const std::string s2 = NewSession();
   auto buf = engine_->AllocateBuffer(s2, 4096);
   ASSERT_TRUE(buf.ok()) << buf.status();
-  ASSERT_TRUE(engine_->FreeBuffer(s2, buf->buffer_id()).ok());
+  ASSERT_TRUE(engine_->FreeBuffer(s2, buf->buffer_id).ok());
   EXPECT_EQ(under_lock.load(), 0);
 }
 
@@ -841,10 +836,10 @@ TEST_F(EngineTest, GpuDeviceWithoutAGpuAllocatorIsRefusedSayingWhyAndChangesNoth
   EXPECT_EQ(engine_->AllocateBuffer("s-nope", 4096, "cuda:0").status().code(),
             absl::StatusCode::kNotFound);
   auto sessions = engine_->ListSessions();
-  ASSERT_EQ(sessions.sessions_size(), 1);
-  EXPECT_EQ(sessions.sessions(0).buffers(), 0);
-  EXPECT_EQ(sessions.sessions(0).buffers_by_device_size(), 0);
-  EXPECT_EQ(engine_->GetStats().buffers(), 0);
+  ASSERT_EQ(sessions.size(), 1);
+  EXPECT_EQ(sessions[0].buffers, 0);
+  EXPECT_EQ(sessions[0].buffers_by_device.size(), 0);
+  EXPECT_EQ(engine_->GetStats().buffers, 0);
 }
 
 TEST_F(EngineTest, OpsRunOnTheExecutorOfTheirBuffersKindWithTheirDevices) {
@@ -858,7 +853,7 @@ TEST_F(EngineTest, OpsRunOnTheExecutorOfTheirBuffersKindWithTheirDevices) {
   }
   std::vector<Result<OpOutcome>> done(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, gpu_bufs[i], 8),
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, gpu_bufs[i], 8),
                                 false, done[i].Callback()).ok());
   }
   for (int i = 0; i < 2; ++i) {
@@ -870,7 +865,7 @@ TEST_F(EngineTest, OpsRunOnTheExecutorOfTheirBuffersKindWithTheirDevices) {
   // Host buffers: the CPU executor.
   std::vector<Result<OpOutcome>> host(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, host_bufs[i], 8),
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, host_bufs[i], 8),
                                 false, host[i].Callback()).ok());
   }
   for (int i = 0; i < 2; ++i) {
@@ -903,12 +898,12 @@ TEST_F(EngineTest, AMembersBufferGoesToOtherMembersOfItsUserOnly) {
   for (int uid : {1000, 1001}) {
     auto s = engine_->CreateSession(absl::StrCat("uid", uid));
     ASSERT_TRUE(s.ok()) << s.status();
-    ASSERT_TRUE(engine_->AttachSession(s->session_id(), s->attach_token(), 2000 + uid, uid).ok());
-    sessions.push_back(s->session_id());
+    ASSERT_TRUE(engine_->AttachSession(s->session_id, s->attach_token, 2000 + uid, uid).ok());
+    sessions.push_back(s->session_id);
   }
   auto joined = JoinAll(*engine_, sessions, "two-users", "");
   ASSERT_TRUE(joined[0].ok()) << joined[0].status();
-  const std::string mixed = joined[0]->mesh().mesh_id();
+  const std::string mixed = joined[0]->mesh.mesh_id;
   const std::string theirs = Buffer(sessions[1], 16, 2.0f);
   auto refused = engine_->GetPeerBuffer(sessions[0], mixed, 1, theirs);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
@@ -939,7 +934,7 @@ TEST_F(EngineTest, MembersOnDifferentKindsOfMemoryFailEveryMemberAndTheMeshGoesO
   }
   std::vector<Result<OpOutcome>> done(4);
   for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, bufs[i], 8), false,
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, bufs[i], 8), false,
                                 done[i].Callback()).ok());
   }
   for (int i = 0; i < 4; ++i) {
@@ -954,13 +949,13 @@ TEST_F(EngineTest, MembersOnDifferentKindsOfMemoryFailEveryMemberAndTheMeshGoesO
     EXPECT_EQ(Data(members[i].first, bufs[i])[0], 1.0f) << "a failed op wrote data";
   }
   EXPECT_EQ(gpu->runs(), 0);
-  EXPECT_EQ(engine_->GetStats().ops_failed(), 1);
+  EXPECT_EQ(engine_->GetStats().ops_failed, 1);
   std::vector<Result<OpOutcome>> next(4);
   for (int i = 0; i < 4; ++i) {
-    auto r = engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, host_bufs[i], 8),
+    auto r = engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, host_bufs[i], 8),
                              false, next[i].Callback());
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_EQ(r->sequence(), 1);
+    EXPECT_EQ(r->sequence, 1);
   }
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
@@ -978,7 +973,7 @@ TEST_F(EngineTest, BuffersWithoutAUsableExecutorFailEveryMemberSayingWhy) {
   }
   std::vector<Result<OpOutcome>> done(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PMAX, bufs[i], 8), false,
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPmax, bufs[i], 8), false,
                                 done[i].Callback()).ok());
   }
   for (int i = 0; i < 2; ++i) {
@@ -990,7 +985,7 @@ TEST_F(EngineTest, BuffersWithoutAUsableExecutorFailEveryMemberSayingWhy) {
   }
   std::vector<Result<OpOutcome>> next(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, v1::PSUM, host_bufs[i], 8),
+    ASSERT_TRUE(engine_->Submit(members[i].first, Op(members[i].second, OpKind::kPsum, host_bufs[i], 8),
                                 false, next[i].Callback()).ok());
   }
   for (int i = 0; i < 2; ++i) ASSERT_TRUE(next[i].Get().status.ok()) << next[i].Get().status;
@@ -1003,27 +998,27 @@ TEST_F(EngineTest, InputAndOutputOnDifferentDevicesAreRefusedAtSubmit) {
   std::string host = Buffer(s, 8, 1.0f);
   std::string gpu0 = Buffer(s, 8, 1.0f, "cuda:0");
   std::string gpu1 = Buffer(s, 8, 1.0f, "cuda:1");
-  auto op = Op(mesh, v1::PSUM, host, 8);
-  op.mutable_output()->set_buffer_id(gpu0);
+  auto op = Op(mesh, OpKind::kPsum, host, 8);
+  op.output = BufferRegion{gpu0};
   auto r = engine_->Submit(s, op, false, [](const OpOutcome&) { ADD_FAILURE() << "ran"; });
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(std::string(r.status().message()),
             absl::StrCat("psum: the input buffer '", host, "' is memfd memory on cpu but the output "
                          "buffer '", gpu0, "' is cuda memory on ", FakeGpuBuffer::FakeDevice(0),
                          "; an op's input and output must be on the same device"));
-  op = Op(mesh, v1::PSUM, gpu0, 8);
-  op.mutable_output()->set_buffer_id(gpu1);
+  op = Op(mesh, OpKind::kPsum, gpu0, 8);
+  op.output = BufferRegion{gpu1};
   EXPECT_EQ(engine_->Submit(s, op, false, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
   // Nothing changed: the next op is still op 0.
   Result<OpOutcome> done;
-  auto ok = engine_->Submit(s, Op(mesh, v1::PSUM, host, 8), false, done.Callback());
+  auto ok = engine_->Submit(s, Op(mesh, OpKind::kPsum, host, 8), false, done.Callback());
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->sequence(), 0);
+  EXPECT_EQ(ok->sequence, 0);
   EXPECT_TRUE(done.Get().status.ok());
 }
 
-// Stream-ordered submission (v1::StreamSync): each member's ready and done
+// Stream-ordered submission (StreamOrder): each member's ready and done
 // words in a host buffer of its session, written here by hand as a CUDA
 // stream would write them.
 class StreamSyncTest : public EngineTest {
@@ -1037,7 +1032,7 @@ class StreamSyncTest : public EngineTest {
       Member member{s, m, Buffer(s, 4, 1.0f), ""};
       auto info = engine_->AllocateBuffer(s, 64, "");
       EXPECT_TRUE(info.ok()) << info.status();
-      member.words = info->buffer_id();
+      member.words = info->buffer_id;
       out.push_back(member);
     }
     return out;
@@ -1047,14 +1042,9 @@ class StreamSyncTest : public EngineTest {
     return std::atomic_ref<uint64_t>(static_cast<uint64_t*>((*buf)->data())[index]);
   }
   // The member's psum of its data, ordered by its words 0 (ready) and 1 (done).
-  v1::OpSpec SyncedPsum(const Member& m, uint64_t value) {
-    v1::OpSpec op = Op(m.mesh, v1::PSUM, m.data, 4);
-    v1::StreamSync* sync = op.mutable_stream_sync();
-    sync->mutable_ready()->set_buffer_id(m.words);
-    sync->mutable_ready()->set_offset(0);
-    sync->mutable_done()->set_buffer_id(m.words);
-    sync->mutable_done()->set_offset(8);
-    sync->set_value(value);
+  OpRequest SyncedPsum(const Member& m, uint64_t value) {
+    OpRequest op = Op(m.mesh, OpKind::kPsum, m.data, 4);
+    op.stream_sync = StreamOrder{BufferRegion{m.words, 0}, BufferRegion{m.words, 8}, value};
     return op;
   }
 };
@@ -1105,7 +1095,7 @@ TEST_F(StreamSyncTest, AStreamThatNeverArrivesIsNamedAtTheDeadlineAndTheMeshGoes
   // The members still agree on the sequence: the next op runs.
   std::vector<Result<OpOutcome>> next(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(members[i].session, Op(members[i].mesh, v1::PSUM,
+    ASSERT_TRUE(engine_->Submit(members[i].session, Op(members[i].mesh, OpKind::kPsum,
                                                        members[i].data, 4),
                                 false, next[i].Callback()).ok());
   }
@@ -1130,7 +1120,7 @@ TEST_F(StreamSyncTest, OpsWaitingForStreamsHoldNoRunnerThread) {
   auto plain = Form("plain", 2);
   std::vector<Result<OpOutcome>> done(2);
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(engine_->Submit(plain[i].session, Op(plain[i].mesh, v1::PSUM, plain[i].data, 4),
+    ASSERT_TRUE(engine_->Submit(plain[i].session, Op(plain[i].mesh, OpKind::kPsum, plain[i].data, 4),
                                 false, done[i].Callback()).ok());
   }
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(done[i].Get().status.ok()) << done[i].Get().status;
@@ -1167,8 +1157,8 @@ TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
   auto members = Form("bad", 1);
   const Member& m = members[0];
   // A valid stream_sync on an op refused for another reason: released.
-  v1::OpSpec op = SyncedPsum(m, 3);
-  op.mutable_input()->set_buffer_id("no-such-buffer");
+  OpRequest op = SyncedPsum(m, 3);
+  op.input.buffer_id = "no-such-buffer";
   auto r = engine_->Submit(m.session, op, false, nullptr);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_EQ(Word(m, 1).load(), 3u);
@@ -1181,29 +1171,29 @@ TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
   EXPECT_EQ(Word(m, 1).load(), 10u);
 
   struct Bad {
-    std::function<void(v1::StreamSync*)> edit;
+    std::function<void(StreamOrder*)> edit;
     absl::StatusCode code;
     std::string message;
   };
   const std::vector<Bad> bad = {
-      {[](v1::StreamSync* s) { s->set_value(0); }, absl::StatusCode::kInvalidArgument,
+      {[](StreamOrder* s) { s->value = 0; }, absl::StatusCode::kInvalidArgument,
        "value must be > 0"},
-      {[](v1::StreamSync* s) { s->mutable_done()->set_offset(0); },
+      {[](StreamOrder* s) { s->done.offset = 0; },
        absl::StatusCode::kInvalidArgument, "same word"},
-      {[](v1::StreamSync* s) { s->mutable_done()->set_offset(4); },
+      {[](StreamOrder* s) { s->done.offset = 4; },
        absl::StatusCode::kInvalidArgument, "not a multiple of 8"},
-      {[](v1::StreamSync* s) { s->mutable_done()->set_offset(1 << 20); },
+      {[](StreamOrder* s) { s->done.offset = 1 << 20; },
        absl::StatusCode::kOutOfRange, "not inside buffer"},
-      {[](v1::StreamSync* s) { s->mutable_done()->set_buffer_id("nope"); },
+      {[](StreamOrder* s) { s->done.buffer_id = "nope"; },
        absl::StatusCode::kNotFound, "stream_sync done buffer 'nope' not found"},
-      {[](v1::StreamSync* s) { s->mutable_done()->set_size_bytes(16); },
+      {[](StreamOrder* s) { s->done.size_bytes = 16; },
        absl::StatusCode::kInvalidArgument, "a stream_sync word is 8 bytes"},
   };
   for (const Bad& b : bad) {
     Word(m, 0).store(0);
     Word(m, 1).store(0);
-    v1::OpSpec op = SyncedPsum(m, 5);
-    b.edit(op.mutable_stream_sync());
+    OpRequest op = SyncedPsum(m, 5);
+    b.edit(&*op.stream_sync);
     auto refused = engine_->Submit(m.session, op, false, nullptr);
     EXPECT_EQ(refused.status().code(), b.code) << refused.status();
     EXPECT_NE(refused.status().message().find(b.message), std::string::npos) << refused.status();
@@ -1213,8 +1203,8 @@ TEST_F(StreamSyncTest, ARefusedOpReleasesTheStreamAndBadWordsAreRefused) {
   // Only the ready word is wrong: the done word is still raised, so the
   // client's stream goes on.
   Word(m, 1).store(0);
-  v1::OpSpec bad_ready = SyncedPsum(m, 6);
-  bad_ready.mutable_stream_sync()->mutable_ready()->set_offset(4);
+  OpRequest bad_ready = SyncedPsum(m, 6);
+  bad_ready.stream_sync->ready.offset = 4;
   EXPECT_EQ(engine_->Submit(m.session, bad_ready, false, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Word(m, 1).load(), 6u);

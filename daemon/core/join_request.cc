@@ -14,39 +14,39 @@ absl::Status Invalid(auto&&... parts) {
 }
 
 // The axes: names, sizes, and the member count within the limit.
-absl::Status CheckAxes(const v1::JoinMeshRequest& req, const JoinLimits& limits,
+absl::Status CheckAxes(const JoinRequest& req, const JoinLimits& limits,
                        JoinSpec& spec) {
-  if (req.axes().empty() || req.axes_size() > kMaxAxes) {
-    return Invalid("a mesh needs 1 to ", kMaxAxes, " axes; got ", req.axes_size());
+  if (req.axes.empty() || req.axes.size() > kMaxAxes) {
+    return Invalid("a mesh needs 1 to ", kMaxAxes, " axes; got ", req.axes.size());
   }
   spec.members = 1;
-  for (const auto& axis : req.axes()) {
-    if (!ValidName(axis.name(), kMaxAxisName, ".-")) {
-      return Invalid("axis name '", axis.name(), "' must be 1 to ", kMaxAxisName,
+  for (const AxisRequest& axis : req.axes) {
+    if (!ValidName(axis.name, kMaxAxisName, ".-")) {
+      return Invalid("axis name '", axis.name, "' must be 1 to ", kMaxAxisName,
                      " characters of [A-Za-z0-9_.-]");
     }
     const std::vector<std::string>& names = spec.shape.names;
-    if (std::find(names.begin(), names.end(), axis.name()) != names.end()) {
-      return Invalid("axis name '", axis.name(), "' repeats");
+    if (std::find(names.begin(), names.end(), axis.name) != names.end()) {
+      return Invalid("axis name '", axis.name, "' repeats");
     }
-    if (axis.size() < 1) {
-      return Invalid("axis '", axis.name(), "' has size ", axis.size(), "; must be >= 1");
+    if (axis.size < 1) {
+      return Invalid("axis '", axis.name, "' has size ", axis.size, "; must be >= 1");
     }
-    spec.members *= axis.size();
+    spec.members *= axis.size;
     if (spec.members > limits.max_mesh_members) {
       return Invalid("mesh has more than ", limits.max_mesh_members, " members");
     }
-    spec.shape.names.push_back(axis.name());
-    spec.shape.sizes.push_back(axis.size());
+    spec.shape.names.push_back(axis.name);
+    spec.shape.sizes.push_back(axis.size);
   }
   return absl::OkStatus();
 }
 
 // The coordinate: none (the daemon assigns; not in a cluster) or one in
 // range on every axis.
-absl::Status CheckCoordinate(const v1::JoinMeshRequest& req, const JoinLimits& limits,
+absl::Status CheckCoordinate(const JoinRequest& req, const JoinLimits& limits,
                              JoinSpec& spec) {
-  spec.assign = req.coordinate().empty();
+  spec.assign = req.coordinate.empty();
   if (spec.assign) {
     if (limits.in_cluster) {
       return Invalid(
@@ -55,17 +55,17 @@ absl::Status CheckCoordinate(const v1::JoinMeshRequest& req, const JoinLimits& l
     }
     return absl::OkStatus();
   }
-  if (req.coordinate_size() != req.axes_size()) {
-    return Invalid("coordinate has ", req.coordinate_size(), " entries for ", req.axes_size(),
+  if (req.coordinate.size() != req.axes.size()) {
+    return Invalid("coordinate has ", req.coordinate.size(), " entries for ", req.axes.size(),
                    " axes");
   }
-  for (int i = 0; i < req.coordinate_size(); ++i) {
-    if (req.coordinate(i) < 0 || req.coordinate(i) >= spec.shape.sizes[i]) {
-      return Invalid("coordinate ", req.coordinate(i), " out of range for axis '",
+  for (size_t i = 0; i < req.coordinate.size(); ++i) {
+    if (req.coordinate[i] < 0 || req.coordinate[i] >= spec.shape.sizes[i]) {
+      return Invalid("coordinate ", req.coordinate[i], " out of range for axis '",
                      spec.shape.names[i], "' of size ", spec.shape.sizes[i]);
     }
   }
-  spec.index = spec.shape.Index(std::vector<int>(req.coordinate().begin(), req.coordinate().end()));
+  spec.index = spec.shape.Index(req.coordinate);
   return absl::OkStatus();
 }
 
@@ -85,21 +85,21 @@ std::string MeshKey(const std::string& scope, const std::string& name) {
   return absl::StrCat(scope, "/", name);
 }
 
-absl::StatusOr<JoinSpec> ValidateJoin(const v1::JoinMeshRequest& req, const JoinLimits& limits) {
-  if (!ValidName(req.mesh_name(), kMaxMeshName, ".:/-")) {
-    return Invalid("mesh_name '", req.mesh_name(), "' must be 1 to ", kMaxMeshName,
+absl::StatusOr<JoinSpec> ValidateJoin(const JoinRequest& req, const JoinLimits& limits) {
+  if (!ValidName(req.mesh_name, kMaxMeshName, ".:/-")) {
+    return Invalid("mesh_name '", req.mesh_name, "' must be 1 to ", kMaxMeshName,
                    " characters of [A-Za-z0-9_.:/-]");
   }
   JoinSpec spec;
   if (absl::Status st = CheckAxes(req, limits, spec); !st.ok()) return st;
   if (absl::Status st = CheckCoordinate(req, limits, spec); !st.ok()) return st;
-  if (req.timeout_ms() < 0 || req.op_timeout_ms() < 0) return Invalid("timeouts must be >= 0");
-  if (!req.scope().empty() && !ValidName(req.scope(), kMaxMeshName, ".:-")) {
-    return Invalid("scope '", req.scope(), "' must be up to ", kMaxMeshName,
+  if (req.timeout_ms < 0 || req.op_timeout_ms < 0) return Invalid("timeouts must be >= 0");
+  if (!req.scope.empty() && !ValidName(req.scope, kMaxMeshName, ".:-")) {
+    return Invalid("scope '", req.scope, "' must be up to ", kMaxMeshName,
                    " characters of [A-Za-z0-9_.:-]");
   }
-  if (req.join_token().size() > 256) return Invalid("join_token is longer than 256 bytes");
-  spec.key = MeshKey(req.scope(), req.mesh_name());
+  if (req.join_token.size() > 256) return Invalid("join_token is longer than 256 bytes");
+  spec.key = MeshKey(req.scope, req.mesh_name);
   if (limits.in_cluster && spec.key.size() > kMaxClusterMeshKey) {
     return Invalid("in a cluster, a mesh's scope and name together must be at most ",
                    kMaxClusterMeshKey - 1, " characters; got ", spec.key.size() - 1);

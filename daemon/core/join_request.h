@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "collectived/v1/collective.pb.h"
+#include "daemon/core/engine_types.h"
 #include "plan/op_plan.h"
 
 namespace collectived {
@@ -48,7 +48,7 @@ struct JoinLimits {
 // INVALID_ARGUMENT naming the first field of `req` that is wrong (names,
 // axes, the coordinate, timeouts, scope, token, a cluster mesh's key), else
 // what it asks for. Looks at nothing but its arguments.
-absl::StatusOr<JoinSpec> ValidateJoin(const v1::JoinMeshRequest& req, const JoinLimits& limits);
+absl::StatusOr<JoinSpec> ValidateJoin(const JoinRequest& req, const JoinLimits& limits);
 
 }  // namespace collectived
 

@@ -10,17 +10,13 @@
 namespace collectived {
 namespace {
 
-v1::JoinMeshRequest Request(std::vector<std::pair<std::string, int>> axes,
-                            std::vector<int> coordinate = {}) {
-  v1::JoinMeshRequest req;
-  req.set_session_id("s-1");
-  req.set_mesh_name("train");
-  for (const auto& [name, size] : axes) {
-    v1::Axis* axis = req.add_axes();
-    axis->set_name(name);
-    axis->set_size(size);
-  }
-  for (int c : coordinate) req.add_coordinate(c);
+JoinRequest Request(std::vector<std::pair<std::string, int>> axes,
+                    std::vector<int> coordinate = {}) {
+  JoinRequest req;
+  req.session_id = "s-1";
+  req.mesh_name = "train";
+  for (const auto& [name, size] : axes) req.axes.push_back(AxisRequest{name, size});
+  req.coordinate = std::move(coordinate);
   return req;
 }
 
@@ -28,8 +24,8 @@ constexpr JoinLimits kLocal{.max_mesh_members = 64, .in_cluster = false};
 constexpr JoinLimits kCluster{.max_mesh_members = 64, .in_cluster = true};
 
 TEST(ValidateJoinTest, AValidRequestGivesShapeIndexAndKey) {
-  v1::JoinMeshRequest req = Request({{"data", 2}, {"model", 4}}, {1, 2});
-  req.set_scope("team");
+  JoinRequest req = Request({{"data", 2}, {"model", 4}}, {1, 2});
+  req.scope = "team";
   absl::StatusOr<JoinSpec> spec = ValidateJoin(req, kLocal);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->shape.names, (std::vector<std::string>{"data", "model"}));
@@ -48,18 +44,18 @@ TEST(ValidateJoinTest, AValidRequestGivesShapeIndexAndKey) {
 
 TEST(ValidateJoinTest, EachBadFieldIsNamed) {
   struct Case {
-    v1::JoinMeshRequest req;
+    JoinRequest req;
     JoinLimits limits;
     std::string says;
   };
-  auto with = [](v1::JoinMeshRequest r, auto edit) {
+  auto with = [](JoinRequest r, auto edit) {
     edit(r);
     return r;
   };
-  const v1::JoinMeshRequest ok = Request({{"i", 2}}, {0});
+  const JoinRequest ok = Request({{"i", 2}}, {0});
   const std::vector<Case> cases = {
-      {with(ok, [](auto& r) { r.set_mesh_name(""); }), kLocal, "mesh_name '' must be 1 to 128"},
-      {with(ok, [](auto& r) { r.set_mesh_name("a b"); }), kLocal, "mesh_name 'a b'"},
+      {with(ok, [](auto& r) { r.mesh_name = ""; }), kLocal, "mesh_name '' must be 1 to 128"},
+      {with(ok, [](auto& r) { r.mesh_name = "a b"; }), kLocal, "mesh_name 'a b'"},
       {Request({}), kLocal, "a mesh needs 1 to 8 axes; got 0"},
       {Request({{"a", 1}, {"b", 1}, {"c", 1}, {"d", 1}, {"e", 1}, {"f", 1}, {"g", 1}, {"h", 1},
                 {"i", 1}}),
@@ -72,15 +68,15 @@ TEST(ValidateJoinTest, EachBadFieldIsNamed) {
       {Request({{"i", 2}, {"j", 2}}, {0}), kLocal, "coordinate has 1 entries for 2 axes"},
       {Request({{"i", 2}}, {2}), kLocal, "coordinate 2 out of range for axis 'i' of size 2"},
       {Request({{"i", 2}}, {-1}), kLocal, "coordinate -1 out of range"},
-      {with(ok, [](auto& r) { r.set_timeout_ms(-1); }), kLocal, "timeouts must be >= 0"},
-      {with(ok, [](auto& r) { r.set_op_timeout_ms(-5); }), kLocal, "timeouts must be >= 0"},
-      {with(ok, [](auto& r) { r.set_scope("a/b"); }), kLocal, "scope 'a/b' must be up to 128"},
-      {with(ok, [](auto& r) { r.set_join_token(std::string(257, 't')); }), kLocal,
+      {with(ok, [](auto& r) { r.timeout_ms = -1; }), kLocal, "timeouts must be >= 0"},
+      {with(ok, [](auto& r) { r.op_timeout_ms = -5; }), kLocal, "timeouts must be >= 0"},
+      {with(ok, [](auto& r) { r.scope = "a/b"; }), kLocal, "scope 'a/b' must be up to 128"},
+      {with(ok, [](auto& r) { r.join_token = std::string(257, 't'); }), kLocal,
        "join_token is longer than 256 bytes"},
       {with(ok,
             [](auto& r) {
-              r.set_mesh_name(std::string(128, 'n'));
-              r.set_scope(std::string(60, 's'));
+              r.mesh_name = std::string(128, 'n');
+              r.scope = std::string(60, 's');
             }),
        kCluster, "in a cluster, a mesh's scope and name together must be at most 179"},
   };
@@ -92,9 +88,9 @@ TEST(ValidateJoinTest, EachBadFieldIsNamed) {
         << "'" << spec.status().message() << "' lacks '" << c.says << "'";
   }
   // The long key is fine on a daemon of its own.
-  v1::JoinMeshRequest long_key = ok;
-  long_key.set_mesh_name(std::string(128, 'n'));
-  long_key.set_scope(std::string(60, 's'));
+  JoinRequest long_key = ok;
+  long_key.mesh_name = std::string(128, 'n');
+  long_key.scope = std::string(60, 's');
   EXPECT_TRUE(ValidateJoin(long_key, kLocal).ok());
 }
 

@@ -15,18 +15,18 @@ namespace {
 
 using Buffers = BufferTable;
 
-v1::OpSpec Psum(int64_t elems, const std::string& in, int64_t in_offset) {
-  v1::OpSpec op;
-  op.set_mesh_id("m");
-  op.set_kind(v1::PSUM);
-  op.set_dtype(v1::FLOAT32);
-  op.add_shape(elems);
-  op.mutable_input()->set_buffer_id(in);
-  op.mutable_input()->set_offset(in_offset);
+OpRequest Psum(int64_t elems, const std::string& in, int64_t in_offset) {
+  OpRequest op;
+  op.mesh_id = "m";
+  op.kind = OpKind::kPsum;
+  op.dtype = DType::kF32;
+  op.shape.push_back(elems);
+  op.input.buffer_id = in;
+  op.input.offset = in_offset;
   return op;
 }
 
-OpPlan Plan(const v1::OpSpec& op) {
+OpPlan Plan(const OpRequest& op) {
   MeshShape shape{{"i"}, {2}};
   absl::StatusOr<OpPlan> plan = PlanOp(op, shape);
   EXPECT_TRUE(plan.ok()) << plan.status();
@@ -46,7 +46,7 @@ class ResolveBuffersTest : public ::testing::Test {
 };
 
 TEST_F(ResolveBuffersTest, InPlaceAndIntoAnOutputResolveTheirRegions) {
-  const v1::OpSpec in_place = Psum(16, "a", 64);
+  const OpRequest in_place = Psum(16, "a", 64);
   SubmittedBuffers got;
   ASSERT_TRUE(ResolveBuffers(in_place, Plan(in_place), buffers_, got).ok());
   EXPECT_EQ(got.in_buf, buffers_["a"]);
@@ -54,18 +54,18 @@ TEST_F(ResolveBuffersTest, InPlaceAndIntoAnOutputResolveTheirRegions) {
   EXPECT_EQ(got.in_offset, 64u);
   EXPECT_EQ(got.out_offset, 64u);
 
-  v1::OpSpec into = Psum(16, "a", 0);
-  into.mutable_output()->set_buffer_id("b");
-  into.mutable_output()->set_offset(128);
-  into.mutable_output()->set_size_bytes(64);
+  OpRequest into = Psum(16, "a", 0);
+  into.output = BufferRegion{"b"};
+  into.output->offset = 128;
+  into.output->size_bytes = 64;
   got = {};
   ASSERT_TRUE(ResolveBuffers(into, Plan(into), buffers_, got).ok());
   EXPECT_EQ(got.out_buf, buffers_["b"]);
   EXPECT_EQ(got.out_offset, 128u);
 
-  v1::OpSpec barrier;
-  barrier.set_mesh_id("m");
-  barrier.set_kind(v1::BARRIER);
+  OpRequest barrier;
+  barrier.mesh_id = "m";
+  barrier.kind = OpKind::kBarrier;
   got = {};
   ASSERT_TRUE(ResolveBuffers(barrier, Plan(barrier), buffers_, got).ok());
   EXPECT_EQ(got.in_buf, nullptr);  // a barrier names no buffer
@@ -73,35 +73,35 @@ TEST_F(ResolveBuffersTest, InPlaceAndIntoAnOutputResolveTheirRegions) {
 
 TEST_F(ResolveBuffersTest, EachBadRegionIsRefusedWithItsReason) {
   struct Case {
-    v1::OpSpec op;
+    OpRequest op;
     absl::StatusCode code;
     std::string says;
   };
-  auto with = [](v1::OpSpec op, auto edit) {
+  auto with = [](OpRequest op, auto edit) {
     edit(op);
     return op;
   };
-  const v1::OpSpec ok = Psum(16, "a", 0);
+  const OpRequest ok = Psum(16, "a", 0);
   const std::vector<Case> cases = {
       {Psum(16, "", 0), absl::StatusCode::kInvalidArgument, "input buffer_id is empty"},
       {Psum(16, "zz", 0), absl::StatusCode::kNotFound, "input buffer 'zz' not found"},
       {Psum(16, "a", 4064), absl::StatusCode::kOutOfRange, "exceeds buffer 'a' of 4096 bytes"},
       {Psum(16, "a", -4), absl::StatusCode::kOutOfRange, "input offset -4 is negative"},
       {Psum(16, "a", 2), absl::StatusCode::kInvalidArgument, "not a multiple of the element size 4"},
-      {with(ok, [](v1::OpSpec& o) { o.mutable_input()->set_size_bytes(32); }),
+      {with(ok, [](OpRequest& o) { o.input.size_bytes = 32; }),
        absl::StatusCode::kInvalidArgument, "input region of 32 bytes is smaller than the input"},
-      {with(ok, [](v1::OpSpec& o) { o.mutable_output()->set_buffer_id("zz"); }),
+      {with(ok, [](OpRequest& o) { o.output = BufferRegion{"zz"}; }),
        absl::StatusCode::kNotFound, "output buffer 'zz' not found"},
       {with(ok,
-            [](v1::OpSpec& o) {
-              o.mutable_output()->set_buffer_id("b");
-              o.mutable_output()->set_size_bytes(8);
+            [](OpRequest& o) {
+              o.output = BufferRegion{"b"};
+              o.output->size_bytes = 8;
             }),
        absl::StatusCode::kInvalidArgument, "output region of 8 bytes is smaller than the result"},
       {with(ok,
-            [](v1::OpSpec& o) {
-              o.mutable_output()->set_buffer_id("a");
-              o.mutable_output()->set_offset(32);
+            [](OpRequest& o) {
+              o.output = BufferRegion{"a"};
+              o.output->offset = 32;
             }),
        absl::StatusCode::kInvalidArgument, "overlap without being the same region"},
   };
@@ -115,12 +115,12 @@ TEST_F(ResolveBuffersTest, EachBadRegionIsRefusedWithItsReason) {
 }
 
 TEST_F(ResolveBuffersTest, AResultOfAnotherSizeNeedsAnOutput) {
-  v1::OpSpec op = Psum(16, "a", 0);
-  op.set_kind(v1::PMEAN);
-  op.set_dtype(v1::INT32);  // pmean of int32 gives float32: same size, in place is fine
+  OpRequest op = Psum(16, "a", 0);
+  op.kind = OpKind::kPmean;
+  op.dtype = DType::kI32;  // pmean of int32 gives float32: same size, in place is fine
   SubmittedBuffers got;
   EXPECT_TRUE(ResolveBuffers(op, Plan(op), buffers_, got).ok());
-  op.set_dtype(v1::INT8);  // int8 -> float32: four times the bytes
+  op.dtype = DType::kI8;  // int8 -> float32: four times the bytes
   const absl::Status st = ResolveBuffers(op, Plan(op), buffers_, got);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
   EXPECT_NE(st.message().find("does not fit in place of the input"), std::string::npos) << st;

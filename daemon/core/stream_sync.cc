@@ -11,25 +11,25 @@ namespace collectived {
 namespace {
 
 absl::StatusOr<std::pair<std::shared_ptr<SharedBuffer>, uint64_t*>> Word(
-    const v1::BufferRef& ref, const char* what,
+    const BufferRegion& ref, const char* what,
     const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
         const std::string& id, const char* what)>& find) {
-  auto buf = find(ref.buffer_id(), what);
+  auto buf = find(ref.buffer_id, what);
   if (!buf.ok()) return buf.status();
   const std::shared_ptr<SharedBuffer>& b = *buf;
   if (b->kind() != "memfd") {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, " buffer '", ref.buffer_id(), "' is ", b->kind(), " memory on ", b->device(),
+        what, " buffer '", ref.buffer_id, "' is ", b->kind(), " memory on ", b->device(),
         "; stream_sync words must be in a host (cpu) buffer"));
   }
-  if (ref.has_size_bytes() && ref.size_bytes() != 8) {
+  if (ref.size_bytes.has_value() && *ref.size_bytes != 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " size_bytes is ", ref.size_bytes(), "; a stream_sync word is 8 bytes"));
+        absl::StrCat(what, " size_bytes is ", *ref.size_bytes, "; a stream_sync word is 8 bytes"));
   }
-  const int64_t off = ref.offset();
+  const int64_t off = ref.offset;
   if (off < 0 || static_cast<uint64_t>(off) > b->size() || b->size() - off < 8) {
     return absl::OutOfRangeError(absl::StrCat(what, " word at offset ", off,
-                                              " is not inside buffer '", ref.buffer_id(),
+                                              " is not inside buffer '", ref.buffer_id,
                                               "' of ", b->size(), " bytes"));
   }
   if (off % 8 != 0) {
@@ -42,15 +42,15 @@ absl::StatusOr<std::pair<std::shared_ptr<SharedBuffer>, uint64_t*>> Word(
 }  // namespace
 
 absl::StatusOr<SyncWords> SyncWords::Resolve(
-    const v1::StreamSync& sync,
+    const StreamOrder& sync,
     const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
         const std::string& id, const char* what)>& find) {
-  if (sync.value() == 0) {
+  if (sync.value == 0) {
     return absl::InvalidArgumentError("stream_sync value must be > 0");
   }
-  auto ready = Word(sync.ready(), "stream_sync ready", find);
+  auto ready = Word(sync.ready, "stream_sync ready", find);
   if (!ready.ok()) return ready.status();
-  auto done = Word(sync.done(), "stream_sync done", find);
+  auto done = Word(sync.done, "stream_sync done", find);
   if (!done.ok()) return done.status();
   if (ready->second == done->second) {
     return absl::InvalidArgumentError("stream_sync ready and done are the same word");
@@ -60,22 +60,21 @@ absl::StatusOr<SyncWords> SyncWords::Resolve(
   w.ready_ = ready->second;
   w.done_buf_ = std::move(done->first);
   w.done_ = done->second;
-  w.value_ = sync.value();
+  w.value_ = sync.value;
   return w;
 }
 
 void SyncWords::ReleaseDoneIfValid(
-    const v1::StreamSync& sync,
+    const StreamOrder& sync,
     const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
         const std::string& id, const char* what)>& find) {
-  if (sync.value() == 0) return;
-  if (sync.ready().buffer_id() == sync.done().buffer_id() &&
-      sync.ready().offset() == sync.done().offset()) {
+  if (sync.value == 0) return;
+  if (sync.ready.buffer_id == sync.done.buffer_id && sync.ready.offset == sync.done.offset) {
     return;  // one word for both: raising it would fake the stream's arrival
   }
-  auto done = Word(sync.done(), "stream_sync done", find);
+  auto done = Word(sync.done, "stream_sync done", find);
   if (!done.ok()) return;
-  RaiseWord(done->second, sync.value());
+  RaiseWord(done->second, sync.value);
 }
 
 uint64_t SyncWords::ReadyValue() const {

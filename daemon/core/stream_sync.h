@@ -1,6 +1,7 @@
-// Stream-ordered submission, the daemon's side (v1::StreamSync): an op
-// waits until each member's `ready` word reaches the op's value, and the
-// daemon raises each member's `done` word to it once the op is over.
+// Stream-ordered submission, the daemon's side (StreamOrder, the wire's
+// StreamSync): an op waits until each member's `ready` word reaches the op's
+// value, and the daemon raises each member's `done` word to it once the op
+// is over.
 //
 // The words live in a host (memfd) buffer of the member's session, mapped by
 // the client too (and registered there with CUDA so its stream writes and
@@ -26,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "collectived/v1/collective.pb.h"
+#include "plan/op_request.h"
 #include "common/sync.h"
 #include "daemon/memory/shared_buffer.h"
 
@@ -40,7 +41,7 @@ class SyncWords {
   // memory, a region that is not 8 bytes at an 8-aligned offset inside the
   // buffer, `ready` and `done` the same word.
   static absl::StatusOr<SyncWords> Resolve(
-      const v1::StreamSync& sync,
+      const StreamOrder& sync,
       const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
           const std::string& id, const char* what)>& find);
 
@@ -48,7 +49,7 @@ class SyncWords {
   // that word alone is valid (so that the client's stream is released even
   // when only the ready word was wrong).
   static void ReleaseDoneIfValid(
-      const v1::StreamSync& sync,
+      const StreamOrder& sync,
       const std::function<absl::StatusOr<std::shared_ptr<SharedBuffer>>(
           const std::string& id, const char* what)>& find);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fast_queue.h"
 #include "daemon/memory/shared_buffer.h"
+#include "daemon/server/wire.h"
 #include "daemon/util/log.h"
 
 namespace collectived {
@@ -125,7 +126,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
                                                   op.shape());
       if (bad.ok()) {
         auto accepted = engine_->Submit(
-            session_id_, op, /*retain=*/false,
+            session_id_, FromProto(op), /*retain=*/false,
             [self = shared_from_this(), tag, taken_ns](const OpOutcome& o) {
               self->Complete(tag, taken_ns, o);
             });

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/fast_queue.h"
 #include "common/sync.h"
+#include "daemon/server/wire.h"
 #include "exec/cpu_executor.h"
 
 namespace collectived {
@@ -73,11 +74,11 @@ class FastPathTest : public ::testing::Test {
       auto m = std::make_unique<Member>();
       auto s = engine_->CreateSession(absl::StrCat("member", i));
       EXPECT_TRUE(s.ok());
-      m->session = s->session_id();
-      EXPECT_TRUE(engine_->AttachSession(m->session, s->attach_token(), 1000 + i, 0).ok());
+      m->session = s->session_id;
+      EXPECT_TRUE(engine_->AttachSession(m->session, s->attach_token, 1000 + i, 0).ok());
       auto b = engine_->AllocateBuffer(m->session, elements * 4);
       EXPECT_TRUE(b.ok());
-      m->buffer_id = b->buffer_id();
+      m->buffer_id = b->buffer_id;
       m->data = static_cast<int32_t*>((*engine_->GetBuffer(m->session, m->buffer_id))->data());
       auto fd = fast_->Open(m->session);
       EXPECT_TRUE(fd.ok()) << fd.status();
@@ -86,19 +87,17 @@ class FastPathTest : public ::testing::Test {
       EXPECT_NE(queue, nullptr);
       m->q = fastq::QueueView::Of(queue);
       EXPECT_TRUE(fastq::HeaderValid(m->q.header));
-      v1::JoinMeshRequest req;
-      req.set_session_id(m->session);
-      req.set_mesh_name("m");
-      auto* a = req.add_axes();
-      a->set_name("i");
-      a->set_size(n);
-      req.set_timeout_ms(10000);
+      JoinRequest req;
+      req.session_id = m->session;
+      req.mesh_name = "m";
+      req.axes.push_back(AxisRequest{"i", n});
+      req.timeout_ms = 10000;
       auto done = std::make_unique<Notification>();
-      engine_->JoinMesh(req, [d = done.get(), this](absl::StatusOr<v1::JoinMeshResponse> r) {
+      engine_->JoinMesh(req, [d = done.get(), this](absl::StatusOr<Joined> r) {
         EXPECT_TRUE(r.ok()) << r.status();
         if (r.ok()) {
           MutexLock lock(&mu_);
-          mesh_id_ = r->mesh().mesh_id();
+          mesh_id_ = r->mesh.mesh_id;
         }
         d->Notify();
       });
@@ -198,8 +197,10 @@ TEST_F(FastPathTest, UntrustedEntriesAndCountersAreContained) {
   bool gone = false;
   while (!gone && absl::Now() < deadline) {
     gone = true;
-    const v1::ListSessionsResponse list = engine_->ListSessions();
-    for (const auto& s : list.sessions()) gone = gone && s.session_id() != m.session;
+    // Sessions are listed by their DisplayId only.
+    for (const SessionView& s : engine_->ListSessions()) {
+      gone = gone && s.session_id != DisplayId(m.session);
+    }
     if (!gone) absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_TRUE(gone) << "the session with corrupt counters is still open";

@@ -776,7 +776,7 @@ void LogListening(const LocalSettings& local, const std::string& tcp, int tcp_po
             {"tcp", tcp.empty() ? "off" : absl::StrCat(tcp, " (port ", tcp_port, ")")},
             {"tcp_security", TcpSecurity(tcp)},
             {"metrics", metrics},
-            {"executor_threads", absl::StrCat(engine.GetStats().executor_threads())},
+            {"executor_threads", absl::StrCat(engine.GetStats().executor_threads)},
             {"open_files_limit", absl::StrCat(local.fd_limits.soft)},
             {"open_files_limit_at_start", absl::StrCat(local.fd_limits.soft_before)},
             {"pid", absl::StrCat(getpid())}, {"version", COLLECTIVED_VERSION}});

@@ -39,7 +39,7 @@ class Metrics::Collector final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     Engine* engine = engine_.load();
     if (engine == nullptr) return {};
-    const v1::GetStatsResponse stats = engine->GetStats();
+    const EngineStats stats = engine->GetStats();
     std::vector<prometheus::MetricFamily> out;
     auto gauge = [&](const char* name, const char* help, double v) {
       prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
@@ -49,16 +49,16 @@ class Metrics::Collector final : public prometheus::Collectable {
       out.push_back(std::move(f));
     };
     gauge("collectived_uptime_seconds", "Seconds since the daemon started.",
-          static_cast<double>(stats.uptime_ms()) / 1000.0);
-    gauge("collectived_sessions", "Client sessions.", stats.sessions());
+          static_cast<double>(stats.uptime_ms) / 1000.0);
+    gauge("collectived_sessions", "Client sessions.", stats.sessions);
     gauge("collectived_meshes", "Meshes (every generation the daemon still holds).",
-          stats.meshes());
+          stats.meshes);
     {
       // Always the three states, so that a dashboard sees zeros.
       std::map<std::string, int> by_state = {{"waiting", 0}, {"queued", 0}, {"running", 0}};
       auto ops = engine->ListPendingOps("");
       if (ops.ok()) {
-        for (const auto& p : ops->ops()) ++by_state[p.state()];
+        for (const PendingOpView& p : *ops) ++by_state[p.state];
       }
       prometheus::MetricFamily f{
           "collectived_pending_ops",
@@ -78,12 +78,12 @@ class Metrics::Collector final : public prometheus::Collectable {
     prometheus::MetricFamily bytes{"collectived_buffer_bytes",
                                    "Bytes of shared buffers, by device and kind.",
                                    prometheus::MetricType::Gauge, {}};
-    for (const auto& d : stats.buffers_by_device()) {
+    for (const auto& d : stats.buffers_by_device) {
       prometheus::ClientMetric m;
-      m.label = {{"device", d.device()}, {"kind", d.kind()}};
-      m.gauge.value = d.buffers();
+      m.label = {{"device", d.device}, {"kind", d.kind}};
+      m.gauge.value = d.buffers;
       buffers.metric.push_back(m);
-      m.gauge.value = static_cast<double>(d.buffer_bytes());
+      m.gauge.value = static_cast<double>(d.buffer_bytes);
       bytes.metric.push_back(m);
     }
     out.push_back(std::move(buffers));
@@ -94,17 +94,17 @@ class Metrics::Collector final : public prometheus::Collectable {
     prometheus::MetricFamily input{"collectived_op_input_bytes_total",
                                    "Input bytes of completed ops over all members, by op kind.",
                                    prometheus::MetricType::Counter, {}};
-    for (const auto& k : stats.by_kind()) {
-      for (auto [dir, v] : {std::pair<const char*, int64_t>{"read", k.bytes_read()},
-                            std::pair<const char*, int64_t>{"written", k.bytes_written()}}) {
+    for (const auto& k : stats.by_kind) {
+      for (auto [dir, v] : {std::pair<const char*, int64_t>{"read", k.bytes_read},
+                            std::pair<const char*, int64_t>{"written", k.bytes_written}}) {
         prometheus::ClientMetric m;
-        m.label = {{"kind", k.kind()}, {"direction", dir}};
+        m.label = {{"kind", std::string(OpKindName(k.kind))}, {"direction", dir}};
         m.counter.value = static_cast<double>(v);
         moved.metric.push_back(m);
       }
       prometheus::ClientMetric m;
-      m.label = {{"kind", k.kind()}};
-      m.counter.value = static_cast<double>(k.bytes());
+      m.label = {{"kind", std::string(OpKindName(k.kind))}};
+      m.counter.value = static_cast<double>(k.bytes);
       input.metric.push_back(m);
     }
     out.push_back(std::move(moved));
@@ -115,17 +115,17 @@ class Metrics::Collector final : public prometheus::Collectable {
         "Op submissions by path: fast_path (the shared-memory queue), execute (the gRPC "
         "Execute stream), unary (the gRPC Submit call).",
         prometheus::MetricType::Counter, {}};
-    for (auto [path, v] : {std::pair<const char*, int64_t>{"fast_path", stats.submitted_fast_path()},
-                           std::pair<const char*, int64_t>{"execute", stats.submitted_execute()},
-                           std::pair<const char*, int64_t>{"unary", stats.submitted_unary()}}) {
+    for (auto [path, v] : {std::pair<const char*, int64_t>{"fast_path", stats.submitted_fast_path},
+                           std::pair<const char*, int64_t>{"execute", stats.submitted_execute},
+                           std::pair<const char*, int64_t>{"unary", stats.submitted_unary}}) {
       prometheus::ClientMetric m;
       m.label = {{"path", path}};
       m.counter.value = static_cast<double>(v);
       submitted.metric.push_back(m);
     }
     out.push_back(std::move(submitted));
-    if (stats.has_cluster()) {
-      const v1::ClusterStats& c = stats.cluster();
+    if (stats.in_cluster) {
+      const ClusterView& c = stats.cluster;
       // Every state, so that a dashboard sees which one is 1.
       prometheus::MetricFamily state{
           "collectived_cluster_state",
@@ -133,19 +133,19 @@ class Metrics::Collector final : public prometheus::Collectable {
           prometheus::MetricType::Gauge, {}};
       for (const char* name : {"starting", "joined", "unavailable", "stopped"}) {
         prometheus::ClientMetric m;
-        m.label = {{"host_id", c.host_id()}, {"state", name}};
-        m.gauge.value = c.state() == name ? 1 : 0;
+        m.label = {{"host_id", c.host_id}, {"state", name}};
+        m.gauge.value = c.state == name ? 1 : 0;
         state.metric.push_back(m);
       }
       out.push_back(std::move(state));
       gauge("collectived_cluster_meshes", "Meshes whose members are on several hosts.",
-            c.meshes_across_hosts());
+            c.meshes_across_hosts);
       prometheus::MetricFamily ops{"collectived_cluster_ops_total",
                                    "Ops of meshes across hosts, by result (ok, failed).",
                                    prometheus::MetricType::Counter, {}};
-      for (auto [result, v] : {std::pair<const char*, int64_t>{"ok", c.ops_across_hosts()},
+      for (auto [result, v] : {std::pair<const char*, int64_t>{"ok", c.ops_across_hosts},
                                std::pair<const char*, int64_t>{"failed",
-                                                               c.ops_across_hosts_failed()}}) {
+                                                               c.ops_across_hosts_failed}}) {
         prometheus::ClientMetric m;
         m.label = {{"result", result}};
         m.counter.value = static_cast<double>(v);

@@ -5,16 +5,18 @@
 
 #include "absl/base/thread_annotations.h"
 #include "common/sync.h"
+#include "daemon/server/wire.h"
 
 namespace collectived {
 namespace {
 
-// Finishes a unary call with `result`, copying the value into `resp`.
-template <typename T>
+// Finishes a unary call with `result`, its value in the wire format in
+// `resp`.
+template <typename T, typename Proto>
 grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* ctx,
-                                     absl::StatusOr<T> result, T* resp) {
+                                     const absl::StatusOr<T>& result, Proto* resp) {
   auto* reactor = ctx->DefaultReactor();
-  if (result.ok()) *resp = *std::move(result);
+  if (result.ok()) *resp = ToProto(*result);
   reactor->Finish(ToGrpc(result.status()));
   return reactor;
 }
@@ -48,7 +50,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::OpRequest, v1::O
       ++outstanding_;
     }
     engine_->CountSubmission(Engine::SubmitPath::kExecute);
-    auto accepted = engine_->Submit(session_id_, request_.op(), /*retain=*/false,
+    auto accepted = engine_->Submit(session_id_, FromProto(request_.op()), /*retain=*/false,
                                     [this, tag](const OpOutcome& o) { OnOpDone(tag, o); });
     if (!accepted.ok()) OnOpDone(tag, OpOutcome(accepted.status(), -1));
     // Reads are not done, so the stream cannot have finished above.
@@ -153,8 +155,8 @@ grpc::ServerUnaryReactor* CollectiveService::JoinMesh(grpc::CallbackServerContex
                                                       const v1::JoinMeshRequest* req,
                                                       v1::JoinMeshResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  engine_->JoinMesh(*req, [reactor, resp](absl::StatusOr<v1::JoinMeshResponse> r) {
-    if (r.ok()) *resp = *std::move(r);
+  engine_->JoinMesh(FromProto(*req), [reactor, resp](absl::StatusOr<Joined> r) {
+    if (r.ok()) *resp = ToProto(*r);
     reactor->Finish(ToGrpc(r.status()));
   });
   return reactor;
@@ -177,7 +179,7 @@ grpc::ServerUnaryReactor* CollectiveService::AllocateBuffer(
     v1::AllocateBufferResponse* resp) {
   auto info = engine_->AllocateBuffer(req->session_id(), req->size_bytes(), req->device(),
                                       req->mesh_id());
-  if (info.ok()) *resp->mutable_buffer() = *info;
+  if (info.ok()) *resp->mutable_buffer() = ToProto(*info);
   return FinishWith(ctx, info.status());
 }
 
@@ -191,8 +193,9 @@ grpc::ServerUnaryReactor* CollectiveService::Submit(grpc::CallbackServerContext*
                                                     const v1::SubmitRequest* req,
                                                     v1::SubmitResponse* resp) {
   engine_->CountSubmission(Engine::SubmitPath::kUnary);
-  return FinishWith(ctx, engine_->Submit(req->session_id(), req->op(), /*retain=*/true, nullptr),
-                    resp);
+  return FinishWith(
+      ctx, engine_->Submit(req->session_id(), FromProto(req->op()), /*retain=*/true, nullptr),
+      resp);
 }
 
 grpc::ServerUnaryReactor* CollectiveService::Wait(grpc::CallbackServerContext* ctx,
@@ -204,8 +207,8 @@ grpc::ServerUnaryReactor* CollectiveService::Wait(grpc::CallbackServerContext* c
     return reactor;
   }
   engine_->Wait(req->session_id(), req->op_id(), absl::Milliseconds(req->timeout_ms()),
-                [reactor, resp](absl::StatusOr<v1::WaitResponse> r) {
-                  if (r.ok()) *resp = *std::move(r);
+                [reactor, resp](absl::StatusOr<Waited> r) {
+                  if (r.ok()) *resp = ToProto(*r);
                   reactor->Finish(ToGrpc(r.status()));
                 });
   return reactor;
@@ -227,14 +230,14 @@ grpc::ServerBidiReactor<v1::OpRequest, v1::OpResult>* CollectiveService::Execute
 grpc::ServerUnaryReactor* CollectiveService::ListSessions(grpc::CallbackServerContext* ctx,
                                                           const v1::ListSessionsRequest*,
                                                           v1::ListSessionsResponse* resp) {
-  *resp = engine_->ListSessions();
+  *resp = ToProto(engine_->ListSessions());
   return FinishWith(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CollectiveService::ListMeshes(grpc::CallbackServerContext* ctx,
                                                         const v1::ListMeshesRequest*,
                                                         v1::ListMeshesResponse* resp) {
-  *resp = engine_->ListMeshes();
+  *resp = ToProto(engine_->ListMeshes());
   return FinishWith(ctx, absl::OkStatus());
 }
 
@@ -247,7 +250,7 @@ grpc::ServerUnaryReactor* CollectiveService::ListPendingOps(
 grpc::ServerUnaryReactor* CollectiveService::GetStats(grpc::CallbackServerContext* ctx,
                                                       const v1::GetStatsRequest*,
                                                       v1::GetStatsResponse* resp) {
-  *resp = engine_->GetStats();
+  *resp = ToProto(engine_->GetStats());
   resp->set_version(COLLECTIVED_VERSION);
   return FinishWith(ctx, absl::OkStatus());
 }

@@ -58,28 +58,26 @@ struct Session {
   std::string id, mesh_id, buffer_id;
 };
 
-Session NewSession(Engine& engine) {
+Session OpenSession(Engine& engine) {
   Session s;
   auto created = engine.CreateSession("fuzz");
   if (!created.ok()) std::abort();
-  s.id = created->session_id();
-  if (!engine.AttachSession(s.id, created->attach_token(), 1, 0).ok()) std::abort();
-  v1::JoinMeshRequest join;
-  join.set_session_id(s.id);
-  join.set_mesh_name("fuzz-" + s.id.substr(2, 12));
-  auto* axis = join.add_axes();
-  axis->set_name("i");
-  axis->set_size(1);
+  s.id = created->session_id;
+  if (!engine.AttachSession(s.id, created->attach_token, 1, 0).ok()) std::abort();
+  JoinRequest join;
+  join.session_id = s.id;
+  join.mesh_name = "fuzz-" + s.id.substr(2, 12);
+  join.axes.push_back(AxisRequest{"i", 1});
   Notification joined;
-  engine.JoinMesh(join, [&](absl::StatusOr<v1::JoinMeshResponse> r) {
+  engine.JoinMesh(join, [&](absl::StatusOr<Joined> r) {
     if (!r.ok()) std::abort();
-    s.mesh_id = r->mesh().mesh_id();
+    s.mesh_id = r->mesh.mesh_id;
     joined.Notify();
   });
   if (!joined.WaitForNotificationWithTimeout(absl::Seconds(10))) std::abort();
   auto b = engine.AllocateBuffer(s.id, 64 * 1024);
   if (!b.ok()) std::abort();
-  s.buffer_id = b->buffer_id();
+  s.buffer_id = b->buffer_id;
   return s;
 }
 
@@ -90,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace collectived;
   if (size == 0) return 0;
   Fixture& f = GetFixture();
-  Session s = NewSession(*f.engine);
+  Session s = OpenSession(*f.engine);
   if (!f.fast_path->Open(s.id).ok()) std::abort();
   fastq::QueueView q = fastq::QueueView::Of(f.fast_path->MappedQueue(s.id));
   const uint32_t n = data[0] % 9;

@@ -40,25 +40,23 @@ struct Fixture {
     engine = std::make_unique<Engine>(
         options, std::make_unique<CpuExecutor>(CpuExecutorOptions{.threads = 1, .chunk_bytes = 4096}));
     auto s = engine->CreateSession("fuzz");
-    session = s->session_id();
-    (void)engine->AttachSession(session, s->attach_token(), 1, 0);
-    v1::JoinMeshRequest join;
-    join.set_session_id(session);
-    join.set_mesh_name("fuzz");
-    auto* axis = join.add_axes();
-    axis->set_name("i");
-    axis->set_size(1);
+    session = s->session_id;
+    (void)engine->AttachSession(session, s->attach_token, 1, 0);
+    JoinRequest join;
+    join.session_id = session;
+    join.mesh_name = "fuzz";
+    join.axes.push_back(AxisRequest{"i", 1});
     Notification joined;
-    engine->JoinMesh(join, [&](absl::StatusOr<v1::JoinMeshResponse> r) {
+    engine->JoinMesh(join, [&](absl::StatusOr<Joined> r) {
       if (!r.ok()) std::abort();
-      mesh_id = r->mesh().mesh_id();
+      mesh_id = r->mesh.mesh_id;
       joined.Notify();
     });
     if (!joined.WaitForNotificationWithTimeout(absl::Seconds(10))) std::abort();
     auto b = engine->AllocateBuffer(session, 64 * 1024);
     if (!b.ok()) std::abort();
-    buffer_id = b->buffer_id();
-    buffer_size = static_cast<size_t>(b->size_bytes());
+    buffer_id = b->buffer_id;
+    buffer_size = static_cast<size_t>(b->size_bytes);
   }
 };
 
@@ -90,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     op.set_timeout_ms(0);
     auto done = std::make_shared<Notification>();
-    auto accepted = f.engine->Submit(f.session, op, /*retain=*/false,
+    auto accepted = f.engine->Submit(f.session, FromProto(op), /*retain=*/false,
                                      [done](const OpOutcome&) { done->Notify(); });
     if (accepted.ok() && !done->WaitForNotificationWithTimeout(absl::Seconds(30))) {
       std::abort();  // an accepted op on a one-member mesh must complete

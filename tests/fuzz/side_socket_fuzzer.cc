@@ -127,10 +127,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (session.empty()) {
         auto s = f.engine->CreateSession("fuzz");
         if (s.ok()) {
-          session = s->session_id();
-          token = s->attach_token();
+          session = s->session_id;
+          token = s->attach_token;
           auto b = f.engine->AllocateBuffer(session, 4096);
-          if (b.ok()) buffer = b->buffer_id();
+          if (b.ok()) buffer = b->buffer_id;
         }
       }
       text = absl::StrReplaceAll(text, {{"$S", session}, {"$T", token}, {"$B", buffer}});

@@ -21,18 +21,23 @@ OWN = ("common/", "plan/", "exec/", "client/", "daemon/", "tests/", "bench/", "e
 # include path). The first matching folder (longest first) applies.
 # "collectived/" is the SDK's public headers and the generated ones (the
 # protos' collectived/v1/, the member-side code identity).
+# The wire format reaches the engine only through the server's edge
+# (daemon/server/wire.h): the core, the plan library's neutral part and the
+# executors include neither the protos nor the conversions (plan/wire_plan.h).
 PUBLIC_DTYPE = "collectived/dtype.h"
 PROTO = "collectived/v1/"
+MEMBER_OPS_CODE = "collectived/member_ops_code.h"
 RULES = {
     "common/": ["common/", PROTO, PUBLIC_DTYPE],
-    "plan/": ["plan/", "common/", PROTO, PUBLIC_DTYPE],
-    "exec/": ["exec/", "plan/", "common/", PUBLIC_DTYPE],
+    "plan/wire_plan.": ["plan/", "common/", PROTO, PUBLIC_DTYPE],
+    "plan/": ["plan/op_", "plan/plan_op.h", "common/", PUBLIC_DTYPE],
+    "exec/": ["exec/", "plan/op_", "plan/plan_op.h", "common/", PUBLIC_DTYPE],
     "client/include/": ["collectived/"],
     "client/": ["client/src/", "collectived/", "plan/", "exec/", "common/"],
     "daemon/util/": ["daemon/util/", "common/"],
     "daemon/memory/": ["daemon/memory/", "daemon/util/", "common/", PUBLIC_DTYPE],
-    "daemon/core/": ["daemon/core/", "daemon/memory/", "daemon/util/", "plan/", "exec/",
-                     "common/", "collectived/"],
+    "daemon/core/": ["daemon/core/", "daemon/memory/", "daemon/util/", "plan/op_",
+                     "plan/plan_op.h", "exec/", "common/", PUBLIC_DTYPE, MEMBER_OPS_CODE],
     "daemon/cluster/": ["daemon/cluster/", "daemon/core/rendezvous.h", "daemon/core/timer.h",
                         "daemon/util/", "plan/", "exec/", "common/", "collectived/"],
     "daemon/server/": ["daemon/", "plan/", "exec/", "common/", "collectived/"],

@@ -84,9 +84,9 @@ TEST_F(SdkDeviceTest, GpuBufferIsFreedInTheDaemonAndRefusedAsUnimplemented) {
 #endif
   // Nothing is left behind in the daemon.
   auto sessions = engine_->ListSessions();
-  ASSERT_EQ(sessions.sessions_size(), 1);
-  EXPECT_EQ(sessions.sessions(0).buffers(), 0);
-  EXPECT_EQ(engine_->GetStats().buffers_by_device_size(), 0);
+  ASSERT_EQ(sessions.size(), 1);
+  EXPECT_EQ(sessions[0].buffers, 0);
+  EXPECT_EQ(engine_->GetStats().buffers_by_device.size(), 0);
 
   // Host memory maps as before, with either spelling, and says where it is.
   for (const char* device : {"", "cpu"}) {
@@ -106,7 +106,7 @@ TEST_F(SdkDeviceTest, GpuBufferIsFreedInTheDaemonAndRefusedAsUnimplemented) {
   // Bad names and a GPU the daemon does not have: the daemon's answer.
   EXPECT_EQ((*client)->Allocate(8, "gpu7").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*client)->Allocate(8, "cuda:9").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(engine_->ListSessions().sessions(0).buffers(), 1);
+  EXPECT_EQ(engine_->ListSessions()[0].buffers, 1);
 }
 
 // Python (and any garbage-collected binding) frees objects in no fixed order:
@@ -122,7 +122,7 @@ TEST_F(SdkDeviceTest, AMeshThatOutlivesItsClientFailsItsOpsCleanly) {
   const Array x = Array::Of<float>(*buf, {4});
   ASSERT_TRUE((*mesh)->psum(x, "i").ok());
   client->reset();  // the Client goes first
-  EXPECT_EQ(engine_->ListSessions().sessions_size(), 0) << "the session outlived its Client";
+  EXPECT_EQ(engine_->ListSessions().size(), 0) << "the session outlived its Client";
   const absl::Status st = (*mesh)->psum(x, "i");
   EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
   EXPECT_TRUE((*mesh)->Leave().ok());
@@ -157,8 +157,8 @@ TEST_F(SdkDeviceTest, SubmitRunsACollectiveGivenAsAValue) {
   EXPECT_TRUE((*mesh)->submit({.kind = CollectiveKind::kBarrier, .axes = "i"}).Wait().ok());
 
   auto submitted = [this] {
-    const v1::GetStatsResponse s = engine_->GetStats();
-    return s.submitted_fast_path() + s.submitted_execute() + s.submitted_unary();
+    const EngineStats s = engine_->GetStats();
+    return s.submitted_fast_path + s.submitted_execute + s.submitted_unary;
   };
   const int64_t ops = submitted();
   EXPECT_GE(ops, 3);
@@ -194,7 +194,7 @@ TEST_F(SdkDeviceTest, SetStreamWithoutAUsableGpuSaysWhyAndChangesNothing) {
   EXPECT_EQ(std::string(st.message()), "stream-ordered submission needs the SDK built with CUDA");
 #endif
   EXPECT_EQ((*mesh)->stream(), nullptr);
-  EXPECT_EQ(engine_->ListSessions().sessions(0).buffers(), 0) << "the words' buffer was kept";
+  EXPECT_EQ(engine_->ListSessions()[0].buffers, 0) << "the words' buffer was kept";
   // Ops run as before.
   auto buf = (*client)->Allocate(16);
   ASSERT_TRUE(buf.ok()) << buf.status();
