@@ -31,6 +31,130 @@ struct Metrics::Families {
   prometheus::Family<prometheus::Histogram>* latency;
 };
 
+namespace {
+
+using Families = std::vector<prometheus::MetricFamily>;
+
+prometheus::ClientMetric Labelled(std::vector<prometheus::ClientMetric::Label> labels) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  return m;
+}
+
+void AddGauge(Families& out, const char* name, const char* help, double v) {
+  prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
+  prometheus::ClientMetric m;
+  m.gauge.value = v;
+  f.metric.push_back(m);
+  out.push_back(std::move(f));
+}
+
+void AddPendingOps(Families& out, Engine& engine) {
+  // Always the three states, so that a dashboard sees zeros.
+  std::map<std::string, int> by_state = {{"waiting", 0}, {"queued", 0}, {"running", 0}};
+  auto ops = engine.ListPendingOps("");
+  if (ops.ok()) {
+    for (const PendingOpView& p : *ops) ++by_state[p.state];
+  }
+  prometheus::MetricFamily f{
+      "collectived_pending_ops",
+      "Ops not completed, by state: waiting (some members have not submitted; member-side "
+      "ops included), queued (all have; an earlier op of the mesh runs), running.",
+      prometheus::MetricType::Gauge, {}};
+  for (const auto& [state, v] : by_state) {
+    prometheus::ClientMetric m = Labelled({{"state", state}});
+    m.gauge.value = v;
+    f.metric.push_back(m);
+  }
+  out.push_back(std::move(f));
+}
+
+void AddBuffers(Families& out, const EngineStats& stats) {
+  prometheus::MetricFamily buffers{"collectived_buffers", "Shared buffers, by device and kind.",
+                                   prometheus::MetricType::Gauge, {}};
+  prometheus::MetricFamily bytes{"collectived_buffer_bytes",
+                                 "Bytes of shared buffers, by device and kind.",
+                                 prometheus::MetricType::Gauge, {}};
+  for (const DeviceBuffers& d : stats.buffers_by_device) {
+    prometheus::ClientMetric m = Labelled({{"device", d.device}, {"kind", d.kind}});
+    m.gauge.value = d.buffers;
+    buffers.metric.push_back(m);
+    m.gauge.value = static_cast<double>(d.buffer_bytes);
+    bytes.metric.push_back(m);
+  }
+  out.push_back(std::move(buffers));
+  out.push_back(std::move(bytes));
+}
+
+void AddKinds(Families& out, const EngineStats& stats) {
+  prometheus::MetricFamily moved{"collectived_bytes_moved_total",
+                                 "Bytes the executors read and wrote, by op kind.",
+                                 prometheus::MetricType::Counter, {}};
+  prometheus::MetricFamily input{"collectived_op_input_bytes_total",
+                                 "Input bytes of completed ops over all members, by op kind.",
+                                 prometheus::MetricType::Counter, {}};
+  for (const KindStats& k : stats.by_kind) {
+    const std::string kind(OpKindName(k.kind));
+    for (auto [dir, v] : {std::pair<const char*, int64_t>{"read", k.bytes_read},
+                          std::pair<const char*, int64_t>{"written", k.bytes_written}}) {
+      prometheus::ClientMetric m = Labelled({{"kind", kind}, {"direction", dir}});
+      m.counter.value = static_cast<double>(v);
+      moved.metric.push_back(m);
+    }
+    prometheus::ClientMetric m = Labelled({{"kind", kind}});
+    m.counter.value = static_cast<double>(k.bytes);
+    input.metric.push_back(m);
+  }
+  out.push_back(std::move(moved));
+  out.push_back(std::move(input));
+}
+
+// The fast path's share: submissions by the way they came in.
+void AddSubmitted(Families& out, const EngineStats& stats) {
+  prometheus::MetricFamily submitted{
+      "collectived_ops_submitted_total",
+      "Op submissions by path: fast_path (the shared-memory queue), execute (the gRPC "
+      "Execute stream), unary (the gRPC Submit call).",
+      prometheus::MetricType::Counter, {}};
+  for (auto [path, v] : {std::pair<const char*, int64_t>{"fast_path", stats.submitted_fast_path},
+                         std::pair<const char*, int64_t>{"execute", stats.submitted_execute},
+                         std::pair<const char*, int64_t>{"unary", stats.submitted_unary}}) {
+    prometheus::ClientMetric m = Labelled({{"path", path}});
+    m.counter.value = static_cast<double>(v);
+    submitted.metric.push_back(m);
+  }
+  out.push_back(std::move(submitted));
+}
+
+void AddCluster(Families& out, const ClusterView& c) {
+  // Every state, so that a dashboard sees which one is 1.
+  prometheus::MetricFamily state{
+      "collectived_cluster_state",
+      "1 for the daemon's state in its cluster (starting, joined, unavailable, stopped).",
+      prometheus::MetricType::Gauge, {}};
+  for (const char* name : {"starting", "joined", "unavailable", "stopped"}) {
+    prometheus::ClientMetric m = Labelled({{"host_id", c.host_id}, {"state", name}});
+    m.gauge.value = c.state == name ? 1 : 0;
+    state.metric.push_back(m);
+  }
+  out.push_back(std::move(state));
+  AddGauge(out, "collectived_cluster_meshes", "Meshes whose members are on several hosts.",
+           c.meshes_across_hosts);
+  prometheus::MetricFamily ops{"collectived_cluster_ops_total",
+                               "Ops of meshes across hosts, by result (ok, failed).",
+                               prometheus::MetricType::Counter, {}};
+  for (auto [result, v] :
+       {std::pair<const char*, int64_t>{"ok", c.ops_across_hosts},
+        std::pair<const char*, int64_t>{"failed", c.ops_across_hosts_failed}}) {
+    prometheus::ClientMetric m = Labelled({{"result", result}});
+    m.counter.value = static_cast<double>(v);
+    ops.metric.push_back(m);
+  }
+  out.push_back(std::move(ops));
+}
+
+}  // namespace
+
 // Scrape-time metrics from the engine's snapshots.
 class Metrics::Collector final : public prometheus::Collectable {
  public:
@@ -41,118 +165,16 @@ class Metrics::Collector final : public prometheus::Collectable {
     if (engine == nullptr) return {};
     const EngineStats stats = engine->GetStats();
     std::vector<prometheus::MetricFamily> out;
-    auto gauge = [&](const char* name, const char* help, double v) {
-      prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
-      prometheus::ClientMetric m;
-      m.gauge.value = v;
-      f.metric.push_back(m);
-      out.push_back(std::move(f));
-    };
-    gauge("collectived_uptime_seconds", "Seconds since the daemon started.",
-          static_cast<double>(stats.uptime_ms) / 1000.0);
-    gauge("collectived_sessions", "Client sessions.", stats.sessions);
-    gauge("collectived_meshes", "Meshes (every generation the daemon still holds).",
-          stats.meshes);
-    {
-      // Always the three states, so that a dashboard sees zeros.
-      std::map<std::string, int> by_state = {{"waiting", 0}, {"queued", 0}, {"running", 0}};
-      auto ops = engine->ListPendingOps("");
-      if (ops.ok()) {
-        for (const PendingOpView& p : *ops) ++by_state[p.state];
-      }
-      prometheus::MetricFamily f{
-          "collectived_pending_ops",
-          "Ops not completed, by state: waiting (some members have not submitted; member-side "
-          "ops included), queued (all have; an earlier op of the mesh runs), running.",
-          prometheus::MetricType::Gauge, {}};
-      for (const auto& [state, v] : by_state) {
-        prometheus::ClientMetric m;
-        m.label = {{"state", state}};
-        m.gauge.value = v;
-        f.metric.push_back(m);
-      }
-      out.push_back(std::move(f));
-    }
-    prometheus::MetricFamily buffers{"collectived_buffers", "Shared buffers, by device and kind.",
-                                     prometheus::MetricType::Gauge, {}};
-    prometheus::MetricFamily bytes{"collectived_buffer_bytes",
-                                   "Bytes of shared buffers, by device and kind.",
-                                   prometheus::MetricType::Gauge, {}};
-    for (const auto& d : stats.buffers_by_device) {
-      prometheus::ClientMetric m;
-      m.label = {{"device", d.device}, {"kind", d.kind}};
-      m.gauge.value = d.buffers;
-      buffers.metric.push_back(m);
-      m.gauge.value = static_cast<double>(d.buffer_bytes);
-      bytes.metric.push_back(m);
-    }
-    out.push_back(std::move(buffers));
-    out.push_back(std::move(bytes));
-    prometheus::MetricFamily moved{"collectived_bytes_moved_total",
-                                   "Bytes the executors read and wrote, by op kind.",
-                                   prometheus::MetricType::Counter, {}};
-    prometheus::MetricFamily input{"collectived_op_input_bytes_total",
-                                   "Input bytes of completed ops over all members, by op kind.",
-                                   prometheus::MetricType::Counter, {}};
-    for (const auto& k : stats.by_kind) {
-      for (auto [dir, v] : {std::pair<const char*, int64_t>{"read", k.bytes_read},
-                            std::pair<const char*, int64_t>{"written", k.bytes_written}}) {
-        prometheus::ClientMetric m;
-        m.label = {{"kind", std::string(OpKindName(k.kind))}, {"direction", dir}};
-        m.counter.value = static_cast<double>(v);
-        moved.metric.push_back(m);
-      }
-      prometheus::ClientMetric m;
-      m.label = {{"kind", std::string(OpKindName(k.kind))}};
-      m.counter.value = static_cast<double>(k.bytes);
-      input.metric.push_back(m);
-    }
-    out.push_back(std::move(moved));
-    out.push_back(std::move(input));
-    // The fast path's share: submissions by the way they came in.
-    prometheus::MetricFamily submitted{
-        "collectived_ops_submitted_total",
-        "Op submissions by path: fast_path (the shared-memory queue), execute (the gRPC "
-        "Execute stream), unary (the gRPC Submit call).",
-        prometheus::MetricType::Counter, {}};
-    for (auto [path, v] : {std::pair<const char*, int64_t>{"fast_path", stats.submitted_fast_path},
-                           std::pair<const char*, int64_t>{"execute", stats.submitted_execute},
-                           std::pair<const char*, int64_t>{"unary", stats.submitted_unary}}) {
-      prometheus::ClientMetric m;
-      m.label = {{"path", path}};
-      m.counter.value = static_cast<double>(v);
-      submitted.metric.push_back(m);
-    }
-    out.push_back(std::move(submitted));
-    if (stats.in_cluster) {
-      const ClusterView& c = stats.cluster;
-      // Every state, so that a dashboard sees which one is 1.
-      prometheus::MetricFamily state{
-          "collectived_cluster_state",
-          "1 for the daemon's state in its cluster (starting, joined, unavailable, stopped).",
-          prometheus::MetricType::Gauge, {}};
-      for (const char* name : {"starting", "joined", "unavailable", "stopped"}) {
-        prometheus::ClientMetric m;
-        m.label = {{"host_id", c.host_id}, {"state", name}};
-        m.gauge.value = c.state == name ? 1 : 0;
-        state.metric.push_back(m);
-      }
-      out.push_back(std::move(state));
-      gauge("collectived_cluster_meshes", "Meshes whose members are on several hosts.",
-            c.meshes_across_hosts);
-      prometheus::MetricFamily ops{"collectived_cluster_ops_total",
-                                   "Ops of meshes across hosts, by result (ok, failed).",
-                                   prometheus::MetricType::Counter, {}};
-      for (auto [result, v] : {std::pair<const char*, int64_t>{"ok", c.ops_across_hosts},
-                               std::pair<const char*, int64_t>{"failed",
-                                                               c.ops_across_hosts_failed}}) {
-        prometheus::ClientMetric m;
-        m.label = {{"result", result}};
-        m.counter.value = static_cast<double>(v);
-        ops.metric.push_back(m);
-      }
-      out.push_back(std::move(ops));
-    }
+    AddGauge(out, "collectived_uptime_seconds", "Seconds since the daemon started.",
+             static_cast<double>(stats.uptime_ms) / 1000.0);
+    AddGauge(out, "collectived_sessions", "Client sessions.", stats.sessions);
+    AddGauge(out, "collectived_meshes", "Meshes (every generation the daemon still holds).",
+             stats.meshes);
+    AddPendingOps(out, *engine);
+    AddBuffers(out, stats);
+    AddKinds(out, stats);
+    AddSubmitted(out, stats);
+    if (stats.in_cluster) AddCluster(out, stats.cluster);
     return out;
   }
 
