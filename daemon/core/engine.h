@@ -35,6 +35,7 @@
 #include "plan/op_request.h"
 #include "plan/plan_op.h"
 #include "daemon/core/join_request.h"
+#include "daemon/core/mesh_names.h"
 #include "daemon/core/rendezvous.h"
 #include "daemon/core/timer.h"
 #include "exec/executor.h"
@@ -62,7 +63,7 @@ struct EngineOptions {
   // A mesh name's join token binds every later generation of the name while
   // any mesh of it exists (forming, ready, or broken with members that have
   // not left), and for this long after the last one is gone; then the next
-  // first member sets a new token. See Engine::NameRecord.
+  // first member sets a new token. See daemon/core/mesh_names.h.
   absl::Duration token_hold = absl::Seconds(60);
   int max_sessions = 1024;
   int max_meshes = 1024;
@@ -318,8 +319,8 @@ class Engine {
     std::string id;
     std::string name;
     std::string scope;
-    std::string key;    // scope and name: what mesh_by_name_ is keyed by
-    std::string token;  // join token (NameRecord::token when the mesh was created)
+    std::string key;    // scope and name: what names_ is keyed by
+    std::string token;  // join token (the name's when the mesh was created)
     MeshShape shape;
     int64_t generation = 1;
     MeshState state = MeshState::kForming;
@@ -614,33 +615,9 @@ class Engine {
   absl::flat_hash_map<std::string, std::unique_ptr<Mesh>> meshes_ ABSL_GUARDED_BY(mu_);
   // Bytes of the segments of the meshes in meshes_ (member_segment_total_bytes).
   uint64_t segment_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Key (scope and name) -> id of the mesh that currently holds the name
-  // (forming or ready).
-  absl::flat_hash_map<std::string, std::string> mesh_by_name_ ABSL_GUARDED_BY(mu_);
-  // What the engine keeps of a mesh name (scope and name) across its
-  // generations.
-  struct NameRecord {
-    int64_t last_generation = 0;
-    // The join token of the name's meshes. Set by the first member of a
-    // generation while the token is not held (see held below), else every
-    // join must present it: so a foreign process cannot take over a name
-    // whose job is re-forming after a member died.
-    std::string token;
-    // Meshes of the name in meshes_, in any state. A broken mesh stays
-    // there until every member has left it (rejoining leaves it too).
-    int meshes = 0;
-    // When `meshes` last dropped to 0.
-    absl::Time idle_since = absl::InfinitePast();
-    // Whether `token` binds joins at `now`: while some mesh of the name
-    // exists, and for token_hold after the last one went away (members that
-    // drop a broken mesh before rejoining, or a job that restarts all its
-    // processes, re-form within that time).
-    bool held(absl::Time now, absl::Duration hold) const {
-      return meshes > 0 || now - idle_since < hold;
-    }
-  };
-  // Never shrinks (generation numbers of a name never repeat).
-  absl::flat_hash_map<std::string, NameRecord> names_ ABSL_GUARDED_BY(mu_);
+  // Which mesh holds each name (scope and name), and each name's
+  // generations and join token.
+  MeshNames names_ ABSL_GUARDED_BY(mu_){options_.token_hold};
 
   struct KindCounts {
     int64_t completed = 0, failed = 0, bytes = 0;

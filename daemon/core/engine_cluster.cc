@@ -64,8 +64,7 @@ void Engine::FailForming(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>
   std::vector<int> joiners;
   for (const auto& [index, waiter] : mesh.join_waiters) joiners.push_back(index);
   for (int index : joiners) RemoveJoiner(mesh, index, status, cbs);
-  auto name = mesh_by_name_.find(mesh.key);
-  if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
+  names_.Release(mesh.key, mesh.id);
   EraseMesh(it);
 }
 

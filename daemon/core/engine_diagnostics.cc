@@ -149,11 +149,11 @@ absl::StatusOr<MeshView> Engine::DescribeMesh(const std::string& mesh_id,
   std::string id = mesh_id;
   if (id.empty()) {
     if (mesh_name.empty()) return absl::InvalidArgumentError("give mesh_id or mesh_name");
-    auto it = mesh_by_name_.find(MeshKey(scope, mesh_name));
-    if (it == mesh_by_name_.end()) {
+    const std::string* holder = names_.Holder(MeshKey(scope, mesh_name));
+    if (holder == nullptr) {
       return absl::NotFoundError(absl::StrCat("no forming or ready mesh named '", mesh_name, "'"));
     }
-    id = it->second;
+    id = *holder;
   }
   auto it = meshes_.find(id);
   if (it == meshes_.end()) return absl::NotFoundError(absl::StrCat("mesh '", id, "' not found"));

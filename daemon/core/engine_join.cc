@@ -116,9 +116,9 @@ absl::Status Engine::JoinLocked(const JoinRequest& req, JoinDone& done, Callback
 absl::StatusOr<Engine::Mesh*> Engine::MeshToJoinLocked(const JoinRequest& req,
                                                        const JoinSpec& spec, Session& session,
                                                        Callbacks& cbs) {
-  auto by_name = mesh_by_name_.find(spec.key);
-  if (by_name == mesh_by_name_.end()) return NewMeshLocked(req, spec, cbs);
-  Mesh& mesh = *meshes_.at(by_name->second);
+  const std::string* holder = names_.Holder(spec.key);
+  if (holder == nullptr) return NewMeshLocked(req, spec, cbs);
+  Mesh& mesh = *meshes_.at(*holder);
   if (mesh.state == MeshState::kReady && mesh.token == req.join_token) {
     return absl::FailedPreconditionError(absl::StrCat(
         "mesh '", mesh.name, "' generation ", mesh.generation, " is already full (",
@@ -164,13 +164,9 @@ absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const JoinRequest& req,
                                                     const JoinSpec& spec, Callbacks& cbs) {
   // No mesh holds the name now, but an earlier generation's token may
   // still bind it.
-  auto record = names_.find(spec.key);
-  if (record != names_.end() && record->second.held(absl::Now(), options_.token_hold) &&
-      record->second.token != req.join_token) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "mesh '", req.mesh_name, "' needs the join token of its generation ",
-        record->second.last_generation,
-        " (a mesh's token carries over to its next generations)"));
+  if (absl::Status st = names_.CheckToken(spec.key, req.mesh_name, req.join_token, absl::Now());
+      !st.ok()) {
+    return st;
   }
   if (static_cast<int>(meshes_.size()) >= options_.max_meshes) {
     return absl::ResourceExhaustedError(
@@ -183,10 +179,7 @@ absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const JoinRequest& req,
   m->key = spec.key;
   m->token = req.join_token;
   m->shape = spec.shape;
-  NameRecord& name = names_[spec.key];
-  name.token = req.join_token;
-  ++name.meshes;
-  m->generation = ++name.last_generation;
+  m->generation = names_.Begin(spec.key, m->id, req.join_token);
   m->assign = spec.assign;
   m->op_timeout = options_.op_timeout;
   m->member_session.assign(spec.members, "");
@@ -203,7 +196,6 @@ absl::StatusOr<Engine::Mesh*> Engine::NewMeshLocked(const JoinRequest& req,
     m->registered.assign(spec.members, false);
   }
   Mesh* mesh = m.get();
-  mesh_by_name_[m->key] = m->id;
   meshes_.emplace(m->id, std::move(m));
   LogEventLater(cbs, LogLevel::kInfo, "mesh_forming",
                 {{"mesh", mesh->name}, {"id", mesh->id}, {"axes", AxesString(spec.shape)},
@@ -333,8 +325,7 @@ void Engine::BreakMesh(Mesh& mesh, const std::string& reason, Callbacks& cbs, Lo
   mesh.state = MeshState::kBroken;
   mesh.broken_reason = reason;
   mesh.broken_status = absl::Status(code, reason);
-  auto name = mesh_by_name_.find(mesh.key);
-  if (name != mesh_by_name_.end() && name->second == mesh.id) mesh_by_name_.erase(name);
+  names_.Release(mesh.key, mesh.id);
   absl::Status status = absl::AbortedError(absl::StrCat(
       "mesh '", mesh.name, "' generation ", mesh.generation, " is broken: ", reason));
   MarkSegmentBroken(mesh, status);
@@ -376,7 +367,7 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
   Mesh& mesh = *it->second;
   if (mesh.state == MeshState::kForming) {
     if (mesh.join_waiters.empty()) {
-      mesh_by_name_.erase(mesh.key);
+      names_.Release(mesh.key, mesh.id);
       EraseMesh(it);
     }
     return;
@@ -392,8 +383,7 @@ void Engine::MaybeEraseMesh(const std::string& mesh_id) {
 }
 
 void Engine::EraseMesh(absl::flat_hash_map<std::string, std::unique_ptr<Mesh>>::iterator it) {
-  NameRecord& name = names_[it->second->key];
-  if (--name.meshes == 0) name.idle_since = absl::Now();
+  names_.MeshGone(it->second->key, absl::Now());
   RetireCross(*it->second);
   if (it->second->form_cancel) it->second->form_cancel->store(true);
   if (it->second->segment) segment_bytes_ -= it->second->seg.layout.total_bytes;
