@@ -3,12 +3,22 @@
 namespace collectived {
 namespace {
 
-BufferRegion FromProto(const v1::BufferRef& ref) {
-  BufferRegion r;
-  r.buffer_id = ref.buffer_id();
+// Into `r`, reusing its strings' memory.
+void Assign(const v1::BufferRef& ref, BufferRegion& r) {
+  r.buffer_id.assign(ref.buffer_id());
   r.offset = ref.offset();
+  r.size_bytes.reset();
   if (ref.has_size_bytes()) r.size_bytes = ref.size_bytes();
-  return r;
+}
+
+// `*slot` holds `ref` when `present`, else nothing.
+void Assign(bool present, const v1::BufferRef& ref, std::optional<BufferRegion>& slot) {
+  if (!present) {
+    slot.reset();
+    return;
+  }
+  if (!slot.has_value()) slot.emplace();
+  Assign(ref, *slot);
 }
 
 }  // namespace
@@ -60,7 +70,12 @@ v1::OpKind ToProto(OpKind kind) { return static_cast<v1::OpKind>(static_cast<int
 
 OpRequest FromProto(const v1::OpSpec& op) {
   OpRequest r;
-  r.mesh_id = op.mesh_id();
+  FromProto(op, r);
+  return r;
+}
+
+void FromProto(const v1::OpSpec& op, OpRequest& r) {
+  r.mesh_id.assign(op.mesh_id());
   // Kept as sent (OpKind holds any int): PlanOp names an unknown one.
   r.kind = static_cast<OpKind>(static_cast<int>(op.kind()));
   r.axes.assign(op.axes().begin(), op.axes().end());
@@ -68,8 +83,13 @@ OpRequest FromProto(const v1::OpSpec& op) {
   const int dt = static_cast<int>(op.dtype());
   r.dtype = dt >= 0 && dt <= 255 ? static_cast<DType>(dt) : DType::kInvalid;
   r.shape.assign(op.shape().begin(), op.shape().end());
-  r.input = FromProto(op.input());
-  if (op.has_output()) r.output = FromProto(op.output());
+  Assign(op.input(), r.input);
+  Assign(op.has_output(), op.output(), r.output);
+  r.all_gather = {};
+  r.psum_scatter = {};
+  r.all_to_all = {};
+  r.perm.clear();
+  r.root = 0;
   switch (op.params_case()) {
     case v1::OpSpec::kAllGather:
       r.all_gather = {op.all_gather().axis(), op.all_gather().tiled()};
@@ -82,7 +102,6 @@ OpRequest FromProto(const v1::OpSpec& op) {
                       op.all_to_all().tiled()};
       break;
     case v1::OpSpec::kPpermute:
-      r.perm.reserve(op.ppermute().perm_size());
       for (const v1::PermutePair& p : op.ppermute().perm()) r.perm.emplace_back(p.source(), p.dest());
       break;
     case v1::OpSpec::kBroadcast:
@@ -92,11 +111,14 @@ OpRequest FromProto(const v1::OpSpec& op) {
       break;
   }
   r.timeout_ms = op.timeout_ms();
-  if (op.has_stream_sync()) {
-    r.stream_sync = StreamOrder{FromProto(op.stream_sync().ready()),
-                                FromProto(op.stream_sync().done()), op.stream_sync().value()};
+  if (!op.has_stream_sync()) {
+    r.stream_sync.reset();
+  } else {
+    if (!r.stream_sync.has_value()) r.stream_sync.emplace();
+    Assign(op.stream_sync().ready(), r.stream_sync->ready);
+    Assign(op.stream_sync().done(), r.stream_sync->done);
+    r.stream_sync->value = op.stream_sync().value();
   }
-  return r;
 }
 
 absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& shape) {

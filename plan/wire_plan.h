@@ -17,6 +17,9 @@ namespace collectived {
 // dtype included (PlanOp refuses them, naming the number; a dtype number
 // beyond 255 becomes kInvalid).
 OpRequest FromProto(const v1::OpSpec& op);
+// The same into `request`, reusing its memory (the fast path converts every
+// op into one request).
+void FromProto(const v1::OpSpec& op, OpRequest& request);
 
 // PlanOp(FromProto(op), shape).
 absl::StatusOr<OpPlan> PlanOp(const v1::OpSpec& op, const MeshShape& shape);

@@ -94,6 +94,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
   void Loop() {
     std::string scratch;
     v1::OpSpec op;
+    OpRequest request;  // every op converted into it (wire.h), reusing its memory
     while (!stop_.load(std::memory_order_relaxed)) {
       if (!HasWork()) {
         if (corrupt_) break;
@@ -125,8 +126,9 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
       last_small_ = !bad.ok() || fastq::PollsFor(DTypeSize(static_cast<DType>(op.dtype())),
                                                   op.shape());
       if (bad.ok()) {
+        FromProto(op, request);
         auto accepted = engine_->Submit(
-            session_id_, FromProto(op), /*retain=*/false,
+            session_id_, request, /*retain=*/false,
             [self = shared_from_this(), tag, taken_ns](const OpOutcome& o) {
               self->Complete(tag, taken_ns, o);
             });

@@ -100,6 +100,45 @@ TEST(WireTest, UnsetRegionsAndTheOtherKindsParameters) {
   EXPECT_EQ(FromProto(op).root, 3);
 }
 
+// The fast path converts every op into one request: nothing of an op may
+// stay behind for the next.
+TEST(WireTest, ConvertingIntoARequestLeavesNothingOfTheOpBefore) {
+  OpRequest r;
+  v1::OpSpec permute = FullSpec();
+  v1::PermutePair* p = permute.mutable_ppermute()->add_perm();
+  p->set_source(1);
+  p->set_dest(0);
+  FromProto(permute, r);
+  ASSERT_EQ(r.perm.size(), 1u);
+  FromProto(FullSpec(), r);
+  EXPECT_TRUE(r.perm.empty());
+  EXPECT_TRUE(r.all_gather.tiled);
+
+  v1::OpSpec plain;
+  plain.set_kind(v1::PSUM);
+  plain.mutable_input()->set_buffer_id("b");
+  FromProto(plain, r);
+  EXPECT_EQ(r.mesh_id, "");
+  EXPECT_TRUE(r.axes.empty());
+  EXPECT_TRUE(r.shape.empty());
+  EXPECT_EQ(r.dtype, DType::kInvalid);
+  EXPECT_EQ(r.input.buffer_id, "b");
+  EXPECT_EQ(r.input.offset, 0);
+  EXPECT_FALSE(r.input.size_bytes.has_value());
+  EXPECT_FALSE(r.output.has_value());
+  EXPECT_FALSE(r.stream_sync.has_value());
+  EXPECT_EQ(r.all_gather.axis, 0);
+  EXPECT_FALSE(r.all_gather.tiled);
+  EXPECT_EQ(r.timeout_ms, 0);
+
+  // And an op that has them again gets them back whole.
+  FromProto(FullSpec(), r);
+  ASSERT_TRUE(r.output.has_value());
+  EXPECT_FALSE(r.output->size_bytes.has_value());
+  ASSERT_TRUE(r.stream_sync.has_value());
+  EXPECT_EQ(r.stream_sync->done.offset, 8);
+}
+
 TEST(WireTest, UnknownKindsAndDtypesReachPlanOpWhichNamesThem) {
   const MeshShape mesh{{"i"}, {2}};
   v1::OpSpec op;
