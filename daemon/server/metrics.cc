@@ -33,7 +33,7 @@ struct Metrics::Families {
 
 namespace {
 
-using Families = std::vector<prometheus::MetricFamily>;
+using MetricFamilies = std::vector<prometheus::MetricFamily>;
 
 prometheus::ClientMetric Labelled(std::vector<prometheus::ClientMetric::Label> labels) {
   prometheus::ClientMetric m;
@@ -41,7 +41,7 @@ prometheus::ClientMetric Labelled(std::vector<prometheus::ClientMetric::Label> l
   return m;
 }
 
-void AddGauge(Families& out, const char* name, const char* help, double v) {
+void AddGauge(MetricFamilies& out, const char* name, const char* help, double v) {
   prometheus::MetricFamily f{name, help, prometheus::MetricType::Gauge, {}};
   prometheus::ClientMetric m;
   m.gauge.value = v;
@@ -49,7 +49,7 @@ void AddGauge(Families& out, const char* name, const char* help, double v) {
   out.push_back(std::move(f));
 }
 
-void AddPendingOps(Families& out, Engine& engine) {
+void AddPendingOps(MetricFamilies& out, Engine& engine) {
   // Always the three states, so that a dashboard sees zeros.
   std::map<std::string, int> by_state = {{"waiting", 0}, {"queued", 0}, {"running", 0}};
   auto ops = engine.ListPendingOps("");
@@ -69,7 +69,7 @@ void AddPendingOps(Families& out, Engine& engine) {
   out.push_back(std::move(f));
 }
 
-void AddBuffers(Families& out, const EngineStats& stats) {
+void AddBuffers(MetricFamilies& out, const EngineStats& stats) {
   prometheus::MetricFamily buffers{"collectived_buffers", "Shared buffers, by device and kind.",
                                    prometheus::MetricType::Gauge, {}};
   prometheus::MetricFamily bytes{"collectived_buffer_bytes",
@@ -86,7 +86,7 @@ void AddBuffers(Families& out, const EngineStats& stats) {
   out.push_back(std::move(bytes));
 }
 
-void AddKinds(Families& out, const EngineStats& stats) {
+void AddKinds(MetricFamilies& out, const EngineStats& stats) {
   prometheus::MetricFamily moved{"collectived_bytes_moved_total",
                                  "Bytes the executors read and wrote, by op kind.",
                                  prometheus::MetricType::Counter, {}};
@@ -110,7 +110,7 @@ void AddKinds(Families& out, const EngineStats& stats) {
 }
 
 // The fast path's share: submissions by the way they came in.
-void AddSubmitted(Families& out, const EngineStats& stats) {
+void AddSubmitted(MetricFamilies& out, const EngineStats& stats) {
   prometheus::MetricFamily submitted{
       "collectived_ops_submitted_total",
       "Op submissions by path: fast_path (the shared-memory queue), execute (the gRPC "
@@ -126,7 +126,7 @@ void AddSubmitted(Families& out, const EngineStats& stats) {
   out.push_back(std::move(submitted));
 }
 
-void AddCluster(Families& out, const ClusterView& c) {
+void AddCluster(MetricFamilies& out, const ClusterView& c) {
   // Every state, so that a dashboard sees which one is 1.
   prometheus::MetricFamily state{
       "collectived_cluster_state",
