@@ -60,13 +60,6 @@ absl::StatusOr<int64_t> CheckedElements(absl::string_view name, absl::string_vie
   return empty ? 0 : extent;
 }
 
-// Whether `dt` is one of the element types (a request carries what the
-// client sent).
-bool IsKnownDType(DType dt) {
-  const int v = static_cast<int>(dt);
-  return v >= 1 && v <= static_cast<int>(DType::kF8E5M2);
-}
-
 // The op's axes as mesh axis ids: names must exist and not repeat.
 absl::Status PlanAxes(const OpRequest& op, const MeshShape& mesh, absl::string_view name,
                       OpPlan& plan) {
@@ -311,7 +304,7 @@ absl::StatusOr<OpPlan> PlanOp(const OpRequest& op, const MeshShape& mesh) {
 
   // Dtype and shape.
   plan.dtype = op.dtype;
-  if (!IsKnownDType(plan.dtype)) {
+  if (DTypeSize(plan.dtype) == 0) {  // kInvalid, or a number no dtype has
     // kInvalid: unset, or a number the request could not carry (wire_plan.h).
     return Invalid(name, "dtype ",
                    plan.dtype == DType::kInvalid ? std::string("(unset or out of range)")
@@ -320,8 +313,8 @@ absl::StatusOr<OpPlan> PlanOp(const OpRequest& op, const MeshShape& mesh) {
                    "uint8, int32, uint32, int64, uint64, bool, float8_e4m3fn, "
                    "float8_e5m2");
   }
-  if (static_cast<int64_t>(op.shape.size()) > kMaxRank) {
-    return Invalid(name, "rank ", static_cast<int64_t>(op.shape.size()), " exceeds the maximum ", kMaxRank);
+  if (op.shape.size() > static_cast<size_t>(kMaxRank)) {
+    return Invalid(name, "rank ", op.shape.size(), " exceeds the maximum ", kMaxRank);
   }
   plan.in_shape = op.shape;
   auto elements = CheckedElements(name, "input shape", plan.in_shape);

@@ -102,7 +102,9 @@ void FromProto(const v1::OpSpec& op, OpRequest& r) {
                       op.all_to_all().tiled()};
       break;
     case v1::OpSpec::kPpermute:
-      for (const v1::PermutePair& p : op.ppermute().perm()) r.perm.emplace_back(p.source(), p.dest());
+      for (const v1::PermutePair& p : op.ppermute().perm()) {
+        r.perm.emplace_back(p.source(), p.dest());
+      }
       break;
     case v1::OpSpec::kBroadcast:
       r.root = op.broadcast().root();

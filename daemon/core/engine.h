@@ -3,9 +3,10 @@
 // The engine is the daemon's core and knows nothing of gRPC or of the wire
 // format: it takes and gives its own types (engine_types.h, plan/op_request.h),
 // which the server converts at its edge (daemon/server/wire.h); the side
-// channel attaches sessions and fetches buffer descriptors. Every asynchronous result (join, op, wait)
-// is delivered through a callback that is called exactly once, never with the
-// engine's lock held, from a gRPC, timer or executor thread.
+// channel attaches sessions and fetches buffer descriptors. Every
+// asynchronous result (join, op, wait) is delivered through a callback that is
+// called exactly once, never with the engine's lock held, from a gRPC, timer
+// or executor thread.
 //
 // Thread model: one mutex (mu_) guards all state; no method blocks on I/O or
 // on another member while holding it. Ops run on the runner pool through the
@@ -551,7 +552,7 @@ class Engine {
   // ops (arming the op's deadline with the first member's), and matches the
   // op once every local member's is there.
   Accepted EnqueueLocked(Mesh& mesh, int index, Submission sub, const OpRequest& op,
-                                   Session& session, Callbacks& cbs)
+                         Session& session, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Callbacks& cbs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -593,8 +594,8 @@ class Engine {
   // Gives the session buffer number shared_asked[index] of the mesh, which
   // was made (`made_now`: by this call).
   absl::StatusOr<BufferView> AttachSharedBuffer(Session& session, Mesh& mesh, int index,
-                                                    bool made_now, int64_t size_bytes,
-                                                    const DeviceSpec& spec)
+                                                bool made_now, int64_t size_bytes,
+                                                const DeviceSpec& spec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds the session's buffers to `by_device` (keyed by device).
   static void CountByDevice(const Session& s,
@@ -619,11 +620,8 @@ class Engine {
   // generations and join token.
   MeshNames names_ ABSL_GUARDED_BY(mu_){options_.token_hold};
 
-  struct KindCounts {
-    int64_t completed = 0, failed = 0, bytes = 0;
-    uint64_t bytes_read = 0, bytes_written = 0, bytes_required = 0;
-  };
-  std::map<int, KindCounts> stats_ ABSL_GUARDED_BY(mu_);
+  // By kind, in OpKind order (GetStats' by_kind).
+  std::map<OpKind, KindStats> stats_ ABSL_GUARDED_BY(mu_);
   // Ops started on meshes' CrossHostMesh whose callback has not returned
   // yet: the destructor waits for none to be left (the callbacks use the
   // engine).

@@ -95,8 +95,8 @@ absl::StatusOr<std::pair<Engine::Mesh*, int>> Engine::SharedBufferMember(
 }
 
 absl::StatusOr<BufferView> Engine::AttachSharedBuffer(Session& session, Mesh& mesh, int index,
-                                                          bool made_now, int64_t size_bytes,
-                                                          const DeviceSpec& spec) {
+                                                      bool made_now, int64_t size_bytes,
+                                                      const DeviceSpec& spec) {
   const size_t k = mesh.shared_asked[index];
   auto e = mesh.shared.find(k);
   if (e == mesh.shared.end()) return absl::InternalError(absl::StrCat("no shared buffer ", k));
@@ -196,9 +196,8 @@ absl::StatusOr<BufferAllocator*> Engine::CheckAllocationLocked(
 }
 
 absl::StatusOr<BufferView> Engine::AllocateBuffer(const std::string& session_id,
-                                                      int64_t size_bytes,
-                                                      const std::string& device,
-                                                      const std::string& mesh_id) {
+                                                  int64_t size_bytes, const std::string& device,
+                                                  const std::string& mesh_id) {
   const absl::StatusOr<DeviceSpec> spec = ParseDevice(device);
   BufferAllocator* allocator = nullptr;
   {

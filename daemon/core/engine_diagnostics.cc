@@ -241,8 +241,7 @@ EngineStats Engine::GetStats() {
   if (options_.rendezvous != nullptr) {
     // Outside mu_: the rendezvous takes its own locks.
     RendezvousStatus r = options_.rendezvous->Status();
-    resp.in_cluster = true;
-    ClusterView& c = resp.cluster;
+    ClusterView& c = resp.cluster.emplace();
     c.host_id = options_.rendezvous->host_id();
     c.state = r.state;
     c.coordinator = r.coordinator;
@@ -250,8 +249,8 @@ EngineStats Engine::GetStats() {
     c.last_error = r.last_error;
   }
   MutexLock lock(&mu_);
-  if (options_.rendezvous != nullptr) {
-    ClusterView& c = resp.cluster;
+  if (resp.cluster.has_value()) {
+    ClusterView& c = *resp.cluster;
     for (const auto& [id, mesh] : meshes_) c.meshes_across_hosts += mesh->cross ? 1 : 0;
     c.ops_across_hosts = cross_ops_completed_;
     c.ops_across_hosts_failed = cross_ops_failed_;
@@ -273,10 +272,7 @@ EngineStats Engine::GetStats() {
   }
   resp.buffers = static_cast<int32_t>(buffers);
   for (const auto& [kind, k] : stats_) {
-    resp.by_kind.push_back(KindStats{static_cast<OpKind>(kind), k.completed, k.failed, k.bytes,
-                                     static_cast<int64_t>(k.bytes_read),
-                                     static_cast<int64_t>(k.bytes_written),
-                                     static_cast<int64_t>(k.bytes_required)});
+    resp.by_kind.push_back(k);
     resp.ops_completed += k.completed;
     resp.ops_failed += k.failed;
   }

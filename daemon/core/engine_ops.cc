@@ -304,13 +304,14 @@ void Engine::DeliverOutcome(const Submission& sub, const OpOutcome& outcome, Cal
 }
 
 void Engine::CountOp(OpKind kind, bool ok, uint64_t bytes, const Traffic& traffic) {
-  KindCounts& k = stats_[static_cast<int>(kind)];
+  KindStats& k = stats_[kind];
+  k.kind = kind;
   if (ok) {
     ++k.completed;
     k.bytes += static_cast<int64_t>(bytes);
-    k.bytes_read += traffic.read;
-    k.bytes_written += traffic.written;
-    k.bytes_required += traffic.required;
+    k.bytes_read += static_cast<int64_t>(traffic.read);
+    k.bytes_written += static_cast<int64_t>(traffic.written);
+    k.bytes_required += static_cast<int64_t>(traffic.required);
   } else {
     ++k.failed;
   }

@@ -6,6 +6,7 @@
 #define COLLECTIVED_DAEMON_CORE_ENGINE_TYPES_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,8 +188,8 @@ struct EngineStats {
   int32_t executor_threads = 0;
   // By device name.
   std::vector<DeviceBuffers> buffers_by_device;
-  bool in_cluster = false;
-  ClusterView cluster;
+  // Only in a cluster (with a rendezvous).
+  std::optional<ClusterView> cluster;
   int64_t submitted_fast_path = 0;
   int64_t submitted_execute = 0;
   int64_t submitted_unary = 0;

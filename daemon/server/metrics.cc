@@ -174,7 +174,7 @@ class Metrics::Collector final : public prometheus::Collectable {
     AddBuffers(out, stats);
     AddKinds(out, stats);
     AddSubmitted(out, stats);
-    if (stats.in_cluster) AddCluster(out, stats.cluster);
+    if (stats.cluster.has_value()) AddCluster(out, *stats.cluster);
     return out;
   }
 

@@ -172,16 +172,17 @@ v1::GetStatsResponse ToProto(const EngineStats& stats) {
   }
   resp.set_executor_threads(stats.executor_threads);
   AddBuffers(stats.buffers_by_device, resp.mutable_buffers_by_device());
-  if (stats.in_cluster) {
+  if (stats.cluster.has_value()) {
+    const ClusterView& from = *stats.cluster;
     v1::ClusterStats* c = resp.mutable_cluster();
-    c->set_host_id(stats.cluster.host_id);
-    c->set_state(stats.cluster.state);
-    c->set_coordinator(stats.cluster.coordinator);
-    c->set_serves_coordinator(stats.cluster.serves_coordinator);
-    c->set_last_error(stats.cluster.last_error);
-    c->set_meshes_across_hosts(stats.cluster.meshes_across_hosts);
-    c->set_ops_across_hosts(stats.cluster.ops_across_hosts);
-    c->set_ops_across_hosts_failed(stats.cluster.ops_across_hosts_failed);
+    c->set_host_id(from.host_id);
+    c->set_state(from.state);
+    c->set_coordinator(from.coordinator);
+    c->set_serves_coordinator(from.serves_coordinator);
+    c->set_last_error(from.last_error);
+    c->set_meshes_across_hosts(from.meshes_across_hosts);
+    c->set_ops_across_hosts(from.ops_across_hosts);
+    c->set_ops_across_hosts_failed(from.ops_across_hosts_failed);
   }
   resp.set_submitted_fast_path(stats.submitted_fast_path);
   resp.set_submitted_execute(stats.submitted_execute);

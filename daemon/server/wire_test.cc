@@ -261,10 +261,10 @@ TEST(WireTest, StatsShowTheClusterOnlyInOne) {
   EXPECT_EQ(resp.buffers_by_device(0).buffer_bytes(), 8192);
   EXPECT_EQ(resp.submitted_fast_path(), 5);
 
-  stats.in_cluster = true;
-  stats.cluster.host_id = "h2";
-  stats.cluster.state = "joined";
-  stats.cluster.ops_across_hosts_failed = 4;
+  stats.cluster.emplace();
+  stats.cluster->host_id = "h2";
+  stats.cluster->state = "joined";
+  stats.cluster->ops_across_hosts_failed = 4;
   resp = ToProto(stats);
   ASSERT_TRUE(resp.has_cluster());
   EXPECT_EQ(resp.cluster().host_id(), "h2");
