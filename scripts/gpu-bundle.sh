@@ -21,6 +21,12 @@
 #   lib/       every shared library they load except the C library, the
 #              C++ runtime, the CUDA driver and NCCL (the GPU machine's own)
 #   fallback/  the C++ runtime, used only where the machine's is older
+#   build/python/collectived
+#              the Python SDK (its package and extension module), where the
+#              build has it: built for the Python the build was configured
+#              with, which must be the GPU machine's minor version
+#              (-DPython_EXECUTABLE=python3.12; MANIFEST's python=), with
+#              that Python's jaxlib headers for collectived.jax
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-build-gpu}"
@@ -45,7 +51,13 @@ fi
 . "$here/scripts/gpu-targets.sh"
 targets=(collectivectl)
 for t in "${gpu_targets[@]}"; do [[ "$t" == collectived_client ]] || targets+=("$t"); done
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+python_version=""
+if grep -q '^COLLECTIVED_HAVE_PYTHON:INTERNAL=ON' "$build/CMakeCache.txt"; then
+  python_exe="$(sed -n 's/^Python_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")"
+  python_version="$("$python_exe" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+fi
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" \
+  ${python_version:+collectived_python}
 
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
@@ -63,6 +75,16 @@ for t in "${targets[@]}"; do
   objcopy --strip-debug "$build/$f" "$stage/build/$f"
   binaries+=("$build/$f")
 done
+# The Python package as the build assembled it (PYTHONPATH=BUILD_DIR/python).
+if [[ -n "$python_version" ]]; then
+  mkdir -p "$stage/build/python"
+  cp -r "$build/python/collectived" "$stage/build/python/"
+  find "$stage/build/python" -name __pycache__ -prune -exec rm -rf {} +
+  for so in "$stage"/build/python/collectived/_collectived*.so; do
+    objcopy --strip-debug "$so"
+    binaries+=("$build/python/collectived/$(basename "$so")")
+  done
+fi
 # CTest's test lists, including gtest_discover_tests' generated ones.
 (cd "$build" && find . -path '*/CMakeFiles' -prune -o -type f \
    \( -name CTestTestfile.cmake -o -name '*_include.cmake' -o -name '*_tests.cmake' \) -print) |
@@ -111,10 +133,13 @@ fi
   echo "build_dir=$build"
   echo "commit=$(git -C "$here" describe --always --dirty --abbrev=40 2>/dev/null || echo unknown)"
   echo "nccl_compiled=$nccl_version"
-  echo "cuda_architectures=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:STRING=//p' "$build/CMakeCache.txt")"
+  echo "cuda_architectures=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")"
+  echo "python=$python_version"
 } > "$stage/MANIFEST"
 
 mkdir -p "$(dirname "$bundle")"
 tar -C "$stage" -cJf "$bundle" MANIFEST build lib fallback
+python_note="no Python SDK"
+[[ -z "$python_version" ]] || python_note="the Python SDK for Python $python_version"
 echo "gpu-bundle: $bundle ($(du -h "$bundle" | cut -f1)): ${#binaries[@]} binaries," \
-  "$(ls "$stage/lib" | wc -l) libraries"
+  "$(ls "$stage/lib" | wc -l) libraries, $python_note"

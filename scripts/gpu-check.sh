@@ -9,7 +9,9 @@
 # OUTDIR gets ctest's JUnit XML (junit.xml), the build and test logs,
 # summary.json (passed / failed / skipped per test binary) and bench/ (the GPU
 # benchmark rows of bench/gpu_bench.sh, run after the tests in the time left)
-# and grpc_ratio.txt (bench/grpc_ratio.sh, if time is left after them). Exit status: 0
+# and grpc_ratio.txt (bench/grpc_ratio.sh, if time is left after them), and
+# python.log (part of the Python SDK's suite, where the build or the bundle
+# has the SDK for this machine's python3). Exit status: 0
 # when the build succeeded and no test failed; 1 when a test failed; 2 when
 # the build (or its prerequisites) failed.
 #
@@ -215,6 +217,7 @@ use_bundle() {
     echo "linked $source_dir -> $here"
   fi
   build="$build_dir"
+  bundle_python="$(sed -n 's/^python=//p' <<<"$manifest")"
   mkdir -p "$build/.bundle" &&
     tar -xJf "$bundle" -C "$build" --strip-components=1 build &&
     tar -xJf "$bundle" -C "$build/.bundle" lib fallback ||
@@ -340,6 +343,8 @@ else
     fi
   fi
   grep -E 'GPU buffers|CUDA' "$out/configure.log" | head -n 5
+  # The Python SDK too, where the build has it (its checks run after the tests).
+  grep -q '^COLLECTIVED_HAVE_PYTHON:INTERNAL=ON' "$build/CMakeCache.txt" && targets+=(collectived_python)
   if ! cmake --build "$build" -j"$jobs" --target "${targets[@]}" >"$out/build.log" 2>&1; then
     grep -E 'error|Error' "$out/build.log" | head -n 30
     tail -n 10 "$out/build.log"
@@ -363,6 +368,28 @@ echo "tests must end by $stop_at ($left s from now)"
    >"$out/ctest.log" 2>&1)
 ctest_status=$?
 grep -E '^[0-9]+% tests passed|tests failed out of|^Total Test time' "$out/ctest.log"
+
+# The Python SDK of this build or bundle (scripts/gpu-bundle.sh packs it,
+# built for the GPU machine's Python version), with this machine's python3,
+# numpy and JAX: part of its suite, the SDK's ops against this build's daemon
+# and collectived.jax inside jit. It shows that the package loads and works
+# here; a failure counts as a failed test.
+python_status=0
+bundle_python="${bundle_python:-}"
+if [ -f "$build/python/collectived/__init__.py" ]; then
+  echo "== Python SDK ($build/python, at most 120 s) =="
+  if ! why="$(PYTHONPATH="$build/python" python3 -c 'import collectived, collectived.jax' 2>&1)"; then
+    echo "not run: python3 ($(python3 -V 2>&1)) cannot import it${bundle_python:+ (the bundle holds it for Python $bundle_python)}: $(tail -n 1 <<<"$why")"
+  else
+    COLLECTIVED_BIN="$build/daemon/collectived" PYTHONPATH="$build/python" \
+      timeout 120 python3 -m pytest -q -p no:cacheprovider "$here/client/python/tests" \
+      -k "every_op_and_dtype_matches_numpy or typed_exceptions or training_example" \
+      >"$out/python.log" 2>&1
+    python_status=$?
+    tail -n 3 "$out/python.log"
+    ((python_status == 0)) || echo "Python SDK: failed (exit $python_status; $out/python.log)"
+  fi
+fi
 
 # The GPU benchmark rows (bench/gpu_bench.sh): collectived_perf --device cuda
 # for K = 2, 4, 8 members, bare NCCL and the device copy ceiling, side by side
@@ -393,6 +420,7 @@ if ((ratio_left >= 30)) && [ -x "$build/bench/collectived_perf" ]; then
   sed -n '/^# members  ratio/,$p' "$out/grpc_ratio.txt"
 fi
 
+((python_status == 0)) || [ $ctest_status -ne 0 ] || finish 1
 if [ $ctest_status -ne 0 ]; then
   echo "ctest exited $ctest_status; what the failures said, most frequent first (in full: $out/ctest.log):"
   grep -E -A2 ': Failure$' "$out/ctest.log" | grep -v -E ': Failure$|^Failed$|^--$' |
