@@ -60,8 +60,9 @@ from . import _collectived as _ext
 __version__: str = _ext.__version__
 
 __all__ = [
-    "connect", "Client", "Mesh", "Future", "Error", "Cancelled", "Unknown", "InvalidArgument",
-    "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied", "ResourceExhausted",
+    "connect", "Client", "Mesh", "Future", "DeviceArray", "Error", "Cancelled", "Unknown",
+    "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists", "PermissionDenied",
+    "ResourceExhausted",
     "FailedPrecondition", "Aborted", "OutOfRange", "Unimplemented", "Internal", "Unavailable",
     "DataLoss", "Unauthenticated", "DTYPES",
 ]
@@ -185,8 +186,8 @@ def _axes(axes: Optional[Axes]) -> Optional[List[str]]:
 def _as_array(x: Any) -> np.ndarray:
     """x as a numpy array: itself, a zero-copy view through DLPack (torch,
     jax and cupy-on-host arrays, anything with ``__dlpack__``), or
-    ``np.asarray(x)``."""
-    if isinstance(x, np.ndarray):
+    ``np.asarray(x)``. A DeviceArray stays itself (GPU memory)."""
+    if isinstance(x, (np.ndarray, DeviceArray)):
         return x
     if hasattr(x, "__dlpack__"):
         try:
@@ -207,6 +208,118 @@ def _locate(a: np.ndarray, client: "Client") -> Optional[Tuple["_ext.Buffer", in
     if not a.flags.c_contiguous:
         return None
     return _ext.locate(_address(a), a.nbytes, client._ext)
+
+
+# ---------------------------------------------------------------------------
+# GPU arrays
+# ---------------------------------------------------------------------------
+
+# DLPack's type codes (dlpack.h, DLDataTypeCode) by numpy kind, and for the
+# dtypes ml_dtypes adds.
+_DLPACK_KIND = {"b": 6, "i": 0, "u": 1, "f": 2}
+_DLPACK_NAMED = {"bfloat16": 4, "float8_e4m3fn": 10, "float8_e5m2": 12}
+_KDLCUDA = 2
+
+
+class DeviceArray:
+    """An array in a GPU shared buffer (``Client.empty(..., device="cuda:0")``
+    and the like): GPU memory the daemon reduces, gathers and permutes in
+    place, as it does a host buffer. It is not a numpy array: view it without
+    a copy through DLPack (``torch.from_dlpack(a)``, ``cupy.from_dlpack(a)``,
+    ``jax.dlpack.from_dlpack(a)``) or the CUDA Array Interface
+    (``cupy.asarray(a)``, Numba), and give it (or such a view's owner, this
+    object) to the collectives. ``ptr`` is its device address in this
+    process; ``device`` the daemon's name of the GPU, ``device_ordinal``
+    its CUDA ordinal here. The memory stays mapped while this object or an
+    export of it lives."""
+
+    __slots__ = ("_buf", "_offset", "_shape", "_dtype", "__weakref__")
+
+    def __init__(self, buf: "_ext.Buffer", offset: int, shape: Tuple[int, ...], dtype: Any):
+        self._buf = buf
+        self._offset = int(offset)
+        self._shape = tuple(int(d) for d in shape)
+        self._dtype = np.dtype(dtype)
+
+    shape = property(lambda self: self._shape)
+    dtype = property(lambda self: self._dtype)
+    ndim = property(lambda self: len(self._shape))
+    size = property(lambda self: int(np.prod(self._shape, dtype=np.int64)))
+    nbytes = property(lambda self: self.size * self._dtype.itemsize)
+    device = property(lambda self: self._buf.device, doc="The GPU, as the daemon names it.")
+    device_ordinal = property(lambda self: self._buf.device_ordinal,
+                              doc="The GPU's CUDA device ordinal in this process.")
+    ptr = property(lambda self: self._buf.address + self._offset,
+                   doc="The device address of the first element.")
+
+    def __repr__(self) -> str:
+        return (f"DeviceArray(shape={self._shape}, dtype={self._dtype}, device={self.device!r}, "
+                f"ptr={self.ptr:#x})")
+
+    def __len__(self) -> int:
+        if not self._shape:
+            raise TypeError("len() of a 0-d DeviceArray")
+        return self._shape[0]
+
+    def reshape(self, *shape) -> "DeviceArray":
+        """The same memory with another shape of as many elements (one -1
+        is inferred)."""
+        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+            shape = tuple(shape[0])
+        new = [int(d) for d in shape]
+        known = int(np.prod([d for d in new if d != -1], dtype=np.int64))
+        if new.count(-1) == 1 and known > 0 and self.size % known == 0:
+            new[new.index(-1)] = self.size // known
+        if any(d < 0 for d in new) or int(np.prod(new, dtype=np.int64)) != self.size:
+            raise InvalidArgument(f"cannot reshape an array of shape {self._shape} "
+                                  f"({self.size} elements) to {tuple(shape)}")
+        return DeviceArray(self._buf, self._offset, tuple(new), self._dtype)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(
+            f"a DeviceArray is GPU memory ({self.device}): numpy cannot read it; copy it to "
+            "the host through a GPU library, e.g. torch.from_dlpack(a).cpu().numpy() or "
+            "cupy.asnumpy(cupy.from_dlpack(a))")
+
+    def _dlpack_type(self) -> Tuple[int, int]:
+        dt = self._dtype
+        code = _DLPACK_NAMED.get(dt.name, _DLPACK_KIND.get(dt.kind))
+        if code is None:
+            raise BufferError(f"dtype {dt} has no DLPack type")
+        return code, dt.itemsize * 8
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (_KDLCUDA, self.device_ordinal)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None, copy: Optional[bool] = None):
+        """The DLPack capsule of this array (no copy). ``stream`` needs no
+        synchronization: an op's result is complete on the GPU when the op
+        returns (or its Future's result() does), so any consumer stream may
+        read it; the stream-ordered form leaves ordering to the caller."""
+        if copy:
+            raise BufferError("copy=True: a DeviceArray is exported without a copy only")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"dl_device {tuple(dl_device)}: this array is on "
+                              f"{self.__dlpack_device__()} (kDLCUDA, ordinal)")
+        code, bits = self._dlpack_type()
+        view = _ext.device_ndarray(self.ptr, list(self._shape), code, bits,
+                                   self.device_ordinal, self)
+        return view.__dlpack__() if max_version is None else view.__dlpack__(
+            max_version=tuple(max_version))
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """The CUDA Array Interface, version 3 (no synchronization needed: see
+        __dlpack__). bfloat16 and float8 have no type string there: use
+        DLPack for them."""
+        if self._dtype.kind == "V" or self._dtype.name in _DLPACK_NAMED:
+            raise AttributeError(
+                f"dtype {self._dtype} has no CUDA Array Interface type string: use DLPack "
+                "(torch.from_dlpack, cupy.from_dlpack, jax.dlpack.from_dlpack)")
+        return {"shape": self._shape, "typestr": self._dtype.str,
+                "data": (self.ptr if self.size else 0, False), "version": 3,
+                "strides": None, "stream": None}
 
 
 # ---------------------------------------------------------------------------
@@ -337,24 +450,35 @@ class Client:
     def fast_path(self) -> bool:
         return self._ext.fast_path
 
-    def buffer(self, nbytes: int, device: str = "cpu") -> np.ndarray:
+    def buffer(self, nbytes: int, device: str = "cpu") -> Union[np.ndarray, "DeviceArray"]:
         """A new zeroed shared buffer of at least ``nbytes`` bytes, as a 1-D
-        uint8 array of ``nbytes`` elements. Freed in the daemon after the last
-        array viewing it is gone (at this client's next allocation or
-        ``collect()``), or when the client closes."""
+        uint8 array of ``nbytes`` elements: a numpy array of host memory, or
+        a DeviceArray of GPU memory for ``device="cuda:N"`` (or
+        ``"cuda:GPU-<uuid>"``; the daemon must have the GPU and this SDK be
+        built with CUDA, or FailedPrecondition says which is missing). Freed
+        in the daemon after the last array viewing it is gone (at this
+        client's next allocation or ``collect()``), or when the client
+        closes."""
         if nbytes < 0:
             raise InvalidArgument(f"nbytes must be >= 0, got {nbytes}")
         buf = self._ext.allocate(max(int(nbytes), 1), device)
+        if buf.device_ordinal >= 0:
+            return DeviceArray(buf, 0, (max(int(nbytes), 0),), np.uint8)
         return buf.view()[:max(int(nbytes), 0)]
 
-    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32) -> np.ndarray:
+    def empty(self, shape: Union[int, Sequence[int]], dtype: Any = np.float32,
+              device: str = "cpu") -> Union[np.ndarray, "DeviceArray"]:
         """A new array of ``shape`` and ``dtype`` in its own shared buffer
-        (zeroed: the daemon hands out zeroed memory)."""
+        (zeroed: the daemon hands out zeroed memory) on ``device`` (see
+        buffer(): a DeviceArray on a GPU)."""
         dt = _dtype(dtype)
         _code(dt)
         shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        return self.buffer(n)[:n].view(dt).reshape(shape)
+        block = self.buffer(n, device)
+        if isinstance(block, DeviceArray):
+            return DeviceArray(block._buf, 0, shape, dt)
+        return block[:n].view(dt).reshape(shape)
 
     zeros = empty
 
@@ -490,9 +614,11 @@ class Mesh:
             raise InvalidArgument(f"mesh {self.name!r} has no axis {axes!r} (axes: {self.axes})")
         return n
 
-    def empty(self, shape, dtype: Any = np.float32) -> np.ndarray:
-        """Client.empty: an array in its own shared buffer."""
-        return self._client.empty(shape, dtype)
+    def empty(self, shape, dtype: Any = np.float32,
+              device: str = "cpu") -> Union[np.ndarray, "DeviceArray"]:
+        """Client.empty: an array in its own shared buffer (on a GPU: a
+        DeviceArray)."""
+        return self._client.empty(shape, dtype, device)
 
     zeros = empty
 
@@ -526,6 +652,9 @@ class Mesh:
             return Future(self._ext.submit(kind, None, 0, [], 0, names, None, 0, [], 0, [], 0, 0,
                                            False), None)
         x = _as_array(x)
+        if isinstance(x, DeviceArray) or isinstance(out, DeviceArray):
+            return self._submit_device(kind, x, names, out=out, out_shape=out_shape,
+                                       inplace=inplace, perm=perm, a=a, b=b, tiled=tiled)
         code = _code(x.dtype)
         rdt = _result_dtype(kind, x.dtype)
         client = self._client
@@ -574,6 +703,39 @@ class Mesh:
 
         return Future(fut, finish)
 
+    def _submit_device(self, kind: int, x, names: Optional[List[str]], *, out, out_shape,
+                       inplace: bool, perm, a: int, b: int, tiled: bool) -> Future:
+        """An op on DeviceArrays: x and the result in GPU shared buffers,
+        nothing staged. Without ``out``, the result is x itself (in place)
+        or a new DeviceArray on x's GPU."""
+        if not isinstance(x, DeviceArray):
+            raise InvalidArgument(
+                "out is a DeviceArray (GPU memory) and x is not: give both in GPU buffers "
+                "(Client.empty(..., device=...)), or both on the host")
+        code = _code(x.dtype)
+        rdt = _result_dtype(kind, x.dtype)
+        if out is None and (out_shape is not None or not inplace or rdt != x.dtype):
+            out = self._client.empty(out_shape if out_shape is not None else x.shape, rdt,
+                                     x.device)
+        if out is not None and (not isinstance(out, DeviceArray) or out.dtype != rdt):
+            raise InvalidArgument(
+                f"x is a DeviceArray (GPU memory): out must be a DeviceArray of the result's "
+                f"dtype ({rdt}), got {type(out).__name__}"
+                f"{'' if not hasattr(out, 'dtype') else ' of ' + str(out.dtype)}")
+        fut = self._ext.submit(kind, x._buf, x._offset, list(x.shape), code, names,
+                               out._buf if out is not None else None,
+                               out._offset if out is not None else 0,
+                               list(out.shape) if out is not None else [],
+                               _code(rdt) if out is not None else 0,
+                               [tuple(p) for p in perm], int(a), int(b), bool(tiled))
+        target = out if out is not None else x
+
+        def finish(ext: "_ext.Future") -> DeviceArray:
+            shape = tuple(ext.out_shape)
+            return target if target.shape == shape else target.reshape(shape)
+
+        return Future(fut, finish)
+
     def _reduce(self, kind: int, x, axes: Axes, out, inplace: bool) -> np.ndarray:
         """A synchronous psum, pmean, pmax or pmin. Without ``out``, and with
         a result of x's dtype, it runs as the in-place op of an array in a
@@ -581,7 +743,7 @@ class Mesh:
         on x itself when x is one and in place, else on a copy of x in the
         mesh's staging buffer, whose result is copied into x (in place) or
         a new array (no shared buffer is allocated per call)."""
-        if out is None:
+        if out is None and not isinstance(x, DeviceArray):
             if inplace and self._ext.run_in_place(kind, x, axes):
                 return x  # in place in a shared buffer, without the general path
             arr = _as_array(x)

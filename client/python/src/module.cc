@@ -586,7 +586,31 @@ NB_MODULE(_collectived, m) {
       },
       "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
       "built without jaxlib's FFI headers.");
+  m.def(
+      "jax_ffi_cuda_handler",
+      []() -> nb::object {
+        void* handler = JaxFfiCudaHandler();
+        if (handler == nullptr) return nb::none();
+        return nb::capsule(handler);
+      },
+      "The XLA FFI handler of collectived.jax for the CUDA platform as a PyCapsule; None when "
+      "this module was built without jaxlib's FFI headers or without CUDA.");
   m.attr("__version__") = COLLECTIVED_VERSION;
+  m.def(
+      "device_ndarray",
+      [](uintptr_t address, std::vector<size_t> shape, uint8_t code, uint8_t bits, int device_id,
+         nb::handle owner) {
+        // C-contiguous (no strides); nanobind copies the shape and holds
+        // `owner` until the last export of it is released.
+        return nb::ndarray<nb::array_api>(reinterpret_cast<void*>(address), shape.size(),
+                                          shape.data(), owner, nullptr,
+                                          nb::dlpack::dtype{code, bits, 1},
+                                          nb::device::cuda::value, device_id);
+      },
+      nb::arg("address"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
+      nb::arg("device_id"), nb::arg("owner"),
+      "A DLPack-exporting view (__dlpack__, __dlpack_device__) of CUDA memory at address on "
+      "device_id, with DLPack type (code, bits); it keeps owner alive.");
   m.def("jax_watch_interrupts", &WatchInterrupts,
         "Puts collectived.jax's SIGINT watch in front of Python's handler, so that Ctrl-C "
         "reaches calls waiting inside jitted functions.");
@@ -601,6 +625,7 @@ NB_MODULE(_collectived, m) {
       .def_prop_ro("id", [](const PyBuffer& b) { return b.buffer().id(); })
       .def_prop_ro("size", [](const PyBuffer& b) { return b.buffer().size(); })
       .def_prop_ro("device", [](const PyBuffer& b) { return b.buffer().device(); })
+      .def_prop_ro("device_ordinal", [](const PyBuffer& b) { return b.buffer().device_ordinal(); })
       .def_prop_ro("address",
                    [](const PyBuffer& b) { return reinterpret_cast<uintptr_t>(b.buffer().data()); })
       // The whole buffer as a 1-D uint8 numpy array whose base keeps this
@@ -610,7 +635,7 @@ NB_MODULE(_collectived, m) {
         if (b.device_ordinal() >= 0) {
           Raise(absl::UnimplementedError(absl::StrCat(
               "buffer ", b.id(), " is GPU memory (", b.device(),
-              "): the Python SDK maps host buffers only")));
+              "): numpy views host memory only; it is a collectived.DeviceArray")));
         }
         return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(b.data(), {b.size()}, self);
       });
