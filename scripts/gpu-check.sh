@@ -371,9 +371,11 @@ grep -E '^[0-9]+% tests passed|tests failed out of|^Total Test time' "$out/ctest
 
 # The Python SDK of this build or bundle (scripts/gpu-bundle.sh packs it,
 # built for the GPU machine's Python version), with this machine's python3,
-# numpy and JAX: part of its suite, the SDK's ops against this build's daemon
-# and collectived.jax inside jit. It shows that the package loads and works
-# here; a failure counts as a failed test.
+# numpy and JAX: its GPU tests (client/python/tests/test_gpu.py: GPU arrays
+# viewed by torch, cupy and JAX without a copy, ops on them between processes;
+# with COLLECTIVED_REQUIRE_GPU=1, so they fail rather than skip) and part of
+# the rest of its suite (the SDK's ops against this build's daemon,
+# collectived.jax inside jit). A failure counts as a failed test.
 python_status=0
 bundle_python="${bundle_python:-}"
 if [ -f "$build/python/collectived/__init__.py" ]; then
@@ -381,12 +383,12 @@ if [ -f "$build/python/collectived/__init__.py" ]; then
   if ! why="$(PYTHONPATH="$build/python" python3 -c 'import collectived, collectived.jax' 2>&1)"; then
     echo "not run: python3 ($(python3 -V 2>&1)) cannot import it${bundle_python:+ (the bundle holds it for Python $bundle_python)}: $(tail -n 1 <<<"$why")"
   else
-    COLLECTIVED_BIN="$build/daemon/collectived" PYTHONPATH="$build/python" \
-      timeout 120 python3 -m pytest -q -p no:cacheprovider "$here/client/python/tests" \
-      -k "every_op_and_dtype_matches_numpy or typed_exceptions or training_example" \
+    COLLECTIVED_BIN="$build/daemon/collectived" PYTHONPATH="$build/python" COLLECTIVED_REQUIRE_GPU=1 \
+      timeout 120 python3 -m pytest -q -rs -p no:cacheprovider "$here/client/python/tests" \
+      -k "gpu or every_op_and_dtype_matches_numpy or typed_exceptions or training_example" \
       >"$out/python.log" 2>&1
     python_status=$?
-    tail -n 3 "$out/python.log"
+    grep -E "^(SKIPPED|FAILED|ERROR)|passed|failed" "$out/python.log" | tail -n 15
     ((python_status == 0)) || echo "Python SDK: failed (exit $python_status; $out/python.log)"
   fi
 fi

@@ -23,8 +23,11 @@ Python scalars stay weakly typed. Result dtypes are ``jax.lax``'s.
 It is an XLA FFI custom call on CPU arrays: the handler copies the operand
 into the mesh's staging buffer (shared memory), runs the op through the C++
 SDK (small reductions among the members themselves, without the daemon),
-and copies the result into XLA's output. Calls are side-effecting, so XLA
-neither drops nor merges them. They run in the order of XLA's schedule,
+and copies the result into XLA's output. On CUDA arrays (a module built with
+CUDA) a second handler does the same on XLA's stream, never waiting for the
+GPU: device-to-device copies through the mesh's GPU staging buffer, the op
+submitted stream-ordered; an op's failure then fails the mesh's next call.
+Calls are side-effecting, so XLA neither drops nor merges them. They run in the order of XLA's schedule,
 which is the same in every process when every process runs the same
 program: pass per-process values (the process index, its data) as
 arguments, not as constants baked into the trace; two programs that differ
@@ -88,6 +91,7 @@ __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "ppermute", "psum_scat
            "all_to_all", "broadcast", "axis_index", "axis_size", "interruptible"]
 
 _TARGET = "collectived_collective"
+_TARGET_CUDA = "collectived_collective_cuda"
 _registered = False
 _register_lock = threading.Lock()
 
@@ -105,6 +109,12 @@ def _register() -> None:
                     "collectived was built without jaxlib's FFI headers: install jax, then "
                     "reinstall collectived (pip install ./client/python) to use collectived.jax")
             jax.ffi.register_ffi_target(_TARGET, handler, platform="cpu")
+            # On CUDA too, where this module was built with CUDA: operands in
+            # device memory, the op ordered on XLA's stream. Without it, a
+            # call on a GPU fails at compile time naming the missing target.
+            cuda_handler = _ext.jax_ffi_cuda_handler()
+            if cuda_handler is not None:
+                jax.ffi.register_ffi_target(_TARGET_CUDA, cuda_handler, platform="CUDA")
             _registered = True
     # Ctrl-C reaches calls waiting on XLA's threads (jax_ffi.cc); again on
     # every trace, in case a signal.signal() since replaced the watch.
@@ -168,13 +178,15 @@ def _abstract(x, *, out_shape, out_dtype, **attrs):
     return jax.core.ShapedArray(out_shape, out_dtype)
 
 
-_lower_ffi = jax.ffi.ffi_lowering(_TARGET, has_side_effect=True)
+def _lowering(target: str):
+    lower_ffi = jax.ffi.ffi_lowering(target, has_side_effect=True)
 
+    def lower(ctx, x, *, out_shape, out_dtype, mesh, kind, axes, a, b, tiled, perm):
+        return lower_ffi(ctx, x, mesh=np.int64(mesh), kind=np.int32(kind), axes=axes,
+                         a=np.int64(a), b=np.int64(b), tiled=np.bool_(tiled),
+                         perm=np.asarray(perm, dtype=np.int64))
 
-def _lower(ctx, x, *, out_shape, out_dtype, mesh, kind, axes, a, b, tiled, perm):
-    return _lower_ffi(ctx, x, mesh=np.int64(mesh), kind=np.int32(kind), axes=axes,
-                      a=np.int64(a), b=np.int64(b), tiled=np.bool_(tiled),
-                      perm=np.asarray(perm, dtype=np.int64))
+    return lower
 
 
 @functools.lru_cache(maxsize=256)
@@ -191,7 +203,8 @@ def _batch(args, dims, *, out_shape, **params):
 
 _prim.def_impl(lambda x, **params: _eager(**params)(x))
 _prim.def_abstract_eval(_abstract)
-jax.interpreters.mlir.register_lowering(_prim, _lower, platform="cpu")
+jax.interpreters.mlir.register_lowering(_prim, _lowering(_TARGET), platform="cpu")
+jax.interpreters.mlir.register_lowering(_prim, _lowering(_TARGET_CUDA), platform="cuda")
 jax.interpreters.batching.primitive_batchers[_prim] = _batch
 
 

@@ -19,11 +19,11 @@ MeshTable& Table() {
 
 }  // namespace
 
-absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes) {
+absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes, std::string_view device) {
   if (buffer.valid() && buffer.size() >= bytes) return absl::OkStatus();
   size_t size = 4096;
   while (size < bytes) size *= 2;
-  absl::StatusOr<Buffer> grown = client.Allocate(size);
+  absl::StatusOr<Buffer> grown = client.Allocate(size, device);
   if (!grown.ok()) return grown.status();
   if (buffer.valid()) client.Free(buffer).IgnoreError();  // the session end frees it otherwise
   buffer = std::move(*grown);

@@ -6,7 +6,9 @@
 #define COLLECTIVED_CLIENT_PYTHON_BRIDGE_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,18 +46,24 @@ struct MeshEntry {
   absl::Mutex mu;
   Buffer in ABSL_GUARDED_BY(mu);
   Buffer out ABSL_GUARDED_BY(mu);
+  // The CUDA handler's: GPU buffers on the GPU of XLA's operands, and its
+  // stream-ordered ops not yet seen complete (oldest first).
+  Buffer gpu_in ABSL_GUARDED_BY(mu);
+  Buffer gpu_out ABSL_GUARDED_BY(mu);
+  std::deque<OpFuture> gpu_pending ABSL_GUARDED_BY(mu);
 
   ~MeshEntry() {
     absl::MutexLock lock(&mu);
-    reclaim->Add(std::move(in));
-    reclaim->Add(std::move(out));
+    for (Buffer* b : {&in, &out, &gpu_in, &gpu_out}) reclaim->Add(std::move(*b));
   }
 };
 
 // Makes `buffer` (a staging buffer of `client`'s session) at least `bytes`
-// long: a new buffer, of the next power of two from 4 KiB, when it is not
-// (the old one is freed).
-absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes);
+// long: a new buffer, of the next power of two from 4 KiB, on `device` (as
+// Client::Allocate names devices; empty: host memory), when it is not (the
+// old one is freed).
+absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes,
+                         std::string_view device = "");
 
 // Registers a mesh; returns its handle (> 0, never reused in the process).
 int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry);
@@ -66,6 +74,9 @@ std::shared_ptr<MeshEntry> FindMesh(int64_t handle);
 // The XLA FFI handler (a PyCapsule for jax.ffi.register_ffi_target), or
 // null when this module was built without jaxlib's FFI headers.
 void* JaxFfiHandler();
+// The same for XLA's CUDA platform (operands in device memory, ordered on
+// XLA's stream); null as above, or when this module was built without CUDA.
+void* JaxFfiCudaHandler();
 // Puts collectived.jax's SIGINT watch in front of Python's handler (no-op
 // without the FFI handler, or when SIGINT is ignored or default).
 void WatchInterrupts();

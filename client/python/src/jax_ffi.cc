@@ -1,7 +1,9 @@
-// The XLA FFI handler behind collectived.jax: one custom call target,
+// The XLA FFI handlers behind collectived.jax: one custom call target,
 // "collectived_collective", runs any collective of a registered mesh on a
-// CPU operand inside a jitted JAX function. XLA calls it on one of its
-// threads, without the GIL: it only touches C++ objects.
+// CPU operand inside a jitted JAX function; "collectived_collective_cuda"
+// (a module built with CUDA) on a CUDA operand, ordered on XLA's stream (see
+// RunOnStream). XLA calls them on its threads, without the GIL: they only
+// touch C++ objects.
 //
 // Per call: copy the operand into the mesh's staging buffer (shared memory,
 // grown on demand), run the op through the C++ SDK (in place when the
@@ -18,8 +20,10 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
@@ -27,6 +31,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "xla/ffi/api/ffi.h"
+
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/match.h"
+#include "common/cuda/driver.h"
+#endif
 
 namespace collectived::python {
 namespace {
@@ -185,49 +196,62 @@ absl::Status RunInterruptibly(Mesh& mesh, const Collective& op) {
   return future.Wait(absl::ZeroDuration());
 }
 
-ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t mesh_handle,
-                         int32_t kind, std::string_view axes, int64_t a, int64_t b, bool tiled,
-                         ffi::Span<const int64_t> perm) {
-  std::shared_ptr<MeshEntry> entry = FindMesh(mesh_handle);
-  if (entry == nullptr) {
-    return FromStatus(absl::FailedPreconditionError(absl::StrCat(
+// One call's op, as both handlers run it. A call is answered in Prepare when
+// `answered` is set (axis_index, or an error).
+struct Call {
+  std::shared_ptr<MeshEntry> entry;
+  std::shared_ptr<Client> client;
+  Collective args;
+  DType in_dt = DType::kInvalid, out_dt = DType::kInvalid;
+  size_t in_bytes = 0, out_bytes = 0;
+  bool in_place = false;
+  int axis_index = -1;  // kAxisIndexKind: the answer
+};
+
+absl::StatusOr<Call> Prepare(ffi::AnyBuffer x, ffi::AnyBuffer::Dimensions out_dims,
+                             ffi::DataType out_type, size_t out_bytes, int64_t mesh_handle,
+                             int32_t kind, std::string_view axes, int64_t a, int64_t b,
+                             bool tiled, ffi::Span<const int64_t> perm) {
+  Call call;
+  call.entry = FindMesh(mesh_handle);
+  if (call.entry == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
         "the collectived mesh this function was traced with (handle ", mesh_handle,
-        ") has been left or garbage-collected")));
+        ") has been left or garbage-collected"));
   }
   std::vector<std::string> names;
   if (!axes.empty()) names = absl::StrSplit(absl::string_view(axes.data(), axes.size()), ',');
   if (kind == kAxisIndexKind) {
     // jax.lax.axis_index, read at run time: the traced program stays the same
     // in every process (an index baked in as a constant would not).
-    const int index = entry->mesh->axis_index(AxisNames(names));
-    if (index < 0) {
-      return FromStatus(absl::InvalidArgumentError(
-          absl::StrCat("mesh '", entry->mesh->name(), "' has no axis '",
-                       absl::string_view(axes.data(), axes.size()), "'")));
+    call.axis_index = call.entry->mesh->axis_index(AxisNames(names));
+    if (call.axis_index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh '", call.entry->mesh->name(), "' has no axis '",
+                       absl::string_view(axes.data(), axes.size()), "'"));
     }
-    if (out->element_type() != ffi::DataType::S32 || out->element_count() != 1) {
-      return FromStatus(absl::InvalidArgumentError("axis_index returns one int32"));
+    if (out_type != ffi::DataType::S32 || out_bytes != sizeof(int32_t)) {
+      return absl::InvalidArgumentError("axis_index returns one int32");
     }
-    *static_cast<int32_t*>(out->untyped_data()) = index;
-    return ffi::Error::Success();
+    return call;
   }
-  std::shared_ptr<Client> client = entry->client.lock();
-  if (client == nullptr) return FromStatus(absl::FailedPreconditionError("the client is closed"));
-  const DType in_dt = DTypeOf(x.element_type());
-  const DType out_dt = DTypeOf(out->element_type());
-  if (in_dt == DType::kInvalid || out_dt == DType::kInvalid) {
-    return FromStatus(absl::InvalidArgumentError("collectived does not support this dtype"));
+  call.client = call.entry->client.lock();
+  if (call.client == nullptr) return absl::FailedPreconditionError("the client is closed");
+  call.in_dt = DTypeOf(x.element_type());
+  call.out_dt = DTypeOf(out_type);
+  if (call.in_dt == DType::kInvalid || call.out_dt == DType::kInvalid) {
+    return absl::InvalidArgumentError("collectived does not support this dtype");
   }
   if (perm.size() % 2 != 0) {
-    return FromStatus(absl::InvalidArgumentError("perm must hold (source, dest) pairs"));
+    return absl::InvalidArgumentError("perm must hold (source, dest) pairs");
   }
-  Collective args;
+  Collective& args = call.args;
   args.kind = static_cast<CollectiveKind>(kind);
   // jax.py counts axes from the end (batch dimensions jax.vmap adds go in
   // front); made positive here, as the member-side path keys its plans on
   // them and other members (the SDK's) may count from the front.
   const int64_t in_rank = static_cast<int64_t>(x.dimensions().size());
-  const int64_t out_rank = static_cast<int64_t>(out->dimensions().size());
+  const int64_t out_rank = static_cast<int64_t>(out_dims.size());
   switch (static_cast<CollectiveKind>(kind)) {
     case CollectiveKind::kAllGather:
       if (a < 0) a += out_rank;
@@ -249,27 +273,183 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
   for (size_t i = 0; i < perm.size(); i += 2) {
     args.perm.emplace_back(static_cast<int>(perm[i]), static_cast<int>(perm[i + 1]));
   }
-  const size_t in_bytes = x.size_bytes();
-  const size_t out_bytes = out->size_bytes();
-  const bool in_place = args.kind != CollectiveKind::kAllGather &&
-                        args.kind != CollectiveKind::kPsumScatter && in_dt == out_dt &&
-                        in_bytes == out_bytes;
+  call.in_bytes = x.size_bytes();
+  call.out_bytes = out_bytes;
+  call.in_place = args.kind != CollectiveKind::kAllGather &&
+                  args.kind != CollectiveKind::kPsumScatter && call.in_dt == call.out_dt &&
+                  call.in_bytes == call.out_bytes;
+  return call;
+}
 
-  absl::MutexLock lock(&entry->mu);
-  if (absl::Status st = GrowStaging(*client, entry->in, in_bytes); !st.ok()) return FromStatus(st);
-  if (!in_place) {
-    if (absl::Status st = GrowStaging(*client, entry->out, out_bytes); !st.ok()) return FromStatus(st);
+std::vector<int64_t> Dims(ffi::AnyBuffer::Dimensions d) { return {d.begin(), d.end()}; }
+
+ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t mesh_handle,
+                         int32_t kind, std::string_view axes, int64_t a, int64_t b, bool tiled,
+                         ffi::Span<const int64_t> perm) {
+  absl::StatusOr<Call> prepared = Prepare(x, out->dimensions(), out->element_type(),
+                                          out->size_bytes(), mesh_handle, kind, axes, a, b, tiled,
+                                          perm);
+  if (!prepared.ok()) return FromStatus(prepared.status());
+  Call& call = *prepared;
+  if (kind == kAxisIndexKind) {
+    *static_cast<int32_t*>(out->untyped_data()) = call.axis_index;
+    return ffi::Error::Success();
   }
-  if (in_bytes > 0) std::memcpy(entry->in.data(), x.untyped_data(), in_bytes);
-  auto dims = [](ffi::AnyBuffer::Dimensions d) { return std::vector<int64_t>(d.begin(), d.end()); };
-  args.x = Array{&entry->in, 0, in_dt, dims(x.dimensions())};
-  if (!in_place) args.out = Array{&entry->out, 0, out_dt, dims(out->dimensions())};
-  if (absl::Status st = RunInterruptibly(*entry->mesh, args); !st.ok()) return FromStatus(st);
-  const Buffer& result = in_place ? entry->in : entry->out;
-  AdviseHugePages(out->untyped_data(), out_bytes);
-  if (out_bytes > 0) std::memcpy(out->untyped_data(), result.data(), out_bytes);
+  MeshEntry& entry = *call.entry;
+  absl::MutexLock lock(&entry.mu);
+  if (absl::Status st = GrowStaging(*call.client, entry.in, call.in_bytes); !st.ok()) {
+    return FromStatus(st);
+  }
+  if (!call.in_place) {
+    if (absl::Status st = GrowStaging(*call.client, entry.out, call.out_bytes); !st.ok()) {
+      return FromStatus(st);
+    }
+  }
+  if (call.in_bytes > 0) std::memcpy(entry.in.data(), x.untyped_data(), call.in_bytes);
+  call.args.x = Array{&entry.in, 0, call.in_dt, Dims(x.dimensions())};
+  if (!call.in_place) call.args.out = Array{&entry.out, 0, call.out_dt, Dims(out->dimensions())};
+  if (absl::Status st = RunInterruptibly(*entry.mesh, call.args); !st.ok()) return FromStatus(st);
+  const Buffer& result = call.in_place ? entry.in : entry.out;
+  AdviseHugePages(out->untyped_data(), call.out_bytes);
+  if (call.out_bytes > 0) std::memcpy(out->untyped_data(), result.data(), call.out_bytes);
   return ffi::Error::Success();
 }
+
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+// The CUDA handler: XLA's operand and result are device memory, and XLA's
+// stream orders the call. Per call, all enqueued on that stream, the host
+// never waiting for the GPU: a device-to-device copy of the operand into
+// the mesh's GPU staging buffer, the op submitted stream-ordered
+// (Mesh::set_stream: the daemon reads the input once the stream got there,
+// the stream waits for the result), and a copy of the result into XLA's
+// output. An op's failure is reported by the next call on the mesh (the
+// call that submitted it has returned by then): that call fails with it.
+
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ",
+                                          cudaGetErrorString(e)));
+}
+
+// The daemon's name ("cuda:GPU-<uuid>") of the GPU holding device pointer p.
+absl::StatusOr<std::string> GpuOf(const void* p) {
+  cudaPointerAttributes attr{};
+  if (absl::Status st = CudaStatus(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes");
+      !st.ok()) {
+    return st;
+  }
+  if (attr.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError("XLA's operand is not device memory on a CUDA GPU");
+  }
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* names = new std::map<int, std::string>();  // by ordinal; never destroyed
+  absl::MutexLock lock(&mu);
+  auto it = names->find(attr.device);
+  if (it != names->end()) return it->second;
+  absl::StatusOr<std::vector<cuda::DeviceInfo>> devices = cuda::ListDevices();
+  if (!devices.ok()) return devices.status();
+  for (const cuda::DeviceInfo& d : *devices) {
+    if (d.ordinal == attr.device) {
+      return names->emplace(attr.device, absl::StrCat("cuda:", d.uuid)).first->second;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("XLA's operand is on CUDA device ", attr.device,
+                                          ", which this process does not list: ",
+                                          cuda::DescribeDevices(*devices)));
+}
+
+// The first failure among the mesh's completed stream-ordered ops, which
+// are dropped; with `all`, waits for every one (the staging buffers are
+// about to be replaced).
+absl::Status ReapGpuOps(MeshEntry& entry, bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu) {
+  absl::Status first;
+  while (!entry.gpu_pending.empty() && (all || entry.gpu_pending.front().Ready())) {
+    absl::Status st = entry.gpu_pending.front().Wait();
+    entry.gpu_pending.pop_front();
+    if (!st.ok() && first.ok()) {
+      first = absl::Status(st.code(), absl::StrCat("an earlier collectived op of this jitted "
+                                                   "function's mesh failed: ", st.message()));
+    }
+  }
+  return first;
+}
+
+absl::Status RunOnStream(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer out, Call& call) {
+  MeshEntry& entry = *call.entry;
+  absl::MutexLock lock(&entry.mu);
+  if (absl::Status st = ReapGpuOps(entry, /*all=*/false); !st.ok()) return st;
+  absl::StatusOr<std::string> gpu = GpuOf(call.in_bytes > 0 ? x.untyped_data()
+                                                            : out.untyped_data());
+  if (!gpu.ok()) return gpu.status();
+  const bool other_gpu =
+      entry.gpu_in.valid() && !absl::EqualsIgnoreCase(entry.gpu_in.device(), *gpu);
+  const bool grow = (call.in_bytes > 0 && entry.gpu_in.size() < call.in_bytes) ||
+                    (!call.in_place && entry.gpu_out.size() < call.out_bytes) || other_gpu;
+  if (grow) {
+    // Ops in flight still use the old buffers.
+    if (absl::Status st = ReapGpuOps(entry, /*all=*/true); !st.ok()) return st;
+    if (other_gpu) {  // staging follows XLA's operands to their GPU
+      for (Buffer* b : {&entry.gpu_in, &entry.gpu_out}) {
+        if (b->valid()) call.client->Free(*b).IgnoreError();  // else freed at the session's end
+        *b = Buffer();
+      }
+    }
+  }
+  if (absl::Status st = GrowStaging(*call.client, entry.gpu_in, call.in_bytes, *gpu); !st.ok()) {
+    return st;
+  }
+  if (!call.in_place) {
+    if (absl::Status st = GrowStaging(*call.client, entry.gpu_out, call.out_bytes, *gpu);
+        !st.ok()) {
+      return st;
+    }
+  }
+  if (call.in_bytes > 0) {
+    if (absl::Status st = CudaStatus(cudaMemcpyAsync(entry.gpu_in.data(), x.untyped_data(),
+                                                     call.in_bytes, cudaMemcpyDeviceToDevice,
+                                                     stream),
+                                     "copying the operand to the staging buffer");
+        !st.ok()) {
+      return st;
+    }
+  }
+  call.args.x = Array{&entry.gpu_in, 0, call.in_dt, Dims(x.dimensions())};
+  if (!call.in_place) call.args.out = Array{&entry.gpu_out, 0, call.out_dt, Dims(out.dimensions())};
+  Mesh& mesh = *entry.mesh;
+  if (absl::Status st = mesh.set_stream(stream); !st.ok()) return st;
+  OpFuture op = mesh.submit(call.args);
+  mesh.set_stream(nullptr).IgnoreError();  // the SDK's other callers submit as before
+  if (op.Ready()) {
+    // Refused at submission (nothing was enqueued on the stream).
+    if (absl::Status st = op.Wait(); !st.ok()) return st;
+  } else {
+    entry.gpu_pending.push_back(std::move(op));
+  }
+  const Buffer& result = call.in_place ? entry.gpu_in : entry.gpu_out;
+  if (call.out_bytes == 0) return absl::OkStatus();
+  return CudaStatus(cudaMemcpyAsync(out.untyped_data(), result.data(), call.out_bytes,
+                                    cudaMemcpyDeviceToDevice, stream),
+                    "copying the result to XLA's output");
+}
+
+ffi::Error RunCollectiveCuda(cudaStream_t stream, ffi::AnyBuffer x,
+                             ffi::Result<ffi::AnyBuffer> out, int64_t mesh_handle, int32_t kind,
+                             std::string_view axes, int64_t a, int64_t b, bool tiled,
+                             ffi::Span<const int64_t> perm) {
+  absl::StatusOr<Call> prepared = Prepare(x, out->dimensions(), out->element_type(),
+                                          out->size_bytes(), mesh_handle, kind, axes, a, b, tiled,
+                                          perm);
+  if (!prepared.ok()) return FromStatus(prepared.status());
+  if (kind == kAxisIndexKind) {
+    // From pageable memory: the copy has read the value when this returns.
+    const int32_t index = prepared->axis_index;
+    return FromStatus(CudaStatus(cudaMemcpyAsync(out->untyped_data(), &index, sizeof(index),
+                                                 cudaMemcpyHostToDevice, stream),
+                                 "writing axis_index"));
+  }
+  return FromStatus(RunOnStream(stream, x, *out, *prepared));
+}
+#endif  // COLLECTIVED_PYTHON_HAS_CUDA
 
 }  // namespace
 
@@ -287,12 +467,34 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollective, RunCollective,
 
 void* JaxFfiHandler() { return reinterpret_cast<void*>(&CollectivedCollective); }
 
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+// Not command-buffer compatible: every call submits an op to the daemon
+// from the host, which a CUDA graph replay would not do.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollectiveCuda, RunCollectiveCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("mesh")
+                                  .Attr<int32_t>("kind")
+                                  .Attr<std::string_view>("axes")
+                                  .Attr<int64_t>("a")
+                                  .Attr<int64_t>("b")
+                                  .Attr<bool>("tiled")
+                                  .Attr<ffi::Span<const int64_t>>("perm"));
+
+void* JaxFfiCudaHandler() { return reinterpret_cast<void*>(&CollectivedCollectiveCuda); }
+#else
+void* JaxFfiCudaHandler() { return nullptr; }
+#endif
+
 }  // namespace collectived::python
 
 #else  // !COLLECTIVED_HAVE_JAX_FFI
 
 namespace collectived::python {
 void* JaxFfiHandler() { return nullptr; }
+void* JaxFfiCudaHandler() { return nullptr; }
 void WatchInterrupts() {}
 uint64_t InterruptsSeen() { return 0; }
 }  // namespace collectived::python
