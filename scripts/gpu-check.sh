@@ -384,7 +384,7 @@ if [ -f "$build/python/collectived/__init__.py" ]; then
     echo "not run: python3 ($(python3 -V 2>&1)) cannot import it${bundle_python:+ (the bundle holds it for Python $bundle_python)}: $(tail -n 1 <<<"$why")"
   else
     COLLECTIVED_BIN="$build/daemon/collectived" PYTHONPATH="$build/python" COLLECTIVED_REQUIRE_GPU=1 \
-      timeout 120 python3 -m pytest -q -rs -p no:cacheprovider "$here/client/python/tests" \
+      timeout 120 python3 -m pytest -q -rfEs -p no:cacheprovider "$here/client/python/tests" \
       -k "gpu or every_op_and_dtype_matches_numpy or typed_exceptions or training_example" \
       >"$out/python.log" 2>&1
     python_status=$?
