@@ -23,6 +23,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -453,17 +454,23 @@ ffi::Error RunCollectiveCuda(cudaStream_t stream, ffi::AnyBuffer x,
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollective, RunCollective,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("mesh")
-                                  .Attr<int32_t>("kind")
-                                  .Attr<std::string_view>("axes")
-                                  .Attr<int64_t>("a")
-                                  .Attr<int64_t>("b")
-                                  .Attr<bool>("tiled")
-                                  .Attr<ffi::Span<const int64_t>>("perm"));
+// What both handlers take after their context: the operand, the result,
+// and the attributes jax.py's lowering gives.
+template <typename Binding>
+auto BindOp(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<int64_t>("mesh")
+      .template Attr<int32_t>("kind")
+      .template Attr<std::string_view>("axes")
+      .template Attr<int64_t>("a")
+      .template Attr<int64_t>("b")
+      .template Attr<bool>("tiled")
+      .template Attr<ffi::Span<const int64_t>>("perm");
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollective, RunCollective, BindOp(ffi::Ffi::Bind()));
 
 void* JaxFfiHandler() { return reinterpret_cast<void*>(&CollectivedCollective); }
 
@@ -471,17 +478,7 @@ void* JaxFfiHandler() { return reinterpret_cast<void*>(&CollectivedCollective); 
 // Not command-buffer compatible: every call submits an op to the daemon
 // from the host, which a CUDA graph replay would not do.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(CollectivedCollectiveCuda, RunCollectiveCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("mesh")
-                                  .Attr<int32_t>("kind")
-                                  .Attr<std::string_view>("axes")
-                                  .Attr<int64_t>("a")
-                                  .Attr<int64_t>("b")
-                                  .Attr<bool>("tiled")
-                                  .Attr<ffi::Span<const int64_t>>("perm"));
+                              BindOp(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()));
 
 void* JaxFfiCudaHandler() { return reinterpret_cast<void*>(&CollectivedCollectiveCuda); }
 #else

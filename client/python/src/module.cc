@@ -577,22 +577,17 @@ NB_MODULE(_collectived, m) {
       },
       "(Buffer, byte offset) of client's buffer holding [address, address + bytes), or None.");
 
+  // A handler as jax.ffi.register_ffi_target takes it; None for null.
+  auto capsule_or_none = [](void* handler) -> nb::object {
+    if (handler == nullptr) return nb::none();
+    return nb::capsule(handler);
+  };
   m.def(
-      "jax_ffi_handler",
-      []() -> nb::object {
-        void* handler = JaxFfiHandler();
-        if (handler == nullptr) return nb::none();
-        return nb::capsule(handler);
-      },
+      "jax_ffi_handler", [=] { return capsule_or_none(JaxFfiHandler()); },
       "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
       "built without jaxlib's FFI headers.");
   m.def(
-      "jax_ffi_cuda_handler",
-      []() -> nb::object {
-        void* handler = JaxFfiCudaHandler();
-        if (handler == nullptr) return nb::none();
-        return nb::capsule(handler);
-      },
+      "jax_ffi_cuda_handler", [=] { return capsule_or_none(JaxFfiCudaHandler()); },
       "The XLA FFI handler of collectived.jax for the CUDA platform as a PyCapsule; None when "
       "this module was built without jaxlib's FFI headers or without CUDA.");
   m.attr("__version__") = COLLECTIVED_VERSION;
