@@ -322,6 +322,31 @@ class DeviceArray:
                 "strides": None, "stream": None}
 
 
+def _stream_handle(stream: Any) -> int:
+    """A CUDA stream's handle from what ``stream=`` takes: an int (a
+    cudaStream_t; 0, the legacy default stream, is cudaStreamLegacy), an
+    object with ``__cuda_stream__()`` (the CUDA stream protocol: (version,
+    handle)), ``cuda_stream`` (torch.cuda.Stream) or ``ptr``
+    (cupy.cuda.Stream)."""
+    if isinstance(stream, (bool, np.bool_)):
+        raise InvalidArgument(f"stream must be a CUDA stream, got {stream!r}")
+    if isinstance(stream, (int, np.integer)):
+        handle = int(stream)
+    elif hasattr(stream, "__cuda_stream__"):
+        handle = int(stream.__cuda_stream__()[1])
+    elif hasattr(stream, "cuda_stream"):
+        handle = int(stream.cuda_stream)
+    elif hasattr(stream, "ptr"):
+        handle = int(stream.ptr)
+    else:
+        raise InvalidArgument(
+            f"stream must be a CUDA stream (an int handle, or an object with __cuda_stream__, "
+            f"cuda_stream or ptr), got {type(stream).__name__}")
+    if handle < 0:
+        raise InvalidArgument(f"stream handle {handle} is negative")
+    return handle or 1  # 0 names the legacy default stream, which is cudaStreamLegacy (1)
+
+
 # ---------------------------------------------------------------------------
 # Futures
 # ---------------------------------------------------------------------------
@@ -646,15 +671,20 @@ class Mesh:
     def _submit(self, kind: int, x: Optional[np.ndarray], axes: Optional[Axes], *,
                 out: Optional[np.ndarray] = None, out_shape: Optional[Tuple[int, ...]] = None,
                 inplace: bool = True, perm=(), a: int = 0, b: int = 0,
-                tiled: bool = False) -> Future:
+                tiled: bool = False, stream: Any = None) -> Future:
         names = _axes(axes)
+        if stream is not None and not isinstance(x, DeviceArray):
+            raise InvalidArgument(
+                "stream= orders ops on GPU arrays (collectived.DeviceArray) with a CUDA stream; "
+                f"x is {'no array (a barrier)' if x is None else type(x).__name__}")
         if x is None:  # barrier
             return Future(self._ext.submit(kind, None, 0, [], 0, names, None, 0, [], 0, [], 0, 0,
                                            False), None)
         x = _as_array(x)
         if isinstance(x, DeviceArray) or isinstance(out, DeviceArray):
             return self._submit_device(kind, x, names, out=out, out_shape=out_shape,
-                                       inplace=inplace, perm=perm, a=a, b=b, tiled=tiled)
+                                       inplace=inplace, perm=perm, a=a, b=b, tiled=tiled,
+                                       stream=stream)
         code = _code(x.dtype)
         rdt = _result_dtype(kind, x.dtype)
         client = self._client
@@ -704,10 +734,12 @@ class Mesh:
         return Future(fut, finish)
 
     def _submit_device(self, kind: int, x, names: Optional[List[str]], *, out, out_shape,
-                       inplace: bool, perm, a: int, b: int, tiled: bool) -> Future:
+                       inplace: bool, perm, a: int, b: int, tiled: bool,
+                       stream: Any) -> Future:
         """An op on DeviceArrays: x and the result in GPU shared buffers,
         nothing staged. Without ``out``, the result is x itself (in place)
-        or a new DeviceArray on x's GPU."""
+        or a new DeviceArray on x's GPU. With ``stream``, stream-ordered."""
+        handle = 0 if stream is None else _stream_handle(stream)
         if not isinstance(x, DeviceArray):
             raise InvalidArgument(
                 "out is a DeviceArray (GPU memory) and x is not: give both in GPU buffers "
@@ -727,7 +759,8 @@ class Mesh:
                                out._offset if out is not None else 0,
                                list(out.shape) if out is not None else [],
                                _code(rdt) if out is not None else 0,
-                               [tuple(p) for p in perm], int(a), int(b), bool(tiled))
+                               [tuple(p) for p in perm], int(a), int(b), bool(tiled),
+                               handle)
         target = out if out is not None else x
 
         def finish(ext: "_ext.Future") -> DeviceArray:
@@ -756,23 +789,33 @@ class Mesh:
                     return dest
         return self._submit(kind, x, axes, out=out, inplace=inplace)._sync_result()
 
-    def psum_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+    def psum_async(self, x, axes: Axes, *, out=None, inplace: bool = True,
+                   stream: Any = None) -> Future:
         """psum, started: a Future whose result() is what psum returns (the
         result lands when the op completes; keep x and out alive until then).
-        Ctrl-C while waiting on result() leaves the op in flight."""
-        return self._submit(_PSUM, x, axes, out=out, inplace=inplace)
+        Ctrl-C while waiting on result() leaves the op in flight. On GPU
+        arrays, ``stream`` (a CUDA stream: an int handle, or an object with
+        ``__cuda_stream__``, ``cuda_stream`` or ``ptr``, as torch's and
+        cupy's streams have) orders the op with that stream: the daemon
+        reads x once the stream got here, and work enqueued on the stream
+        afterwards sees the result; the call returns at once, and result()
+        gives the outcome (waiting on the host)."""
+        return self._submit(_PSUM, x, axes, out=out, inplace=inplace, stream=stream)
 
-    def pmean_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+    def pmean_async(self, x, axes: Axes, *, out=None, inplace: bool = True,
+                    stream: Any = None) -> Future:
         """pmean, started: a Future of what pmean returns (as psum_async)."""
-        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace)
+        return self._submit(_PMEAN, x, axes, out=out, inplace=inplace, stream=stream)
 
-    def pmax_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+    def pmax_async(self, x, axes: Axes, *, out=None, inplace: bool = True,
+                   stream: Any = None) -> Future:
         """pmax, started: a Future of what pmax returns (as psum_async)."""
-        return self._submit(_PMAX, x, axes, out=out, inplace=inplace)
+        return self._submit(_PMAX, x, axes, out=out, inplace=inplace, stream=stream)
 
-    def pmin_async(self, x, axes: Axes, *, out=None, inplace: bool = True) -> Future:
+    def pmin_async(self, x, axes: Axes, *, out=None, inplace: bool = True,
+                   stream: Any = None) -> Future:
         """pmin, started: a Future of what pmin returns (as psum_async)."""
-        return self._submit(_PMIN, x, axes, out=out, inplace=inplace)
+        return self._submit(_PMIN, x, axes, out=out, inplace=inplace, stream=stream)
 
     def psum(self, x, axes: Axes, *, out=None, inplace: bool = True) -> np.ndarray:
         """jax.lax.psum over ``axes`` (a name or a tuple of names). The
@@ -808,12 +851,13 @@ class Mesh:
         return tuple(shape)
 
     def all_gather_async(self, x, axes: Axes, *, axis: int = 0, tiled: bool = False,
-                         out=None) -> Future:
+                         out=None, stream: Any = None) -> Future:
         """all_gather, started: a Future of what all_gather returns (as
         psum_async)."""
         x = _as_array(x)
         shape = self._gather_shape(x, axes, axis, tiled) if out is None else None
-        return self._submit(_ALL_GATHER, x, axes, out=out, out_shape=shape, a=axis, tiled=tiled)
+        return self._submit(_ALL_GATHER, x, axes, out=out, out_shape=shape, a=axis, tiled=tiled,
+                            stream=stream)
 
     def all_gather(self, x, axes: Axes, *, axis: int = 0, tiled: bool = False,
                    out=None) -> np.ndarray:
@@ -841,13 +885,13 @@ class Mesh:
         return tuple(shape)
 
     def psum_scatter_async(self, x, axes: Axes, *, scatter_dimension: int = 0,
-                           tiled: bool = False, out=None) -> Future:
+                           tiled: bool = False, out=None, stream: Any = None) -> Future:
         """psum_scatter, started: a Future of what psum_scatter returns (as
         psum_async)."""
         x = _as_array(x)
         shape = self._scatter_shape(x, axes, scatter_dimension, tiled) if out is None else None
         return self._submit(_PSUM_SCATTER, x, axes, out=out, out_shape=shape,
-                            a=scatter_dimension, tiled=tiled)
+                            a=scatter_dimension, tiled=tiled, stream=stream)
 
     def psum_scatter(self, x, axes: Axes, *, scatter_dimension: int = 0, tiled: bool = False,
                      out=None) -> np.ndarray:
@@ -857,10 +901,11 @@ class Mesh:
                                        tiled=tiled, out=out)._sync_result()
 
     def ppermute_async(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
-                       inplace: bool = True) -> Future:
+                       inplace: bool = True, stream: Any = None) -> Future:
         """ppermute, started: a Future of what ppermute returns (as
         psum_async)."""
-        return self._submit(_PPERMUTE, x, axes, out=out, inplace=inplace, perm=list(perm))
+        return self._submit(_PPERMUTE, x, axes, out=out, inplace=inplace, perm=list(perm),
+                            stream=stream)
 
     def ppermute(self, x, axes: Axes, perm: Iterable[Tuple[int, int]], *, out=None,
                  inplace: bool = True) -> np.ndarray:
@@ -869,11 +914,12 @@ class Mesh:
         return self.ppermute_async(x, axes, perm, out=out, inplace=inplace)._sync_result()
 
     def all_to_all_async(self, x, axes: Axes, split_axis: int, concat_axis: int, *,
-                         tiled: bool = False, out=None, inplace: bool = True) -> Future:
+                         tiled: bool = False, out=None, inplace: bool = True,
+                         stream: Any = None) -> Future:
         """all_to_all, started: a Future of what all_to_all returns (as
         psum_async)."""
         return self._submit(_ALL_TO_ALL, x, axes, out=out, inplace=inplace, a=split_axis,
-                            b=concat_axis, tiled=tiled)
+                            b=concat_axis, tiled=tiled, stream=stream)
 
     def all_to_all(self, x, axes: Axes, split_axis: int, concat_axis: int, *,
                    tiled: bool = False, out=None, inplace: bool = True) -> np.ndarray:
@@ -883,10 +929,11 @@ class Mesh:
                                      inplace=inplace)._sync_result()
 
     def broadcast_async(self, x, axes: Axes, root: int = 0, *, out=None,
-                        inplace: bool = True) -> Future:
+                        inplace: bool = True, stream: Any = None) -> Future:
         """broadcast, started: a Future of what broadcast returns (as
         psum_async)."""
-        return self._submit(_BROADCAST, x, axes, out=out, inplace=inplace, a=root)
+        return self._submit(_BROADCAST, x, axes, out=out, inplace=inplace, a=root,
+                            stream=stream)
 
     def broadcast(self, x, axes: Axes, root: int = 0, *, out=None,
                   inplace: bool = True) -> np.ndarray:

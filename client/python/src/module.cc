@@ -282,7 +282,8 @@ class PyMesh {
   PyFuture Submit(int kind, nb::handle x_buffer, size_t x_offset, std::vector<int64_t> x_shape,
                   int dtype, nb::handle axes, nb::handle out_buffer,
                   size_t out_offset, std::vector<int64_t> out_shape, int out_dtype,
-                  std::vector<std::pair<int, int>> perm, int a, int b, bool tiled) {
+                  std::vector<std::pair<int, int>> perm, int a, int b, bool tiled,
+                  uintptr_t stream) {
     std::vector<nb::object> keep;
     Collective args{.kind = static_cast<CollectiveKind>(kind),
                     .axes = AxesOf(axes),
@@ -301,11 +302,24 @@ class PyMesh {
       keep.push_back(nb::borrow(out_buffer));
     }
     OpFuture f;
+    absl::Status ordered;
     {
       // Submitting may block briefly (a full fast-path queue, a gRPC write).
       nb::gil_scoped_release unlocked;
-      f = mesh_->submit(args);
+      if (stream == 0) {
+        f = mesh_->submit(args);
+      } else {
+        // Stream-ordered (Mesh::set_stream) for this op only; no other
+        // thread's op of this mesh may submit in between.
+        absl::MutexLock lock(&stream_mu_);
+        ordered = mesh_->set_stream(reinterpret_cast<void*>(stream));
+        if (ordered.ok()) {
+          f = mesh_->submit(args);
+          mesh_->set_stream(nullptr).IgnoreError();
+        }
+      }
     }
+    Check(ordered);
     return PyFuture(std::move(f), std::move(keep), mesh_);
   }
 
@@ -442,6 +456,7 @@ class PyMesh {
 
  private:
   std::shared_ptr<Mesh> mesh_;  // shared with the JAX FFI handler's table
+  absl::Mutex stream_mu_;       // a stream-ordered submission (Submit)
   const Reclaim* reclaim_;      // identifies the client's buffers (Registry)
   std::shared_ptr<Reclaim> reclaim_owner_;  // where its shared buffers go when dropped
   int64_t handle_ = 0;
@@ -668,8 +683,9 @@ NB_MODULE(_collectived, m) {
           nb::arg("axes").none())
       .def("submit", &PyMesh::Submit, nb::arg("kind"), nb::arg("x_buffer").none(),
            nb::arg("x_offset"), nb::arg("x_shape"), nb::arg("dtype"), nb::arg("axes").none(),
-           nb::arg("out_buffer").none(), nb::arg("out_offset"), nb::arg("out_shape"), nb::arg("out_dtype"),
-           nb::arg("perm"), nb::arg("a"), nb::arg("b"), nb::arg("tiled"))
+           nb::arg("out_buffer").none(), nb::arg("out_offset"), nb::arg("out_shape"),
+           nb::arg("out_dtype"), nb::arg("perm"), nb::arg("a"), nb::arg("b"), nb::arg("tiled"),
+           nb::arg("stream") = 0)
       .def_prop_ro("handle", &PyMesh::handle)
       .def("run_in_place", &PyMesh::RunInPlace, nb::arg("kind"), nb::arg("x"),
            nb::arg("axes").none())

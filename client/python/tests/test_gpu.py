@@ -182,6 +182,44 @@ def test_ops_mixing_host_and_gpu_arrays_are_refused_before_submitting(daemon):
         assert mesh.psum(host, "i").tolist() == [2, 2, 2, 2]
 
 
+def test_stream_arguments_name_a_cuda_stream():
+    from collectived import _stream_handle
+
+    class Protocol:  # the CUDA stream protocol
+        def __cuda_stream__(self):
+            return (0, 0x5000)
+
+    class Torchish:
+        cuda_stream = 0x6000
+
+    class Cupyish:
+        ptr = 0x7000
+
+    assert _stream_handle(0x4000) == 0x4000
+    assert _stream_handle(np.uint64(0x4100)) == 0x4100
+    assert _stream_handle(Protocol()) == 0x5000
+    assert _stream_handle(Torchish()) == 0x6000
+    assert _stream_handle(Cupyish()) == 0x7000
+    assert _stream_handle(0) == 1  # the legacy default stream: cudaStreamLegacy
+    for bad, why in ((True, "must be a CUDA stream"), ("s", "must be a CUDA stream"),
+                     (-3, "negative")):
+        with pytest.raises(collectived.InvalidArgument, match=why):
+            _stream_handle(bad)
+
+
+def test_stream_ordered_ops_take_gpu_arrays_only(daemon):
+    with collectived.connect(socket=daemon) as c:
+        mesh = c.join_mesh("streams", {"i": 1}, timeout=10)
+        host = mesh.empty((4,), np.float32)
+        for submit in (lambda: mesh.psum_async(host, "i", stream=0x4000),
+                       lambda: mesh.all_gather_async(np.ones(3), "i", stream=0x4000),
+                       lambda: mesh.ppermute_async(host, "i", [(0, 0)], stream=0x4000)):
+            with pytest.raises(collectived.InvalidArgument, match="stream= orders ops on GPU"):
+                submit()
+        host[:] = 1
+        assert mesh.psum(host, "i").tolist() == [1, 1, 1, 1]
+
+
 # ---------------------------------------------------------------------------
 # With a GPU.
 
@@ -334,3 +372,31 @@ def test_jitted_collectives_on_gpu_arrays_are_exact(gpu_client, daemon, monkeypa
     for rank, r in enumerate(run_members(JAX_GPU_OPS, daemon, n, timeout=120)):
         assert r["index"] == rank
         assert r["psum_ok"] and r["gather_ok"] and r["permute_ok"], r
+
+
+STREAM_ORDERED = """
+    import torch
+    c = collectived.connect(socket=SOCK)
+    mesh = c.join_mesh("gpu-stream", {"i": N}, coordinate=[RANK], timeout=30)
+    x = mesh.empty((4096,), np.float32, device="cuda:0")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)  # a long kernel: the stream is busy well past the call
+        torch.from_dlpack(x).fill_(RANK + 1.0)
+    fut = mesh.psum_async(x, "i", stream=s)
+    busy = not s.query()  # the call returned before the stream got to the op
+    with torch.cuda.stream(s):
+        doubled = torch.from_dlpack(x) * 2  # after the op, on the stream
+    fut.result(timeout=60)
+    s.synchronize()
+    total = N * (N + 1) / 2
+    emit(busy=busy, psum_ok=bool((torch.from_dlpack(x).cpu() == total).all()),
+         after_ok=bool((doubled.cpu() == 2 * total).all()))
+"""
+
+
+def test_stream_ordered_ops_do_not_wait_on_the_host(gpu_client, daemon):
+    pytest.importorskip("torch")
+    for r in run_members(STREAM_ORDERED, daemon, 2):
+        assert r["busy"], "the call waited for the stream on the host"
+        assert r["psum_ok"] and r["after_ok"], r
