@@ -110,3 +110,22 @@ def run_members(code, sock, n, *extra, extra_procs=(), timeout=TIMEOUT):
         pytest.fail("\n".join(f"--- process {r}: rc {rc}\n{out}{err}"
                               for r, (rc, out, err) in enumerate(done)))
     return [result(out) for _, out, _ in done]
+
+
+def run_training_example(sock, processes, steps, *extra, timeout=300):
+    """Runs examples/python/train_data_parallel.py against the daemon at
+    sock; its logged losses, {step: {process: loss}}, as printed."""
+    import re
+    example = REPO / "examples/python/train_data_parallel.py"
+    out = subprocess.run([sys.executable, str(example), f"--socket={sock}",
+                          f"--processes={processes}", f"--steps={steps}", *extra],
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    losses = {}
+    for proc, step, loss in re.findall(r"\[process (\d+)\] step +(\d+) loss ([0-9.]+)",
+                                       out.stdout):
+        losses.setdefault(int(step), {})[int(proc)] = loss
+    assert sorted(losses) == sorted({*range(0, steps, 10), steps - 1}), out.stdout
+    for step, by_process in losses.items():
+        assert sorted(by_process) == list(range(processes)), out.stdout
+    return losses

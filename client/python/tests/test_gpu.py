@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import collectived
-from members import run_members
+from members import run_members, run_training_example
 
 
 # ---------------------------------------------------------------------------
@@ -357,7 +357,7 @@ JAX_GPU_OPS = """
 """
 
 
-def test_jitted_collectives_on_gpu_arrays_are_exact(gpu_client, daemon, monkeypatch):
+def _require_jax_gpu():
     jax = pytest.importorskip("jax")
     try:
         gpus = [d for d in jax.devices() if d.platform == "gpu"]
@@ -367,6 +367,10 @@ def test_jitted_collectives_on_gpu_arrays_are_exact(gpu_client, daemon, monkeypa
         if os.environ.get("COLLECTIVED_REQUIRE_GPU") == "1":
             pytest.fail("COLLECTIVED_REQUIRE_GPU=1 but JAX has no GPU (its CUDA plugin?)")
         pytest.skip("JAX has no GPU here")
+
+
+def test_jitted_collectives_on_gpu_arrays_are_exact(gpu_client, daemon, monkeypatch):
+    _require_jax_gpu()
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # processes share the GPU
     n = 2
     for rank, r in enumerate(run_members(JAX_GPU_OPS, daemon, n, timeout=120)):
@@ -400,3 +404,17 @@ def test_stream_ordered_ops_do_not_wait_on_the_host(gpu_client, daemon):
     for r in run_members(STREAM_ORDERED, daemon, 2):
         assert r["busy"], "the call waited for the stream on the host"
         assert r["psum_ok"] and r["after_ok"], r
+
+
+def test_the_training_example_on_gpus_prints_the_cpu_runs_losses(gpu_client, daemon):
+    # 4 processes on one GPU against 4 on the CPU: at every logged step each
+    # run's processes agree exactly, and the runs agree to the 6 printed
+    # decimals (both compute float32 products at full precision; the
+    # devices' summation orders differ, so the last bits may).
+    _require_jax_gpu()
+    gpu = run_training_example(daemon, 4, 31, "--device=gpu")
+    cpu = run_training_example(daemon, 4, 31, "--device=cpu")
+    for step in sorted(cpu):
+        assert len(set(gpu[step].values())) == 1, f"GPU run, step {step}: {gpu[step]}"
+        assert len(set(cpu[step].values())) == 1, f"CPU run, step {step}: {cpu[step]}"
+        assert abs(float(gpu[step][0]) - float(cpu[step][0])) <= 2e-6, (step, gpu, cpu)
