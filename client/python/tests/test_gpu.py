@@ -418,3 +418,40 @@ def test_the_training_example_on_gpus_prints_the_cpu_runs_losses(gpu_client, dae
         assert len(set(gpu[step].values())) == 1, f"GPU run, step {step}: {gpu[step]}"
         assert len(set(cpu[step].values())) == 1, f"CPU run, step {step}: {cpu[step]}"
         assert abs(float(gpu[step][0]) - float(cpu[step][0])) <= 2e-6, (step, gpu, cpu)
+
+
+KILLED = """
+    import signal
+    c = collectived.connect(socket=SOCK)
+    mesh = c.join_mesh("gpu-killed", {"i": N}, coordinate=[RANK], timeout=30)
+    x = mesh.empty((16 << 20,), np.float32, device="cuda:0")  # 64 MiB of GPU memory
+    mesh.barrier()
+    if RANK == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # holding its GPU buffer, before its op
+    try:
+        mesh.psum(x, "i")
+        emit(error=None)
+    except collectived.Error as e:
+        emit(error=type(e).__name__, message=str(e))
+"""
+
+
+def test_a_member_killed_on_gpu_aborts_the_others_and_its_memory_is_freed(gpu_client, daemon):
+    import time
+    from members import collect, result, start
+    torch = pytest.importorskip("torch")
+    torch.cuda.init()
+    free_before, _ = torch.cuda.mem_get_info()
+    procs = [start(KILLED, daemon, 2, rank) for rank in range(2)]
+    deadline = time.monotonic() + 60
+    (rc0, out0, err0), (rc1, _, _) = [collect(p, deadline) for p in procs]
+    assert rc1 == -9, "member 1 was to be killed"
+    assert rc0 == 0, out0 + err0
+    r = result(out0)
+    assert r["error"] == "Aborted" and "member 1" in r["message"], r
+    # Both members' buffers are freed: the killed one's by the daemon.
+    deadline = time.monotonic() + 20
+    while torch.cuda.mem_get_info()[0] < free_before - (16 << 20) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert torch.cuda.mem_get_info()[0] >= free_before - (16 << 20), \
+        (free_before, torch.cuda.mem_get_info()[0])
