@@ -11,7 +11,8 @@
 # benchmark rows of bench/gpu_bench.sh, run after the tests in the time left)
 # and grpc_ratio.txt (bench/grpc_ratio.sh, if time is left after them), and
 # python.log (part of the Python SDK's suite, where the build or the bundle
-# has the SDK for this machine's python3). Exit status: 0
+# has the SDK for this machine's python3) and jax_gpu_perf.txt (what a jitted
+# psum adds to a step on the GPU, before the other benchmarks). Exit status: 0
 # when the build succeeded and no test failed; 1 when a test failed; 2 when
 # the build (or its prerequisites) failed.
 #
@@ -398,6 +399,19 @@ fi
 # (bench/README.md, "GPU rows"). Run whatever the tests said, within what is
 # left of the 8 minutes.
 bench_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
+# First what a jitted collectived.jax psum adds to a step on this GPU
+# (bench/python/jax_gpu_perf.py, K = 2, 4, 8), in at most half of what is left.
+if [ -f "$build/python/collectived/__init__.py" ] && ((python_status == 0)) && ((bench_left >= 60)); then
+  jax_left=$(( bench_left / 2 < 150 ? bench_left / 2 : 150 ))
+  echo "== collectived.jax on the GPU (bench/python/jax_gpu_perf.py, at most $jax_left s) =="
+  COLLECTIVED_BIN="$build/daemon/collectived" PYTHONPATH="$build/python" \
+    timeout "$((jax_left + 15))" python3 "$here/bench/python/jax_gpu_perf.py" --members 2,4,8 \
+    --sizes 8,64K,1M,16M,256M --iters 30 --timeout "$((jax_left / 3))" \
+    >"$out/jax_gpu_perf.txt" 2>&1 ||
+    echo "jax_gpu_perf: failed or cut off (in full: $out/jax_gpu_perf.txt)"
+  grep -v '^#' "$out/jax_gpu_perf.txt" | head -n 20
+  bench_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
+fi
 if ((bench_left >= 30)); then
   echo "== GPU benchmarks (bench/gpu_bench.sh, at most $bench_left s) =="
   if ! timeout "$bench_left" "$here/bench/gpu_bench.sh" "$out/bench" "$build"; then
