@@ -187,7 +187,7 @@ def _as_array(x: Any) -> np.ndarray:
     """x as a numpy array: itself, a zero-copy view through DLPack (torch,
     jax and cupy-on-host arrays, anything with ``__dlpack__``), or
     ``np.asarray(x)``. A DeviceArray stays itself (GPU memory)."""
-    if isinstance(x, (np.ndarray, DeviceArray)):
+    if isinstance(x, (np.ndarray, DeviceArray)) or _on_gpu(x):
         return x
     if hasattr(x, "__dlpack__"):
         try:
@@ -219,6 +219,37 @@ def _locate(a: np.ndarray, client: "Client") -> Optional[Tuple["_ext.Buffer", in
 _DLPACK_KIND = {"b": 6, "i": 0, "u": 1, "f": 2}
 _DLPACK_NAMED = {"bfloat16": 4, "float8_e4m3fn": 10, "float8_e5m2": 12}
 _KDLCUDA = 2
+
+
+_DLPACK_DTYPES = {(0, 8): np.int8, (0, 32): np.int32, (0, 64): np.int64, (1, 8): np.uint8,
+                  (1, 32): np.uint32, (1, 64): np.uint64, (2, 16): np.float16,
+                  (2, 32): np.float32, (2, 64): np.float64, (6, 8): np.bool_}
+
+
+def _writable_gpu(a: Any) -> bool:
+    """Whether an op may write its result into a staged GPU array: not into
+    JAX's (immutable) arrays."""
+    return not type(a).__module__.startswith(("jax", "jaxlib"))
+
+
+def _on_gpu(a: Any) -> bool:
+    """Whether a is a CUDA array of another library (torch, cupy, JAX on a
+    GPU: DLPack's kDLCUDA), which ops stage through a GPU buffer."""
+    if isinstance(a, (np.ndarray, DeviceArray)) or not hasattr(a, "__dlpack_device__"):
+        return False
+    try:
+        return int(a.__dlpack_device__()[0]) == _KDLCUDA
+    except Exception:  # not a device we know
+        return False
+
+
+def _dlpack_dtype(code: int, bits: int) -> np.dtype:
+    named = {v: k for k, v in _DLPACK_NAMED.items()}
+    if (code, bits) in _DLPACK_DTYPES:
+        return np.dtype(_DLPACK_DTYPES[(code, bits)])
+    if bits in (8, 16) and code in named:
+        return _dtype(named[code])
+    raise InvalidArgument(f"DLPack type (code {code}, {bits} bits) is not a collectived dtype")
 
 
 class DeviceArray:
@@ -446,6 +477,7 @@ class Client:
         self._ext = ext
         self._pool_lock = threading.Lock()
         self._pool: Dict[int, List[np.ndarray]] = {}
+        self._gpu_pool: Dict[Tuple[str, int], List["DeviceArray"]] = {}
 
     def __enter__(self) -> "Client":
         return self
@@ -541,6 +573,37 @@ class Client:
             if free:
                 return free.pop()
         return self.buffer(cls)
+
+    def _stage_gpu(self, a: Any) -> Tuple["DeviceArray", "DeviceArray"]:
+        """A CUDA array of another library copied into a pooled GPU buffer
+        on its GPU: (a DeviceArray of a's shape and dtype there, the block
+        to give back with _unstage_gpu once the op completed)."""
+        ptr, shape, code, bits, lanes, _, ordinal, contiguous = _ext.dlpack_info(a)
+        if lanes != 1 or not contiguous:
+            raise InvalidArgument(f"the GPU array ({type(a).__name__}) must be C-contiguous "
+                                  "with one value per element to be staged")
+        dtype = _dlpack_dtype(code, bits)
+        _code(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        device = _ext.gpu_name(ordinal)
+        cls = max(4096, 1 << max(0, nbytes - 1).bit_length())
+        with self._pool_lock:
+            free = self._gpu_pool.get((device, cls))
+            block = free.pop() if free else None
+        if block is None:
+            block = self.buffer(cls, device=device)
+        if nbytes:
+            _ext.device_copy(block.ptr, ptr, nbytes)
+        return DeviceArray(block._buf, 0, tuple(shape), dtype), block
+
+    def _unstage_gpu(self, block: "DeviceArray") -> None:
+        # As _unstage: a few blocks per size class and GPU, none above 64 MiB.
+        if block.nbytes > (64 << 20):
+            return
+        with self._pool_lock:
+            free = self._gpu_pool.setdefault((block.device, block.nbytes), [])
+            if len(free) < 4:
+                free.append(block)
 
     def _unstage(self, block: np.ndarray) -> None:
         # Up to 4 blocks per size class, none above 64 MiB: a one-off large
@@ -673,7 +736,7 @@ class Mesh:
                 inplace: bool = True, perm=(), a: int = 0, b: int = 0,
                 tiled: bool = False, stream: Any = None) -> Future:
         names = _axes(axes)
-        if stream is not None and not isinstance(x, DeviceArray):
+        if stream is not None and not isinstance(x, DeviceArray) and not _on_gpu(x):
             raise InvalidArgument(
                 "stream= orders ops on GPU arrays (collectived.DeviceArray) with a CUDA stream; "
                 f"x is {'no array (a barrier)' if x is None else type(x).__name__}")
@@ -681,7 +744,7 @@ class Mesh:
             return Future(self._ext.submit(kind, None, 0, [], 0, names, None, 0, [], 0, [], 0, 0,
                                            False), None)
         x = _as_array(x)
-        if isinstance(x, DeviceArray) or isinstance(out, DeviceArray):
+        if isinstance(x, DeviceArray) or isinstance(out, DeviceArray) or _on_gpu(x):
             return self._submit_device(kind, x, names, out=out, out_shape=out_shape,
                                        inplace=inplace, perm=perm, a=a, b=b, tiled=tiled,
                                        stream=stream)
@@ -740,7 +803,15 @@ class Mesh:
         nothing staged. Without ``out``, the result is x itself (in place)
         or a new DeviceArray on x's GPU. With ``stream``, stream-ordered."""
         handle = 0 if stream is None else _stream_handle(stream)
-        if not isinstance(x, DeviceArray):
+        foreign, block = None, None
+        if _on_gpu(x):
+            if stream is not None:
+                raise InvalidArgument(
+                    f"stream= takes DeviceArrays: x is a {type(x).__name__} on a GPU; copy it "
+                    "into mesh.empty(..., device=...) on your stream first")
+            foreign = x
+            x, block = self._client._stage_gpu(x)
+        elif not isinstance(x, DeviceArray):
             raise InvalidArgument(
                 "out is a DeviceArray (GPU memory) and x is not: give both in GPU buffers "
                 "(Client.empty(..., device=...)), or both on the host")
@@ -762,10 +833,28 @@ class Mesh:
                                [tuple(p) for p in perm], int(a), int(b), bool(tiled),
                                handle)
         target = out if out is not None else x
+        client = self._client
 
-        def finish(ext: "_ext.Future") -> DeviceArray:
-            shape = tuple(ext.out_shape)
-            return target if target.shape == shape else target.reshape(shape)
+        def finish(ext: "_ext.Future") -> Any:
+            try:
+                shape = tuple(ext.out_shape)
+                result = target if target.shape == shape else target.reshape(shape)
+                if foreign is None or target is not x:
+                    return result
+                # In place on a staged array: back into it where it is
+                # writable (torch, cupy), else into a new DeviceArray (JAX's
+                # arrays are immutable).
+                dest = (foreign if _writable_gpu(foreign) else
+                        client.empty(shape, result.dtype, device=result.device))
+                if dest is foreign:
+                    ptr = _ext.dlpack_info(foreign)[0]
+                else:
+                    ptr = dest.ptr
+                _ext.device_copy(ptr, result.ptr, result.nbytes)
+                return dest
+            finally:
+                if block is not None:
+                    client._unstage_gpu(block)
 
         return Future(fut, finish)
 
@@ -776,7 +865,7 @@ class Mesh:
         on x itself when x is one and in place, else on a copy of x in the
         mesh's staging buffer, whose result is copied into x (in place) or
         a new array (no shared buffer is allocated per call)."""
-        if out is None and not isinstance(x, DeviceArray):
+        if out is None and not isinstance(x, DeviceArray) and not _on_gpu(x):
             if inplace and self._ext.run_in_place(kind, x, axes):
                 return x  # in place in a shared buffer, without the general path
             arr = _as_array(x)

@@ -1,6 +1,13 @@
 #include "bridge.h"
 
 #include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+#include "common/cuda/driver.h"
+#endif
 
 namespace collectived::python {
 
@@ -28,6 +35,29 @@ absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes, std::stri
   if (buffer.valid()) client.Free(buffer).IgnoreError();  // the session end frees it otherwise
   buffer = std::move(*grown);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GpuName(int ordinal) {
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* names = new std::map<int, std::string>();  // never destroyed
+  absl::MutexLock lock(&mu);
+  auto it = names->find(ordinal);
+  if (it != names->end()) return it->second;
+  absl::StatusOr<std::vector<cuda::DeviceInfo>> devices = cuda::ListDevices();
+  if (!devices.ok()) return devices.status();
+  for (const cuda::DeviceInfo& d : *devices) {
+    if (d.ordinal == ordinal) {
+      return names->emplace(ordinal, absl::StrCat("cuda:", d.uuid)).first->second;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("CUDA device ", ordinal, " is not one of this "
+                                          "process's: ", cuda::DescribeDevices(*devices)));
+#else
+  return absl::UnimplementedError(absl::StrCat(
+      "CUDA device ", ordinal, ": this Python module was built without CUDA (pip install "
+      "./client/python builds it so; the project's CUDA build has it)"));
+#endif
 }
 
 int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry) {

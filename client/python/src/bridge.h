@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "collectived/client.h"
 
@@ -64,6 +66,10 @@ struct MeshEntry {
 // old one is freed).
 absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes,
                          std::string_view device = "");
+
+// The daemon's name ("cuda:GPU-<uuid>") of the CUDA device `ordinal` of this
+// process; UNIMPLEMENTED in a module built without CUDA.
+absl::StatusOr<std::string> GpuName(int ordinal);
 
 // Registers a mesh; returns its handle (> 0, never reused in the process).
 int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry);

@@ -37,7 +37,6 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/match.h"
-#include "common/cuda/driver.h"
 #endif
 
 namespace collectived::python {
@@ -342,21 +341,7 @@ absl::StatusOr<std::string> GpuOf(const void* p) {
   if (attr.type != cudaMemoryTypeDevice) {
     return absl::InvalidArgumentError("XLA's operand is not device memory on a CUDA GPU");
   }
-  static absl::Mutex mu(absl::kConstInit);
-  static auto* names = new std::map<int, std::string>();  // by ordinal; never destroyed
-  absl::MutexLock lock(&mu);
-  auto it = names->find(attr.device);
-  if (it != names->end()) return it->second;
-  absl::StatusOr<std::vector<cuda::DeviceInfo>> devices = cuda::ListDevices();
-  if (!devices.ok()) return devices.status();
-  for (const cuda::DeviceInfo& d : *devices) {
-    if (d.ordinal == attr.device) {
-      return names->emplace(attr.device, absl::StrCat("cuda:", d.uuid)).first->second;
-    }
-  }
-  return absl::NotFoundError(absl::StrCat("XLA's operand is on CUDA device ", attr.device,
-                                          ", which this process does not list: ",
-                                          cuda::DescribeDevices(*devices)));
+  return GpuName(attr.device);
 }
 
 // The first failure among the mesh's completed stream-ordered ops, which

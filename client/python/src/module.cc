@@ -23,6 +23,9 @@
 #include <utility>
 #include <vector>
 
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -606,6 +609,60 @@ NB_MODULE(_collectived, m) {
       "The XLA FFI handler of collectived.jax for the CUDA platform as a PyCapsule; None when "
       "this module was built without jaxlib's FFI headers or without CUDA.");
   m.attr("__version__") = COLLECTIVED_VERSION;
+  m.def(
+      "dlpack_info",
+      [](nb::ndarray<> a) {
+        // Any DLPack producer, on any device (nanobind asks for the capsule
+        // without a stream: a CUDA producer orders its pending work before
+        // the legacy default stream). Nothing is copied or dereferenced.
+        std::vector<int64_t> shape(a.ndim());
+        bool contiguous = true;
+        int64_t expect = 1;
+        for (size_t i = a.ndim(); i-- > 0;) {
+          shape[i] = static_cast<int64_t>(a.shape(i));
+          if (a.shape(i) != 1 && a.stride(i) != expect) contiguous = false;
+          expect *= static_cast<int64_t>(a.shape(i));
+        }
+        return nb::make_tuple(reinterpret_cast<uintptr_t>(a.data()), shape, a.dtype().code,
+                              a.dtype().bits, a.dtype().lanes, a.device_type(), a.device_id(),
+                              contiguous);
+      },
+      nb::arg("array"),
+      "(address, shape, DLPack type code, bits, lanes, device type, device id, "
+      "C-contiguous) of a DLPack-exporting array.");
+  m.def(
+      "device_copy",
+      [](uintptr_t dst, uintptr_t src, size_t bytes) {
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+        cudaError_t e = cudaSuccess;
+        {
+          nb::gil_scoped_release unlocked;
+          e = cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+                              bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy);
+          if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+        }
+        if (e != cudaSuccess) {
+          Raise(absl::InternalError(absl::StrCat("copying ", bytes, " B between GPU arrays: ",
+                                                 cudaGetErrorName(e), ": ",
+                                                 cudaGetErrorString(e))));
+        }
+#else
+        Raise(absl::UnimplementedError(absl::StrCat(
+            "copying ", bytes, " B between GPU arrays (", dst, " <- ", src,
+            "): this Python module was built without CUDA")));
+#endif
+      },
+      nb::arg("dst"), nb::arg("src"), nb::arg("bytes"),
+      "Copies bytes from device address src to dst on the legacy default stream and waits "
+      "for it.");
+  m.def(
+      "gpu_name",
+      [](int ordinal) {
+        absl::StatusOr<std::string> name = GpuName(ordinal);
+        Check(name.status());
+        return *name;
+      },
+      nb::arg("ordinal"), "The daemon's name (cuda:GPU-<uuid>) of this process's CUDA device.");
   m.def(
       "device_ndarray",
       [](uintptr_t address, std::vector<size_t> shape, uint8_t code, uint8_t bits, int device_id,

@@ -220,6 +220,43 @@ def test_stream_ordered_ops_take_gpu_arrays_only(daemon):
         assert mesh.psum(host, "i").tolist() == [1, 1, 1, 1]
 
 
+def test_gpu_arrays_of_other_libraries_are_recognized_and_described():
+    from collectived import _dlpack_dtype, _on_gpu
+    from collectived import _collectived as ext
+
+    class CudaArray:  # what torch and cupy arrays on a GPU say of themselves
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    class Broken:
+        def __dlpack_device__(self):
+            raise RuntimeError("no")
+
+    assert _on_gpu(CudaArray())
+    assert not _on_gpu(np.zeros(3)) and not _on_gpu(Broken()) and not _on_gpu([1, 2])
+    assert not _on_gpu(_device_array((2,), np.float32))  # ours: not staged
+    for dtype, (code, bits) in DLPACK_TYPES.items():
+        assert _dlpack_dtype(code, bits) == np.dtype(dtype)
+    with pytest.raises(collectived.InvalidArgument, match="not a collectived dtype"):
+        _dlpack_dtype(5, 64)  # complex
+    # What the staging reads of a DLPack array: address, shape, type, device,
+    # contiguity (here of host arrays; nothing is dereferenced).
+    a = np.zeros((3, 4), np.int32)
+    assert ext.dlpack_info(a) == (a.ctypes.data, [3, 4], 0, 32, 1, 1, 0, True)
+    assert ext.dlpack_info(a.T)[-1] is False
+
+
+def test_gpu_arrays_of_other_libraries_take_no_stream(daemon):
+    class CudaArray:
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with collectived.connect(socket=daemon) as c:
+        mesh = c.join_mesh("foreign", {"i": 1}, timeout=10)
+        with pytest.raises(collectived.InvalidArgument, match="stream= takes DeviceArrays"):
+            mesh.psum_async(CudaArray(), "i", stream=0x4000)
+
+
 # ---------------------------------------------------------------------------
 # With a GPU.
 
@@ -455,3 +492,30 @@ def test_a_member_killed_on_gpu_aborts_the_others_and_its_memory_is_freed(gpu_cl
         time.sleep(0.1)
     assert torch.cuda.mem_get_info()[0] >= free_before - (16 << 20), \
         (free_before, torch.cuda.mem_get_info()[0])
+
+
+FOREIGN = """
+    import torch
+    import jax, jax.numpy as jnp
+    c = collectived.connect(socket=SOCK)
+    mesh = c.join_mesh("gpu-foreign", {"i": N}, coordinate=[RANK], timeout=60)
+    t = torch.arange(1000, dtype=torch.float32, device="cuda") + RANK
+    y = mesh.psum(t, "i")  # staged through a GPU buffer, written back into t
+    same = y is t
+    g = mesh.all_gather(t[:10].clone(), "i")  # out of place: a new DeviceArray
+    j = mesh.pmax(jax.device_put(jnp.full((5,), RANK, jnp.int32), jax.devices("gpu")[0]), "i")
+    want = N * torch.arange(1000, dtype=torch.float32) + N * (N - 1) / 2
+    emit(same=same, psum_ok=bool((t.cpu() == want).all()), gather=type(g).__name__,
+         gather_ok=bool((torch.from_dlpack(g).cpu() == torch.stack([want[:10]] * N)).all()),
+         jax=type(j).__name__, jax_ok=torch.from_dlpack(j).cpu().tolist() == [N - 1] * 5)
+"""
+
+
+def test_torch_and_jax_gpu_arrays_are_staged_through_gpu_buffers(gpu_client, daemon, monkeypatch):
+    pytest.importorskip("torch")
+    _require_jax_gpu()
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    for r in run_members(FOREIGN, daemon, 2, timeout=120):
+        assert r["same"] and r["psum_ok"], r  # in place: the tensor itself, updated
+        assert r["gather"] == "DeviceArray" and r["gather_ok"], r
+        assert r["jax"] == "DeviceArray" and r["jax_ok"], r  # JAX arrays are immutable
