@@ -577,38 +577,9 @@ class PyClient {
   std::shared_ptr<Reclaim> reclaim_;
 };
 
-}  // namespace
-}  // namespace collectived::python
-
-NB_MODULE(_collectived, m) {
-  using namespace collectived;
-  using namespace collectived::python;
-  m.doc() = "collectived's C++ SDK, as the collectived package uses it (not a public API).";
-
-  m.def(
-      "locate",
-      [](uintptr_t address, size_t bytes,
-         PyClient& client) -> std::optional<std::pair<nb::object, size_t>> {
-        auto [buffer, start] = Registry::Get().Find(address, bytes, client.reclaim());
-        if (buffer == nullptr) return std::nullopt;
-        return std::make_pair(nb::find(buffer), static_cast<size_t>(address - start));
-      },
-      "(Buffer, byte offset) of client's buffer holding [address, address + bytes), or None.");
-
-  // A handler as jax.ffi.register_ffi_target takes it; None for null.
-  auto capsule_or_none = [](void* handler) -> nb::object {
-    if (handler == nullptr) return nb::none();
-    return nb::capsule(handler);
-  };
-  m.def(
-      "jax_ffi_handler", [=] { return capsule_or_none(JaxFfiHandler()); },
-      "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
-      "built without jaxlib's FFI headers.");
-  m.def(
-      "jax_ffi_cuda_handler", [=] { return capsule_or_none(JaxFfiCudaHandler()); },
-      "The XLA FFI handler of collectived.jax for the CUDA platform as a PyCapsule; None when "
-      "this module was built without jaxlib's FFI headers or without CUDA.");
-  m.attr("__version__") = COLLECTIVED_VERSION;
+// The helpers of GPU arrays (collectived.DeviceArray and the staging of other
+// libraries' GPU arrays).
+void DefineGpuHelpers(nb::module_& m) {
   m.def(
       "dlpack_info",
       [](nb::ndarray<> a) {
@@ -678,6 +649,41 @@ NB_MODULE(_collectived, m) {
       nb::arg("device_id"), nb::arg("owner"),
       "A DLPack-exporting view (__dlpack__, __dlpack_device__) of CUDA memory at address on "
       "device_id, with DLPack type (code, bits); it keeps owner alive.");
+}
+
+}  // namespace
+}  // namespace collectived::python
+
+NB_MODULE(_collectived, m) {
+  using namespace collectived;
+  using namespace collectived::python;
+  m.doc() = "collectived's C++ SDK, as the collectived package uses it (not a public API).";
+
+  m.def(
+      "locate",
+      [](uintptr_t address, size_t bytes,
+         PyClient& client) -> std::optional<std::pair<nb::object, size_t>> {
+        auto [buffer, start] = Registry::Get().Find(address, bytes, client.reclaim());
+        if (buffer == nullptr) return std::nullopt;
+        return std::make_pair(nb::find(buffer), static_cast<size_t>(address - start));
+      },
+      "(Buffer, byte offset) of client's buffer holding [address, address + bytes), or None.");
+
+  // A handler as jax.ffi.register_ffi_target takes it; None for null.
+  auto capsule_or_none = [](void* handler) -> nb::object {
+    if (handler == nullptr) return nb::none();
+    return nb::capsule(handler);
+  };
+  m.def(
+      "jax_ffi_handler", [=] { return capsule_or_none(JaxFfiHandler()); },
+      "The XLA FFI handler of collectived.jax as a PyCapsule; None when this module was "
+      "built without jaxlib's FFI headers.");
+  m.def(
+      "jax_ffi_cuda_handler", [=] { return capsule_or_none(JaxFfiCudaHandler()); },
+      "The XLA FFI handler of collectived.jax for the CUDA platform as a PyCapsule; None when "
+      "this module was built without jaxlib's FFI headers or without CUDA.");
+  m.attr("__version__") = COLLECTIVED_VERSION;
+  DefineGpuHelpers(m);
   m.def("jax_watch_interrupts", &WatchInterrupts,
         "Puts collectived.jax's SIGINT watch in front of Python's handler, so that Ctrl-C "
         "reaches calls waiting inside jitted functions.");
