@@ -380,12 +380,18 @@ grep -E '^[0-9]+% tests passed|tests failed out of|^Total Test time' "$out/ctest
 python_status=0
 bundle_python="${bundle_python:-}"
 if [ -f "$build/python/collectived/__init__.py" ]; then
-  echo "== Python SDK ($build/python, at most 120 s) =="
+  # What is left of the whole check's time, at most 240 s, at least 60.
+  py_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
+  ((py_left <= 240)) || py_left=240
+  ((py_left >= 60)) || py_left=60
+  echo "== Python SDK ($build/python, at most $py_left s) =="
   if ! why="$(PYTHONPATH="$build/python" python3 -c 'import collectived, collectived.jax' 2>&1)"; then
     echo "not run: python3 ($(python3 -V 2>&1)) cannot import it${bundle_python:+ (the bundle holds it for Python $bundle_python)}: $(tail -n 1 <<<"$why")"
   else
-    COLLECTIVED_BIN="$build/daemon/collectived" PYTHONPATH="$build/python" COLLECTIVED_REQUIRE_GPU=1 \
-      timeout 120 python3 -m pytest -q -rfEs -p no:cacheprovider "$here/client/python/tests" \
+    # Processes share the GPU: JAX in none of them takes most of its memory.
+    XLA_PYTHON_CLIENT_PREALLOCATE=false COLLECTIVED_BIN="$build/daemon/collectived" \
+      PYTHONPATH="$build/python" COLLECTIVED_REQUIRE_GPU=1 \
+      timeout "$py_left" python3 -m pytest -q -rfEs -p no:cacheprovider "$here/client/python/tests" \
       -k "gpu or every_op_and_dtype_matches_numpy or typed_exceptions or training_example" \
       >"$out/python.log" 2>&1
     python_status=$?

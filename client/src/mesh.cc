@@ -150,45 +150,57 @@ std::string Mesh::member_reads() const {
   return member_side_->ops->reads();
 }
 
-absl::Status Mesh::set_stream(void* stream) {
+absl::Status Mesh::EnsureStreamOrder() {
 #ifdef COLLECTIVED_HAVE_CUDA
+  if (stream_order_ready_.load(std::memory_order_acquire)) return absl::OkStatus();
+  // Once per mesh at most: one lock for every mesh of the process.
+  static Mutex* init_mu = new Mutex();  // never destroyed
+  MutexLock init(init_mu);
+  if (stream_order_ != nullptr) return absl::OkStatus();
+  auto words = client_->Allocate(StreamOrder::kBytes, "");
+  if (!words.ok()) return words.status();
+  auto order = std::make_shared<StreamOrder>();
+  order->words = *std::move(words);
+  auto registered = RegisteredHostWords::Register(order->words.data(), StreamOrder::kBytes);
+  if (!registered.ok()) {
+    client_->Free(order->words).IgnoreError();  // best effort; the session end frees it too
+    return registered.status();
+  }
+  order->registered = *std::move(registered);
+  stream_order_ = std::move(order);
+  stream_order_ready_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+#else
+  return absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA");
+#endif
+}
+
+absl::Status Mesh::set_stream(void* stream) {
   if (stream == nullptr) {
-    if (stream_order_ != nullptr) {
+    if (stream_order_ready_.load(std::memory_order_acquire)) {
       MutexLock lock(&stream_order_->mu);
       stream_order_->stream = nullptr;
     }
     return absl::OkStatus();
   }
-  if (stream_order_ == nullptr) {
-    auto words = client_->Allocate(StreamOrder::kBytes, "");
-    if (!words.ok()) return words.status();
-    auto order = std::make_shared<StreamOrder>();
-    order->words = *std::move(words);
-    auto registered = RegisteredHostWords::Register(order->words.data(), StreamOrder::kBytes);
-    if (!registered.ok()) {
-      client_->Free(order->words).IgnoreError();  // best effort; the session end frees it too
-      return registered.status();
-    }
-    order->registered = *std::move(registered);
-    stream_order_ = std::move(order);
-  }
-  StreamOrder& so = *stream_order_;
-  MutexLock lock(&so.mu);
-  so.stream = stream;
-  if (std::find(so.used_streams.begin(), so.used_streams.end(), stream) == so.used_streams.end()) {
-    so.used_streams.push_back(stream);
-  }
+  if (absl::Status st = EnsureStreamOrder(); !st.ok()) return st;
+  MutexLock lock(&stream_order_->mu);
+  stream_order_->stream = stream;
   return absl::OkStatus();
-#else
-  if (stream == nullptr) return absl::OkStatus();
-  return absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA");
-#endif
 }
 
 void* Mesh::stream() const {
-  if (stream_order_ == nullptr) return nullptr;
+  if (!stream_order_ready_.load(std::memory_order_acquire)) return nullptr;
   MutexLock lock(&stream_order_->mu);
   return stream_order_->stream;
+}
+
+OpFuture Mesh::submit(const Collective& op, void* stream) {
+  if (stream == nullptr) return submit(op);
+  const internal::OpArgs args = internal::ArgsOf(op);
+  if (absl::Status st = internal::CheckArgs(args); !st.ok()) return FailedOp(std::move(st));
+  if (absl::Status st = EnsureStreamOrder(); !st.ok()) return FailedOp(std::move(st));
+  return Submit(OpRequest{internal::SpecOf(id_, args)}, stream);
 }
 
 OpFuture Mesh::FailedOp(absl::Status status) const {
@@ -213,26 +225,29 @@ absl::Status ReenteredFromInterruptCheck() {
 
 }  // namespace
 
-OpFuture Mesh::Submit(const OpRequest& request) {
+OpFuture Mesh::Submit(const OpRequest& request, void* stream) {
   if (!request.error.ok()) return FailedOp(request.error);
-  if (member_side_ == nullptr) return Dispatch(request);
+  if (member_side_ == nullptr) return Dispatch(request, stream);
   if (t_waiting_in == member_side_.get()) return FailedOp(ReenteredFromInterruptCheck());
   MutexLock lock(&member_side_->mu);
-  OpFuture f = Dispatch(request);
+  OpFuture f = Dispatch(request, stream);
   member_side_->Track(f);
   return f;
 }
 
-OpFuture Mesh::Dispatch(const OpRequest& request) {
-  if (stream() != nullptr) return SubmitOnStream(request);
+OpFuture Mesh::Dispatch(const OpRequest& request, void* stream) {
+  if (stream == nullptr) stream = this->stream();
+  if (stream != nullptr) return SubmitOnStream(request, stream);
   return client_->Submit(request.spec, op_deadline_);
 }
 
-OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
+OpFuture Mesh::SubmitOnStream(const OpRequest& request, void* stream) {
 #ifdef COLLECTIVED_HAVE_CUDA
-  StreamOrder& so = *stream_order_;
+  StreamOrder& so = *stream_order_;  // EnsureStreamOrder made it (stream is not null)
   MutexLock lock(&so.mu);
-  if (so.stream == nullptr) return client_->Submit(request.spec, op_deadline_);
+  if (std::find(so.used_streams.begin(), so.used_streams.end(), stream) == so.used_streams.end()) {
+    so.used_streams.push_back(stream);
+  }
   const uint64_t v = ++so.next;
   const uint64_t slot = v % StreamOrder::kSlots;
   // The slot's previous op must be over (its done word raised) before the
@@ -252,7 +267,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   }
   const size_t ready_offset = slot * sizeof(uint64_t);
   const size_t done_offset = (StreamOrder::kSlots + slot) * sizeof(uint64_t);
-  if (absl::Status st = so.registered->WriteOnStream(so.stream, ready_offset, v); !st.ok()) {
+  if (absl::Status st = so.registered->WriteOnStream(stream, ready_offset, v); !st.ok()) {
     so.Release(v);  // nothing waits on it, but keep the slot's words in step
     return FailedOp(st);
   }
@@ -269,7 +284,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   // The daemon raises the done word whatever the outcome; when it cannot (it
   // is gone, or the SDK failed the op before the daemon saw it), this does.
   f.state_->OnFailure([order = stream_order_, v] { order->Release(v); });
-  if (absl::Status st = so.registered->WaitOnStream(so.stream, done_offset, v); !st.ok()) {
+  if (absl::Status st = so.registered->WaitOnStream(stream, done_offset, v); !st.ok()) {
     // The stream cannot wait: wait here, so work enqueued after the call
     // still runs after the op.
     f.Wait().IgnoreError();
@@ -277,6 +292,7 @@ OpFuture Mesh::SubmitOnStream(const OpRequest& request) {
   return f;
 #else
   (void)request;
+  (void)stream;
   return FailedOp(absl::UnimplementedError("stream-ordered submission needs the SDK built with CUDA"));
 #endif
 }

@@ -485,6 +485,12 @@ class Mesh {
   absl::Status set_stream(void* stream);
   // The stream set by set_stream (null: none).
   void* stream() const;
+  // One op ordered with `stream` as set_stream(stream) orders ops, whatever
+  // set_stream says and without changing it: for callers that share the
+  // Mesh with threads whose ops are not ordered with that stream (other ops
+  // may run concurrently). The stream's rules and the errors are
+  // set_stream's and submit's; a null stream is submit(op).
+  OpFuture submit(const Collective& op, void* stream);
 
   // A zeroed buffer of host memory that every member of this mesh maps:
   // results written once for the whole mesh. Every member calls it the same
@@ -527,10 +533,13 @@ class Mesh {
   // Submits the op `args` describes (client/src/op_spec.h), or fails it at
   // once when CheckArgs refuses it.
   OpFuture Submit(const internal::OpArgs& args);
-  OpFuture Submit(const OpRequest& request);
-  // Sends `request` to the daemon, stream-ordered or not.
-  OpFuture Dispatch(const OpRequest& request);
-  OpFuture SubmitOnStream(const OpRequest& request);
+  OpFuture Submit(const OpRequest& request, void* stream = nullptr);
+  // Sends `request` to the daemon, ordered with `stream` (null: the one
+  // set_stream set, if any).
+  OpFuture Dispatch(const OpRequest& request, void* stream = nullptr);
+  OpFuture SubmitOnStream(const OpRequest& request, void* stream);
+  // Creates stream_order_ once (the words' buffer, registered with CUDA).
+  absl::Status EnsureStreamOrder();
   // Runs the op `args` describes and waits for it: member-side when it can,
   // else through the daemon.
   absl::Status Run(const internal::OpArgs& args);
@@ -554,7 +563,10 @@ class Mesh {
   absl::Duration op_deadline_;
   std::atomic<bool> left_{false};
   // Shared with the failure hooks of stream-ordered ops still in flight.
+  // Set once (EnsureStreamOrder), then stream_order_ready_: readers look
+  // at that first.
   std::shared_ptr<StreamOrder> stream_order_;
+  std::atomic<bool> stream_order_ready_{false};
   std::unique_ptr<MemberSide> member_side_;  // null: every op goes through the daemon
   absl::Status member_side_status_;          // why member_side_ is null
 };

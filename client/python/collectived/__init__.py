@@ -232,6 +232,17 @@ def _writable_gpu(a: Any) -> bool:
     return not type(a).__module__.startswith(("jax", "jaxlib"))
 
 
+def _gpu_info(a: Any) -> tuple:
+    """_ext.dlpack_info of a CUDA array of another library, exported so that
+    its producer's pending work comes before the legacy default stream
+    (DLPack's stream=1), where the staging copies run."""
+    try:
+        capsule = a.__dlpack__(stream=1)
+    except TypeError:  # a producer without the stream argument
+        capsule = a.__dlpack__()
+    return _ext.dlpack_info(capsule)
+
+
 def _on_gpu(a: Any) -> bool:
     """Whether a is a CUDA array of another library (torch, cupy, JAX on a
     GPU: DLPack's kDLCUDA), which ops stage through a GPU buffer."""
@@ -247,7 +258,7 @@ def _dlpack_dtype(code: int, bits: int) -> np.dtype:
     named = {v: k for k, v in _DLPACK_NAMED.items()}
     if (code, bits) in _DLPACK_DTYPES:
         return np.dtype(_DLPACK_DTYPES[(code, bits)])
-    if bits in (8, 16) and code in named:
+    if code in named and bits == (16 if named[code] == "bfloat16" else 8):
         return _dtype(named[code])
     raise InvalidArgument(f"DLPack type (code {code}, {bits} bits) is not a collectived dtype")
 
@@ -578,7 +589,7 @@ class Client:
         """A CUDA array of another library copied into a pooled GPU buffer
         on its GPU: (a DeviceArray of a's shape and dtype there, the block
         to give back with _unstage_gpu once the op completed)."""
-        ptr, shape, code, bits, lanes, _, ordinal, contiguous = _ext.dlpack_info(a)
+        ptr, shape, code, bits, lanes, _, ordinal, contiguous = _gpu_info(a)
         if lanes != 1 or not contiguous:
             raise InvalidArgument(f"the GPU array ({type(a).__name__}) must be C-contiguous "
                                   "with one value per element to be staged")
@@ -592,8 +603,12 @@ class Client:
             block = free.pop() if free else None
         if block is None:
             block = self.buffer(cls, device=device)
-        if nbytes:
-            _ext.device_copy(block.ptr, ptr, nbytes)
+        try:
+            if nbytes:
+                _ext.device_copy(block.ptr, ptr, nbytes, block.device_ordinal)
+        except BaseException:
+            self._unstage_gpu(block)
+            raise
         return DeviceArray(block._buf, 0, tuple(shape), dtype), block
 
     def _unstage_gpu(self, block: "DeviceArray") -> None:
@@ -648,6 +663,7 @@ class Mesh:
         self._client = client
         self._ext = ext
         self._sizes = dict(ext.axes)
+        self._streams: Dict[int, Any] = {}  # stream objects given to stream=, by handle
 
     def __enter__(self) -> "Mesh":
         return self
@@ -803,6 +819,10 @@ class Mesh:
         nothing staged. Without ``out``, the result is x itself (in place)
         or a new DeviceArray on x's GPU. With ``stream``, stream-ordered."""
         handle = 0 if stream is None else _stream_handle(stream)
+        if stream is not None and not isinstance(stream, (int, np.integer)):
+            # The C++ SDK synchronizes every stream it ordered ops with when
+            # the mesh goes: a stream object must live until then.
+            self._streams[handle] = stream
         foreign, block = None, None
         if _on_gpu(x):
             if stream is not None:
@@ -815,23 +835,28 @@ class Mesh:
             raise InvalidArgument(
                 "out is a DeviceArray (GPU memory) and x is not: give both in GPU buffers "
                 "(Client.empty(..., device=...)), or both on the host")
-        code = _code(x.dtype)
-        rdt = _result_dtype(kind, x.dtype)
-        if out is None and (out_shape is not None or not inplace or rdt != x.dtype):
-            out = self._client.empty(out_shape if out_shape is not None else x.shape, rdt,
-                                     x.device)
-        if out is not None and (not isinstance(out, DeviceArray) or out.dtype != rdt):
-            raise InvalidArgument(
-                f"x is a DeviceArray (GPU memory): out must be a DeviceArray of the result's "
-                f"dtype ({rdt}), got {type(out).__name__}"
-                f"{'' if not hasattr(out, 'dtype') else ' of ' + str(out.dtype)}")
-        fut = self._ext.submit(kind, x._buf, x._offset, list(x.shape), code, names,
-                               out._buf if out is not None else None,
-                               out._offset if out is not None else 0,
-                               list(out.shape) if out is not None else [],
-                               _code(rdt) if out is not None else 0,
-                               [tuple(p) for p in perm], int(a), int(b), bool(tiled),
-                               handle)
+        try:
+            code = _code(x.dtype)
+            rdt = _result_dtype(kind, x.dtype)
+            if out is None and (out_shape is not None or not inplace or rdt != x.dtype):
+                out = self._client.empty(out_shape if out_shape is not None else x.shape, rdt,
+                                         x.device)
+            if out is not None and (not isinstance(out, DeviceArray) or out.dtype != rdt):
+                raise InvalidArgument(
+                    f"x is a DeviceArray (GPU memory): out must be a DeviceArray of the result's "
+                    f"dtype ({rdt}), got {type(out).__name__}"
+                    f"{'' if not hasattr(out, 'dtype') else ' of ' + str(out.dtype)}")
+            fut = self._ext.submit(kind, x._buf, x._offset, list(x.shape), code, names,
+                                   out._buf if out is not None else None,
+                                   out._offset if out is not None else 0,
+                                   list(out.shape) if out is not None else [],
+                                   _code(rdt) if out is not None else 0,
+                                   [tuple(p) for p in perm], int(a), int(b), bool(tiled),
+                                   handle)
+        except BaseException:
+            if block is not None:
+                self._client._unstage_gpu(block)
+            raise
         target = out if out is not None else x
         client = self._client
 
@@ -846,12 +871,9 @@ class Mesh:
                 # arrays are immutable).
                 dest = (foreign if _writable_gpu(foreign) else
                         client.empty(shape, result.dtype, device=result.device))
-                if dest is foreign:
-                    ptr = _ext.dlpack_info(foreign)[0]
-                else:
-                    ptr = dest.ptr
-                _ext.device_copy(ptr, result.ptr, result.nbytes)
-                return dest
+                ptr = _gpu_info(foreign)[0] if dest is foreign else dest.ptr
+                _ext.device_copy(ptr, result.ptr, result.nbytes, result.device_ordinal)
+                return dest if tuple(dest.shape) == shape else dest.reshape(shape)
             finally:
                 if block is not None:
                     client._unstage_gpu(block)

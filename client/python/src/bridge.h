@@ -53,6 +53,7 @@ struct MeshEntry {
   Buffer gpu_in ABSL_GUARDED_BY(mu);
   Buffer gpu_out ABSL_GUARDED_BY(mu);
   std::deque<OpFuture> gpu_pending ABSL_GUARDED_BY(mu);
+  void* gpu_stream ABSL_GUARDED_BY(mu) = nullptr;  // the last call's (a cudaStream_t)
 
   ~MeshEntry() {
     absl::MutexLock lock(&mu);

@@ -319,9 +319,9 @@ ffi::Error RunCollective(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int6
 // The CUDA handler: XLA's operand and result are device memory, and XLA's
 // stream orders the call. Per call, all enqueued on that stream, the host
 // never waiting for the GPU: a device-to-device copy of the operand into
-// the mesh's GPU staging buffer, the op submitted stream-ordered
-// (Mesh::set_stream: the daemon reads the input once the stream got there,
-// the stream waits for the result), and a copy of the result into XLA's
+// the mesh's GPU staging buffer, the op submitted ordered with the stream
+// (Mesh::submit(op, stream): the daemon reads the input once the stream got
+// there, the stream waits for the result), and a copy of the result into XLA's
 // output. An op's failure is reported by the next call on the mesh (the
 // call that submitted it has returned by then): that call fails with it.
 
@@ -331,17 +331,15 @@ absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
                                           cudaGetErrorString(e)));
 }
 
-// The daemon's name ("cuda:GPU-<uuid>") of the GPU holding device pointer p.
-absl::StatusOr<std::string> GpuOf(const void* p) {
-  cudaPointerAttributes attr{};
-  if (absl::Status st = CudaStatus(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes");
+// The daemon's name ("cuda:GPU-<uuid>") of the GPU of XLA's stream (where its
+// operands and results are, zero-sized ones included).
+absl::StatusOr<std::string> GpuOf(cudaStream_t stream) {
+  int device = -1;
+  if (absl::Status st = CudaStatus(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
       !st.ok()) {
     return st;
   }
-  if (attr.type != cudaMemoryTypeDevice) {
-    return absl::InvalidArgumentError("XLA's operand is not device memory on a CUDA GPU");
-  }
-  return GpuName(attr.device);
+  return GpuName(device);
 }
 
 // The first failure among the mesh's completed stream-ordered ops, which
@@ -364,16 +362,24 @@ absl::Status RunOnStream(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer o
   MeshEntry& entry = *call.entry;
   absl::MutexLock lock(&entry.mu);
   if (absl::Status st = ReapGpuOps(entry, /*all=*/false); !st.ok()) return st;
-  absl::StatusOr<std::string> gpu = GpuOf(call.in_bytes > 0 ? x.untyped_data()
-                                                            : out.untyped_data());
+  absl::StatusOr<std::string> gpu = GpuOf(stream);
   if (!gpu.ok()) return gpu.status();
   const bool other_gpu =
       entry.gpu_in.valid() && !absl::EqualsIgnoreCase(entry.gpu_in.device(), *gpu);
   const bool grow = (call.in_bytes > 0 && entry.gpu_in.size() < call.in_bytes) ||
                     (!call.in_place && entry.gpu_out.size() < call.out_bytes) || other_gpu;
   if (grow) {
-    // Ops in flight still use the old buffers.
+    // Ops in flight still use the old buffers, and so do the copies of their
+    // results queued after them on the stream of the last call.
     if (absl::Status st = ReapGpuOps(entry, /*all=*/true); !st.ok()) return st;
+    if (entry.gpu_stream != nullptr) {
+      if (absl::Status st = CudaStatus(
+              cudaStreamSynchronize(static_cast<cudaStream_t>(entry.gpu_stream)),
+              "waiting for the last call's copies before replacing the staging buffers");
+          !st.ok()) {
+        return st;
+      }
+    }
     if (other_gpu) {  // staging follows XLA's operands to their GPU
       for (Buffer* b : {&entry.gpu_in, &entry.gpu_out}) {
         if (b->valid()) call.client->Free(*b).IgnoreError();  // else freed at the session's end
@@ -401,10 +407,8 @@ absl::Status RunOnStream(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer o
   }
   call.args.x = Array{&entry.gpu_in, 0, call.in_dt, Dims(x.dimensions())};
   if (!call.in_place) call.args.out = Array{&entry.gpu_out, 0, call.out_dt, Dims(out.dimensions())};
-  Mesh& mesh = *entry.mesh;
-  if (absl::Status st = mesh.set_stream(stream); !st.ok()) return st;
-  OpFuture op = mesh.submit(call.args);
-  mesh.set_stream(nullptr).IgnoreError();  // the SDK's other callers submit as before
+  entry.gpu_stream = stream;
+  OpFuture op = entry.mesh->submit(call.args, stream);  // this op only: Python's ops unordered
   if (op.Ready()) {
     // Refused at submission (nothing was enqueued on the stream).
     if (absl::Status st = op.Wait(); !st.ok()) return st;

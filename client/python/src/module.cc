@@ -305,24 +305,13 @@ class PyMesh {
       keep.push_back(nb::borrow(out_buffer));
     }
     OpFuture f;
-    absl::Status ordered;
     {
       // Submitting may block briefly (a full fast-path queue, a gRPC write).
       nb::gil_scoped_release unlocked;
-      if (stream == 0) {
-        f = mesh_->submit(args);
-      } else {
-        // Stream-ordered (Mesh::set_stream) for this op only; no other
-        // thread's op of this mesh may submit in between.
-        absl::MutexLock lock(&stream_mu_);
-        ordered = mesh_->set_stream(reinterpret_cast<void*>(stream));
-        if (ordered.ok()) {
-          f = mesh_->submit(args);
-          mesh_->set_stream(nullptr).IgnoreError();
-        }
-      }
+      // Stream-ordered for this op only when `stream` is set (other threads'
+      // ops on the mesh are not ordered with it).
+      f = mesh_->submit(args, reinterpret_cast<void*>(stream));
     }
-    Check(ordered);
     return PyFuture(std::move(f), std::move(keep), mesh_);
   }
 
@@ -459,7 +448,6 @@ class PyMesh {
 
  private:
   std::shared_ptr<Mesh> mesh_;  // shared with the JAX FFI handler's table
-  absl::Mutex stream_mu_;       // a stream-ordered submission (Submit)
   const Reclaim* reclaim_;      // identifies the client's buffers (Registry)
   std::shared_ptr<Reclaim> reclaim_owner_;  // where its shared buffers go when dropped
   int64_t handle_ = 0;
@@ -583,9 +571,9 @@ void DefineGpuHelpers(nb::module_& m) {
   m.def(
       "dlpack_info",
       [](nb::ndarray<> a) {
-        // Any DLPack producer, on any device (nanobind asks for the capsule
-        // without a stream: a CUDA producer orders its pending work before
-        // the legacy default stream). Nothing is copied or dereferenced.
+        // Any DLPack producer or capsule, on any device (the caller asks a
+        // CUDA producer for a capsule ordered before the legacy default
+        // stream: __dlpack__(stream=1)). Nothing is copied or dereferenced.
         std::vector<int64_t> shape(a.ndim());
         bool contiguous = true;
         int64_t expect = 1;
@@ -603,14 +591,23 @@ void DefineGpuHelpers(nb::module_& m) {
       "C-contiguous) of a DLPack-exporting array.");
   m.def(
       "device_copy",
-      [](uintptr_t dst, uintptr_t src, size_t bytes) {
+      [](uintptr_t dst, uintptr_t src, size_t bytes, int ordinal) {
 #ifdef COLLECTIVED_PYTHON_HAS_CUDA
         cudaError_t e = cudaSuccess;
         {
           nb::gil_scoped_release unlocked;
-          e = cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
-                              bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy);
+          // On the device's legacy default stream (its primary context's,
+          // which torch's, cupy's and JAX's runtimes share), the calling
+          // thread's current device restored after.
+          int previous = -1;
+          e = cudaGetDevice(&previous);
+          if (e == cudaSuccess && previous != ordinal) e = cudaSetDevice(ordinal);
+          if (e == cudaSuccess) {
+            e = cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+                                bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy);
+          }
           if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+          if (previous >= 0 && previous != ordinal) cudaSetDevice(previous);
         }
         if (e != cudaSuccess) {
           Raise(absl::InternalError(absl::StrCat("copying ", bytes, " B between GPU arrays: ",
@@ -619,13 +616,13 @@ void DefineGpuHelpers(nb::module_& m) {
         }
 #else
         Raise(absl::UnimplementedError(absl::StrCat(
-            "copying ", bytes, " B between GPU arrays (", dst, " <- ", src,
-            "): this Python module was built without CUDA")));
+            "copying ", bytes, " B between GPU arrays (", dst, " <- ", src, ", device ",
+            ordinal, "): this Python module was built without CUDA")));
 #endif
       },
-      nb::arg("dst"), nb::arg("src"), nb::arg("bytes"),
-      "Copies bytes from device address src to dst on the legacy default stream and waits "
-      "for it.");
+      nb::arg("dst"), nb::arg("src"), nb::arg("bytes"), nb::arg("ordinal"),
+      "Copies bytes from device address src to dst on CUDA device ordinal's legacy default "
+      "stream and waits for it.");
   m.def(
       "gpu_name",
       [](int ordinal) {
