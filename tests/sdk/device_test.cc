@@ -203,5 +203,36 @@ TEST_F(SdkDeviceTest, SetStreamWithoutAUsableGpuSaysWhyAndChangesNothing) {
   EXPECT_EQ(buf->as<float>()[0], 2.5f);
 }
 
+// submit(op, stream) orders one op the same way, with the same refusals; a
+// null stream is submit(op), and the mesh's own setting is never touched.
+TEST_F(SdkDeviceTest, SubmitOnAStreamWithoutAUsableGpuSaysWhyAndChangesNothing) {
+  auto client = Client::Connect({.socket_path = socket_, .client_name = "sdk", .fast_path = false});
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto mesh = (*client)->JoinMesh({.name = "one-op", .axes = {{"i", 1}}});
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  auto buf = (*client)->Allocate(16);
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  buf->as<float>()[0] = 1.5f;
+  const Collective op{.kind = CollectiveKind::kPsum, .x = Array::Of<float>(*buf, {4}), .axes = "i"};
+  absl::Status st = (*mesh)->submit(op, reinterpret_cast<void*>(uintptr_t{0x1000})).Wait();
+#if COLLECTIVED_SDK_HAS_CUDA
+  if (st.ok()) GTEST_SKIP() << "this host has a usable GPU (the GPU tests cover streams)";
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+#else
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+#endif
+  EXPECT_EQ((*mesh)->stream(), nullptr);
+  EXPECT_EQ(engine_->ListSessions()[0].buffers, 1) << "the words' buffer was kept";
+  // An op the SDK refuses is refused as submit refuses it, before any stream work.
+  Collective bad = op;
+  bad.kind = static_cast<CollectiveKind>(42);
+  st = (*mesh)->submit(bad, reinterpret_cast<void*>(uintptr_t{0x1000})).Wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("unknown collective kind 42"), std::string::npos) << st;
+  // A null stream is the plain op.
+  EXPECT_TRUE((*mesh)->submit(op, nullptr).Wait().ok());
+  EXPECT_EQ(buf->as<float>()[0], 1.5f);
+}
+
 }  // namespace
 }  // namespace collectived
