@@ -221,9 +221,14 @@ _DLPACK_NAMED = {"bfloat16": 4, "float8_e4m3fn": 10, "float8_e5m2": 12}
 _KDLCUDA = 2
 
 
-_DLPACK_DTYPES = {(0, 8): np.int8, (0, 32): np.int32, (0, 64): np.int64, (1, 8): np.uint8,
-                  (1, 32): np.uint32, (1, 64): np.uint64, (2, 16): np.float16,
-                  (2, 32): np.float32, (2, 64): np.float64, (6, 8): np.bool_}
+def _dlpack_type_of(dt: np.dtype) -> Optional[Tuple[int, int]]:
+    """DLPack's (type code, bits) of a numpy dtype; None when it has none."""
+    code = _DLPACK_NAMED.get(dt.name, _DLPACK_KIND.get(dt.kind))
+    return None if code is None else (code, dt.itemsize * 8)
+
+
+# The other way, for every collectived dtype.
+_FROM_DLPACK = {_dlpack_type_of(_dtype(name)): _dtype(name) for name in DTYPES}
 
 
 def _writable_gpu(a: Any) -> bool:
@@ -255,11 +260,8 @@ def _on_gpu(a: Any) -> bool:
 
 
 def _dlpack_dtype(code: int, bits: int) -> np.dtype:
-    named = {v: k for k, v in _DLPACK_NAMED.items()}
-    if (code, bits) in _DLPACK_DTYPES:
-        return np.dtype(_DLPACK_DTYPES[(code, bits)])
-    if code in named and bits == (16 if named[code] == "bfloat16" else 8):
-        return _dtype(named[code])
+    if (code, bits) in _FROM_DLPACK:
+        return _FROM_DLPACK[(code, bits)]
     raise InvalidArgument(f"DLPack type (code {code}, {bits} bits) is not a collectived dtype")
 
 
@@ -324,11 +326,10 @@ class DeviceArray:
             "cupy.asnumpy(cupy.from_dlpack(a))")
 
     def _dlpack_type(self) -> Tuple[int, int]:
-        dt = self._dtype
-        code = _DLPACK_NAMED.get(dt.name, _DLPACK_KIND.get(dt.kind))
-        if code is None:
-            raise BufferError(f"dtype {dt} has no DLPack type")
-        return code, dt.itemsize * 8
+        dl_type = _dlpack_type_of(self._dtype)
+        if dl_type is None:
+            raise BufferError(f"dtype {self._dtype} has no DLPack type")
+        return dl_type
 
     def __dlpack_device__(self) -> Tuple[int, int]:
         return (_KDLCUDA, self.device_ordinal)
