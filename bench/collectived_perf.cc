@@ -215,6 +215,7 @@ struct Config {
   std::string socket;
   bool fast_path = true;       // --path=fast (default) or grpc
   bool breakdown = false;      // print where fast-path op time goes
+  bool stream = false;         // GPU ops ordered with each member's CUDA stream
   int64_t spin_us = -1;        // client polling before sleeping; -1: the SDK's default
   std::vector<std::string> daemon_args;  // extra flags for a private daemon
   std::string device = "cpu";  // where the members' buffers live (Client::Allocate)
@@ -299,9 +300,16 @@ constexpr char kUsage[] =
     "  --spin-us=N        microseconds a waiting member polls before sleeping\n"
     "                     (default: the SDK's)\n"
     "  --breakdown        after each row, where each member's fast-path op time went (the ops\n"
-    "                     are then asynchronous: the daemon path, never member-side)\n"
-    "                     (medians: submit->taken by the daemon, taken->started,\n"
-    "                     started->completed, completed->reaped by the member)\n"
+    "                     are then asynchronous: the daemon path, never member-side):\n"
+    "                     medians of submit (SDK) -> taken (daemon's queue thread) ->\n"
+    "                     matched (every member's op there, its turn) -> ready (members'\n"
+    "                     streams reached it) -> started (a daemon thread runs it) ->\n"
+    "                     launched (GPU: kernels enqueued) -> executed (outputs written)\n"
+    "                     -> completed (published) -> reaped (the member saw it), and\n"
+    "                     a GPU op's time on the GPU (CUDA events)\n"
+    "  --stream           with --device=cuda: each member orders its ops with its own\n"
+    "                     CUDA stream (Mesh::submit(op, stream)) and times submit ->\n"
+    "                     the stream synchronized: what an op costs the stream\n"
     "  --daemon-args=STR  extra flags for the private daemon, space separated\n"
     "                     (e.g. \"--threads=2 --fast-path-spin-us=0\")\n"
     "  --device=DEV       where the members' buffers live: cpu (default), cuda (= cuda:0),\n"
@@ -385,14 +393,17 @@ Config ParseFlags(int argc, char** argv) {
     std::replace(name.begin(), name.end(), '_', '-');
     const bool is_bool = name == "json" || name == "check" || name == "nojson" ||
                          name == "nocheck" || name == "no-json" || name == "no-check" ||
-                         name == "breakdown";
+                         name == "breakdown" || name == "stream";
     if (is_bool) {
       bool negated = absl::StartsWith(name, "no");
       std::string base = negated ? name.substr(name[2] == '-' ? 3 : 2) : name;
       if (negated && has_value) UsageError(absl::StrCat("--", name, " takes no value"));
       std::optional<bool> b = negated ? std::optional<bool>(false) : ParseBool(value);
       if (!b) UsageError(absl::StrCat("--", name, "=", value, ": expected true or false"));
-      (base == "json" ? cfg.json : base == "check" ? cfg.check : cfg.breakdown) = *b;
+      (base == "json"        ? cfg.json
+       : base == "check"     ? cfg.check
+       : base == "breakdown" ? cfg.breakdown
+                             : cfg.stream) = *b;
       continue;
     }
     static const char* const kValued[] = {"op",     "members", "dtype",  "min-bytes",
@@ -534,6 +545,10 @@ Config ParseFlags(int argc, char** argv) {
       }
     }
     if (cfg.device == "cuda") cfg.device = "cuda:0";
+  }
+  if (cfg.stream && (cfg.device == "cpu" || cfg.hosts > 1)) {
+    UsageError("--stream orders GPU ops with a CUDA stream: it needs --device=cuda[:N] (and one "
+               "host)");
   }
   if (cfg.member >= 0 && (cfg.report_fd < 0 || cfg.mesh.empty() || cfg.members.size() != 1)) {
     UsageError("--member needs --report-fd, --mesh and a single --members");
@@ -761,6 +776,33 @@ absl::Status CudaCall(cudaError_t err, absl::string_view what) {
 }
 #endif
 
+// --stream: a CUDA stream of its own on GPU `device`, for a member's ops.
+absl::StatusOr<void*> MakeStream(int device) {
+#if COLLECTIVED_PERF_CUDA
+  cudaStream_t s = nullptr;
+  absl::Status st = CudaCall(cudaSetDevice(device), "cudaSetDevice");
+  if (st.ok()) {
+    st = CudaCall(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  if (!st.ok()) return st;
+  return static_cast<void*>(s);
+#else
+  (void)device;
+  return absl::UnimplementedError("--stream in a build without CUDA");
+#endif
+}
+
+// Waits until `stream` (null: none) has done all its work.
+absl::Status SyncStream(void* stream) {
+  if (stream == nullptr) return absl::OkStatus();
+#if COLLECTIVED_PERF_CUDA
+  return CudaCall(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+                  "cudaStreamSynchronize");
+#else
+  return absl::UnimplementedError("--stream in a build without CUDA");
+#endif
+}
+
 // Copies `bytes` from host memory `src` into the buffer.
 absl::Status Upload(const collectived::Buffer& b, const void* src, size_t bytes) {
   if (b.device_ordinal() < 0) {
@@ -877,11 +919,17 @@ struct Profile {
 // among the members (member-side small ops; --daemon-args=--member_op_bytes=0
 // sends every op through the daemon). A profiled op is asynchronous
 // (Mesh::submit), so it always goes through the daemon: the phases are the
-// daemon path's.
-absl::Status RunOp(collectived::Mesh& m, const OpCall& c, Profile* profile = nullptr) {
-  if (profile == nullptr) return m.run(c.collective);
-  collectived::OpFuture f = m.submit(c.collective);
-  absl::Status st = f.Wait();
+// daemon path's. With `stream` (--stream), the op is ordered with that CUDA
+// stream (Mesh::submit(op, stream)) and returns once the stream is
+// synchronized and the op's future is ready.
+absl::Status RunOp(collectived::Mesh& m, const OpCall& c, Profile* profile = nullptr,
+                   void* stream = nullptr) {
+  if (profile == nullptr && stream == nullptr) return m.run(c.collective);
+  collectived::OpFuture f = stream == nullptr ? m.submit(c.collective)
+                                              : m.submit(c.collective, stream);
+  absl::Status st = SyncStream(stream);
+  if (absl::Status done = f.Wait(); !done.ok()) st = done;
+  if (profile == nullptr) return st;
   *profile = Profile{f.timing(), f.traffic()};
   return st;
 }
@@ -896,27 +944,49 @@ std::string TrafficSummary(const collectived::OpTraffic& t) {
                          t.bytes_required);
 }
 
-// Medians of the fast-path phases over a row's iterations, for --breakdown.
+// Medians of the fast-path phases over a row's iterations, for --breakdown:
+// the time between each two stages that every iteration stamped (a stage an
+// op does not reach, such as a CPU op's launch, is left out), the total, and
+// a GPU op's device time.
 std::string PhaseSummary(const std::vector<Profile>& p) {
   if (p.empty() || p[0].timing.taken_ns == 0) return "not on the fast path";
-  std::vector<collectived::OpTiming> t;
-  for (const Profile& x : p) t.push_back(x.timing);
-  auto median = [&](auto phase) {
+  using T = collectived::OpTiming;
+  struct Stage {
+    const char* name;
+    int64_t T::*at;
+  };
+  static constexpr Stage kStages[] = {
+      {"submit", &T::submitted_ns},  {"taken", &T::taken_ns},
+      {"matched", &T::matched_ns},   {"ready", &T::ready_ns},
+      {"started", &T::started_ns},   {"launched", &T::launched_ns},
+      {"executed", &T::executed_ns}, {"completed", &T::completed_ns},
+      {"reaped", &T::reaped_ns}};
+  auto median = [&](auto value) {
     std::vector<int64_t> v;
-    for (const auto& x : t) v.push_back(phase(x));
+    for (const Profile& x : p) v.push_back(value(x.timing));
     std::sort(v.begin(), v.end());
     return static_cast<double>(v[v.size() / 2]) / 1e3;
   };
-  using T = collectived::OpTiming;
-  return absl::StrFormat(
-      "submit->taken %.2f us, taken->started %.2f us, started->completed %.2f us, "
-      "completed->reaped %.2f us, total %.2f us",
-      median([](const T& x) { return x.taken_ns - x.submitted_ns; }),
-      median([](const T& x) { return x.started_ns - x.taken_ns; }),
-      median([](const T& x) { return x.completed_ns - x.started_ns; }),
-      median([](const T& x) { return x.reaped_ns - x.completed_ns; }),
-      median([](const T& x) { return x.reaped_ns - x.submitted_ns; })) +
-         TrafficSummary(p.back().traffic);
+  std::vector<const Stage*> present;
+  for (const Stage& st : kStages) {
+    if (std::all_of(p.begin(), p.end(), [&](const Profile& x) { return x.timing.*st.at != 0; })) {
+      present.push_back(&st);
+    }
+  }
+  std::string out;
+  for (size_t i = 1; i < present.size(); ++i) {
+    const Stage& a = *present[i - 1];
+    const Stage& b = *present[i];
+    absl::StrAppendFormat(&out, "%s%s->%s %.2f us", i == 1 ? "" : ", ", a.name, b.name,
+                          median([&](const T& t) { return t.*b.at - t.*a.at; }));
+  }
+  absl::StrAppendFormat(&out, ", total %.2f us",
+                        median([](const T& t) { return t.reaped_ns - t.submitted_ns; }));
+  if (std::all_of(p.begin(), p.end(), [](const Profile& x) { return x.timing.device_ns > 0; })) {
+    absl::StrAppendFormat(&out, "; on the GPU %.2f us",
+                          median([](const T& t) { return t.device_ns; }));
+  }
+  return out + TrafficSummary(p.back().traffic);
 }
 
 // Metadata of a grpc_rendezvous stream: how many members answer together.
@@ -1038,6 +1108,13 @@ int RunMember(const Config& cfg) {
     }
   }
   const bool on_gpu = in->device_ordinal() >= 0;
+  // --stream: this member's ops are ordered with its own CUDA stream.
+  void* stream = nullptr;
+  if (cfg.stream) {
+    absl::StatusOr<void*> made = MakeStream(in->device_ordinal());
+    if (!made.ok()) return MemberFail(fd, absl::StrCat("--stream: ", made.status().ToString()));
+    stream = *made;
+  }
   // GPU buffers: the inputs are written and the results read through these.
   std::vector<unsigned char> staging_in(on_gpu ? max_in : 0), staging_out;
   // One stream per probe op, opened before the rows (like the SDK's).
@@ -1080,7 +1157,7 @@ int RunMember(const Config& cfg) {
       if (absl::Status st = Memset(*out, 0xA5, r.out_bytes); !st.ok()) {
         return MemberFail(fd, absl::StrCat(where(), ": filling the output: ", st.ToString()));
       }
-      absl::Status st = RunOp(m, call);
+      absl::Status st = RunOp(m, call, nullptr, stream);
       if (!st.ok()) return MemberFail(fd, absl::StrCat(where(), ": ", st.ToString()));
       absl::StatusOr<const void*> result = Download(*out, r.out_bytes, staging_out);
       if (!result.ok()) {
@@ -1096,7 +1173,7 @@ int RunMember(const Config& cfg) {
       return MemberFail(fd, absl::StrCat(where(), ": barrier: ", st.ToString()));
     }
     auto run = [&](Profile* profile) {
-      return IsGrpcProbe(r.op) ? probes.at(r.op)->RoundTrip() : RunOp(m, call, profile);
+      return IsGrpcProbe(r.op) ? probes.at(r.op)->RoundTrip() : RunOp(m, call, profile, stream);
     };
     for (int w = 0; w < cfg.warmup; ++w) {
       absl::Status st = run(nullptr);
@@ -1523,6 +1600,7 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
         absl::StrCat("--check=", cfg.check ? "true" : "false"),
         absl::StrCat("--path=", cfg.fast_path ? "fast" : "grpc"),
         absl::StrCat("--breakdown=", cfg.breakdown ? "true" : "false"),
+        absl::StrCat("--stream=", cfg.stream ? "true" : "false"),
         "--echo-socket=" + cfg.echo_socket,
         "--device=" + cfg.device,
         absl::StrCat("--output=", cfg.shared_output ? "shared" : "member"),

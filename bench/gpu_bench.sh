@@ -4,6 +4,8 @@
 #
 #   bench/gpu_bench.sh OUTDIR [BUILD_DIR]        (BUILD_DIR default: build-gpu)
 #
+#   breakdown.txt      collectived_perf --device cuda --breakdown: where a K = 2
+#                      psum's time goes, stage by stage (printed at the end)
 #   copy.jsonl         cuda_copy_perf: device-to-device copy, 1 MiB .. 256 MiB
 #                      (cudaMemcpyAsync and a copy kernel), the ceiling
 #   nccl.jsonl         nccl_perf: psum and all_gather over bare NCCL, one rank
@@ -89,6 +91,25 @@ row() {  # row NAME TIMEOUT_S CMD...: JSON rows into NAME.jsonl, stderr into NAM
 
 row copy 20 "$bin/peers/cuda_copy_perf" --json --method=memcpy,kernel \
   --min-bytes=1M --max-bytes=256M --step-factor=4 --iters=20 --warmup=5
+# Where a GPU op's time goes: per stage of one op (the SDK's submit, the
+# daemon's queue thread, the match, the launch, the GPU, the completion seen
+# by each member), medians of K = 2 psums from 1 KiB to 32 MiB (text, printed
+# at the end).
+echo "gpu_bench: breakdown: collectived_perf --device=cuda --breakdown"
+breakdown() {  # breakdown [ARGS...]: appends to breakdown.txt
+  timeout --kill-after=10 40 "$bin/collectived_perf" --device=cuda --op=psum --members=2 \
+    --breakdown --step-factor=32 --iters=200 --warmup=20 "$@" \
+    >> "$out/breakdown.txt" 2>> "$out/breakdown.log" || {
+    status=1
+    tail -5 "$out/breakdown.log" | sed "s/^/gpu_bench: breakdown: /" >&2
+  }
+}
+: > "$out/breakdown.txt"
+breakdown --min-bytes=1K --max-bytes=32M
+# The same ops ordered with each member's CUDA stream (Mesh::submit(op,
+# stream)): matched -> ready is the wait for the members' streams.
+echo "# --stream: each member's ops ordered with its own CUDA stream" >> "$out/breakdown.txt"
+breakdown --stream --min-bytes=1K --max-bytes=1M
 row nccl 30 "$bin/peers/nccl_perf" --json --op=psum,all_gather \
   --min-bytes=1K --max-bytes=256M --step-factor=4 --iters=20 --warmup=5
 row collectived 60 "$bin/collectived_perf" --json --device=cuda --op=psum,all_gather \
@@ -128,5 +149,7 @@ row hosts 90 "$bin/collectived_perf" --json --device=cuda --hosts=2 --placement=
 
 python3 "$here/bench/peers/compare.py" --gpu-rows "$out/copy.jsonl" "$out/nccl.jsonl" \
   "$out/collectived.jsonl" --json-out "$out/gpu_rows.json" | tee "$out/summary.txt" || status=1
+echo "gpu_bench: where a K = 2 psum's time goes (breakdown.txt):"
+grep -v '^# \(collectived_perf:\|iters \)' "$out/breakdown.txt" | tee -a "$out/summary.txt"
 echo "gpu_bench: results in $out (exit $status)"
 exit $status

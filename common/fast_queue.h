@@ -44,7 +44,7 @@
 namespace collectived::fastq {
 
 inline constexpr uint32_t kMagic = 0x31514643;  // "CFQ1"
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kSlots = 64;           // per ring; a power of two
 inline constexpr uint32_t kSqSlotBytes = 4096;   // one serialized OpSpec per slot
 inline constexpr uint32_t kCqSlotBytes = 1024;
@@ -116,8 +116,17 @@ struct CqEntry {
   int64_t bytes_read;      // memory the executor moved for the op, all members
   int64_t bytes_written;
   int64_t bytes_required;  // the least the op needs
+  // Stages between taken and done (the daemon's OpStamps; 0: not reached,
+  // or not known): its turn came, its inputs were ready, a GPU op's
+  // launches were done, the executor returned; device_ns is a duration
+  // (a GPU op's time on its stream, between two events).
+  int64_t matched_ns;
+  int64_t ready_ns;
+  int64_t launched_ns;
+  int64_t executed_ns;
+  int64_t device_ns;
   int64_t out_shape[kMaxRank];
-  char msg[kCqSlotBytes - 80 - 8 * kMaxRank];
+  char msg[kCqSlotBytes - 120 - 8 * kMaxRank];
 };
 
 static_assert(sizeof(Header) <= 4096);

@@ -46,7 +46,7 @@ size_t OffsetOf(const T& base, const M& member) {
 TEST(FastQueueLayoutTest, SizesAndOffsetsAreTheDocumentedOnes) {
   // The two processes map the same bytes: every number here is wire format.
   EXPECT_EQ(kMagic, 0x31514643u);
-  EXPECT_EQ(kVersion, 2u);
+  EXPECT_EQ(kVersion, 3u);
   EXPECT_EQ(kSlots, 64u);
   EXPECT_EQ(kSlots & (kSlots - 1), 0u) << "kSlots must be a power of two";
   EXPECT_EQ(kSqSlotBytes, 4096u);
@@ -76,10 +76,15 @@ TEST(FastQueueLayoutTest, SizesAndOffsetsAreTheDocumentedOnes) {
   EXPECT_EQ(offsetof(CqEntry, bytes_read), 56u);
   EXPECT_EQ(offsetof(CqEntry, bytes_written), 64u);
   EXPECT_EQ(offsetof(CqEntry, bytes_required), 72u);
-  EXPECT_EQ(offsetof(CqEntry, out_shape), 80u);
-  EXPECT_EQ(offsetof(CqEntry, msg), 80u + 8u * kMaxRank);
-  EXPECT_EQ(sizeof(CqEntry::msg), 1024u - 80u - 8u * kMaxRank);
-  EXPECT_EQ(sizeof(CqEntry::msg), 816u);
+  EXPECT_EQ(offsetof(CqEntry, matched_ns), 80u);
+  EXPECT_EQ(offsetof(CqEntry, ready_ns), 88u);
+  EXPECT_EQ(offsetof(CqEntry, launched_ns), 96u);
+  EXPECT_EQ(offsetof(CqEntry, executed_ns), 104u);
+  EXPECT_EQ(offsetof(CqEntry, device_ns), 112u);
+  EXPECT_EQ(offsetof(CqEntry, out_shape), 120u);
+  EXPECT_EQ(offsetof(CqEntry, msg), 120u + 8u * kMaxRank);
+  EXPECT_EQ(sizeof(CqEntry::msg), 1024u - 120u - 8u * kMaxRank);
+  EXPECT_EQ(sizeof(CqEntry::msg), 776u);
   EXPECT_EQ(kMaxRank, 16);
 
   EXPECT_EQ(kSqOffset, 4096u);
@@ -91,13 +96,15 @@ TEST(FastQueueLayoutTest, SizesAndOffsetsAreTheDocumentedOnes) {
 
 // A version's layout is frozen: a layout change needs a new kVersion (a
 // client of another version then stays on gRPC). Version 2 added the traffic
-// counters to CqEntry.
-TEST(FastQueueLayoutTest, VersionTwoLayout) {
-  ASSERT_EQ(kVersion, 2u) << "a new version: pin its layout here";
+// counters to CqEntry, version 3 the stages between taken and done.
+TEST(FastQueueLayoutTest, VersionThreeLayout) {
+  ASSERT_EQ(kVersion, 3u) << "a new version: pin its layout here";
   EXPECT_EQ(offsetof(CqEntry, taken_ns), 32u);
   EXPECT_EQ(offsetof(CqEntry, bytes_read), 56u);
-  EXPECT_EQ(offsetof(CqEntry, out_shape), 80u);
-  EXPECT_EQ(sizeof(CqEntry::msg), 816u);
+  EXPECT_EQ(offsetof(CqEntry, matched_ns), 80u);
+  EXPECT_EQ(offsetof(CqEntry, device_ns), 112u);
+  EXPECT_EQ(offsetof(CqEntry, out_shape), 120u);
+  EXPECT_EQ(sizeof(CqEntry::msg), 776u);
   EXPECT_EQ(offsetof(SqEntry, submit_ns), 16u);
   EXPECT_EQ(offsetof(SqEntry, data), 24u);
 }

@@ -52,6 +52,17 @@ struct Traffic {
   uint64_t required = 0;
 };
 
+// Where a GPU op's time went on the device side (CudaExecutor::RunTimed).
+struct DeviceTiming {
+  // CLOCK_MONOTONIC ns when every kernel and copy of the op was enqueued on
+  // its stream (0: not a GPU op, or it failed before).
+  int64_t launched_ns = 0;
+  // A duration: from an event recorded on the stream before the op's first
+  // kernel or copy to one recorded after its last (0 when unknown). The
+  // rest of launched -> synchronized is the host waiting for the stream.
+  int64_t device_ns = 0;
+};
+
 // The Traffic of an op that reads every input it needs once (ppermute and
 // broadcast: a source once per destination) and writes every output once,
 // plus `extra_read` / `extra_written` bytes of staging. What every executor
@@ -151,6 +162,15 @@ class Executor {
   // `traffic`, reports what the op moved.
   virtual absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
                            Traffic* traffic = nullptr) = 0;
+  // Run, and where the executor can tell, when the op's work was all
+  // enqueued and how long its device took for it (`timing`; an executor
+  // that runs the op on the calling thread leaves it zero). The engine runs
+  // its ops through this.
+  virtual absl::Status RunTimed(const OpPlan& plan, const std::vector<MemberIo>& io,
+                                Traffic* traffic, DeviceTiming* timing) {
+    (void)timing;
+    return Run(plan, io, traffic);
+  }
   // Worker threads used for data-parallel work.
   virtual int threads() const = 0;
 

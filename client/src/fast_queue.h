@@ -224,6 +224,11 @@ class FastQueue final : public OpWaiter {
           OpTiming t = it->second->timing();
           t.taken_ns = c.taken_ns;
           t.started_ns = c.started_ns;
+          t.matched_ns = c.matched_ns;
+          t.ready_ns = c.ready_ns;
+          t.launched_ns = c.launched_ns;
+          t.executed_ns = c.executed_ns;
+          t.device_ns = c.device_ns;
           t.completed_ns = c.done_ns;
           t.reaped_ns = fastq::MonotonicNs();
           it->second->SetTiming(t);

@@ -110,6 +110,21 @@ struct EngineOptions {
 // enough to act as one.
 std::string DisplayId(const std::string& id);
 
+// When an op reached each stage in the daemon, CLOCK_MONOTONIC ns (0: it
+// did not, or nobody can tell). The fast path hands them to the member
+// (OpTiming), for collectived_perf --breakdown.
+struct OpStamps {
+  // Its turn came: every member had submitted it and the mesh's op before
+  // it was done.
+  int64_t matched_ns = 0;
+  // Its inputs were ready: the stream-ordered members' streams had reached
+  // it (matched_ns when no member is stream-ordered).
+  int64_t ready_ns = 0;
+  int64_t started_ns = 0;  // a daemon thread began to run it
+  DeviceTiming device;     // a GPU op: its launches done, and its device time
+  int64_t executed_ns = 0;  // the executor returned: every output written
+};
+
 // The result of one op for one member.
 struct OpOutcome {
   absl::Status status;
@@ -117,8 +132,8 @@ struct OpOutcome {
   // The result's shape and dtype (empty / kInvalid when the op never planned).
   std::vector<int64_t> out_shape;
   DType out_dtype = DType::kInvalid;
-  // When the op began executing (CLOCK_MONOTONIC ns); 0 if it never ran.
-  int64_t started_ns = 0;
+  // When it reached each stage; all 0 if it never ran.
+  OpStamps stamps;
   // What the executor moved (all members together); zero if it never ran.
   Traffic traffic;
 
@@ -297,6 +312,7 @@ class Engine {
     absl::Time deadline;
     DeadlineTimer::TimerId timer = 0;
     bool running = false;
+    int64_t matched_ns = 0;  // when it began to run (OpStamps)
     // Set when the members' ops disagree; the op then fails in its turn.
     absl::Status verdict;
     // While running and waiting for members' streams: stops the wait when
@@ -489,11 +505,11 @@ class Engine {
   // (then `run`s, or fails; both are moved there); false when they are
   // ready (both left as they are).
   bool WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signature,
-                      std::function<void()>& run, std::function<void(absl::Status)>& start_cross)
+                      std::function<void(int64_t)>& run, std::function<void(absl::Status)>& start_cross)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
   void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
-                    int64_t started_ns, const Traffic& traffic, bool broken = false)
+                    const OpStamps& stamps, const Traffic& traffic, bool broken = false)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Cluster meshes: registers member `index` (after unlocking, through
   // `cbs`); the registry's answer to member `index`'s registration,

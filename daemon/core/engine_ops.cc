@@ -518,21 +518,25 @@ std::function<void(absl::Status)> Engine::CrossStarter(
   // referenced until then.
   return [this, cross = mesh.cross, executor, plan = std::move(plan), io = std::move(io),
           keep = std::move(keep), mesh_id = mesh.id, seq = op.sequence, deadline = op.deadline,
-          timeout = op.deadline - op.first_submit](absl::Status verdict) {
-    const int64_t started_ns = fastq::MonotonicNs();
+          timeout = op.deadline - op.first_submit,
+          matched_ns = op.matched_ns](absl::Status verdict) {
+    OpStamps stamps;
+    stamps.matched_ns = matched_ns;
+    stamps.started_ns = fastq::MonotonicNs();
     // The callback runs on the mesh's thread and holds a reference to the
     // mesh until it has returned, then drops it on a runner: the thread must
     // never destroy (join) itself. Last, it counts itself out, so that the
     // engine's destructor waits for it.
     cross->Start(plan, seq, io, executor, std::move(verdict), deadline,
-                 [this, keep, mesh_id, seq, started_ns, cross](
+                 [this, keep, mesh_id, seq, stamps, cross](
                      absl::Status status, bool broken, Traffic traffic) mutable {
+                   stamps.executed_ns = fastq::MonotonicNs();
                    {
                      // Counted before the members learn the result.
                      MutexLock lock(&mu_);
                      ++(status.ok() ? cross_ops_completed_ : cross_ops_failed_);
                    }
-                   OnOpFinished(mesh_id, seq, std::move(status), started_ns, traffic, broken);
+                   OnOpFinished(mesh_id, seq, std::move(status), stamps, traffic, broken);
                    runners_->Schedule([cross = std::move(cross)] {});
                    MutexLock lock(&mu_);
                    if (--cross_ops_in_flight_ == 0) cross_idle_.SignalAll();
@@ -542,7 +546,7 @@ std::function<void(absl::Status)> Engine::CrossStarter(
 }
 
 bool Engine::WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signature,
-                            std::function<void()>& run,
+                            std::function<void(int64_t)>& run,
                             std::function<void(absl::Status)>& start_cross) {
   std::vector<MemberSync> streams;
   for (size_t i = 0; i < op.subs.size(); ++i) {
@@ -558,13 +562,13 @@ bool Engine::WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signat
       [this, run = std::move(run), start_cross = std::move(start_cross), mesh_id = mesh.id,
        seq = op.sequence](absl::Status status) {
         if (status.ok()) {
-          runners_->Schedule(run);
+          runners_->Schedule([run, ready_ns = fastq::MonotonicNs()] { run(ready_ns); });
         } else if (start_cross) {
           // The other hosts wait for this host's part of the op: they fail
           // it too.
           start_cross(std::move(status));
         } else {
-          OnOpFinished(mesh_id, seq, std::move(status), fastq::MonotonicNs(), Traffic{});
+          OnOpFinished(mesh_id, seq, std::move(status), OpStamps{}, Traffic{});
         }
       });
   return true;
@@ -575,6 +579,7 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   if (front == nullptr) return;
   PendingOp& op = *front;
   op.running = true;
+  op.matched_ns = fastq::MonotonicNs();
   std::shared_ptr<const OpPlan> plan;
   for (const auto& sub : op.subs) {
     if (sub) {
@@ -585,25 +590,30 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   std::vector<MemberIo> io(op.subs.size());
   std::vector<std::shared_ptr<SharedBuffer>> keep;
   Executor* executor = ExecutorFor(GatherMemberIo(op, io, keep));
-  std::function<void()> run;
+  // Runs the op; its argument: when its inputs were ready.
+  std::function<void(int64_t)> run;
   // Across hosts: starts the op on the mesh's connections with `verdict`
   // (every host then fails an op one host refused).
   std::function<void(absl::Status)> start_cross;
   if (mesh.cross) {
     start_cross = CrossStarter(mesh, op, executor, plan, std::move(io), std::move(keep));
-    run = [start_cross, verdict = op.verdict] { start_cross(verdict); };
+    run = [start_cross, verdict = op.verdict](int64_t) { start_cross(verdict); };
   } else {
     run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id = mesh.id,
-           seq = op.sequence] {
-      const int64_t started_ns = fastq::MonotonicNs();
+           seq = op.sequence, matched_ns = op.matched_ns](int64_t ready_ns) {
+      OpStamps stamps;
+      stamps.matched_ns = matched_ns;
+      stamps.ready_ns = ready_ns;
+      stamps.started_ns = fastq::MonotonicNs();
       Traffic traffic;
-      absl::Status status = executor->Run(*plan, io, &traffic);
+      absl::Status status = executor->RunTimed(*plan, io, &traffic, &stamps.device);
+      stamps.executed_ns = fastq::MonotonicNs();
       // Members sharing one output: the result was written once.
       if (const int64_t outputs = OutputsWritten(io);
           status.ok() && outputs < static_cast<int64_t>(io.size())) {
         traffic = AccountTraffic(*plan, 0, 0, outputs);
       }
-      OnOpFinished(mesh_id, seq, status, started_ns, traffic);
+      OnOpFinished(mesh_id, seq, status, stamps, traffic);
     };
   }
   // Stream-ordered members: unless their streams are there already, the op
@@ -613,18 +623,18 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   // Not inline while an inline op runs on this thread: OnOpFinished starts
   // the next op from inside it, and chains of queued ops must not recurse.
   if (mesh.cross || (plan->bytes_touched() <= options_.inline_op_bytes && !t_running_inline)) {
-    cbs.push_back([run = std::move(run)] {
+    cbs.push_back([run = std::move(run), ready_ns = op.matched_ns] {
       t_running_inline = true;
-      run();
+      run(ready_ns);
       t_running_inline = false;
     });
   } else {
-    runners_->Schedule(std::move(run));
+    runners_->Schedule([run = std::move(run), ready_ns = op.matched_ns] { run(ready_ns); });
   }
 }
 
 void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,
-                          int64_t started_ns, const Traffic& traffic, bool broken) {
+                          const OpStamps& stamps, const Traffic& traffic, bool broken) {
   Callbacks cbs;
   {
     MutexLock lock(&mu_);
@@ -649,7 +659,7 @@ void Engine::OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::St
                              absl::Now() - op.first_submit);
       }
       OpOutcome outcome{status, sequence};
-      outcome.started_ns = started_ns;
+      outcome.stamps = stamps;
       outcome.traffic = traffic;
       for (auto& sub : op.subs) {
         if (sub) DeliverOutcome(*sub, outcome, cbs);

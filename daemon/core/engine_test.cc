@@ -16,6 +16,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/fast_queue.h"
 #include "common/sync.h"
 #include "exec/cpu_executor.h"
 #include "daemon/memory/buffer_allocator.h"
@@ -1063,11 +1064,21 @@ TEST_F(StreamSyncTest, TheOpWaitsForEveryStreamAndThenReleasesEveryStream) {
   EXPECT_FALSE(done[0].Done()) << "the op ran before member 1's stream was ready";
   EXPECT_EQ(Data(members[0].session, members[0].data)[0], 1.0f) << "an input was read early";
   EXPECT_EQ(Word(members[0], 1).load(), 0u);
+  const int64_t last_ready_ns = fastq::MonotonicNs();
   Word(members[1], 0).store(7);  // any value >= 1 will do
   for (int i = 0; i < 2; ++i) {
     EXPECT_TRUE(done[i].Get().status.ok()) << done[i].Get().status;
     EXPECT_EQ(Data(members[i].session, members[i].data)[0], 2.0f);
     EXPECT_EQ(Word(members[i], 1).load(), 1u) << "member " << i << "'s stream was not released";
+    // Its stages: matched at the second submission, its inputs ready only
+    // once the last stream got there (200 ms later), then run.
+    const OpStamps& t = done[i].Get().stamps;
+    EXPECT_GT(t.matched_ns, 0);
+    EXPECT_LT(t.matched_ns, last_ready_ns - 150'000'000) << "matched only when it ran";
+    EXPECT_GE(t.ready_ns, last_ready_ns);
+    EXPECT_GE(t.started_ns, t.ready_ns);
+    EXPECT_GE(t.executed_ns, t.started_ns);
+    EXPECT_EQ(t.device.launched_ns, 0) << "a CPU op launches nothing";
   }
 }
 

@@ -67,7 +67,13 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
       if (len > 0) std::memcpy(c.msg, outcome.status.message().data(), len);
       c.msg_len = static_cast<uint32_t>(len);
       c.taken_ns = taken_ns;
-      c.started_ns = outcome.started_ns;
+      const OpStamps& st = outcome.stamps;
+      c.started_ns = st.started_ns;
+      c.matched_ns = st.matched_ns;
+      c.ready_ns = st.ready_ns;
+      c.launched_ns = st.device.launched_ns;
+      c.executed_ns = st.executed_ns;
+      c.device_ns = st.device.device_ns;
       c.done_ns = fastq::MonotonicNs();
       c.bytes_read = static_cast<int64_t>(outcome.traffic.read);
       c.bytes_written = static_cast<int64_t>(outcome.traffic.written);

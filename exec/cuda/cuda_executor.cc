@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "common/fast_queue.h"
 #include "common/sync.h"
 #include "exec/cuda/cuda_kernels.h"
 #include "exec/spanning.h"
@@ -23,6 +24,9 @@ namespace collectived {
 struct CudaExecutor::Device {
   Mutex mu;
   cudaStream_t stream ABSL_GUARDED_BY(mu) = nullptr;
+  // RunTimed's events around an op on `stream` (made on first use).
+  cudaEvent_t before ABSL_GUARDED_BY(mu) = nullptr;
+  cudaEvent_t after ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 // One NCCL communicator per GPU, rank = ordinal (the daemon is every rank).
@@ -976,11 +980,26 @@ CudaExecutor::~CudaExecutor() {
   for (auto& d : devices_) {
     MutexLock lock(&d->mu);
     if (d->stream != nullptr) cudaStreamDestroy(d->stream);
+    if (d->before != nullptr) cudaEventDestroy(d->before);
+    if (d->after != nullptr) cudaEventDestroy(d->after);
   }
 }
 
-absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& io,
-                               Traffic* traffic) {
+namespace {
+
+// Records `event` on `stream`, making it (with timing) first if needed.
+absl::Status RecordEvent(cudaEvent_t& event, cudaStream_t stream) {
+  if (event == nullptr) {
+    COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaEventCreate", cudaEventCreate(&event));
+  }
+  COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaEventRecord", cudaEventRecord(event, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CudaExecutor::RunTimed(const OpPlan& plan, const std::vector<MemberIo>& io,
+                                    Traffic* traffic, DeviceTiming* timing) {
   if (!IsViable()) return absl::FailedPreconditionError(why_not_);
   if (io.size() != plan.members()) {
     return absl::InvalidArgumentError(absl::StrCat("cuda executor: ", io.size(),
@@ -1013,10 +1032,21 @@ absl::Status CudaExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& 
   }
   uint64_t extra_read = 0, extra_written = 0;
   {
+    if (timing != nullptr) COLLECTIVED_RETURN_IF_ERROR(RecordEvent(dev.before, dev.stream));
     OpRun run(plan, io, dev.stream);
     absl::Status status = run.Execute();
+    if (status.ok() && timing != nullptr) {
+      status = RecordEvent(dev.after, dev.stream);
+      timing->launched_ns = fastq::MonotonicNs();
+    }
     if (status.ok()) status = run.Finish();
     if (!status.ok()) return status;
+    if (timing != nullptr) {
+      float ms = 0;
+      COLLECTIVED_CUDA_RETURN_IF_ERROR("cudaEventElapsedTime",
+                                       cudaEventElapsedTime(&ms, dev.before, dev.after));
+      timing->device_ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    }
     extra_read = run.extra_read();
     extra_written = run.extra_written();
   }

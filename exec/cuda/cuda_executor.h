@@ -57,7 +57,15 @@ class CudaExecutor final : public Executor {
   bool IsViable() const override { return device_count_ > 0; }
   std::string WhyNotViable() const override { return why_not_; }
   absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
-                   Traffic* traffic = nullptr) override;
+                   Traffic* traffic = nullptr) override {
+    return RunTimed(plan, io, traffic, nullptr);
+  }
+  // With `timing`, an op on one GPU records an event on its stream before
+  // its first kernel or copy and one after its last (events of the device,
+  // made once), and reports their distance and when the launches were done.
+  // Ops across GPUs report no timing.
+  absl::Status RunTimed(const OpPlan& plan, const std::vector<MemberIo>& io, Traffic* traffic,
+                        DeviceTiming* timing) override;
   // The GPU does the data-parallel work; one host thread drives it.
   int threads() const override { return 1; }
 

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/fast_queue.h"
 #include "plan/wire_plan.h"
 #include "exec/cpu_executor.h"
 #include "exec/cuda/cuda_executor.h"
@@ -638,7 +639,8 @@ class CudaGpuTest : public ::testing::Test {
   // 16-byte aligned); in place, the input's.
   std::vector<std::vector<uint8_t>> RunOnGpu(const OpPlan& plan, const HostMembers& h,
                                              bool in_place, Traffic* traffic,
-                                             uint64_t in_offset = 0, uint64_t out_offset = 0) {
+                                             uint64_t in_offset = 0, uint64_t out_offset = 0,
+                                             DeviceTiming* timing = nullptr) {
     std::vector<MemberIo> io(h.in.size());
     std::vector<void*> allocations;
     for (size_t m = 0; m < io.size(); ++m) {
@@ -664,7 +666,7 @@ class CudaGpuTest : public ::testing::Test {
     // The copies above are from pageable memory: they may return before
     // their bytes land, and the executor's stream does not wait for them.
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const absl::Status st = ex_->Run(plan, io, traffic);
+    const absl::Status st = ex_->RunTimed(plan, io, traffic, timing);
     EXPECT_TRUE(st.ok()) << st;
     std::vector<std::vector<uint8_t>> result(io.size(), std::vector<uint8_t>(plan.out_bytes));
     for (size_t m = 0; m < io.size(); ++m) {
@@ -768,6 +770,27 @@ TEST_F(CudaGpuTest, ConcurrentRuns) {
     });
   }
   for (auto& th : threads) th.join();
+}
+
+// RunTimed: when the launches were done (while the call ran) and the op's
+// time on the GPU (within the call's); the same bits as Run.
+TEST_F(CudaGpuTest, RunTimedReportsTheLaunchesAndTheDeviceTime) {
+  auto plan = PlanOp(Spec(v1::PSUM, DType::kF32, {4 << 20}, {"i"}), MeshShape{{"i"}, {2}});
+  ASSERT_TRUE(plan.ok());
+  const HostMembers h = MakeMembers(*plan, 31);
+  for (int round = 0; round < 3; ++round) {  // the events are made once, then reused
+    DeviceTiming timing;
+    const int64_t before = fastq::MonotonicNs();
+    const auto got = RunOnGpu(*plan, h, round == 1, nullptr, 0, 0, &timing);
+    const int64_t after = fastq::MonotonicNs();
+    EXPECT_EQ(got, RunOnCpu(*plan, h, round == 1)) << "round " << round;
+    EXPECT_GT(timing.launched_ns, before) << "round " << round;
+    EXPECT_LT(timing.launched_ns, after) << "round " << round;
+    EXPECT_GT(timing.device_ns, 0) << "round " << round << ": 16 MiB of psum took no GPU time";
+    EXPECT_LT(timing.device_ns, after - before) << "round " << round;
+  }
+  // Without `timing`, nothing is recorded (and Run is RunTimed without it).
+  EXPECT_EQ(RunOnGpu(*plan, h, false, nullptr), RunOnCpu(*plan, h, false));
 }
 
 TEST_F(CudaGpuTest, AMemberOnAGpuThatDoesNotExistIsRefused) {

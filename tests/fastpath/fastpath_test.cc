@@ -321,9 +321,16 @@ void ExpectValidOpWorks(RawSession& s, uint64_t tag, int64_t sequence) {
   EXPECT_EQ(c->rank, 1);
   EXPECT_EQ(c->out_shape[0], 4);
   EXPECT_EQ(c->out_dtype, static_cast<int32_t>(v1::FLOAT32));
+  // The stages, in order (a solo mesh: matched once taken; no stream, so
+  // ready at once; a CPU op: no launch and no device time).
   EXPECT_GT(c->taken_ns, 0);
-  EXPECT_GT(c->started_ns, 0);
-  EXPECT_GE(c->done_ns, c->started_ns);
+  EXPECT_GE(c->matched_ns, c->taken_ns);
+  EXPECT_EQ(c->ready_ns, c->matched_ns);
+  EXPECT_GE(c->started_ns, c->ready_ns);
+  EXPECT_GE(c->executed_ns, c->started_ns);
+  EXPECT_GE(c->done_ns, c->executed_ns);
+  EXPECT_EQ(c->launched_ns, 0);
+  EXPECT_EQ(c->device_ns, 0);
 }
 
 TEST(FastPathUntrustedQueueTest, OversizedLengthIsInvalidArgumentAndTheSessionLives) {
@@ -346,6 +353,8 @@ TEST(FastPathUntrustedQueueTest, OversizedLengthIsInvalidArgumentAndTheSessionLi
     EXPECT_EQ(c->code, kInvalidArgument) << Message(*c);
     EXPECT_EQ(c->sequence, -1);
     EXPECT_EQ(c->started_ns, 0);
+    EXPECT_EQ(c->matched_ns, 0);
+    EXPECT_EQ(c->executed_ns, 0);
     EXPECT_NE(Message(*c).find(absl::StrCat("claims ", len, " bytes")), std::string::npos)
         << Message(*c);
   }
@@ -651,13 +660,16 @@ TEST(FastPathShutdownTest, SigtermFailsAWaitingFastPathOpPromptly) {
 // ---------------------------------------------------------------------------
 
 struct Stamps {
-  int64_t submitted, taken, started, completed, reaped;
+  int64_t submitted, taken, matched, ready, started, launched, executed, completed, reaped,
+      device;
 };
 
 Stamps ParseStamps(const std::string& out, const std::string& tag) {
   return Stamps{Int(Field(out, tag, "submitted")), Int(Field(out, tag, "taken")),
-                Int(Field(out, tag, "started")), Int(Field(out, tag, "completed")),
-                Int(Field(out, tag, "reaped"))};
+                Int(Field(out, tag, "matched")),   Int(Field(out, tag, "ready")),
+                Int(Field(out, tag, "started")),   Int(Field(out, tag, "launched")),
+                Int(Field(out, tag, "executed")),  Int(Field(out, tag, "completed")),
+                Int(Field(out, tag, "reaped")),    Int(Field(out, tag, "device"))};
 }
 
 TEST(FastPathTimingTest, FastPathOpsAreStampedInOrderGrpcOpsNot) {
@@ -680,9 +692,17 @@ TEST(FastPathTimingTest, FastPathOpsAreStampedInOrderGrpcOpsNot) {
     EXPECT_GT(t.submitted, 0) << out;
     EXPECT_GE(t.submitted, begin_ns) << out;  // CLOCK_MONOTONIC, shared by the processes
     EXPECT_LE(t.submitted, t.taken) << out;
-    EXPECT_LE(t.taken, t.started) << out;
-    EXPECT_LE(t.started, t.completed) << out;
+    // Its turn came once the other member's op was there too; no member
+    // orders it with a stream, so its inputs were ready then.
+    EXPECT_LE(t.taken, t.matched) << out;
+    EXPECT_EQ(t.ready, t.matched) << out;
+    EXPECT_LE(t.ready, t.started) << out;
+    EXPECT_LE(t.started, t.executed) << out;
+    EXPECT_LE(t.executed, t.completed) << out;
     EXPECT_LE(t.completed, t.reaped) << out;
+    // A CPU op: nothing launched on a GPU.
+    EXPECT_EQ(t.launched, 0) << out;
+    EXPECT_EQ(t.device, 0) << out;
     EXPECT_LE(t.reaped, end_ns) << out;
     // An op the daemon refused when it took it: never started.
     EXPECT_EQ(Field(out, "BAD_TIMING", "code"), "INVALID_ARGUMENT") << out;
@@ -690,6 +710,8 @@ TEST(FastPathTimingTest, FastPathOpsAreStampedInOrderGrpcOpsNot) {
     EXPECT_GT(b.submitted, t.reaped) << out;
     EXPECT_LE(b.submitted, b.taken) << out;
     EXPECT_EQ(b.started, 0) << out;
+    EXPECT_EQ(b.matched, 0) << out;
+    EXPECT_EQ(b.executed, 0) << out;
     EXPECT_LE(b.taken, b.completed) << out;
     EXPECT_LE(b.completed, b.reaped) << out;
     EXPECT_LE(b.reaped, end_ns) << out;
@@ -699,10 +721,12 @@ TEST(FastPathTimingTest, FastPathOpsAreStampedInOrderGrpcOpsNot) {
     ASSERT_EQ(Field(out, "FAST", "value"), "0") << out;
     EXPECT_EQ(Field(out, "TIMING", "code"), "OK") << out;
     EXPECT_EQ(Rest(out, "TIMING"),
-              "code=OK submitted=0 taken=0 started=0 completed=0 reaped=0")
+              "code=OK submitted=0 taken=0 matched=0 ready=0 started=0 launched=0 executed=0 "
+              "completed=0 reaped=0 device=0")
         << out;
     EXPECT_EQ(Rest(out, "BAD_TIMING"),
-              "code=INVALID_ARGUMENT submitted=0 taken=0 started=0 completed=0 reaped=0")
+              "code=INVALID_ARGUMENT submitted=0 taken=0 matched=0 ready=0 started=0 launched=0 "
+              "executed=0 completed=0 reaped=0 device=0")
         << out;
   }
 }

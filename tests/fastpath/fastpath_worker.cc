@@ -125,8 +125,10 @@ int64_t ProcessCpuNs() {
 std::string TimingFields(const OpFuture& f) {
   const collectived::OpTiming t = f.timing();
   return absl::StrCat("submitted=", t.submitted_ns, " taken=", t.taken_ns,
-                      " started=", t.started_ns, " completed=", t.completed_ns,
-                      " reaped=", t.reaped_ns);
+                      " matched=", t.matched_ns, " ready=", t.ready_ns,
+                      " started=", t.started_ns, " launched=", t.launched_ns,
+                      " executed=", t.executed_ns, " completed=", t.completed_ns,
+                      " reaped=", t.reaped_ns, " device=", t.device_ns);
 }
 
 template <typename T>

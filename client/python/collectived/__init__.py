@@ -452,7 +452,12 @@ class Future:
 
     @property
     def timing(self) -> Dict[str, int]:
-        """Fast-path ops: where the time went (CLOCK_MONOTONIC ns)."""
+        """Fast-path ops: where the time went, CLOCK_MONOTONIC ns per stage
+        (``submitted_ns``, ``taken_ns``, ``matched_ns``, ``ready_ns``,
+        ``started_ns``, ``launched_ns``, ``executed_ns``, ``completed_ns``,
+        ``reaped_ns``; 0 where the op did not reach a stage, or over gRPC)
+        and ``device_ns``, a duration: a GPU op's time on the daemon's
+        stream. See ``OpTiming`` in the C++ SDK."""
         return self._ext.timing
 
     def __await__(self):

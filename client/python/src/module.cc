@@ -210,7 +210,12 @@ class PyFuture {
     nb::dict d;
     d["submitted_ns"] = t.submitted_ns;
     d["taken_ns"] = t.taken_ns;
+    d["matched_ns"] = t.matched_ns;
+    d["ready_ns"] = t.ready_ns;
     d["started_ns"] = t.started_ns;
+    d["launched_ns"] = t.launched_ns;
+    d["executed_ns"] = t.executed_ns;
+    d["device_ns"] = t.device_ns;
     d["completed_ns"] = t.completed_ns;
     d["reaped_ns"] = t.reaped_ns;
     return d;

@@ -181,11 +181,18 @@ def test_futures_and_asyncio(daemon):
                 return fut.done(), float(got[0])
             done, top = asyncio.run(main())
             seqs = [f.sequence for f in futs]
-            emit(sums=sums, done=done, top=top, ordered=seqs == sorted(seqs))
+            # Where the time went (the fast path): every stage a CPU op
+            # reaches, in order; no launch and no device time.
+            t = futs[-1].timing
+            stages = [t[k] for k in ("submitted_ns", "taken_ns", "matched_ns", "ready_ns",
+                                     "started_ns", "executed_ns", "completed_ns", "reaped_ns")]
+            emit(sums=sums, done=done, top=top, ordered=seqs == sorted(seqs),
+                 stages_in_order=stages == sorted(stages) and stages[0] > 0,
+                 gpu_stages=(t["launched_ns"], t["device_ns"]))
     """
     for r in run_members(code, daemon, 2):
         assert r == {"sums": [2 * k + 1 for k in range(8)], "done": True, "top": 1.0,
-                     "ordered": True}
+                     "ordered": True, "stages_in_order": True, "gpu_stages": [0, 0]}
 
 
 def test_errors_are_typed_exceptions(daemon):
