@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -16,6 +17,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "collectived/client.h"
 
 namespace collectived::python {
@@ -25,16 +28,49 @@ namespace collectived::python {
 // the client frees them on its next allocation and when it closes. Unused
 // until then, they cost daemon memory only; the daemon frees whatever is
 // left when the session ends.
+//
+// A GPU buffer may still be used by work queued on a CUDA stream (the JAX
+// CUDA handler's staging buffers): it comes with `unused`, which says
+// whether that work is done (a CUDA event's query), and is freed or
+// unmapped only once it says so (Settle bounds the wait at Close).
 struct Reclaim {
+  struct Dropped {
+    Buffer buffer;
+    std::function<bool()> unused;  // null: nothing queued uses it
+    bool Unused() const { return !unused || unused(); }
+  };
   absl::Mutex mu;
-  std::vector<Buffer> pending ABSL_GUARDED_BY(mu);
+  std::vector<Dropped> pending ABSL_GUARDED_BY(mu);
   bool closed ABSL_GUARDED_BY(mu) = false;
 
-  void Add(Buffer buffer) {
+  void Add(Buffer buffer, std::function<bool()> unused = nullptr) {
     if (!buffer.valid()) return;
-    absl::MutexLock lock(&mu);
-    // After the client closed, the daemon has freed it already: unmap only.
-    if (!closed) pending.push_back(std::move(buffer));
+    Dropped dropped{std::move(buffer), std::move(unused)};
+    {
+      absl::MutexLock lock(&mu);
+      if (!closed) {
+        pending.push_back(std::move(dropped));
+        return;
+      }
+    }
+    // After the client closed, the daemon has freed it already: unmap
+    // only, once nothing queued uses it.
+    Settle(dropped);
+  }
+
+  // Waits (a bounded while) until nothing queued uses `dropped`'s buffer.
+  // Past the bound the buffer is left mapped (its work is stuck; unmapping
+  // it under a running copy would fault the stream): the process's exit
+  // unmaps it.
+  static void Settle(Dropped& dropped) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (!dropped.Unused()) {
+      if (absl::Now() > give_up) {
+        new Buffer(std::move(dropped.buffer));  // deliberately kept mapped
+        return;
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
   }
 };
 
@@ -54,10 +90,18 @@ struct MeshEntry {
   Buffer gpu_out ABSL_GUARDED_BY(mu);
   std::deque<OpFuture> gpu_pending ABSL_GUARDED_BY(mu);
   void* gpu_stream ABSL_GUARDED_BY(mu) = nullptr;  // the last call's (a cudaStream_t)
+  // Whether the work the last call queued on its stream (which reads and
+  // writes gpu_in and gpu_out) is done; null before any.
+  std::function<bool()> gpu_idle ABSL_GUARDED_BY(mu);
+  // The CUDA event gpu_idle queries (a cudaEvent_t), made on the GPU
+  // gpu_event_device once, recorded by every call.
+  std::shared_ptr<void> gpu_event ABSL_GUARDED_BY(mu);
+  int gpu_event_device ABSL_GUARDED_BY(mu) = -1;
 
   ~MeshEntry() {
     absl::MutexLock lock(&mu);
-    for (Buffer* b : {&in, &out, &gpu_in, &gpu_out}) reclaim->Add(std::move(*b));
+    for (Buffer* b : {&in, &out}) reclaim->Add(std::move(*b));
+    for (Buffer* b : {&gpu_in, &gpu_out}) reclaim->Add(std::move(*b), gpu_idle);
   }
 };
 

@@ -358,6 +358,47 @@ absl::Status ReapGpuOps(MeshEntry& entry, bool all) ABSL_EXCLUSIVE_LOCKS_REQUIRE
   return first;
 }
 
+// Records on `stream`, behind what this call queued there (copies and the
+// op, which read and write the staging buffers), the event that
+// entry.gpu_idle asks: once it completed, nothing queued uses the staging
+// buffers any more (~MeshEntry hands them to Reclaim with it).
+absl::Status MarkQueued(MeshEntry& entry, cudaStream_t stream)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(entry.mu) {
+  int device = -1;
+  if (absl::Status st = CudaStatus(cudaStreamGetDevice(stream, &device), "cudaStreamGetDevice");
+      !st.ok()) {
+    return st;
+  }
+  if (entry.gpu_event == nullptr || entry.gpu_event_device != device) {
+    int saved = -1;
+    cudaGetDevice(&saved);
+    cudaEvent_t event = nullptr;
+    cudaError_t err = cudaSetDevice(device);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (saved >= 0) cudaSetDevice(saved);
+    if (absl::Status st = CudaStatus(err, "making the staging buffers' event"); !st.ok()) {
+      return st;
+    }
+    entry.gpu_event = std::shared_ptr<void>(
+        event, [](void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); });
+    entry.gpu_event_device = device;
+  }
+  if (absl::Status st = CudaStatus(
+          cudaEventRecord(static_cast<cudaEvent_t>(entry.gpu_event.get()), stream),
+          "recording the staging buffers' event");
+      !st.ok()) {
+    return st;
+  }
+  entry.gpu_idle = [event = entry.gpu_event] {
+    return cudaEventQuery(static_cast<cudaEvent_t>(event.get())) != cudaErrorNotReady;
+  };
+  return absl::OkStatus();
+}
+
+absl::Status EnqueueStaged(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer out,
+                           Call& call, const std::string& gpu)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(call.entry->mu);
+
 absl::Status RunOnStream(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer out, Call& call) {
   MeshEntry& entry = *call.entry;
   absl::MutexLock lock(&entry.mu);
@@ -387,11 +428,24 @@ absl::Status RunOnStream(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer o
       }
     }
   }
-  if (absl::Status st = GrowStaging(*call.client, entry.gpu_in, call.in_bytes, *gpu); !st.ok()) {
+  // Whatever it queued (the operand's copy, before a refusal), the staging
+  // buffers are in use until the stream is past it.
+  absl::Status st = EnqueueStaged(stream, x, out, call, *gpu);
+  absl::Status marked = MarkQueued(entry, stream);
+  return st.ok() ? marked : st;
+}
+
+// RunOnStream's work once the staging buffers are on XLA's GPU: grown as
+// needed, the operand copied in, the op submitted in stream order, the
+// result copied out, all queued on `stream`.
+absl::Status EnqueueStaged(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer out,
+                           Call& call, const std::string& gpu) {
+  MeshEntry& entry = *call.entry;
+  if (absl::Status st = GrowStaging(*call.client, entry.gpu_in, call.in_bytes, gpu); !st.ok()) {
     return st;
   }
   if (!call.in_place) {
-    if (absl::Status st = GrowStaging(*call.client, entry.gpu_out, call.out_bytes, *gpu);
+    if (absl::Status st = GrowStaging(*call.client, entry.gpu_out, call.out_bytes, gpu);
         !st.ok()) {
       return st;
     }

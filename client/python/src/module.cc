@@ -539,12 +539,13 @@ class PyClient {
     if (!client_) return;
     std::shared_ptr<Client> client = std::move(client_);
     nb::gil_scoped_release unlocked;
-    std::vector<Buffer> dropped;  // unmapped here; the session's end frees them
+    std::vector<Reclaim::Dropped> dropped;  // unmapped here; the session's end frees them
     {
       absl::MutexLock lock(&reclaim_->mu);
       reclaim_->closed = true;
       dropped.swap(reclaim_->pending);
     }
+    for (Reclaim::Dropped& d : dropped) Reclaim::Settle(d);
     dropped.clear();
     // Closes the session (the daemon frees what is left), unless a JAX call
     // in flight holds the client: then when that call returns.
@@ -556,14 +557,27 @@ class PyClient {
 
  private:
   size_t FreeReclaimed(Client& c) {
-    std::vector<Buffer> pending;
+    std::vector<Reclaim::Dropped> pending, busy;
     {
       absl::MutexLock lock(&reclaim_->mu);
       pending.swap(reclaim_->pending);
     }
-    // Best effort: what fails here is freed when the session ends.
-    for (Buffer& b : pending) c.Free(b).IgnoreError();
-    return pending.size();
+    // Best effort: what fails here is freed when the session ends. A GPU
+    // buffer that queued work still uses waits for a later round.
+    size_t freed = 0;
+    for (Reclaim::Dropped& d : pending) {
+      if (d.Unused()) {
+        c.Free(d.buffer).IgnoreError();
+        ++freed;
+      } else {
+        busy.push_back(std::move(d));
+      }
+    }
+    if (!busy.empty()) {
+      absl::MutexLock lock(&reclaim_->mu);
+      for (Reclaim::Dropped& d : busy) reclaim_->pending.push_back(std::move(d));
+    }
+    return freed;
   }
 
   std::shared_ptr<Client> client_;  // the JAX FFI handler's table holds it weakly
