@@ -61,7 +61,7 @@
 namespace collectived::member_ops {
 
 inline constexpr uint32_t kMagic = 0x3153434d;  // "MCS1"
-inline constexpr uint32_t kVersion = 2;
+inline constexpr uint32_t kVersion = 3;
 // Header::code: which code plans and computes the ops (the daemon's
 // COLLECTIVED_MEMBER_OPS_CODE, cmake/MemberOpsCode.cmake). A member runs
 // ops member-side only when its SDK's is the same: the daemon and every
@@ -108,12 +108,19 @@ struct Slot {
   fastq::Word cpu;
 };
 
+// An input of at most this many bytes is in the entry's first cache line,
+// beside its key: a member waiting for the others then fetches one line of
+// each (the one it polls), not two.
+inline constexpr size_t kSmallInput = 40;
+
 struct Entry {
   // Member: (D + 1) << 24 | (S & 0xffffff), stored last (seq_cst); 0: none.
   std::atomic<uint64_t> key;
   uint32_t sig_len;
   uint32_t in_bytes;
   int64_t published_ns;  // CLOCK_MONOTONIC, when the member published it
+  // The input, when it is at most kSmallInput bytes (else in the payload).
+  uint8_t small[kSmallInput];
   char signature[kMaxSignature];
   // Member, for an all_gather whose members read each other's inputs
   // (client/src/member_reads.cc): the input's buffer (its id, in_id_len
@@ -130,7 +137,8 @@ struct Entry {
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);
 
 static_assert(sizeof(Header) <= 2048);
-static_assert(sizeof(Entry) <= 320, "an entry's header keeps its size");
+static_assert(sizeof(Entry) <= 384, "an entry's header keeps its size");
+static_assert(offsetof(Entry, small) + kSmallInput == 64, "a small input shares the key's line");
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 inline uint64_t Key(uint64_t d, uint64_t s) { return ((d + 1) << 24) | (s & 0xffffff); }
@@ -188,6 +196,11 @@ struct View {
   }
   uint8_t* payload(uint32_t m, uint64_t s) const {
     return reinterpret_cast<uint8_t*>(entry(m, s)) + kEntryHeaderBytes;
+  }
+  // Where an op's input of `bytes` is in the entry (the same size for
+  // every member of the op: the signatures say so).
+  uint8_t* input(uint32_t m, uint64_t s, uint64_t bytes) const {
+    return bytes <= kSmallInput ? entry(m, s)->small : payload(m, s);
   }
 };
 

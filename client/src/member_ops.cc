@@ -406,10 +406,16 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   if (key == unused_key_) return std::nullopt;
   unused_key_ = key;  // until the op runs here
   Entry* mine = view_.entry(index_, s);
-  mine->sig_len = static_cast<uint32_t>(signature.size());
-  std::memcpy(mine->signature, signature.data(), signature.size());
+  // The signature is written only when it changed: a loop's ops then leave
+  // its cache lines alone, and the other members, who compare it, keep
+  // their copies instead of fetching them again at every op.
+  if (mine->sig_len != signature.size() ||
+      std::memcmp(mine->signature, signature.data(), signature.size()) != 0) {
+    mine->sig_len = static_cast<uint32_t>(signature.size());
+    std::memcpy(mine->signature, signature.data(), signature.size());
+  }
   mine->in_bytes = static_cast<uint32_t>(payload_bytes);
-  if (payload_bytes > 0) std::memcpy(view_.payload(index_, s), payload, payload_bytes);
+  if (payload_bytes > 0) std::memcpy(view_.input(index_, s, payload_bytes), payload, payload_bytes);
   mine->published_ns = now;
   // Where this member runs, for the others' choice to spin (0: unknown);
   // stored when it changed only, so the line stays in the others' caches.
@@ -552,7 +558,7 @@ absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
   const uint32_t members = view_.layout.members;
   std::vector<MemberIo>& ios = ios_;
   ios.assign(members, MemberIo{});
-  for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.payload(m, s_);
+  for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.input(m, s_, plan.in_bytes);
   ios[index_].out = out;
   // The daemon's floating-point environment, whatever this thread's
   // (rounding, exception masks); the kernels set flush-to-zero.
