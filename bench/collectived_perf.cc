@@ -306,7 +306,8 @@ constexpr char kUsage[] =
     "                     streams reached it) -> started (a daemon thread runs it) ->\n"
     "                     launched (GPU: kernels enqueued) -> executed (outputs written)\n"
     "                     -> completed (published) -> reaped (the member saw it), and\n"
-    "                     a GPU op's time on the GPU (CUDA events)\n"
+    "                     a GPU op's first enqueue -> GPU done (CUDA events: the\n"
+    "                     launching and the GPU's work; it begins about at started)\n"
     "  --stream           with --device=cuda: each member orders its ops with its own\n"
     "                     CUDA stream (Mesh::submit(op, stream)) and times submit ->\n"
     "                     the stream synchronized: what an op costs the stream\n"
@@ -983,7 +984,7 @@ std::string PhaseSummary(const std::vector<Profile>& p) {
   absl::StrAppendFormat(&out, ", total %.2f us",
                         median([](const T& t) { return t.reaped_ns - t.submitted_ns; }));
   if (std::all_of(p.begin(), p.end(), [](const Profile& x) { return x.timing.device_ns > 0; })) {
-    absl::StrAppendFormat(&out, "; on the GPU %.2f us",
+    absl::StrAppendFormat(&out, "; first enqueue->GPU done %.2f us",
                           median([](const T& t) { return t.device_ns; }));
   }
   return out + TrafficSummary(p.back().traffic);

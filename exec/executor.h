@@ -57,9 +57,11 @@ struct DeviceTiming {
   // CLOCK_MONOTONIC ns when every kernel and copy of the op was enqueued on
   // its stream (0: not a GPU op, or it failed before).
   int64_t launched_ns = 0;
-  // A duration: from an event recorded on the stream before the op's first
-  // kernel or copy to one recorded after its last (0 when unknown). The
-  // rest of launched -> synchronized is the host waiting for the stream.
+  // A duration: from an event recorded on the stream just before the op's
+  // first kernel or copy was enqueued to one recorded after its last (0
+  // when unknown). The stream is idle then (ops on a device are serialized
+  // and each ends synchronized), so this spans the host's launching too: it
+  // ends when the GPU finished the op.
   int64_t device_ns = 0;
 };
 

@@ -494,8 +494,8 @@ class Engine {
   static absl::string_view GatherMemberIo(const PendingOp& op, std::vector<MemberIo>& io,
                                           std::vector<std::shared_ptr<SharedBuffer>>& keep);
   // What starts `op` on the mesh's connections to the other hosts, with a
-  // verdict.
-  std::function<void(absl::Status)> CrossStarter(Mesh& mesh, const PendingOp& op,
+  // verdict and when its inputs were ready (OpStamps).
+  std::function<void(absl::Status, int64_t)> CrossStarter(Mesh& mesh, const PendingOp& op,
                                                  Executor* executor,
                                                  std::shared_ptr<const OpPlan> plan,
                                                  std::vector<MemberIo> io,
@@ -505,7 +505,8 @@ class Engine {
   // (then `run`s, or fails; both are moved there); false when they are
   // ready (both left as they are).
   bool WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signature,
-                      std::function<void(int64_t)>& run, std::function<void(absl::Status)>& start_cross)
+                      std::function<void(int64_t)>& run,
+                      std::function<void(absl::Status, int64_t)>& start_cross)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnOpDeadline(const std::string& mesh_id, int64_t sequence) ABSL_LOCKS_EXCLUDED(mu_);
   void OnOpFinished(const std::string& mesh_id, int64_t sequence, absl::Status status,

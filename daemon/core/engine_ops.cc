@@ -510,7 +510,7 @@ absl::string_view Engine::GatherMemberIo(const PendingOp& op, std::vector<Member
   return kind;
 }
 
-std::function<void(absl::Status)> Engine::CrossStarter(
+std::function<void(absl::Status, int64_t)> Engine::CrossStarter(
     Mesh& mesh, const PendingOp& op, Executor* executor, std::shared_ptr<const OpPlan> plan,
     std::vector<MemberIo> io, std::vector<std::shared_ptr<SharedBuffer>> keep) {
   ++cross_ops_in_flight_;
@@ -519,9 +519,10 @@ std::function<void(absl::Status)> Engine::CrossStarter(
   return [this, cross = mesh.cross, executor, plan = std::move(plan), io = std::move(io),
           keep = std::move(keep), mesh_id = mesh.id, seq = op.sequence, deadline = op.deadline,
           timeout = op.deadline - op.first_submit,
-          matched_ns = op.matched_ns](absl::Status verdict) {
+          matched_ns = op.matched_ns](absl::Status verdict, int64_t ready_ns) {
     OpStamps stamps;
     stamps.matched_ns = matched_ns;
+    stamps.ready_ns = ready_ns;
     stamps.started_ns = fastq::MonotonicNs();
     // The callback runs on the mesh's thread and holds a reference to the
     // mesh until it has returned, then drops it on a runner: the thread must
@@ -547,7 +548,7 @@ std::function<void(absl::Status)> Engine::CrossStarter(
 
 bool Engine::WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signature,
                             std::function<void(int64_t)>& run,
-                            std::function<void(absl::Status)>& start_cross) {
+                            std::function<void(absl::Status, int64_t)>& start_cross) {
   std::vector<MemberSync> streams;
   for (size_t i = 0; i < op.subs.size(); ++i) {
     if (op.subs[i] && op.subs[i]->sync) {
@@ -560,15 +561,17 @@ bool Engine::WaitForStreams(Mesh& mesh, PendingOp& op, const std::string& signat
       std::move(streams), op.deadline, op.cancel,
       absl::StrCat("mesh '", mesh.name, "': op ", op.sequence, " (", signature, ")"),
       [this, run = std::move(run), start_cross = std::move(start_cross), mesh_id = mesh.id,
-       seq = op.sequence](absl::Status status) {
+       seq = op.sequence, matched_ns = op.matched_ns](absl::Status status) {
         if (status.ok()) {
           runners_->Schedule([run, ready_ns = fastq::MonotonicNs()] { run(ready_ns); });
         } else if (start_cross) {
           // The other hosts wait for this host's part of the op: they fail
           // it too.
-          start_cross(std::move(status));
+          start_cross(std::move(status), 0);
         } else {
-          OnOpFinished(mesh_id, seq, std::move(status), OpStamps{}, Traffic{});
+          OpStamps stamps;  // matched, never ready
+          stamps.matched_ns = matched_ns;
+          OnOpFinished(mesh_id, seq, std::move(status), stamps, Traffic{});
         }
       });
   return true;
@@ -594,10 +597,10 @@ void Engine::MaybeStartNext(Mesh& mesh, Callbacks& cbs) {
   std::function<void(int64_t)> run;
   // Across hosts: starts the op on the mesh's connections with `verdict`
   // (every host then fails an op one host refused).
-  std::function<void(absl::Status)> start_cross;
+  std::function<void(absl::Status, int64_t)> start_cross;
   if (mesh.cross) {
     start_cross = CrossStarter(mesh, op, executor, plan, std::move(io), std::move(keep));
-    run = [start_cross, verdict = op.verdict](int64_t) { start_cross(verdict); };
+    run = [start_cross, verdict = op.verdict](int64_t ready_ns) { start_cross(verdict, ready_ns); };
   } else {
     run = [this, executor, plan, io = std::move(io), keep = std::move(keep), mesh_id = mesh.id,
            seq = op.sequence, matched_ns = op.matched_ns](int64_t ready_ns) {

@@ -212,24 +212,29 @@ class AxisNames {
 // Where a fast-path op's time went: CLOCK_MONOTONIC nanoseconds (one clock
 // for every process of the host). All 0 for ops sent over gRPC; the daemon's
 // stamps are 0 when the op failed before reaching it.
+// In the order an op reaches them: submitted, taken, matched, ready,
+// started, launched, executed, completed, reaped (the later stages were
+// added after the first five, at the end).
 struct OpTiming {
   int64_t submitted_ns = 0;  // the SDK published the op in the queue
   int64_t taken_ns = 0;      // the daemon's queue thread took it
+  int64_t started_ns = 0;    // a daemon thread began to run it
+  int64_t completed_ns = 0;  // the daemon published the result
+  int64_t reaped_ns = 0;     // this process saw the result
   // Its turn came: every member had submitted it and the mesh's op before
   // it was done.
   int64_t matched_ns = 0;
   // Its inputs were ready: the streams of stream-ordered members had
   // reached it (= matched_ns when no member orders it with a stream).
   int64_t ready_ns = 0;
-  int64_t started_ns = 0;    // a daemon thread began to run it
   int64_t launched_ns = 0;   // a GPU op: all its kernels and copies were enqueued (else 0)
   int64_t executed_ns = 0;   // the daemon's executor returned: every output written
-  int64_t completed_ns = 0;  // the daemon published the result
-  int64_t reaped_ns = 0;     // this process saw the result
-  // A duration, not a time: a GPU op's time on the daemon's stream, between
-  // an event recorded before its first kernel or copy and one after its
-  // last (0 for a CPU op). launched -> executed minus this is the daemon
-  // waiting on the stream after the work was done.
+  // A duration, not a time (0 for a CPU op): a GPU op's span on the
+  // daemon's stream, from an event recorded as its first kernel or copy was
+  // about to be enqueued (the stream idle, so about started_ns) to one after
+  // its last work ended. So the host's launching is inside it: started_ns +
+  // device_ns is about when the GPU finished, and executed_ns minus that is
+  // the daemon noticing.
   int64_t device_ns = 0;
 };
 

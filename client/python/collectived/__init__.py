@@ -456,8 +456,9 @@ class Future:
         (``submitted_ns``, ``taken_ns``, ``matched_ns``, ``ready_ns``,
         ``started_ns``, ``launched_ns``, ``executed_ns``, ``completed_ns``,
         ``reaped_ns``; 0 where the op did not reach a stage, or over gRPC)
-        and ``device_ns``, a duration: a GPU op's time on the daemon's
-        stream. See ``OpTiming`` in the C++ SDK."""
+        and ``device_ns``, a duration: a GPU op's span on the daemon's
+        stream from its first enqueue (about ``started_ns``) to the end of
+        its GPU work. See ``OpTiming`` in the C++ SDK."""
         return self._ext.timing
 
     def __await__(self):

@@ -61,7 +61,9 @@ struct Reclaim {
   // Waits (a bounded while) until nothing queued uses `dropped`'s buffer.
   // Past the bound the buffer is left mapped (its work is stuck; unmapping
   // it under a running copy would fault the stream): the process's exit
-  // unmaps it.
+  // unmaps it. Only after the client closed, on the thread that drops the
+  // buffer's last user (which may be XLA's, when a jitted call still held
+  // the mesh): never with the GIL held by this code.
   static void Settle(Dropped& dropped) {
     const absl::Time give_up = absl::Now() + absl::Seconds(10);
     while (!dropped.Unused()) {

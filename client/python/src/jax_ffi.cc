@@ -432,6 +432,12 @@ absl::Status RunOnStream(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer o
   // buffers are in use until the stream is past it.
   absl::Status st = EnqueueStaged(stream, x, out, call, *gpu);
   absl::Status marked = MarkQueued(entry, stream);
+  if (!marked.ok()) {
+    // Without this call's event the last one's would say "unused" too
+    // early: wait for the stream here instead (an error path).
+    cudaStreamSynchronize(stream);
+    entry.gpu_idle = nullptr;
+  }
   return st.ok() ? marked : st;
 }
 

@@ -573,9 +573,16 @@ class PyClient {
         busy.push_back(std::move(d));
       }
     }
+    bool closed = false;
     if (!busy.empty()) {
       absl::MutexLock lock(&reclaim_->mu);
-      for (Reclaim::Dropped& d : busy) reclaim_->pending.push_back(std::move(d));
+      closed = reclaim_->closed;  // Close() ran meanwhile: it will not see them
+      if (!closed) {
+        for (Reclaim::Dropped& d : busy) reclaim_->pending.push_back(std::move(d));
+      }
+    }
+    if (closed) {
+      for (Reclaim::Dropped& d : busy) Reclaim::Settle(d);
     }
     return freed;
   }
