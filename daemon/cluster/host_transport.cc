@@ -495,6 +495,7 @@ absl::Status HostTransport::EndFrame(Connection& c, std::vector<int64_t>* querie
       int code = static_cast<int>(f.slot);
       if (code <= 0 || code > 16) code = static_cast<int>(absl::StatusCode::kAborted);
       c.rx_done = true;
+      c.rx_break = true;
       return absl::Status(static_cast<absl::StatusCode>(code),
                           Clean(c.rx_small, kMaxBreakReasonBytes));
     }
@@ -608,7 +609,19 @@ absl::StatusOr<std::unique_ptr<HostTransfer>> HostTransport::Post(bool send, int
   return t;
 }
 
-void HostTransport::PeerFailed(Connection& c, const absl::Status& why) {
+void HostTransport::PeerFailed(Connection& c, const absl::Status& failure) {
+  // A write that failed because the peer went away: the peer may have said
+  // why before it went (its BREAK, still unread here), and that is the
+  // reason to report, not the broken pipe it left behind.
+  absl::Status why = failure;
+  {
+    MutexLock lock(&c.rx_mu);
+    if (!c.rx_done) {
+      std::vector<int64_t> unanswered;  // the connection ends: no answers
+      absl::Status read = ReadSome(c, &unanswered);
+      if (c.rx_break) why = read;
+    }
+  }
   bool first;
   {
     MutexLock lock(&state_mu_);

@@ -281,10 +281,12 @@ class HostTransport {
   void UpdateEvents(Connection& c);
   // Marks `t` done or failed and wakes its waiters.
   void Complete(HostTransfer& t, const absl::Status& status);
-  // A peer-caused failure on `c` (its BREAK, its end, what it sent): the
-  // connection ends, its transfers fail with `why`; the first such failure
-  // is reported (on_break).
-  void PeerFailed(Connection& c, const absl::Status& why);
+  // A peer-caused failure on `c` (its BREAK, its end, what it sent, a write
+  // it no longer takes): the connection ends, its transfers fail with why
+  // (the peer's BREAK when one is waiting unread, else `failure`); the first
+  // such failure is reported (on_break). Takes c's read lock: call it with
+  // none of c's locks held.
+  void PeerFailed(Connection& c, const absl::Status& failure);
   // Fails `c`'s transfers with `why`, sends the peer a BREAK with it and
   // shuts the connection down.
   void Detach(Connection& c, const absl::Status& why);

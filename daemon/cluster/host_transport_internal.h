@@ -68,6 +68,7 @@ struct HostTransport::Connection {
   uint64_t rx_next ABSL_GUARDED_BY(rx_mu) = 0;
   std::unique_ptr<char[]> sink;  // set before the I/O threads start, then theirs
   std::atomic<bool> rx_done{false};  // the read side ended (end of stream, or error)
+  bool rx_break ABSL_GUARDED_BY(rx_mu) = false;  // it ended with the peer's BREAK
 
   // What the lane's epoll watches of this connection (UpdateEvents).
   Mutex ev_mu;  // leaf
