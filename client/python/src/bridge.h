@@ -21,6 +21,10 @@
 #include "absl/time/time.h"
 #include "collectived/client.h"
 
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace collectived::python {
 
 // Buffers whose last user went away, waiting to be freed in the daemon. A
@@ -117,6 +121,21 @@ absl::Status GrowStaging(Client& client, Buffer& buffer, size_t bytes,
 // The daemon's name ("cuda:GPU-<uuid>") of the CUDA device `ordinal` of this
 // process; UNIMPLEMENTED in a module built without CUDA.
 absl::StatusOr<std::string> GpuName(int ordinal);
+
+#ifdef COLLECTIVED_PYTHON_HAS_CUDA
+// Runs `fn` (which returns a cudaError_t) with GPU `ordinal` current on the
+// calling thread, then gives the thread its current device back; the first
+// error.
+template <typename Fn>
+cudaError_t OnGpu(int ordinal, Fn fn) {
+  int previous = -1;
+  cudaError_t e = cudaGetDevice(&previous);
+  if (e == cudaSuccess && previous != ordinal) e = cudaSetDevice(ordinal);
+  if (e == cudaSuccess) e = fn();
+  if (previous >= 0 && previous != ordinal) cudaSetDevice(previous);
+  return e;
+}
+#endif
 
 // Registers a mesh; returns its handle (> 0, never reused in the process).
 int64_t RegisterMesh(std::shared_ptr<MeshEntry> entry);

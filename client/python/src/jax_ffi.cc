@@ -370,12 +370,9 @@ absl::Status MarkQueued(MeshEntry& entry, cudaStream_t stream)
     return st;
   }
   if (entry.gpu_event == nullptr || entry.gpu_event_device != device) {
-    int saved = -1;
-    cudaGetDevice(&saved);
     cudaEvent_t event = nullptr;
-    cudaError_t err = cudaSetDevice(device);
-    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (saved >= 0) cudaSetDevice(saved);
+    const cudaError_t err =
+        OnGpu(device, [&] { return cudaEventCreateWithFlags(&event, cudaEventDisableTiming); });
     if (absl::Status st = CudaStatus(err, "making the staging buffers' event"); !st.ok()) {
       return st;
     }

@@ -557,32 +557,22 @@ class PyClient {
 
  private:
   size_t FreeReclaimed(Client& c) {
-    std::vector<Reclaim::Dropped> pending, busy;
+    std::vector<Reclaim::Dropped> pending;
     {
       absl::MutexLock lock(&reclaim_->mu);
       pending.swap(reclaim_->pending);
     }
     // Best effort: what fails here is freed when the session ends. A GPU
-    // buffer that queued work still uses waits for a later round.
+    // buffer that queued work still uses goes back for a later round (or is
+    // settled, if Close() ran meanwhile: Add knows).
     size_t freed = 0;
     for (Reclaim::Dropped& d : pending) {
       if (d.Unused()) {
         c.Free(d.buffer).IgnoreError();
         ++freed;
       } else {
-        busy.push_back(std::move(d));
+        reclaim_->Add(std::move(d.buffer), std::move(d.unused));
       }
-    }
-    bool closed = false;
-    if (!busy.empty()) {
-      absl::MutexLock lock(&reclaim_->mu);
-      closed = reclaim_->closed;  // Close() ran meanwhile: it will not see them
-      if (!closed) {
-        for (Reclaim::Dropped& d : busy) reclaim_->pending.push_back(std::move(d));
-      }
-    }
-    if (closed) {
-      for (Reclaim::Dropped& d : busy) Reclaim::Settle(d);
     }
     return freed;
   }
@@ -625,15 +615,12 @@ void DefineGpuHelpers(nb::module_& m) {
           // On the device's legacy default stream (its primary context's,
           // which torch's, cupy's and JAX's runtimes share), the calling
           // thread's current device restored after.
-          int previous = -1;
-          e = cudaGetDevice(&previous);
-          if (e == cudaSuccess && previous != ordinal) e = cudaSetDevice(ordinal);
-          if (e == cudaSuccess) {
-            e = cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+          e = OnGpu(ordinal, [&] {
+            cudaError_t err =
+                cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
                                 bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy);
-          }
-          if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
-          if (previous >= 0 && previous != ordinal) cudaSetDevice(previous);
+            return err == cudaSuccess ? cudaStreamSynchronize(cudaStreamLegacy) : err;
+          });
         }
         if (e != cudaSuccess) {
           Raise(absl::InternalError(absl::StrCat("copying ", bytes, " B between GPU arrays: ",
