@@ -317,8 +317,8 @@ bool MemberOps::PeerOnThisCpu() const {
   return false;
 }
 
-void MemberOps::PartFromPeerOnThisCpu(int64_t now) {
-  if (!busy_poll_ || last_cpu_ == 0 || now - last_move_ns_ < kMoveEveryNs) return;
+void MemberOps::PartFromPeerOnThisCpu() {
+  if (!busy_poll_ || last_cpu_ == 0) return;
   // Of the members on one CPU, the first stays (were both to move, they
   // could land together again).
   const uint32_t members = view_.layout.members;
@@ -327,6 +327,8 @@ void MemberOps::PartFromPeerOnThisCpu(int64_t now) {
     lower_member_here = view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == last_cpu_;
   }
   if (!lower_member_here) return;
+  const int64_t now = fastq::MonotonicNs();
+  if (now - last_move_ns_ < kMoveEveryNs) return;
   last_move_ns_ = now;
   std::vector<uint32_t> busy(members);
   for (uint32_t m = 0; m < members; ++m) {
@@ -423,6 +425,10 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
     view_.slot(index_)->cpu.v.store(cpu, std::memory_order_relaxed);
     last_cpu_ = cpu;
   }
+  // Asked at every op, not only when this member waits (see
+  // PartFromPeerOnThisCpu), and before publishing: a member asleep on this
+  // CPU is then woken from the other one and stays where it is.
+  PartFromPeerOnThisCpu();
   mine->key.store(key, std::memory_order_seq_cst);
   member_ops::RingAll(view_, index_);
 
@@ -451,7 +457,6 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
            view_.header()->broken.v.load(std::memory_order_seq_cst) != 0;
   };
   bool here = ready();
-  if (!here) PartFromPeerOnThisCpu(now);
   // A member on this CPU cannot come while this one polls.
   if (!here && busy_poll_ && !PeerOnThisCpu()) {
     here = BusyPoll(ready, [this] { return PeerOnThisCpu(); });

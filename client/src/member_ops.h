@@ -166,8 +166,10 @@ class MemberOps {
   // have a CPU of its own (busy_poll_) and a member with a lower index last
   // ran on this one's CPU, this one moves to a CPU no member last ran on
   // (MoveToFreeCpu; at most once per kMoveEvery), and the members poll apart
-  // from then on.
-  void PartFromPeerOnThisCpu(int64_t now);
+  // from then on. Meet asks at every op, before publishing: of two members
+  // on one CPU, the first to arrive sleeps and the other never waits, so a
+  // check made only when waiting would never move either of them.
+  void PartFromPeerOnThisCpu();
   // Meet's wait once polling did not find the members: sleeps on the bell
   // until `ready`, asking the daemon about missing members past `timeout`.
   // OK once ready; otherwise the op's error (the daemon gone, an interrupted
