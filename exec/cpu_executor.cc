@@ -111,13 +111,13 @@ bool CpuExecutor::Streams(const OpPlan& plan) const {
   return plan.bytes_touched() >= options_.stream_bytes;
 }
 
-void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n,
-                              const std::function<void(size_t)>& fn) {
+void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n, absl::FunctionRef<void(size_t)> fn) {
   if (plan.bytes_touched() <= options_.serial_bytes) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  pool_->ParallelFor(n, fn);
+  // The pool's ParallelFor returns once every task ran: fn outlives them.
+  pool_->ParallelFor(n, [fn](size_t i) { fn(i); });
 }
 
 void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io) {

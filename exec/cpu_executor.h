@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <memory>
 
+#include "absl/functional/function_ref.h"
 #include "exec/executor.h"
 #include "exec/thread_pool.h"
 
@@ -49,8 +50,9 @@ class CpuExecutor final : public Executor {
  private:
   // Whether `plan` writes its results with streaming stores.
   bool Streams(const OpPlan& plan) const;
-  // fn(0..n) for `plan`, on the pool unless the op is small.
-  void ParallelFor(const OpPlan& plan, size_t n, const std::function<void(size_t)>& fn);
+  // fn(0..n) for `plan`, on the pool unless the op is small (then with no
+  // allocation: a small op's whole run is a few hundred nanoseconds).
+  void ParallelFor(const OpPlan& plan, size_t n, absl::FunctionRef<void(size_t)> fn);
   void RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io);
   void RunGather(const OpPlan& plan, const std::vector<MemberIo>& io);
   void RunReduceScatter(const OpPlan& plan, const std::vector<MemberIo>& io);

@@ -138,8 +138,14 @@ bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
 class FpEnvironment {
  public:
 #if defined(__x86_64__) || defined(__i386__)
-  FpEnvironment() : saved_(_mm_getcsr()) { _mm_setcsr(kDefaultMxcsr); }
-  ~FpEnvironment() { _mm_setcsr(saved_); }
+  // Usually the thread's already: MXCSR is then left alone (a write to it
+  // costs more than the read).
+  FpEnvironment() : saved_(_mm_getcsr()) {
+    if (saved_ != kDefaultMxcsr) _mm_setcsr(kDefaultMxcsr);
+  }
+  ~FpEnvironment() {
+    if (saved_ != kDefaultMxcsr) _mm_setcsr(saved_);
+  }
 
  private:
   static constexpr unsigned kDefaultMxcsr = 0x1f80;
@@ -489,11 +495,12 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   interrupted_ = interrupted != nullptr && *interrupted ? interrupted : nullptr;
   absl::Cleanup forget = [this] { interrupted_ = nullptr; };
   // A broken mesh or a daemon that is gone: the daemon path says so, with
-  // its usual errors. The daemon is looked at (one poll()) at most once a
-  // millisecond: ops complete member-side for at most that long after it
-  // died, as ops it completed just before dying would.
+  // its usual errors. The daemon is looked at (one poll()) once a
+  // millisecond has passed on the coarse clock, at most once per timer tick
+  // (1-10 ms): ops complete member-side for at most about that long after
+  // it died, as ops it completed just before dying would.
   if (absl::Status b = Broken(); !b.ok()) return std::nullopt;
-  const int64_t now = fastq::MonotonicNs();
+  const int64_t now = fastq::CoarseMonotonicNs();
   if (now - alive_checked_ns_ > 1'000'000) {
     if (!DaemonAlive()) return std::nullopt;
     alive_checked_ns_ = now;
@@ -523,7 +530,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
       }
     }
     if (reads_.load(std::memory_order_relaxed) == Reads::kYes) {
-      return GatherByReads(plan, io, fastq::MonotonicNs());
+      return GatherByReads(plan, io, fastq::CoarseMonotonicNs());
     }
   }
   if (plan.in_bytes > view_.layout.payload_bytes ||
@@ -639,7 +646,7 @@ std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
   const absl::Duration work_time =
       absl::Seconds(static_cast<double>(plan.out_bytes) / static_cast<double>(64 << 20));
   std::optional<absl::Status> done =
-      Meet(signature_, nullptr, 0, fastq::MonotonicNs(), op_timeout_ + work_time);
+      Meet(signature_, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_ + work_time);
   if (!done) {
     // Only a member that does not follow the protocol (or a corrupt
     // segment) takes another path at this place.

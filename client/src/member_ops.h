@@ -154,7 +154,7 @@ class MemberOps {
   // signature and payload size (S is not advanced: the caller does once the
   // op ran). nullopt: the op goes to the daemon (a member took the daemon
   // path at this place, or the entries differ). Otherwise the op's error (a
-  // broken mesh, a missing member, the daemon gone). `now`: MonotonicNs;
+  // broken mesh, a missing member, the daemon gone). `now`: CoarseMonotonicNs;
   // `timeout`: how long to wait before asking the daemon who is missing.
   std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
                                    uint64_t payload_bytes, int64_t now, absl::Duration timeout);

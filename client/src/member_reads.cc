@@ -138,7 +138,8 @@ std::optional<absl::Status> MemberOps::ProbeReads(int64_t now) {
   Advance();
   // Second place: every member says whether it reads.
   view_.entry(index_, s_)->read_failed = why_not.ok() ? 0 : 1;
-  std::optional<absl::Status> probed = Meet(kProbed, nullptr, 0, fastq::MonotonicNs(), op_timeout_);
+  std::optional<absl::Status> probed =
+      Meet(kProbed, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
   if (!probed) {
     return Abandon(absl::InternalError(
         "member-side probe of reads: a member did not confirm it at the place after the "
