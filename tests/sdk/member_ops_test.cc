@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cfenv>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -1048,6 +1049,36 @@ TEST(MemberOpsTest, MembersThatStartOnOneCpuStayExact) {
   });
   ExpectAllOk(st);
   EXPECT_EQ(wrong, std::vector<int>(kN, 0));
+  EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
+}
+
+// A member thread that rounds upward gets the daemon's bits (round to
+// nearest) from a member-side psum, and its own rounding back afterwards,
+// whether or not its environment differed from the daemon's.
+TEST(MemberOpsTest, TheCallersRoundingModeChangesNoBitAndIsKept) {
+  auto r = Members::Start(2, {});
+  ASSERT_NE(r, nullptr);
+  // 1 + 2^-25: a quarter of float32's step at 1, which rounding to nearest
+  // drops and rounding upward does not.
+  const float tiny = std::ldexp(1.0f, -25);
+  for (const int mode : {FE_UPWARD, FE_TONEAREST}) {
+    std::vector<int> modes_after(2, -1);
+    const std::vector<absl::Status> st = OnAll(2, [&](int i) -> absl::Status {
+      float* x = reinterpret_cast<float*>(r->in(i));
+      x[0] = i == 0 ? 1.0f : tiny;
+      std::fesetround(mode);
+      absl::Status s = r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {1}), "x");
+      modes_after[i] = std::fegetround();
+      std::fesetround(FE_TONEAREST);
+      return s;
+    });
+    ExpectAllOk(st);
+    for (int i = 0; i < 2; ++i) {
+      const float got = reinterpret_cast<const float*>(r->in(i))[0];
+      EXPECT_EQ(got, 1.0f) << "member " << i << " got " << std::hexfloat << got;
+      EXPECT_EQ(modes_after[i], mode) << "member " << i;
+    }
+  }
   EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
 }
 
