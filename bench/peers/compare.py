@@ -400,17 +400,38 @@ def worst_round(rr, name):
     return min(values) if len(values) > 1 else None
 
 
+def slowest_round(r):
+    """A system's slowest round's time in a merged row, or None."""
+    times = [t for t in (r or {}).get("rounds_time_us", []) if t is not None]
+    return max(times) if times else None
+
+
+def slow_to_slow(m, peer):
+    """The peer's slowest round's time over collectived's (> 1: collectived's
+    worst round is faster than the peer's), or None with fewer than two
+    rounds of either."""
+    cd, pr = m["systems"].get("collectived"), m["systems"].get(peer)
+    if any(len((r or {}).get("rounds_time_us", [])) < 2 for r in (cd, pr)):
+        return None
+    a, b = slowest_round(cd), slowest_round(pr)
+    return b / a if a and b else None
+
+
 def build_table(merged, systems, rounds=1):
     """The table's header and lines. With several rounds each ratio has two
     columns, the median of the rounds' ratios and the worst round's (the
-    smallest), and collectived's time a third, its slowest round: a run that
-    lands in a slow mode in some rounds shows there, not hidden by the median."""
+    smallest), each system's time a second, its slowest round, and each peer
+    a `slow:slow` column, its slowest round's time over collectived's: a run
+    that lands in a slow mode in some rounds shows there, not hidden by the
+    median. A round's ratio pairs two runs made one after the other, each of
+    which may land in a slow mode of the machine on its own (bench/README,
+    "Caveats"); slow:slow compares each system's worst with the other's."""
     header = ["op", "N", "bytes"]
     several = rounds > 1
     for s in systems:
         header += ["%s us" % SHORT[s]]
-        if s == "collectived" and several:
-            header += ["cd us worst"]
+        if several:
+            header += ["%s us worst" % SHORT[s]]
         header += ["%s busbw" % SHORT[s]]
     ratio_peers = [p for p in PEERS if p in systems] if "collectived" in systems else []
     names = (("time_peer_over_collectived", "%s/cd time"),
@@ -420,6 +441,8 @@ def build_table(merged, systems, rounds=1):
             header += [label % SHORT[p]]
             if several:
                 header += ["worst"]
+        if several:
+            header += ["%s slow:slow" % SHORT[p]]
     body = []
     failed_checks = False
     for m in merged:
@@ -431,9 +454,8 @@ def build_table(merged, systems, rounds=1):
                 mark = "!"
                 failed_checks = True
             line += [fmt(r and r["time_us"], ".2f") + mark]
-            if s == "collectived" and several:
-                times = [t for t in (r or {}).get("rounds_time_us", []) if t is not None]
-                line += [fmt(max(times) if times else None, ".2f")]
+            if several:
+                line += [fmt(slowest_round(r), ".2f")]
             line += [fmt(r and r["busbw_gbps"], ".3f")]
         for p in ratio_peers:
             rr = m["ratios"][p]
@@ -441,6 +463,8 @@ def build_table(merged, systems, rounds=1):
                 line += [fmt_ratio(rr[name])]
                 if several:
                     line += [fmt_ratio(worst_round(rr, name))]
+            if several:
+                line += [fmt_ratio(slow_to_slow(m, p))]
         body.append(line)
     return header, body, failed_checks
 
@@ -599,8 +623,9 @@ def main(argv):
                 args.min_bytes, args.max_bytes, args.iters, args.warmup))
     if args.repeat > 1:
         title += ("; %d rounds: us = median over rounds, ratios = median of the rounds' "
-                  "ratios; worst = the round slowest for collectived (its time, the "
-                  "smallest ratio)" % args.repeat)
+                  "ratios; worst = the round slowest for collectived (the smallest "
+                  "ratio); us worst = a system's slowest round; slow:slow = the peer's "
+                  "slowest round's time over collectived's" % args.repeat)
     if args.markdown:
         print(title + "\n")
     else:

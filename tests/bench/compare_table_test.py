@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """compare.py's table: medians and worst rounds from rounds given here (no
 benchmark runs). A result that is fast in most rounds and slow in one must show
-the slow round in the worst columns while the medians stay fast."""
+the slow round in the worst columns while the medians stay fast; slow rounds of
+both systems compare worst with worst in slow:slow."""
 import os
 import sys
 import unittest
@@ -44,11 +45,27 @@ class CompareTableTest(unittest.TestCase):
         for name in ("mpi/cd time", "cd/mpi busbw"):
             self.assertEqual(header[header.index(name) + 1], "worst")
             self.assertEqual(line[header.index(name) + 1], "0.1")
+        # The slowest rounds compared: MPI's 0.6 over collectived's 6.0.
+        self.assertEqual(cells["mpi us worst"], "0.60")
+        self.assertEqual(cells["mpi slow:slow"], "0.1")
+
+    def test_slow_rounds_of_both_compare_worst_with_worst(self):
+        # Each system slow (1.0 us) in one round, not the same one: every
+        # round's pairing shows a 2x, one way or the other; their slowest
+        # rounds are equal.
+        cells, header, line = self.table(
+            [(0.5, 0.5), (1.0, 0.5), (0.5, 0.5), (0.5, 1.0), (0.5, 0.5)])
+        self.assertEqual(cells["mpi/cd time"], "1.00")
+        self.assertEqual(line[header.index("mpi/cd time") + 1], "0.5")
+        self.assertEqual(cells["cd us worst"], "1.00")
+        self.assertEqual(cells["mpi us worst"], "1.00")
+        self.assertEqual(cells["mpi slow:slow"], "1.00")
 
     def test_one_round_has_no_worst_columns(self):
         cells, header, _ = self.table([(0.5, 0.6)])
         self.assertNotIn("worst", header)
         self.assertNotIn("cd us worst", header)
+        self.assertNotIn("mpi slow:slow", header)
         self.assertEqual(cells["mpi/cd time"], "1.20")
 
     def test_a_round_without_a_peer_row_is_left_out_of_its_ratios(self):

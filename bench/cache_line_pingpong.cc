@@ -1,0 +1,115 @@
+// cache_line_pingpong: how long one cache line takes to go from one CPU to
+// another and back, the floor under every small op between two processes
+// (collectived's member-side ops, Open MPI's shared-memory transport).
+//
+//   cache_line_pingpong [--cpus=A,B] [--windows=N] [--iters=N]
+//
+// Two threads, pinned to CPUs A and B (default: the first two this process
+// may use), hand a counter back and forth through two cache lines; every
+// window of `iters` round trips prints its mean round trip in microseconds.
+// On a virtual machine the round trip depends on where the host runs the two
+// virtual CPUs at the time (bench/README, "Two speeds").
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+struct alignas(64) Line {
+  std::atomic<int64_t> v{0};
+};
+
+bool Pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+int Usage(const char* why) {
+  std::fprintf(stderr, "cache_line_pingpong: %s\nusage: cache_line_pingpong [--cpus=A,B] "
+               "[--windows=N (1..100000, default 10)] [--iters=N (1..10000000, default 10000)]\n",
+               why);
+  return 2;
+}
+
+// The value of --name=V in `arg` as an integer in [lo, hi], or -1.
+long Flag(const char* arg, const char* name, long lo, long hi) {
+  const size_t n = std::strlen(name);
+  if (std::strncmp(arg, name, n) != 0 || arg[n] != '=') return -1;
+  char* end = nullptr;
+  const long v = std::strtol(arg + n + 1, &end, 10);
+  return end != arg + n + 1 && *end == '\0' && v >= lo && v <= hi ? v : -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long windows = 10, iters = 10000;
+  int cpus[2] = {-1, -1};
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--windows=", 10) == 0) {
+      if ((windows = Flag(argv[i], "--windows", 1, 100000)) < 0) return Usage("bad --windows");
+    } else if (std::strncmp(argv[i], "--iters=", 8) == 0) {
+      if ((iters = Flag(argv[i], "--iters", 1, 10000000)) < 0) return Usage("bad --iters");
+    } else if (std::sscanf(argv[i], "--cpus=%d,%d", &cpus[0], &cpus[1]) == 2) {
+      if (cpus[0] < 0 || cpus[1] < 0 || cpus[0] == cpus[1]) return Usage("bad --cpus");
+    } else {
+      return Usage(("unknown argument " + std::string(argv[i])).c_str());
+    }
+  }
+  if (cpus[0] < 0) {
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return Usage("sched_getaffinity");
+    for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; ++c) {
+      if (CPU_ISSET(c, &allowed)) cpus[k++] = c;
+    }
+    if (cpus[1] < 0) return Usage("needs two CPUs; this process may use one");
+  }
+  if (!Pin(cpus[0])) {
+    std::fprintf(stderr, "cache_line_pingpong: cannot run on CPU %d\n", cpus[0]);
+    return 1;
+  }
+  Line ping, pong;
+  std::atomic<int> echo_state{0};  // 1: pinned, 2: could not pin
+  const int64_t total = windows * iters;
+  std::thread echo([&] {
+    echo_state.store(Pin(cpus[1]) ? 1 : 2);
+    if (echo_state.load() != 1) return;
+    for (int64_t i = 1; i <= total; ++i) {
+      while (ping.v.load(std::memory_order_acquire) != i) {
+      }
+      pong.v.store(i, std::memory_order_release);
+    }
+  });
+  while (echo_state.load() == 0) {
+  }
+  if (echo_state.load() != 1) {
+    echo.join();
+    std::fprintf(stderr, "cache_line_pingpong: cannot run on CPU %d\n", cpus[1]);
+    return 1;
+  }
+  std::printf("# CPUs %d and %d; mean round trip per window of %ld, us\n", cpus[0], cpus[1],
+              iters);
+  int64_t i = 1;
+  for (long w = 0; w < windows; ++w) {
+    const auto start = std::chrono::steady_clock::now();
+    for (long k = 0; k < iters; ++k, ++i) {
+      ping.v.store(i, std::memory_order_release);
+      while (pong.v.load(std::memory_order_acquire) != i) {
+      }
+    }
+    const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
+    std::printf("%.3f\n", took.count() / static_cast<double>(iters));
+  }
+  echo.join();
+  return 0;
+}
