@@ -120,6 +120,47 @@ void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n, absl::FunctionRef<vo
   pool_->ParallelFor(n, [fn](size_t i) { fn(i); });
 }
 
+namespace {
+
+// Elements [begin, begin + len) of a psum/pmean/pmax/pmin's result for one
+// group of `plan`, into the outputs of its members that have one.
+void ReduceGroupRange(const OpPlan& plan, const std::vector<MemberIo>& io,
+                      const std::vector<int>& group, size_t begin, size_t len, bool stream) {
+  const size_t in_es = DTypeSize(plan.dtype);
+  const size_t out_es = DTypeSize(plan.out_dtype);
+  // A mesh of one member is a one-device program in JAX, and an op over no
+  // axes (JAX's empty tuple) is no collective: nothing is reduced (see
+  // ReduceMeshOfOne). A group of one over a named axis of a bigger mesh is.
+  if (plan.ReducesNothing()) {
+    if (io[group[0]].out == nullptr) return;  // written elsewhere
+    if (plan.axis_ids.empty() && IsFloat(plan.dtype)) {
+      // Over no axes nothing is converted either (JAX: psum(x, ()) is x):
+      // every float bit is kept, bfloat16 and float8_e5m2 NaNs included.
+      if (io[group[0]].out != io[group[0]].in) {
+        std::memmove(io[group[0]].out + begin * out_es, io[group[0]].in + begin * in_es,
+                     len * in_es);
+      }
+      return;
+    }
+    ReduceMeshOfOne(ToReduceKind(plan.kind), plan.dtype, io[group[0]].in + begin * in_es,
+                    io[group[0]].out + begin * out_es, len);
+    return;
+  }
+  const int n = plan.group_size;
+  absl::InlinedVector<const void*, 16> inputs(n);
+  absl::InlinedVector<void*, 16> outputs;
+  for (int i = 0; i < n; ++i) {
+    inputs[i] = io[group[i]].in + begin * in_es;
+    if (io[group[i]].out != nullptr) outputs.push_back(io[group[i]].out + begin * out_es);
+  }
+  if (outputs.empty()) return;
+  ReduceTo(ToReduceKind(plan.kind), plan.dtype, inputs.data(), n, outputs.data(),
+           static_cast<int>(outputs.size()), len, stream,
+           FoldPart{plan.continues_fold, plan.mean_divisor});
+}
+
+}  // namespace
+
 void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io) {
   const size_t in_es = DTypeSize(plan.dtype);
   const size_t out_es = DTypeSize(plan.out_dtype);
@@ -127,45 +168,29 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   if (count == 0) return;
   const size_t chunk = std::max<size_t>(64, options_.chunk_bytes / std::max(in_es, out_es));
   const size_t chunks = (count + chunk - 1) / chunk;
-  const ReduceKind kind = ToReduceKind(plan.kind);
-  const int n = plan.group_size;
   const bool stream = Streams(plan);
-  // A mesh of one member is a one-device program in JAX, and an op over no
-  // axes (JAX's empty tuple) is no collective: nothing is reduced (see
-  // ReduceMeshOfOne). A group of one over a named axis of a bigger mesh is.
-  const bool mesh_of_one = plan.ReducesNothing();
-  const bool keep_bits = plan.axis_ids.empty() && IsFloat(plan.dtype);
   // Each chunk of the inputs is read once; its result goes to every member's
   // output from L1 (see ReduceTo).
   ParallelFor(plan, plan.groups.size() * chunks, [&](size_t task) {
-    const auto& group = plan.groups[task / chunks];
     const size_t begin = (task % chunks) * chunk;
-    const size_t len = std::min(chunk, count - begin);
-    if (mesh_of_one) {
-      if (io[group[0]].out == nullptr) return;  // written elsewhere
-      if (keep_bits) {
-        // Over no axes nothing is converted either (JAX: psum(x, ()) is x):
-        // every float bit is kept, bfloat16 and float8_e5m2 NaNs included.
-        if (io[group[0]].out != io[group[0]].in) {
-          std::memmove(io[group[0]].out + begin * out_es, io[group[0]].in + begin * in_es,
-                       len * in_es);
-        }
-        return;
-      }
-      ReduceMeshOfOne(kind, plan.dtype, io[group[0]].in + begin * in_es,
-                      io[group[0]].out + begin * out_es, len);
-      return;
-    }
-    absl::InlinedVector<const void*, 16> inputs(n);
-    absl::InlinedVector<void*, 16> outputs;
-    for (int i = 0; i < n; ++i) {
-      inputs[i] = io[group[i]].in + begin * in_es;
-      if (io[group[i]].out != nullptr) outputs.push_back(io[group[i]].out + begin * out_es);
-    }
-    if (outputs.empty()) return;
-    ReduceTo(kind, plan.dtype, inputs.data(), n, outputs.data(), static_cast<int>(outputs.size()),
-             len, stream, FoldPart{plan.continues_fold, plan.mean_divisor});
+    ReduceGroupRange(plan, io, plan.groups[task / chunks], begin, std::min(chunk, count - begin),
+                     stream);
   });
+}
+
+bool CpuExecutor::RunReduceOf(const OpPlan& plan, const std::vector<MemberIo>& io, int member) {
+  const bool reduction = plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean ||
+                         plan.kind == OpKind::kPmax || plan.kind == OpKind::kPmin;
+  if (!reduction || plan.bytes_touched() > options_.serial_bytes || member < 0 ||
+      static_cast<size_t>(member) >= plan.group_of.size() || plan.group_of[member] < 0) {
+    return false;
+  }
+  const size_t count = plan.in_bytes / DTypeSize(plan.dtype);
+  if (count > 0) {
+    ReduceGroupRange(plan, io, plan.groups[static_cast<size_t>(plan.group_of[member])], 0, count,
+                     Streams(plan));
+  }
+  return true;
 }
 
 void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io) {
