@@ -159,6 +159,37 @@ void ReduceGroupRange(const OpPlan& plan, const std::vector<MemberIo>& io,
            FoldPart{plan.continues_fold, plan.mean_divisor});
 }
 
+// Bytes [begin, end) of group member `src`'s input, copied to where an
+// all_gather of `plan` puts them in the outputs of its group's members that
+// have one. The input is viewed as [outer, inner] and the output as
+// [outer, n, inner].
+void GatherRange(const OpPlan& plan, const std::vector<MemberIo>& io,
+                 const std::vector<int>& group, int src, size_t begin, size_t end, bool stream) {
+  const size_t outer = static_cast<size_t>(Product(plan.in_shape, 0, plan.axis));
+  const size_t inner_bytes = plan.in_bytes / outer;
+  const int n = plan.group_size;
+  constexpr size_t kCopyBlock = 16 * 1024;
+  const uint8_t* in = io[group[src]].in;
+  for (size_t pos = begin; pos < end;) {
+    // A run of the input that stays within one row o of [outer, inner].
+    const size_t o = pos / inner_bytes;
+    const size_t off = pos % inner_bytes;
+    const size_t len = std::min({end - pos, inner_bytes - off, kCopyBlock});
+    const size_t out_pos = (o * n + src) * inner_bytes + off;
+    for (int dst = 0; dst < n; ++dst) {
+      if (io[group[dst]].out == nullptr) continue;  // written elsewhere
+      uint8_t* out = io[group[dst]].out + out_pos;
+      if (out == in + pos) continue;  // one member, in place
+      if (stream) {
+        StreamCopy(out, in + pos, len);
+      } else {
+        Copy(out, in + pos, len);
+      }
+    }
+    pos += len;
+  }
+}
+
 }  // namespace
 
 void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io) {
@@ -178,59 +209,41 @@ void CpuExecutor::RunReduce(const OpPlan& plan, const std::vector<MemberIo>& io)
   });
 }
 
-bool CpuExecutor::RunReduceOf(const OpPlan& plan, const std::vector<MemberIo>& io, int member) {
-  const bool reduction = plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean ||
-                         plan.kind == OpKind::kPmax || plan.kind == OpKind::kPmin;
-  if (!reduction || plan.bytes_touched() > options_.serial_bytes || member < 0 ||
-      static_cast<size_t>(member) >= plan.group_of.size() || plan.group_of[member] < 0) {
-    return false;
-  }
-  const size_t count = plan.in_bytes / DTypeSize(plan.dtype);
-  if (count > 0) {
-    ReduceGroupRange(plan, io, plan.groups[static_cast<size_t>(plan.group_of[member])], 0, count,
-                     Streams(plan));
-  }
-  return true;
-}
-
 void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io) {
-  // Input viewed as [outer, inner]; output as [outer, n, inner].
   if (plan.in_bytes == 0) return;
-  const size_t outer = static_cast<size_t>(Product(plan.in_shape, 0, plan.axis));
-  const size_t inner_bytes = plan.in_bytes / outer;
-  const int n = plan.group_size;
   const bool stream = Streams(plan);
   // Tasks: one source member's input, a chunk of its bytes at a time, copied
   // to every member of its group in blocks small enough to stay in L1, so
   // each input byte is read from memory once.
   const size_t chunks = (plan.in_bytes + options_.chunk_bytes - 1) / options_.chunk_bytes;
-  const size_t per_group = static_cast<size_t>(n) * chunks;
-  constexpr size_t kCopyBlock = 16 * 1024;
+  const size_t per_group = static_cast<size_t>(plan.group_size) * chunks;
   ParallelFor(plan, plan.groups.size() * per_group, [&](size_t task) {
-    const auto& group = plan.groups[task / per_group];
-    const int src = static_cast<int>((task % per_group) / chunks);
     const size_t begin = (task % chunks) * options_.chunk_bytes;
-    const size_t end = std::min(plan.in_bytes, begin + options_.chunk_bytes);
-    const uint8_t* in = io[group[src]].in;
-    for (size_t pos = begin; pos < end;) {
-      // A run of the input that stays within one row o of [outer, inner].
-      const size_t o = pos / inner_bytes;
-      const size_t off = pos % inner_bytes;
-      const size_t len = std::min({end - pos, inner_bytes - off, kCopyBlock});
-      const size_t out_pos = (o * n + src) * inner_bytes + off;
-      for (int dst = 0; dst < n; ++dst) {
-        if (io[group[dst]].out == nullptr) continue;  // written elsewhere
-        uint8_t* out = io[group[dst]].out + out_pos;
-        if (out == in + pos) continue;  // one member, in place
-        if (stream) {
-          StreamCopy(out, in + pos, len);
-        } else {
-          Copy(out, in + pos, len);
-        }
-      }
-      pos += len;
-    }
+    GatherRange(plan, io, plan.groups[task / per_group],
+                static_cast<int>((task % per_group) / chunks), begin,
+                std::min(plan.in_bytes, begin + options_.chunk_bytes), stream);
   });
+}
+
+bool CpuExecutor::RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& io, int member) {
+  const bool reduction = plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean ||
+                         plan.kind == OpKind::kPmax || plan.kind == OpKind::kPmin;
+  if (!(reduction || plan.kind == OpKind::kAllGather) ||
+      plan.bytes_touched() > options_.serial_bytes || member < 0 ||
+      static_cast<size_t>(member) >= plan.group_of.size() || plan.group_of[member] < 0) {
+    return false;
+  }
+  const std::vector<int>& group = plan.groups[static_cast<size_t>(plan.group_of[member])];
+  const bool stream = Streams(plan);
+  if (reduction) {
+    const size_t count = plan.in_bytes / DTypeSize(plan.dtype);
+    if (count > 0) ReduceGroupRange(plan, io, group, 0, count, stream);
+  } else if (plan.in_bytes > 0) {
+    for (int src = 0; src < plan.group_size; ++src) {
+      GatherRange(plan, io, group, src, 0, plan.in_bytes, stream);
+    }
+  }
+  return true;
 }
 
 void CpuExecutor::RunReduceScatter(const OpPlan& plan, const std::vector<MemberIo>& io) {

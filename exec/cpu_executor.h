@@ -46,11 +46,12 @@ class CpuExecutor final : public Executor {
   absl::Status Run(const OpPlan& plan, const std::vector<MemberIo>& io,
                    Traffic* traffic = nullptr) override;
   int threads() const override { return pool_->size() + 1; }
-  // A small psum, pmean, pmax or pmin (one the pool would not share out):
-  // writes the result of `member`'s group into the outputs `io` gives for
-  // it, with Run's arithmetic, on the calling thread and without Run's
-  // dispatch, and returns true. Anything else: false, nothing written.
-  bool RunReduceOf(const OpPlan& plan, const std::vector<MemberIo>& io, int member);
+  // A small psum, pmean, pmax, pmin or all_gather (one the pool would not
+  // share out): writes the result of `member`'s group into the outputs `io`
+  // gives for it (Run's bytes), on the calling thread and without Run's
+  // dispatch and task loop, and returns true. Anything else: false, nothing
+  // written.
+  bool RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& io, int member);
 
  private:
   // Whether `plan` writes its results with streaming stores.

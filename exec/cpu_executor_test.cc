@@ -99,12 +99,21 @@ TEST(CpuExecutorTest, StreamingAllGatherAlongInnerAxis) {
   for (int i = 0; i < n; ++i) EXPECT_EQ(m.out[i], expected) << "member " << i;
 }
 
-// RunReduceOf (a member-side op's own result, without Run's layers) writes
-// exactly Run's bytes: every reduction, float and integer dtypes, random bit
-// patterns (NaNs with payloads, subnormals, infinities), groups along either
-// axis of a 2x2 mesh, every axis, the empty tuple and a mesh of one.
-TEST(CpuExecutorTest, RunReduceOfWritesRunsBytes) {
-  const std::vector<v1::OpKind> kinds = {v1::PSUM, v1::PMEAN, v1::PMAX, v1::PMIN};
+// RunOneMember (a member-side op's own result, without Run's layers) writes
+// exactly Run's bytes: every reduction and all_gathers along either
+// dimension, tiled or not, float and integer dtypes, random bit patterns
+// (NaNs with payloads, subnormals, infinities), groups along either axis of
+// a 2x2 mesh, every axis, the empty tuple and a mesh of one.
+TEST(CpuExecutorTest, RunOneMemberWritesRunsBytes) {
+  struct Op {
+    v1::OpKind kind;
+    int axis;
+    bool tiled;
+  };
+  const std::vector<Op> kinds = {{v1::PSUM, 0, false},      {v1::PMEAN, 0, false},
+                                 {v1::PMAX, 0, false},      {v1::PMIN, 0, false},
+                                 {v1::ALL_GATHER, 0, true}, {v1::ALL_GATHER, 0, false},
+                                 {v1::ALL_GATHER, 1, true}, {v1::ALL_GATHER, 1, false}};
   const std::vector<v1::DType> dtypes = {v1::FLOAT32, v1::FLOAT64, v1::FLOAT16, v1::BFLOAT16,
                                          v1::INT32,   v1::UINT8,   v1::BOOL,    v1::FLOAT8_E5M2};
   struct Mesh {
@@ -122,10 +131,14 @@ TEST(CpuExecutorTest, RunReduceOfWritesRunsBytes) {
   int checked = 0;
   for (const Mesh& mesh : meshes) {
     const int n = static_cast<int>(mesh.shape.num_members());
-    for (v1::OpKind kind : kinds) {
+    for (const Op& kind : kinds) {
       for (v1::DType dtype : dtypes) {
-        v1::OpSpec op = Kind(kind, {5});
+        v1::OpSpec op = Kind(kind.kind, {3, 5});
         op.set_dtype(dtype);
+        if (kind.kind == v1::ALL_GATHER) {
+          op.mutable_all_gather()->set_axis(kind.axis);
+          op.mutable_all_gather()->set_tiled(kind.tiled);
+        }
         for (const std::string& a : mesh.axes) op.add_axes(a);
         op.set_no_axes(mesh.no_axes);
         absl::StatusOr<OpPlan> plan = PlanOp(op, mesh.shape);
@@ -149,7 +162,7 @@ TEST(CpuExecutorTest, RunReduceOfWritesRunsBytes) {
           std::vector<MemberIo> own(n);
           for (int k = 0; k < n; ++k) own[k].in = in[k].data();
           own[m].out = got.data();
-          ASSERT_TRUE(ex.RunReduceOf(*plan, own, m));
+          ASSERT_TRUE(ex.RunOneMember(*plan, own, m));
           EXPECT_EQ(got, want[m]) << op.ShortDebugString() << " over " << n << " members, member "
                                   << m;
           ++checked;
@@ -157,21 +170,23 @@ TEST(CpuExecutorTest, RunReduceOfWritesRunsBytes) {
       }
     }
   }
-  EXPECT_GT(checked, 300);
+  EXPECT_GT(checked, 600);
 }
 
 // Anything but a small reduction is left to Run: false, nothing written.
-TEST(CpuExecutorTest, RunReduceOfRefusesOtherOpsAndLargeOnes) {
+TEST(CpuExecutorTest, RunOneMemberRefusesOtherOpsAndLargeOnes) {
   CpuExecutor ex({.threads = 1, .serial_bytes = 256});
   Members m = Make(2, 64, 128);
-  for (const v1::OpSpec& op : {Kind(v1::ALL_GATHER, {4}), Kind(v1::PSUM, {64})}) {
+  v1::OpSpec scatter = Kind(v1::PSUM_SCATTER, {4});
+  scatter.mutable_psum_scatter()->set_tiled(true);
+  for (const v1::OpSpec& op : {scatter, Kind(v1::PSUM, {64})}) {
     const OpPlan plan = Plan(op, 2);
     auto io = m.io(false);
-    EXPECT_FALSE(ex.RunReduceOf(plan, io, 0)) << op.ShortDebugString();
-    EXPECT_FALSE(ex.RunReduceOf(plan, io, 2)) << "no member 2";
+    EXPECT_FALSE(ex.RunOneMember(plan, io, 0)) << op.ShortDebugString();
+    EXPECT_FALSE(ex.RunOneMember(plan, io, 2)) << "no member 2";
     EXPECT_EQ(m.out[0], std::vector<int32_t>(128, -7)) << op.ShortDebugString();
   }
-  EXPECT_TRUE(ex.RunReduceOf(Plan(Kind(v1::PSUM, {4}), 2), m.io(false), 1));
+  EXPECT_TRUE(ex.RunOneMember(Plan(Kind(v1::PSUM, {4}), 2), m.io(false), 1));
   EXPECT_EQ(m.out[1][0], 0 + 1000);
   EXPECT_EQ(m.out[1][3], 3 + 1003);
 }

@@ -575,8 +575,8 @@ absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
   // The daemon's floating-point environment, whatever this thread's
   // (rounding, exception masks); the kernels set flush-to-zero.
   FpEnvironment daemon_env;
-  // A small reduction directly (the same arithmetic, none of Run's layers).
-  if (executor_.RunReduceOf(plan, ios, static_cast<int>(index_))) return absl::OkStatus();
+  // A small reduction or all_gather directly (Run's bytes, none of its layers).
+  if (executor_.RunOneMember(plan, ios, static_cast<int>(index_))) return absl::OkStatus();
   return executor_.Run(plan, ios);
 }
 
