@@ -50,39 +50,52 @@ long Flag(const char* arg, const char* name, long lo, long hi) {
   return end != arg + n + 1 && *end == '\0' && v >= lo && v <= hi ? v : -1;
 }
 
-}  // namespace
+// The first two CPUs this process may run on, into cpus; false with fewer.
+bool FirstTwoCpus(int cpus[2]) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return false;
+  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE && k < 2; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus[k++] = cpu;
+  }
+  return cpus[1] >= 0;
+}
 
-int main(int argc, char** argv) {
+struct Config {
   long windows = 10, iters = 10000;
   int cpus[2] = {-1, -1};
+};
+
+// The flags into `c`; 0, or the exit status of a refusal (said on stderr).
+int Parse(int argc, char** argv, Config& c) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--windows=", 10) == 0) {
-      if ((windows = Flag(argv[i], "--windows", 1, 100000)) < 0) return Usage("bad --windows");
+      if ((c.windows = Flag(argv[i], "--windows", 1, 100000)) < 0) return Usage("bad --windows");
     } else if (std::strncmp(argv[i], "--iters=", 8) == 0) {
-      if ((iters = Flag(argv[i], "--iters", 1, 10000000)) < 0) return Usage("bad --iters");
-    } else if (std::sscanf(argv[i], "--cpus=%d,%d", &cpus[0], &cpus[1]) == 2) {
-      if (cpus[0] < 0 || cpus[1] < 0 || cpus[0] == cpus[1]) return Usage("bad --cpus");
+      if ((c.iters = Flag(argv[i], "--iters", 1, 10000000)) < 0) return Usage("bad --iters");
+    } else if (std::sscanf(argv[i], "--cpus=%d,%d", &c.cpus[0], &c.cpus[1]) == 2) {
+      if (c.cpus[0] < 0 || c.cpus[1] < 0 || c.cpus[0] == c.cpus[1]) return Usage("bad --cpus");
     } else {
       return Usage(("unknown argument " + std::string(argv[i])).c_str());
     }
   }
-  if (cpus[0] < 0) {
-    cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return Usage("sched_getaffinity");
-    for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; ++c) {
-      if (CPU_ISSET(c, &allowed)) cpus[k++] = c;
-    }
-    if (cpus[1] < 0) return Usage("needs two CPUs; this process may use one");
+  if (c.cpus[0] < 0 && !FirstTwoCpus(c.cpus)) {
+    return Usage("needs two CPUs; this process may use one");
   }
-  if (!Pin(cpus[0])) {
-    std::fprintf(stderr, "cache_line_pingpong: cannot run on CPU %d\n", cpus[0]);
+  return 0;
+}
+
+// Runs the windows, this thread on c.cpus[0] and an echoing one on
+// c.cpus[1]; 0, or 1 when a thread cannot run on its CPU.
+int Measure(const Config& c) {
+  if (!Pin(c.cpus[0])) {
+    std::fprintf(stderr, "cache_line_pingpong: cannot run on CPU %d\n", c.cpus[0]);
     return 1;
   }
   Line ping, pong;
   std::atomic<int> echo_state{0};  // 1: pinned, 2: could not pin
-  const int64_t total = windows * iters;
+  const int64_t total = c.windows * c.iters;
   std::thread echo([&] {
-    echo_state.store(Pin(cpus[1]) ? 1 : 2);
+    echo_state.store(Pin(c.cpus[1]) ? 1 : 2);
     if (echo_state.load() != 1) return;
     for (int64_t i = 1; i <= total; ++i) {
       while (ping.v.load(std::memory_order_acquire) != i) {
@@ -94,22 +107,30 @@ int main(int argc, char** argv) {
   }
   if (echo_state.load() != 1) {
     echo.join();
-    std::fprintf(stderr, "cache_line_pingpong: cannot run on CPU %d\n", cpus[1]);
+    std::fprintf(stderr, "cache_line_pingpong: cannot run on CPU %d\n", c.cpus[1]);
     return 1;
   }
-  std::printf("# CPUs %d and %d; mean round trip per window of %ld, us\n", cpus[0], cpus[1],
-              iters);
+  std::printf("# CPUs %d and %d; mean round trip per window of %ld, us\n", c.cpus[0], c.cpus[1],
+              c.iters);
   int64_t i = 1;
-  for (long w = 0; w < windows; ++w) {
+  for (long w = 0; w < c.windows; ++w) {
     const auto start = std::chrono::steady_clock::now();
-    for (long k = 0; k < iters; ++k, ++i) {
+    for (long k = 0; k < c.iters; ++k, ++i) {
       ping.v.store(i, std::memory_order_release);
       while (pong.v.load(std::memory_order_acquire) != i) {
       }
     }
     const std::chrono::duration<double, std::micro> took = std::chrono::steady_clock::now() - start;
-    std::printf("%.3f\n", took.count() / static_cast<double>(iters));
+    std::printf("%.3f\n", took.count() / static_cast<double>(c.iters));
   }
   echo.join();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  if (const int refused = Parse(argc, argv, c); refused != 0) return refused;
+  return Measure(c);
 }
