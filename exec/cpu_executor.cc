@@ -226,8 +226,7 @@ void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io)
 }
 
 bool CpuExecutor::RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& io, int member) {
-  const bool reduction = plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean ||
-                         plan.kind == OpKind::kPmax || plan.kind == OpKind::kPmin;
+  const bool reduction = IsReduction(plan.kind);
   if (!(reduction || plan.kind == OpKind::kAllGather) ||
       plan.bytes_touched() > options_.serial_bytes || member < 0 ||
       static_cast<size_t>(member) >= plan.group_of.size() || plan.group_of[member] < 0) {

@@ -19,11 +19,6 @@ namespace {
 // The chain cuts an op into at most this many chunks.
 constexpr uint64_t kMaxChainChunks = 256;
 
-bool IsReduce(OpKind kind) {
-  return kind == OpKind::kPsum || kind == OpKind::kPmean || kind == OpKind::kPmax ||
-         kind == OpKind::kPmin;
-}
-
 // The partitions of an op's members, ascending.
 std::vector<int> Partitions(const std::vector<MemberIo>& io) {
   std::vector<int> parts;
@@ -63,7 +58,7 @@ class SpanningOp {
   // nothing) and a result as wide as the input (so that element offsets in
   // the input and the output agree, in place included).
   bool UsesLanes() const {
-    return IsReduce(plan_.kind) && plan_.groups.size() == 1 && !plan_.ReducesNothing() &&
+    return IsReduction(plan_.kind) && plan_.groups.size() == 1 && !plan_.ReducesNothing() &&
            plan_.out_dtype == plan_.dtype && plan_.in_bytes > 0 &&
            plan_.in_bytes >= options_.lanes_min_bytes;
   }

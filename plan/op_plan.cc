@@ -5,6 +5,11 @@
 
 namespace collectived {
 
+bool IsReduction(OpKind kind) {
+  return kind == OpKind::kPsum || kind == OpKind::kPmean || kind == OpKind::kPmax ||
+         kind == OpKind::kPmin;
+}
+
 ReduceKind ToReduceKind(OpKind kind) {
   switch (kind) {
     case OpKind::kPmax: return ReduceKind::kMax;

@@ -123,6 +123,8 @@ inline bool SameOrDisjoint(uint64_t in_offset, uint64_t in_bytes, uint64_t out_o
   return same || disjoint;
 }
 
+// Whether `kind` is an all-reduce: psum, pmean, pmax or pmin.
+bool IsReduction(OpKind kind);
 // The element-wise reduction of a reducing op kind (kSum for psum and
 // psum_scatter).
 ReduceKind ToReduceKind(OpKind kind);

@@ -599,8 +599,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // goes through the segment). Over every member (one group), as the daemon
   // requires of a shared output too. Anything else, or a region the daemon
   // would refuse, goes to the daemon.
-  const bool reduction = plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean ||
-                         plan.kind == OpKind::kPmax || plan.kind == OpKind::kPmin;
+  const bool reduction = IsReduction(plan.kind);
   const bool gather = plan.kind == OpKind::kAllGather && plan.axis == 0;
   if (!(gather || (reduction && plan.in_bytes <= view_.layout.payload_bytes)) ||
       plan.groups.size() != 1 || !RegionsFit(plan, io) || io.in_place) {

@@ -380,8 +380,7 @@ absl::Status Engine::CheckSharedOutput(const Mesh& mesh, const PendingOp& op) co
       "all (psum, pmean, pmax, pmin, all_gather or broadcast over every axis of the mesh), "
       "each naming the same region, which no input overlaps";
   const bool same_for_all =
-      (plan.kind == OpKind::kPsum || plan.kind == OpKind::kPmean || plan.kind == OpKind::kPmax ||
-       plan.kind == OpKind::kPmin || plan.kind == OpKind::kAllGather ||
+      (IsReduction(plan.kind) || plan.kind == OpKind::kAllGather ||
        plan.kind == OpKind::kBroadcast) &&
       plan.groups.size() == 1;
   if (!same_for_all) {
