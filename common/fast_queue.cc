@@ -8,17 +8,19 @@
 
 namespace collectived::fastq {
 
-int64_t MonotonicNs() {
+namespace {
+
+int64_t ClockNs(clockid_t clock) {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(clock, &ts);
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
-int64_t CoarseMonotonicNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
+}  // namespace
+
+int64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
+
+int64_t CoarseMonotonicNs() { return ClockNs(CLOCK_MONOTONIC_COARSE); }
 
 void InitHeader(Header* h) {
   h->magic = kMagic;
