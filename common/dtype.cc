@@ -37,6 +37,18 @@ constexpr DTypeInfo kDTypes[] = {
 };
 constexpr size_t kNumDTypes = sizeof(kDTypes) / sizeof(kDTypes[0]);
 
+// dtype.h's inline DTypeSize agrees with this table, entry by entry.
+constexpr bool SizesAgree() {
+  for (size_t i = 0; i < kNumDTypes; ++i) {
+    if (static_cast<size_t>(kDTypes[i].dtype) != i ||
+        DTypeSize(kDTypes[i].dtype) != kDTypes[i].size) {
+      return false;
+    }
+  }
+  return DTypeSize(static_cast<DType>(kNumDTypes)) == 0;
+}
+static_assert(SizesAgree(), "DTypeSize (dtype.h) and kDTypes disagree");
+
 // Out-of-range enum values (e.g. cast from an unchecked wire byte) map to the
 // kInvalid entry.
 const DTypeInfo& Info(DType dt) {
@@ -45,8 +57,6 @@ const DTypeInfo& Info(DType dt) {
 }
 
 }  // namespace
-
-size_t DTypeSize(DType dt) { return Info(dt).size; }
 
 std::string_view DTypeName(DType dt) { return Info(dt).name; }
 

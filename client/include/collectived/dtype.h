@@ -38,8 +38,13 @@ enum class DType : uint8_t {
   kF8E5M2 = 13,
 };
 
-// Size of one element in bytes; 0 for kInvalid.
-size_t DTypeSize(DType dt);
+// Size of one element in bytes (a power of two); 0 for kInvalid and for
+// values outside the enum. Inline: every op asks, several times.
+constexpr size_t DTypeSize(DType dt) {
+  constexpr uint8_t kSizes[] = {0, 4, 8, 2, 2, 1, 1, 4, 4, 8, 8, 1, 1, 1};
+  const size_t i = static_cast<size_t>(dt);
+  return i < sizeof(kSizes) ? kSizes[i] : 0;
+}
 // JAX/numpy spelling: "float32", "bfloat16", "float8_e4m3fn", "float8_e5m2",
 // "bool", ... ("invalid" for kInvalid).
 std::string_view DTypeName(DType dt);
