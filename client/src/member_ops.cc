@@ -117,16 +117,22 @@ bool KindRunsHere(OpKind kind) {
   }
 }
 
+// Whether `offset` is a multiple of `dt`'s size (a power of two; no
+// offset is, for kInvalid's 0): a mask, not a division.
+bool ElementAligned(uint64_t offset, DType dt) {
+  const size_t es = DTypeSize(dt);
+  return es != 0 && (offset & (es - 1)) == 0;
+}
+
 // Whether the daemon would accept the op's regions (its CheckRange, the
 // in-place and overlap rules): only then can the op run here.
 bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
-  if (io.in == nullptr || plan.in_bytes > io.in_avail ||
-      io.in_offset % DTypeSize(plan.dtype) != 0) {
+  if (io.in == nullptr || plan.in_bytes > io.in_avail || !ElementAligned(io.in_offset, plan.dtype)) {
     return false;
   }
   if (io.in_place) return plan.out_bytes == plan.in_bytes;
   if (io.out == nullptr || plan.out_bytes > io.out_avail ||
-      io.out_offset % DTypeSize(plan.out_dtype) != 0) {
+      !ElementAligned(io.out_offset, plan.out_dtype)) {
     return false;
   }
   return !io.same_buffer ||
@@ -416,11 +422,20 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   Entry* mine = view_.entry(index_, s);
   // The signature is written only when it changed: a loop's ops then leave
   // its cache lines alone, and the other members, who compare it, keep
-  // their copies instead of fetching them again at every op.
-  if (mine->sig_len != signature.size() ||
-      std::memcmp(mine->signature, signature.data(), signature.size()) != 0) {
-    mine->sig_len = static_cast<uint32_t>(signature.size());
-    std::memcpy(mine->signature, signature.data(), signature.size());
+  // their copies instead of fetching them again at every op. The cached
+  // plan's signature, once written in this entry, is not even compared.
+  const bool plan_signature = cached_plan_.has_value() &&
+                              signature.data() == cached_plan_->signature.data() &&
+                              signature.size() == cached_plan_->signature.size();
+  const uint64_t signature_plan = plan_signature ? plan_number_ : 0;
+  uint64_t& written = signature_plan_written_[s & 1];
+  if (signature_plan == 0 || written != signature_plan) {
+    if (mine->sig_len != signature.size() ||
+        std::memcmp(mine->signature, signature.data(), signature.size()) != 0) {
+      mine->sig_len = static_cast<uint32_t>(signature.size());
+      std::memcpy(mine->signature, signature.data(), signature.size());
+    }
+    written = signature_plan;
   }
   mine->in_bytes = static_cast<uint32_t>(payload_bytes);
   if (payload_bytes > 0) std::memcpy(view_.input(index_, s, payload_bytes), payload, payload_bytes);
@@ -513,6 +528,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
     // in the op order (the daemon would not give it one either).
     if (!planned.ok()) return planned.status();
     cached_plan_ = *std::move(planned);
+    ++plan_number_;
     cached_key_ = CachedKey{op.kind,
                             op.dtype,
                             {op.shape.begin(), op.shape.end()},

@@ -293,6 +293,12 @@ class MemberOps {
   bool HasPlanFor(const MemberOpKey& key) const;
   std::optional<OpPlan> cached_plan_;
   CachedKey cached_key_;
+  // Counts the plans cached so far (the current one's number; 0: none).
+  uint64_t plan_number_ = 0;
+  // By entry (S mod 2): the number of the cached plan whose signature Meet
+  // last wrote there, or 0 when it wrote another signature (Meet then
+  // compares before writing).
+  uint64_t signature_plan_written_[2] = {0, 0};
   int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
   uint32_t last_cpu_ = 0;         // the CPU last stored in this member's slot
   int64_t last_move_ns_ = 0;      // when it last moved off a member's CPU
