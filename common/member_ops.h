@@ -43,10 +43,10 @@
 // Wake-ups: each member sleeps on its own bell (fast_queue.h's Ring /
 // SpinThenSleep); whoever publishes rings every other member's bell.
 //
-// An all_gather whose members read each other's inputs (mapping each
-// other's buffers read-only, client/src/member_reads.cc) carries no input:
-// its entry names the input's buffer and offset, and a second place tells
-// the owners that their inputs were read.
+// An all_gather or a reduction whose members read each other's inputs
+// (mapping each other's buffers read-only, client/src/member_reads.cc)
+// carries no input: its entry names the input's buffer and offset, and a
+// second place tells the owners that their inputs were read.
 #ifndef COLLECTIVED_COMMON_MEMBER_OPS_H_
 #define COLLECTIVED_COMMON_MEMBER_OPS_H_
 
@@ -122,7 +122,7 @@ struct Entry {
   // The input, when it is at most kSmallInput bytes (else in the payload).
   uint8_t small[kSmallInput];
   char signature[kMaxSignature];
-  // Member, for an all_gather whose members read each other's inputs
+  // Member, for an op whose members read each other's inputs
   // (client/src/member_reads.cc): the input's buffer (its id, in_id_len
   // bytes, is the entry's payload) and offset there; at the probe's first
   // place, the member's uid.
@@ -142,6 +142,43 @@ static_assert(offsetof(Entry, small) + kSmallInput == 64, "a small input shares 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 inline uint64_t Key(uint64_t d, uint64_t s) { return ((d + 1) << 24) | (s & 0xffffff); }
+
+// An entry's signature starts with its op's ("psum f32[4] over (i)"). The
+// places of an op that takes two, and of the probe before the first op whose
+// members read each other's buffers, put one of these before it: read, the
+// first place of such an op; probe, the probe's; done, the place after
+// either; written, the place after an op into a mesh-shared buffer.
+inline constexpr std::string_view kReadPlace = "read: ";
+inline constexpr std::string_view kProbePlace = "probe: ";
+inline constexpr std::string_view kDonePlace = "done: ";
+inline constexpr std::string_view kWrittenPlace = "written: ";
+// The most these prefixes add to an op's signature.
+inline constexpr size_t kMaxPlacePrefix = 16;
+static_assert(kDonePlace.size() + kProbePlace.size() <= kMaxPlacePrefix &&
+              kDonePlace.size() + kReadPlace.size() <= kMaxPlacePrefix &&
+              kWrittenPlace.size() <= kMaxPlacePrefix);
+
+// What a place's signature names: the op, and which of its stages the place
+// is (empty for an op's only place). Either can be anything a member wrote.
+struct PlaceName {
+  std::string_view op;
+  std::string_view stage;
+};
+inline PlaceName NameOfPlace(std::string_view signature) {
+  auto strip = [&signature](std::string_view prefix) {
+    if (signature.substr(0, prefix.size()) != prefix) return false;
+    signature.remove_prefix(prefix.size());
+    return true;
+  };
+  if (strip(kWrittenPlace)) return {signature, "confirming the result written"};
+  const bool done = strip(kDonePlace);
+  if (strip(kProbePlace)) return {signature, "asking whether the members read each other's buffers"};
+  if (strip(kReadPlace)) {
+    return {signature, done ? "confirming the reads of the members' buffers"
+                            : "reading the members' buffers"};
+  }
+  return {signature, done ? "confirming" : ""};
+}
 
 // The layout of a segment for `members` members with `payload_bytes` of
 // input per entry (rounded up to 64). 0 bytes when it does not fit

@@ -406,6 +406,25 @@ absl::Status MemberOps::SleepUntil(absl::FunctionRef<bool()> ready, absl::string
   }
 }
 
+void MemberOps::WriteSignature(Entry& mine, uint64_t s, absl::string_view signature) {
+  // The signature is written only when it changed: a loop's ops then leave
+  // its cache lines alone, and the other members, who compare it, keep
+  // their copies instead of fetching them again at every op. The cached
+  // plan's signature, once written in this entry, is not even compared.
+  const bool plan_signature = cached_plan_.has_value() &&
+                              signature.data() == cached_plan_->signature.data() &&
+                              signature.size() == cached_plan_->signature.size();
+  const uint64_t signature_plan = plan_signature ? plan_number_ : 0;
+  uint64_t& written = signature_plan_written_[s & 1];
+  if (signature_plan != 0 && written == signature_plan) return;
+  if (mine.sig_len != signature.size() ||
+      std::memcmp(mine.signature, signature.data(), signature.size()) != 0) {
+    mine.sig_len = static_cast<uint32_t>(signature.size());
+    std::memcpy(mine.signature, signature.data(), signature.size());
+  }
+  written = signature_plan;
+}
+
 std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const uint8_t* payload,
                                             uint64_t payload_bytes, int64_t now,
                                             absl::Duration timeout) {
@@ -420,23 +439,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   if (key == unused_key_) return std::nullopt;
   unused_key_ = key;  // until the op runs here
   Entry* mine = view_.entry(index_, s);
-  // The signature is written only when it changed: a loop's ops then leave
-  // its cache lines alone, and the other members, who compare it, keep
-  // their copies instead of fetching them again at every op. The cached
-  // plan's signature, once written in this entry, is not even compared.
-  const bool plan_signature = cached_plan_.has_value() &&
-                              signature.data() == cached_plan_->signature.data() &&
-                              signature.size() == cached_plan_->signature.size();
-  const uint64_t signature_plan = plan_signature ? plan_number_ : 0;
-  uint64_t& written = signature_plan_written_[s & 1];
-  if (signature_plan == 0 || written != signature_plan) {
-    if (mine->sig_len != signature.size() ||
-        std::memcmp(mine->signature, signature.data(), signature.size()) != 0) {
-      mine->sig_len = static_cast<uint32_t>(signature.size());
-      std::memcpy(mine->signature, signature.data(), signature.size());
-    }
-    written = signature_plan;
-  }
+  WriteSignature(*mine, s, signature);
   mine->in_bytes = static_cast<uint32_t>(payload_bytes);
   if (payload_bytes > 0) std::memcpy(view_.input(index_, s, payload_bytes), payload, payload_bytes);
   mine->published_ns = now;
@@ -539,22 +542,20 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   }
   const OpPlan& plan = *cached_plan_;
   if (io.shared_out != nullptr) return RunIntoShared(plan, io, now);
+  uint8_t* out = io.in_place ? const_cast<uint8_t*>(io.in) : io.out;
   if (ReadsFit(plan, io)) {
     if (reads_.load(std::memory_order_relaxed) == Reads::kUnknown) {
-      if (std::optional<absl::Status> probed = ProbeReads(now); !probed || !probed->ok()) {
+      if (std::optional<absl::Status> probed = ProbeReads(plan, now); !probed || !probed->ok()) {
         return probed;
       }
     }
-    if (reads_.load(std::memory_order_relaxed) == Reads::kYes) {
-      return GatherByReads(plan, io, fastq::CoarseMonotonicNs());
-    }
+    if (reads_.load(std::memory_order_relaxed) == Reads::kYes) return RunByReads(plan, io, out);
   }
   if (plan.in_bytes > view_.layout.payload_bytes ||
       plan.signature.size() > member_ops::kMaxSignature) {
     return std::nullopt;
   }
   const bool moves_data = plan.kind != OpKind::kBarrier && (plan.in_bytes > 0 || plan.out_bytes > 0);
-  uint8_t* out = io.in_place ? const_cast<uint8_t*>(io.in) : io.out;
   if (moves_data && !RegionsFit(plan, io)) return std::nullopt;  // the daemon says what is wrong
 
   if (std::optional<absl::Status> met =
@@ -571,11 +572,23 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   return absl::OkStatus();
 }
 
+std::optional<absl::Status> MemberOps::RunByReads(const OpPlan& plan, const MemberIoRegion& io,
+                                                  uint8_t* out) {
+  const int64_t now = fastq::CoarseMonotonicNs();
+  return plan.kind == OpKind::kAllGather ? GatherByReads(plan, io, now)
+                                         : ReduceByReads(plan, io, out, now);
+}
+
 bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
-  return plan.kind == OpKind::kAllGather && plan.axis == 0 &&
-         reads_.load(std::memory_order_relaxed) != Reads::kNo &&
-         plan.in_bytes >= member_reads::kMinBytes && plan.out_bytes <= member_reads::kMaxOutBytes &&
-         !io.in_place && io.in_id != nullptr &&
+  const bool gather = plan.kind == OpKind::kAllGather && plan.axis == 0 &&
+                      plan.in_bytes >= member_reads::kMinBytes &&
+                      plan.out_bytes <= member_reads::kMaxOutBytes && !io.in_place;
+  const bool reduction = IsReduction(plan.kind) && busy_poll_ && plan.group_size > 1 &&
+                         plan.in_bytes >= member_reads::kMinReduceBytes &&
+                         plan.in_bytes * static_cast<uint64_t>(plan.group_size) <=
+                             member_reads::kMaxReduceReadBytes;
+  return (gather || reduction) && reads_.load(std::memory_order_relaxed) != Reads::kNo &&
+         io.in_id != nullptr &&
          io.in_id->size() <= std::min<uint64_t>(member_reads::kMaxIdBytes,
                                                  view_.layout.payload_bytes) &&
          plan.signature.size() <= member_reads::kMaxPlanSignature && RegionsFit(plan, io);
@@ -588,12 +601,20 @@ absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
   ios.assign(members, MemberIo{});
   for (uint32_t m = 0; m < members; ++m) ios[m].in = view_.input(m, s_, plan.in_bytes);
   ios[index_].out = out;
+  return RunShare(plan, /*all_inputs=*/true);
+}
+
+absl::Status MemberOps::RunShare(const OpPlan& plan, bool all_inputs) {
   // The daemon's floating-point environment, whatever this thread's
   // (rounding, exception masks); the kernels set flush-to-zero.
   FpEnvironment daemon_env;
   // A small reduction or all_gather directly (Run's bytes, none of its layers).
-  if (executor_.RunOneMember(plan, ios, static_cast<int>(index_))) return absl::OkStatus();
-  return executor_.Run(plan, ios);
+  if (executor_.RunOneMember(plan, ios_, static_cast<int>(index_))) return absl::OkStatus();
+  if (!all_inputs) {
+    return absl::InternalError(absl::StrCat("member-side ", plan.signature, ": member ", index_,
+                                            " has no group of its own to compute"));
+  }
+  return executor_.Run(plan, ios_);
 }
 
 void MemberOps::Advance() {
@@ -626,7 +647,8 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // reports who writes elsewhere, before anything is written.
   // signature_ is the second place's signature: the first place's with
   // this prefix.
-  constexpr absl::string_view kWritten = "written: ";
+  constexpr absl::string_view kWritten(member_ops::kWrittenPlace.data(),
+                                       member_ops::kWrittenPlace.size());
   signature_.clear();
   absl::StrAppend(&signature_, kWritten, plan.signature, " into shared buffer ",
                   *io.shared_out, " at ", io.out_offset);

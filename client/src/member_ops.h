@@ -63,7 +63,8 @@ struct MemberOpKey {
 // the kernel said no). Members that share a CPU use it to part.
 uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy);
 
-// All_gathers whose members read each other's inputs (member_reads.cc).
+// All_gathers and reductions whose members read each other's inputs
+// (member_reads.cc).
 namespace member_reads {
 // An all_gather along the first dimension reads the other members' inputs
 // from their buffers, mapped read-only (one copy), rather than copying them
@@ -74,12 +75,23 @@ namespace member_reads {
 // both paths, 2 and 4 members (bench/README.md).
 inline constexpr uint64_t kMinBytes = 4 << 10;
 inline constexpr uint64_t kMaxOutBytes = 8 << 20;
+// A reduction (psum, pmean, pmax, pmin) reads them when every member can
+// have a CPU of its own (a place then costs a cache-line transfer, not a
+// futex hand-off), from kMinReduceBytes of input per member up to
+// kMaxReduceReadBytes of input over its group: below, copying the input
+// into the segment costs less than the second place; above, each member
+// computing the whole result costs more than the daemon computing it once,
+// on its threads. Measured with collectived_perf against both paths, 2
+// members on 2 CPUs (bench/README.md).
+inline constexpr uint64_t kMinReduceBytes = 2 << 10;
+inline constexpr uint64_t kMaxReduceReadBytes = 2 << 20;
 // Whether $COLLECTIVED_MEMBER_READS allows reads: unset, empty or "1" yes,
 // "0" no (the segment and the daemon paths); INVALID_ARGUMENT for any other
 // value. The members of a mesh read only when every one of them says yes.
 absl::StatusOr<bool> AllowedByEnvironment();
 // The longest op signature such an op carries (its places prefix it).
-inline constexpr size_t kMaxPlanSignature = member_ops::kMaxSignature - 16;
+inline constexpr size_t kMaxPlanSignature =
+    member_ops::kMaxSignature - member_ops::kMaxPlacePrefix;
 // The longest buffer id an entry names (ids are the daemon's, far shorter).
 inline constexpr size_t kMaxIdBytes = member_ops::kMinPayload;
 // Another member's buffers this member keeps mapped, at most (the least
@@ -158,6 +170,9 @@ class MemberOps {
   // `timeout`: how long to wait before asking the daemon who is missing.
   std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
                                    uint64_t payload_bytes, int64_t now, absl::Duration timeout);
+  // Meet's: `signature` into this member's entry `mine` at place `s`,
+  // unless it is there already.
+  void WriteSignature(member_ops::Entry& mine, uint64_t s, absl::string_view signature);
   // Whether a member other than this one last ran on this member's CPU.
   bool PeerOnThisCpu() const;
   // Members that share a CPU hand it to each other through futex sleeps and
@@ -192,23 +207,44 @@ class MemberOps {
   // ProbeReads.
   std::optional<absl::Status> GatherByReads(const OpPlan& plan, const MemberIoRegion& io,
                                             int64_t now);
-  // Whether `plan` (with `io`) is an op GatherByReads runs.
+  // A reduction whose inputs the members read from each other's buffers,
+  // the same way: at its place each member publishes where its input is,
+  // computes its group's result from the inputs where they are (its own,
+  // and the others' mapped read-only; none is copied into the segment),
+  // and a second place tells every member that its input was read. In
+  // place, the result waits in scratch_ until then.
+  std::optional<absl::Status> ReduceByReads(const OpPlan& plan, const MemberIoRegion& io,
+                                            uint8_t* out, int64_t now);
+  // Whether `plan` (with `io`) is an op GatherByReads or ReduceByReads runs.
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
+  // GatherByReads or ReduceByReads, whichever runs `plan` (`out`: where
+  // the result goes).
+  std::optional<absl::Status> RunByReads(const OpPlan& plan, const MemberIoRegion& io,
+                                         uint8_t* out);
   // Two places at which every member says whether it will read (its
   // COLLECTIVED_MEMBER_READS, a way to ask the daemon for buffers, the same
-  // user as every other member): the members then all
-  // read from each other, or none of them ever does in this mesh. OK once
-  // reads_ is decided; otherwise Meet's outcome.
-  std::optional<absl::Status> ProbeReads(int64_t now);
+  // user as every other member), before `plan`'s op (whose signature the
+  // places carry): the members then all read from each other, or none of
+  // them ever does in this mesh. OK once reads_ is decided; otherwise Meet's
+  // outcome.
+  std::optional<absl::Status> ProbeReads(const OpPlan& plan, int64_t now);
   // This member's vote in ProbeReads (its entry at place S holds the
   // members' uids): OK, or why not.
   absl::Status WhyNotRead() const;
   // Publishes in this member's entry at place S where its input is: `id`
   // (null at the probe, which writes the member's uid instead) at `offset`.
   void PublishWhere(const std::string* id, uint64_t offset);
-  // Copies `bytes` of member m's input (its entry `e`) to `to`, from its
-  // buffer mapped read-only (mapped now if it is not yet): OK, or why not.
-  absl::Status ReadMember(uint32_t m, const member_ops::Entry& e, uint8_t* to, uint64_t bytes);
+  // Where `bytes` of member m's input (its entry `e`) are in its buffer,
+  // mapped read-only (mapped now if it is not yet), or why they are not.
+  absl::StatusOr<const uint8_t*> MemberInput(uint32_t m, const member_ops::Entry& e,
+                                             uint64_t bytes);
+  // The first place of GatherByReads and ReduceByReads: publishes where
+  // this member's input is and meets the others (signature_ becomes the
+  // second place's signature). Meet's outcome.
+  std::optional<absl::Status> MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
+                                         int64_t now);
+  // The error (after Abandon) of a read of member m's input that failed.
+  absl::Status ReadFailed(const OpPlan& plan, uint32_t m, const absl::Status& why);
   // Member m's buffer `id`, mapped read-only: its base and size.
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MappedPeer(uint32_t m,
                                                                  absl::string_view id);
@@ -220,6 +256,11 @@ class MemberOps {
   // member's result to `out` (the daemon's code and floating-point
   // environment).
   absl::Status Compute(const OpPlan& plan, uint8_t* out);
+  // Runs this member's share of `plan` on ios_, in the daemon's
+  // floating-point environment: its own group's result (RunOneMember), or
+  // when that does not apply, every group's (ios_ must then hold every
+  // member's input; `all_inputs` says so, else this is INTERNAL).
+  absl::Status RunShare(const OpPlan& plan, bool all_inputs);
   // This member is past its place: S moves on.
   void Advance();
   // An op completed member-side: counted, and shown to the daemon (for its
@@ -257,6 +298,7 @@ class MemberOps {
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
   std::string signature_;      // RunIntoShared's signatures, kept to reuse
+  std::vector<uint8_t> scratch_;  // ReduceByReads' results in place, kept to reuse
   // Whether the members of this mesh read each other's inputs
   // (ProbeReads decides, the same for every member), and why not.
   // reads_ is stored once (release), after reads_off_, by the op's thread;

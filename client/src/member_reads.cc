@@ -1,8 +1,9 @@
-// All_gathers whose members read each other's inputs: one copy from each
-// owner's buffer, which the reader maps read-only (the daemon hands out the
-// descriptor, "PEERFD"), straight into the reader's output, where the
-// segment path copies every input in and out again. See member_ops.h
-// (GatherByReads, ProbeReads).
+// All_gathers and reductions whose members read each other's inputs from
+// the owners' buffers, which the reader maps read-only (the daemon hands out
+// the descriptor, "PEERFD"): an all_gather copies them once, straight into
+// the reader's output, and a reduction computes from them where they are,
+// where the segment path copies every input in (and an all_gather's out
+// again). See member_ops.h (GatherByReads, ReduceByReads, ProbeReads).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,19 +34,16 @@ absl::StatusOr<bool> AllowedByEnvironment() {
 
 }  // namespace member_reads
 
-namespace {
+// The places' prefixes (member_ops.h), as absl::string_view.
+constexpr absl::string_view kDonePlace(member_ops::kDonePlace.data(),
+                                       member_ops::kDonePlace.size());
+constexpr absl::string_view kProbePlace(member_ops::kProbePlace.data(),
+                                        member_ops::kProbePlace.size());
+constexpr absl::string_view kReadPlace(member_ops::kReadPlace.data(),
+                                       member_ops::kReadPlace.size());
 
-// Place signatures: the op's with these prefixes (the second place's is the
-// first's with kDone before it).
-constexpr absl::string_view kDone = "done: ";
-constexpr absl::string_view kRead = "read: ";
-constexpr absl::string_view kProbe = "probe: the members read each other's buffers";
-constexpr absl::string_view kProbed = "done: probe: the members read each other's buffers";
-
-static_assert(kDone.size() + kRead.size() + member_reads::kMaxPlanSignature <=
+static_assert(member_reads::kMaxPlanSignature + member_ops::kMaxPlacePrefix <=
               member_ops::kMaxSignature);
-
-}  // namespace
 
 void MemberOps::PublishWhere(const std::string* id, uint64_t offset) {
   Entry* mine = view_.entry(index_, s_);
@@ -88,7 +86,8 @@ absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32
   return std::make_pair(maps.back().base, got->size);
 }
 
-absl::Status MemberOps::ReadMember(uint32_t m, const Entry& e, uint8_t* to, uint64_t bytes) {
+absl::StatusOr<const uint8_t*> MemberOps::MemberInput(uint32_t m, const Entry& e,
+                                                      uint64_t bytes) {
   // Each word once: the member (or a corrupt segment) may change them.
   const uint32_t id_len = e.in_id_len;
   const uint64_t offset = e.in_offset;
@@ -106,8 +105,25 @@ absl::Status MemberOps::ReadMember(uint32_t m, const Entry& e, uint8_t* to, uint
                                             offset, ") is not within its buffer '", id, "' (",
                                             size, " bytes)"));
   }
-  std::memcpy(to, base + offset, bytes);
-  return absl::OkStatus();
+  return base + offset;
+}
+
+std::optional<absl::Status> MemberOps::MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
+                                                  int64_t now) {
+  // signature_: the second place's; the first's is its tail.
+  signature_.clear();
+  absl::StrAppend(&signature_, kDonePlace, kReadPlace, plan.signature);
+  PublishWhere(io.in_id, io.in_offset);
+  return Meet(absl::string_view(signature_).substr(kDonePlace.size()), nullptr, 0, now,
+              op_timeout_);
+}
+
+absl::Status MemberOps::ReadFailed(const OpPlan& plan, uint32_t m, const absl::Status& why) {
+  // The daemon refused a member's buffer (it left, or freed the buffer
+  // while its op ran), or its entry is not what it published.
+  return Abandon(absl::AbortedError(absl::StrCat("member-side ", plan.signature, ": member ",
+                                                 index_, " cannot read member ", m,
+                                                 "'s input: ", why.message())));
 }
 
 absl::Status MemberOps::WhyNotRead() const {
@@ -126,11 +142,16 @@ absl::Status MemberOps::WhyNotRead() const {
   return absl::OkStatus();
 }
 
-std::optional<absl::Status> MemberOps::ProbeReads(int64_t now) {
+std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t now) {
+  // The places name the op they come before (a member waiting at one is
+  // waiting in that op); signature_ is the second's, the first's its tail.
+  signature_.clear();
+  absl::StrAppend(&signature_, kDonePlace, kProbePlace, plan.signature);
   // First place: every member says who it runs as.
   PublishWhere(nullptr, 0);
   view_.entry(index_, s_)->uid = static_cast<uint32_t>(getuid());
-  if (std::optional<absl::Status> met = Meet(kProbe, nullptr, 0, now, op_timeout_);
+  if (std::optional<absl::Status> met = Meet(absl::string_view(signature_).substr(kDonePlace.size()),
+                                             nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
@@ -139,7 +160,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(int64_t now) {
   // Second place: every member says whether it reads.
   view_.entry(index_, s_)->read_failed = why_not.ok() ? 0 : 1;
   std::optional<absl::Status> probed =
-      Meet(kProbed, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
+      Meet(signature_, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
   if (!probed) {
     return Abandon(absl::InternalError(
         "member-side probe of reads: a member did not confirm it at the place after the "
@@ -170,15 +191,7 @@ std::string MemberOps::reads() const {
 
 std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const MemberIoRegion& io,
                                                      int64_t now) {
-  // signature_: the second place's; the first's is its tail.
-  signature_.clear();
-  absl::StrAppend(&signature_, kDone, kRead, plan.signature);
-  const absl::string_view read = absl::string_view(signature_).substr(kDone.size());
-  PublishWhere(io.in_id, io.in_offset);
-  if (std::optional<absl::Status> met = Meet(read, nullptr, 0, now, op_timeout_);
-      !met || !met->ok()) {
-    return met;
-  }
+  if (std::optional<absl::Status> met = MeetToRead(plan, io, now); !met || !met->ok()) return met;
   // Each member of this one's group, at its index in the group: one
   // contiguous block of the output (a gather along the first dimension).
   const uint64_t block = plan.in_bytes;
@@ -188,18 +201,39 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
       std::memmove(to, io.in, block);
       continue;
     }
-    if (absl::Status st = ReadMember(m, *view_.entry(m, s_), to, block); !st.ok()) {
-      // The daemon refused a member's buffer (it left, or freed the buffer
-      // while its op ran), or its entry is not what it published.
-      return Abandon(absl::AbortedError(absl::StrCat("member-side ", plan.signature, ": member ",
-                                                     index_, " cannot read member ", m,
-                                                     "'s input: ", st.message())));
-    }
+    absl::StatusOr<const uint8_t*> from = MemberInput(m, *view_.entry(m, s_), block);
+    if (!from.ok()) return ReadFailed(plan, m, from.status());
+    std::memcpy(to, *from, block);
   }
   Advance();
   // The next place: every member's input was read once every member is
   // there (until then its owner must not change it).
   return FinishAtNextPlace(plan, "its reads of the others' inputs");
+}
+
+std::optional<absl::Status> MemberOps::ReduceByReads(const OpPlan& plan, const MemberIoRegion& io,
+                                                     uint8_t* out, int64_t now) {
+  if (std::optional<absl::Status> met = MeetToRead(plan, io, now); !met || !met->ok()) return met;
+  ios_.assign(view_.layout.members, MemberIo{});
+  for (int m : plan.groups[plan.group_of[index_]]) {
+    if (static_cast<uint32_t>(m) == index_) {
+      ios_[m].in = io.in;
+      continue;
+    }
+    absl::StatusOr<const uint8_t*> from = MemberInput(m, *view_.entry(m, s_), plan.in_bytes);
+    if (!from.ok()) return ReadFailed(plan, m, from.status());
+    ios_[m].in = *from;
+  }
+  // A result over this member's input (in place) waits until the others
+  // read that input.
+  const bool over_input = out == io.in;
+  if (over_input) scratch_.resize(plan.out_bytes);
+  ios_[index_].out = over_input ? scratch_.data() : out;
+  if (absl::Status st = RunShare(plan, /*all_inputs=*/false); !st.ok()) return Abandon(st);
+  Advance();
+  std::optional<absl::Status> done = FinishAtNextPlace(plan, "its reads of the others' inputs");
+  if (over_input && done && done->ok()) std::memcpy(out, scratch_.data(), plan.out_bytes);
+  return done;
 }
 
 }  // namespace collectived::internal

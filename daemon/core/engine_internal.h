@@ -113,9 +113,15 @@ inline std::string MemberText(const char* text, size_t len, size_t limit) {
   return out;
 }
 
-// The signature text of a member's entry.
+// The op a member's entry waits in, from its signature: the op's own
+// signature, then which stage of it the place is, if it is one of two
+// ("psum f32[4096] over (i) (reading the members' buffers)").
 inline std::string EntrySignature(const member_ops::Entry& e) {
-  return MemberText(e.signature, e.sig_len, member_ops::kMaxSignature);
+  const std::string text = MemberText(e.signature, e.sig_len, member_ops::kMaxSignature);
+  const member_ops::PlaceName place = member_ops::NameOfPlace(text);
+  const absl::string_view op(place.op.data(), place.op.size());
+  if (place.stage.empty()) return std::string(op);
+  return absl::StrCat(op, " (", absl::string_view(place.stage.data(), place.stage.size()), ")");
 }
 
 // The kind of a member-side op from its signature's first word ("psum

@@ -15,10 +15,11 @@
 //    once, at any size; a member naming another region sends every member
 //    to the daemon, which refuses it before anything is written;
 //  - a member that scribbles over its segment hurts only its own mesh;
-//  - all_gathers whose members read each other's inputs (member_reads.cc)
-//    equal the daemon path's, an owner's input is read before its op
-//    returns, a member's buffer goes read-only to the other members of its
-//    mesh only, and COLLECTIVED_MEMBER_READS is obeyed.
+//  - all_gathers and reductions whose members read each other's inputs
+//    (member_reads.cc) equal the daemon path's, an owner's input is read
+//    before its op returns (and a result in place waits until then), a
+//    member's buffer goes read-only to the other members of its mesh only,
+//    and COLLECTIVED_MEMBER_READS is obeyed.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -97,17 +98,18 @@ struct Members {
   std::vector<Buffer> out;
 
   static std::unique_ptr<Members> Start(int n, std::vector<std::string> flags,
-                                        const std::string& name = "mops") {
+                                        const std::string& name = "mops",
+                                        size_t bytes = kBufferBytes) {
     auto r = std::make_unique<Members>();
     auto d = Daemon::Start(std::move(flags));
     EXPECT_TRUE(d.ok()) << d.status();
     if (!d.ok()) return nullptr;
     r->daemon = *std::move(d);
-    absl::Status st = MakeSdkMembers(r->daemon->socket(), name, n, kBufferBytes, &r->m);
+    absl::Status st = MakeSdkMembers(r->daemon->socket(), name, n, bytes, &r->m);
     EXPECT_TRUE(st.ok()) << st;
     if (!st.ok()) return nullptr;
     for (int i = 0; i < n; ++i) {
-      auto b = r->m.clients[i]->Allocate(kBufferBytes);
+      auto b = r->m.clients[i]->Allocate(bytes);
       EXPECT_TRUE(b.ok()) << b.status();
       if (!b.ok()) return nullptr;
       r->out.push_back(*std::move(b));
@@ -291,6 +293,30 @@ TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
 // A segment whose code identity is not this SDK's (a daemon of another
 // version or build) is not used: the member takes the daemon path, and says
 // why, naming both.
+// The daemon names the op a member waits in from its entry's signature,
+// whichever place of the op it is.
+TEST(MemberOpsLayoutTest, PlaceSignaturesNameTheirOp) {
+  using member_ops::NameOfPlace;
+  const std::string op = "psum f32[1024] over (i)";
+  const std::vector<std::pair<std::string, std::string>> places = {
+      {op, ""},
+      {absl::StrCat("read: ", op), "reading the members' buffers"},
+      {absl::StrCat("done: read: ", op), "confirming the reads of the members' buffers"},
+      {absl::StrCat("probe: ", op), "asking whether the members read each other's buffers"},
+      {absl::StrCat("done: probe: ", op), "asking whether the members read each other's buffers"},
+      {absl::StrCat("written: ", op), "confirming the result written"},
+      {absl::StrCat("done: ", op), "confirming"},
+  };
+  for (const auto& [signature, stage] : places) {
+    EXPECT_EQ(NameOfPlace(signature).op, op) << signature;
+    EXPECT_EQ(NameOfPlace(signature).stage, stage) << signature;
+  }
+  // A prefix alone, or a scribble, is shown as it is.
+  EXPECT_EQ(NameOfPlace("read: ").op, "");
+  EXPECT_EQ(NameOfPlace("reading").op, "reading");
+  EXPECT_EQ(NameOfPlace("reading").stage, "");
+}
+
 TEST(MemberOpsLayoutTest, ASegmentOfOtherCodeIsNotUsed) {
   const member_ops::Layout l = member_ops::Layout::For(2, 4096);
   ASSERT_GT(l.total_bytes, 0u);
@@ -1273,6 +1299,134 @@ TEST(MemberReadsTest, AnOwnerKeepsItsInputUntilEveryMemberReadIt) {
     }
     return absl::OkStatus();
   }));
+  EXPECT_EQ(DaemonOps(*r->daemon), before);
+  EXPECT_EQ(r->mesh(0).member_reads(), "yes");
+}
+
+// The CPUs this process may run on.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// A reduction of `elems` elements of each member's input (at offset 0),
+// into its own input (in place) or its output buffer at `out_offset`.
+absl::Status Reduce(Members& r, int i, CollectiveKind kind, DType dtype, int64_t elems,
+                    bool in_place, uint64_t out_offset) {
+  Collective op;
+  op.kind = kind;
+  op.x = Array{&r.m.buffers[i], 0, dtype, {elems}};
+  op.axes = AxisNames::All();
+  if (!in_place) op.out = Array{&r.out[i], out_offset, DType::kU8, {elems * 8}};
+  return r.mesh(i).run(op);
+}
+
+TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
+  constexpr int kN = 2;
+  constexpr size_t kBytes = 4 << 20;
+  if (UsableCpus() < kN) GTEST_SKIP() << "reductions read only with a CPU per member";
+  auto reads = Members::Start(kN, {}, "rr", kBytes);
+  auto daemon_side = Members::Start(kN, {"--member_op_bytes=0"}, "rd", kBytes);
+  ASSERT_NE(reads, nullptr);
+  ASSERT_NE(daemon_side, nullptr);
+  struct R {
+    CollectiveKind kind;
+    DType dtype;
+    int64_t elems;
+    bool in_place;
+    int daemon_ops;  // of the reading daemon
+  };
+  using K = CollectiveKind;
+  const std::vector<R> cases = {
+      {K::kPsum, DType::kF32, 512, false, 0},      // 2 KiB each, the least
+      {K::kPsum, DType::kF32, 511, false, 0},      // 2044 B: the segment
+      {K::kPmean, DType::kBF16, 40001, true, 0},   // odd, in place
+      {K::kPmax, DType::kF64, 8193, true, 0},      // past the segment's 64 KiB
+      {K::kPmin, DType::kI8, 100003, false, 0},
+      {K::kPmean, DType::kI32, 30000, false, 0},   // widens
+      {K::kPsum, DType::kF16, 65536, true, 0},
+      {K::kPsum, DType::kF32, 262144, true, 0},    // 2 MiB over the group, the most
+      {K::kPsum, DType::kF32, 262145, false, 1},   // past it: the daemon
+  };
+  uint32_t seed = 11;
+  for (const R& c : cases) {
+    ++seed;
+    SCOPED_TRACE(absl::StrCat("kind ", static_cast<int>(c.kind), " dtype ",
+                              static_cast<int>(c.dtype), " elems ", c.elems,
+                              c.in_place ? " in place" : ""));
+    const int64_t before = DaemonOps(*reads->daemon);
+    const size_t in_bytes = DTypeSize(c.dtype) * c.elems;
+    const size_t out_bytes = c.in_place ? in_bytes : static_cast<size_t>(c.elems) * 8;
+    for (Members* r : {reads.get(), daemon_side.get()}) {
+      for (int i = 0; i < kN; ++i) {
+        Fill(r->in(i), in_bytes, seed * 31 + i);
+        std::memset(r->out_data(i), 0xAB, out_bytes + 64);
+      }
+      ExpectAllOk(OnAll(kN, [&](int i) {
+        return Reduce(*r, i, c.kind, c.dtype, c.elems, c.in_place, 0);
+      }));
+    }
+    for (int i = 0; i < kN; ++i) {
+      const uint8_t* got = c.in_place ? reads->in(i) : reads->out_data(i);
+      const uint8_t* want = c.in_place ? daemon_side->in(i) : daemon_side->out_data(i);
+      ASSERT_EQ(std::memcmp(got, want, out_bytes), 0) << "member " << i;
+      if (!c.in_place) {
+        ASSERT_EQ(std::memcmp(reads->out_data(i) + out_bytes, daemon_side->out_data(i) + out_bytes,
+                              64),
+                  0)
+            << "member " << i << ": written past the output";
+      }
+    }
+    EXPECT_EQ(DaemonOps(*reads->daemon) - before, c.daemon_ops);
+  }
+  // The results are there: the reads ran (a fill would compare equal too).
+  for (int i = 0; i < kN; ++i) {
+    std::fill_n(reinterpret_cast<float*>(reads->in(i)), 4096, static_cast<float>(i + 1));
+  }
+  ExpectAllOk(OnAll(kN, [&](int i) {
+    return Reduce(*reads, i, CollectiveKind::kPsum, DType::kF32, 4096, true, 0);
+  }));
+  EXPECT_EQ(reinterpret_cast<const float*>(reads->in(0))[4095], 3.0f);
+  EXPECT_EQ(reinterpret_cast<const float*>(reads->in(1))[0], 3.0f);
+  EXPECT_EQ(reads->mesh(0).member_reads(), "yes");
+}
+
+// Each member changes its input the moment its op returns: a member still
+// reading it would get 0xFF bytes (NaN) into its sum. In place, the result
+// must also not reach the buffer before the others read the input there.
+TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
+  constexpr int kN = 2;
+  constexpr int64_t kElems = 16384;  // 64 KiB each
+  if (UsableCpus() < kN) GTEST_SKIP() << "reductions read only with a CPU per member";
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  const int64_t before = DaemonOps(*r->daemon);
+  for (bool in_place : {false, true}) {
+    SCOPED_TRACE(in_place ? "in place" : "into the output buffer");
+    ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
+      float* in = reinterpret_cast<float*>(r->in(i));
+      const float* out =
+          in_place ? in : reinterpret_cast<const float*>(r->out_data(i) + 128);
+      for (int it = 0; it < 300; ++it) {
+        for (int64_t e = 0; e < kElems; ++e) in[e] = static_cast<float>(it * 4 + i + (e & 7));
+        if (absl::Status st =
+                Reduce(*r, i, CollectiveKind::kPsum, DType::kF32, kElems, in_place, 128);
+            !st.ok()) {
+          return st;
+        }
+        for (int64_t e = 0; e < kElems; ++e) {
+          const float want = static_cast<float>(2 * (it * 4 + (e & 7)) + 1);
+          if (out[e] != want) {
+            return absl::InternalError(
+                absl::StrCat("op ", it, ": element ", e, " is ", out[e], ", not ", want));
+          }
+        }
+        std::memset(in, 0xFF, kElems * sizeof(float));
+      }
+      return absl::OkStatus();
+    }));
+  }
   EXPECT_EQ(DaemonOps(*r->daemon), before);
   EXPECT_EQ(r->mesh(0).member_reads(), "yes");
 }
