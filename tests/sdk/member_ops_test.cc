@@ -1431,6 +1431,76 @@ TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
   EXPECT_EQ(r->mesh(0).member_reads(), "yes");
 }
 
+// Member 0 is the test, playing the protocol by hand against an SDK member
+// that runs a psum whose members read each other's buffers: a member whose
+// entry names a buffer that is not its own, and a member that leaves
+// between the op's two places, fail the op on the other member naming them.
+TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrWhoLeft) {
+  const std::string op = "psum f32[1024] over (i)";
+  for (bool leaves : {false, true}) {
+    SCOPED_TRACE(leaves ? "member 0 leaves after the first place" : "member 0 names no buffer");
+    auto d = Daemon::Start({"--op_timeout_ms=5000"});
+    ASSERT_TRUE(d.ok()) << d.status();
+    RawAndSdk members(**d);
+    ASSERT_OK(members.Join(leaves ? "reads-left" : "reads-nothing"));
+    const member_ops::View& view = members.view;
+    // Member 0's entry at place (0, s), once member 1 is done with the
+    // place before it (its entry at s - 1 is there: this one reuses s - 2's).
+    auto publish = [&](uint64_t s, const std::string& signature, const std::string& buffer) {
+      if (s > 0) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(10);
+        while (view.entry(1, s - 1)->key.load() != member_ops::Key(0, s - 1) &&
+               absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+      }
+      member_ops::Entry& e = *view.entry(0, s);
+      e.in_bytes = 0;
+      e.sig_len = static_cast<uint32_t>(signature.size());
+      std::memcpy(e.signature, signature.data(), signature.size());
+      e.in_id_len = static_cast<uint32_t>(buffer.size());
+      std::memcpy(view.payload(0, s), buffer.data(), buffer.size());
+      e.in_offset = 0;
+      e.read_failed = 0;
+      e.uid = static_cast<uint32_t>(getuid());
+      e.key.store(member_ops::Key(0, s));
+      member_ops::RingAll(view, 0);
+    };
+    Buffer b = *members.sdk->Allocate(4096);
+    absl::Status st;
+    std::thread member1([&] { st = members.mesh->psum(Array::Of<float>(b, {1024}), "i"); });
+    publish(0, "probe: " + op, "");
+    publish(1, "done: probe: " + op, "");
+    publish(2, "read: " + op, leaves ? members.raw.buffer_id() : std::string("b-nothing"));
+    absl::Time gone = absl::Now();
+    if (leaves) {
+      // Member 1 read this member's buffer and waits at the second place.
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (view.entry(1, 3)->key.load() != member_ops::Key(0, 3) && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_EQ(view.entry(1, 3)->key.load(), member_ops::Key(0, 3));
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      v1::LeaveMeshRequest req;
+      req.set_session_id(members.raw.id());
+      req.set_mesh_id(members.raw.mesh_id());
+      v1::LeaveMeshResponse resp;
+      gone = absl::Now();
+      ASSERT_TRUE(members.raw.stub().LeaveMesh(&ctx, req, &resp).ok());
+    }
+    member1.join();
+    EXPECT_LT(absl::Now() - gone, absl::Seconds(2)) << "long before the 5 s op timeout";
+    EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
+    if (leaves) {
+      EXPECT_CONTAINS(st.message(), "'raw'");
+    } else {
+      EXPECT_CONTAINS(st.message(), "member 1 cannot read member 0's input");
+      EXPECT_CONTAINS(st.message(), "b-nothing");
+    }
+  }
+}
+
 TEST(MemberReadsTest, InputsFromMoreBuffersThanAReaderKeepsMappedStayExact) {
   constexpr int kN = 2;
   constexpr int kBuffers = 12;  // more than kMappedPerMember: some are unmapped, mapped again
