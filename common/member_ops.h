@@ -127,14 +127,18 @@ struct Entry {
   // bytes, is the entry's payload) and offset there; at the probe's first
   // place, the member's uid.
   uint32_t in_id_len;
-  // The place after such a read: nonzero when this member said no (then no
-  // member reads in this mesh).
+  // The place after the probe (client/src/member_reads.cc): kNoReads when
+  // this member said no (then no member reads in this mesh), kNoReductionReads
+  // when it has no CPU of its own (then no member reads for a reduction).
   uint32_t read_failed;
   uint64_t in_offset;
   uint32_t uid;
   // `payload_bytes` of input follow, 64-byte aligned.
 };
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);
+// Entry::read_failed's bits.
+inline constexpr uint32_t kNoReads = 1;
+inline constexpr uint32_t kNoReductionReads = 2;
 
 static_assert(sizeof(Header) <= 2048);
 static_assert(sizeof(Entry) <= 384, "an entry's header keeps its size");

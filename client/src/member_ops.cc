@@ -117,13 +117,6 @@ bool KindRunsHere(OpKind kind) {
   }
 }
 
-// Whether `offset` is a multiple of `dt`'s size (a power of two; no
-// offset is, for kInvalid's 0): a mask, not a division.
-bool ElementAligned(uint64_t offset, DType dt) {
-  const size_t es = DTypeSize(dt);
-  return es != 0 && (offset & (es - 1)) == 0;
-}
-
 // Whether the daemon would accept the op's regions (its CheckRange, the
 // in-place and overlap rules): only then can the op run here.
 bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
@@ -543,13 +536,8 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   const OpPlan& plan = *cached_plan_;
   if (io.shared_out != nullptr) return RunIntoShared(plan, io, now);
   uint8_t* out = io.in_place ? const_cast<uint8_t*>(io.in) : io.out;
-  if (ReadsFit(plan, io)) {
-    if (reads_.load(std::memory_order_relaxed) == Reads::kUnknown) {
-      if (std::optional<absl::Status> probed = ProbeReads(plan, now); !probed || !probed->ok()) {
-        return probed;
-      }
-    }
-    if (reads_.load(std::memory_order_relaxed) == Reads::kYes) return RunByReads(plan, io, out);
+  if (std::optional<absl::Status> by_reads; RanByReads(plan, io, out, now, &by_reads)) {
+    return by_reads;
   }
   if (plan.in_bytes > view_.layout.payload_bytes ||
       plan.signature.size() > member_ops::kMaxSignature) {
@@ -572,23 +560,39 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   return absl::OkStatus();
 }
 
-std::optional<absl::Status> MemberOps::RunByReads(const OpPlan& plan, const MemberIoRegion& io,
-                                                  uint8_t* out) {
-  const int64_t now = fastq::CoarseMonotonicNs();
-  return plan.kind == OpKind::kAllGather ? GatherByReads(plan, io, now)
-                                         : ReduceByReads(plan, io, out, now);
+bool MemberOps::RanByReads(const OpPlan& plan, const MemberIoRegion& io, uint8_t* out,
+                           int64_t now, std::optional<absl::Status>* result) {
+  if (!ReadsFit(plan, io)) return false;
+  if (reads_.load(std::memory_order_relaxed) == Reads::kUnknown) {
+    if (std::optional<absl::Status> probed = ProbeReads(plan, now); !probed || !probed->ok()) {
+      *result = std::move(probed);
+      return true;
+    }
+  }
+  // Asked again once the probe decided (a reduction may not read).
+  if (reads_.load(std::memory_order_relaxed) != Reads::kYes || !ReadsFit(plan, io)) return false;
+  now = fastq::CoarseMonotonicNs();
+  *result = plan.kind == OpKind::kAllGather ? GatherByReads(plan, io, now)
+                                            : ReduceByReads(plan, io, out, now);
+  return true;
+}
+
+bool MemberOps::ReductionReads(const OpPlan& plan) const {
+  // Once the probe said every member has a CPU of its own (before it, the
+  // probe runs: every member must take the same path).
+  return IsReduction(plan.kind) &&
+         (reads_.load(std::memory_order_relaxed) == Reads::kUnknown || reduction_reads_) &&
+         plan.group_size > 1 && plan.in_bytes >= member_reads::kMinReduceBytes &&
+         plan.in_bytes * static_cast<uint64_t>(plan.group_size) <=
+             member_reads::kMaxReduceReadBytes;
 }
 
 bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
   const bool gather = plan.kind == OpKind::kAllGather && plan.axis == 0 &&
                       plan.in_bytes >= member_reads::kMinBytes &&
                       plan.out_bytes <= member_reads::kMaxOutBytes && !io.in_place;
-  const bool reduction = IsReduction(plan.kind) && busy_poll_ && plan.group_size > 1 &&
-                         plan.in_bytes >= member_reads::kMinReduceBytes &&
-                         plan.in_bytes * static_cast<uint64_t>(plan.group_size) <=
-                             member_reads::kMaxReduceReadBytes;
-  return (gather || reduction) && reads_.load(std::memory_order_relaxed) != Reads::kNo &&
-         io.in_id != nullptr &&
+  return (gather || ReductionReads(plan)) &&
+         reads_.load(std::memory_order_relaxed) != Reads::kNo && io.in_id != nullptr &&
          io.in_id->size() <= std::min<uint64_t>(member_reads::kMaxIdBytes,
                                                  view_.layout.payload_bytes) &&
          plan.signature.size() <= member_reads::kMaxPlanSignature && RegionsFit(plan, io);

@@ -63,6 +63,13 @@ struct MemberOpKey {
 // the kernel said no). Members that share a CPU use it to part.
 uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy);
 
+// Whether `offset` is a multiple of `dt`'s size (a power of two; no offset
+// is, for kInvalid's 0): a mask, not a division.
+inline bool ElementAligned(uint64_t offset, DType dt) {
+  const size_t es = DTypeSize(dt);
+  return es != 0 && (offset & (es - 1)) == 0;
+}
+
 // All_gathers and reductions whose members read each other's inputs
 // (member_reads.cc).
 namespace member_reads {
@@ -217,10 +224,14 @@ class MemberOps {
                                             uint8_t* out, int64_t now);
   // Whether `plan` (with `io`) is an op GatherByReads or ReduceByReads runs.
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
-  // GatherByReads or ReduceByReads, whichever runs `plan` (`out`: where
-  // the result goes).
-  std::optional<absl::Status> RunByReads(const OpPlan& plan, const MemberIoRegion& io,
-                                         uint8_t* out);
+  // ReadsFit's bounds for a reduction.
+  bool ReductionReads(const OpPlan& plan) const;
+  // When `plan` runs by reads (ProbeReads first, if the mesh has not
+  // decided yet): runs it with GatherByReads or ReduceByReads (`out`: where
+  // the result goes), sets `result` to TryRun's outcome and returns true.
+  // False when it does not run so.
+  bool RanByReads(const OpPlan& plan, const MemberIoRegion& io, uint8_t* out, int64_t now,
+                  std::optional<absl::Status>* result);
   // Two places at which every member says whether it will read (its
   // COLLECTIVED_MEMBER_READS, a way to ask the daemon for buffers, the same
   // user as every other member), before `plan`'s op (whose signature the
@@ -234,10 +245,11 @@ class MemberOps {
   // Publishes in this member's entry at place S where its input is: `id`
   // (null at the probe, which writes the member's uid instead) at `offset`.
   void PublishWhere(const std::string* id, uint64_t offset);
-  // Where `bytes` of member m's input (its entry `e`) are in its buffer,
-  // mapped read-only (mapped now if it is not yet), or why they are not.
+  // Where `bytes` of member m's input of `dtype` (its entry `e`) are in its
+  // buffer, mapped read-only (mapped now if it is not yet), or why they are
+  // not (outside the buffer, or not at a multiple of the element size).
   absl::StatusOr<const uint8_t*> MemberInput(uint32_t m, const member_ops::Entry& e,
-                                             uint64_t bytes);
+                                             uint64_t bytes, DType dtype);
   // The first place of GatherByReads and ReduceByReads: publishes where
   // this member's input is and meets the others (signature_ becomes the
   // second place's signature). Meet's outcome.
@@ -305,6 +317,10 @@ class MemberOps {
   // reads() may look from any thread.
   enum class Reads { kUnknown, kYes, kNo };
   std::atomic<Reads> reads_{Reads::kUnknown};
+  // Set by ProbeReads before reads_ (and only read by the op's thread):
+  // whether reductions read too, which needs every member to have a CPU of
+  // its own (a member's busy_poll_ is its own; the probe makes it common).
+  bool reduction_reads_ = false;
   std::string reads_off_;
   PeerFdFn peer_fd_;
   // The other members' buffers mapped read-only, by member (at most

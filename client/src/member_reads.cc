@@ -87,7 +87,7 @@ absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32
 }
 
 absl::StatusOr<const uint8_t*> MemberOps::MemberInput(uint32_t m, const Entry& e,
-                                                      uint64_t bytes) {
+                                                      uint64_t bytes, DType dtype) {
   // Each word once: the member (or a corrupt segment) may change them.
   const uint32_t id_len = e.in_id_len;
   const uint64_t offset = e.in_offset;
@@ -104,6 +104,12 @@ absl::StatusOr<const uint8_t*> MemberOps::MemberInput(uint32_t m, const Entry& e
     return absl::InternalError(absl::StrCat("member ", m, "'s input (", bytes, " bytes at ",
                                             offset, ") is not within its buffer '", id, "' (",
                                             size, " bytes)"));
+  }
+  // The kernels load whole elements (the buffer's base is page-aligned).
+  if (!ElementAligned(offset, dtype)) {
+    return absl::InternalError(absl::StrCat("member ", m, "'s input offset ", offset,
+                                            " is not a multiple of its element size ",
+                                            DTypeSize(dtype)));
   }
   return base + offset;
 }
@@ -157,8 +163,10 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   }
   const absl::Status why_not = WhyNotRead();
   Advance();
-  // Second place: every member says whether it reads.
-  view_.entry(index_, s_)->read_failed = why_not.ok() ? 0 : 1;
+  // Second place: every member says whether it reads, and whether it has a
+  // CPU of its own (where a reduction reads only if every member has one).
+  view_.entry(index_, s_)->read_failed = (why_not.ok() ? 0 : member_ops::kNoReads) |
+                                         (busy_poll_ ? 0 : member_ops::kNoReductionReads);
   std::optional<absl::Status> probed =
       Meet(signature_, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
   if (!probed) {
@@ -168,10 +176,10 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   }
   if (!probed->ok()) return probed;
   // Every member sees the same words: all read, or none does.
-  bool all_read = true;
-  for (uint32_t m = 0; m < view_.layout.members; ++m) {
-    all_read = all_read && view_.entry(m, s_)->read_failed == 0;
-  }
+  uint32_t said_no = 0;
+  for (uint32_t m = 0; m < view_.layout.members; ++m) said_no |= view_.entry(m, s_)->read_failed;
+  const bool all_read = (said_no & member_ops::kNoReads) == 0;
+  reduction_reads_ = all_read && (said_no & member_ops::kNoReductionReads) == 0;
   Advance();
   if (!all_read) {
     reads_off_ = why_not.ok() ? "another member said no" : std::string(why_not.message());
@@ -201,7 +209,7 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
       std::memmove(to, io.in, block);
       continue;
     }
-    absl::StatusOr<const uint8_t*> from = MemberInput(m, *view_.entry(m, s_), block);
+    absl::StatusOr<const uint8_t*> from = MemberInput(m, *view_.entry(m, s_), block, plan.dtype);
     if (!from.ok()) return ReadFailed(plan, m, from.status());
     std::memcpy(to, *from, block);
   }
@@ -220,7 +228,8 @@ std::optional<absl::Status> MemberOps::ReduceByReads(const OpPlan& plan, const M
       ios_[m].in = io.in;
       continue;
     }
-    absl::StatusOr<const uint8_t*> from = MemberInput(m, *view_.entry(m, s_), plan.in_bytes);
+    absl::StatusOr<const uint8_t*> from =
+        MemberInput(m, *view_.entry(m, s_), plan.in_bytes, plan.dtype);
     if (!from.ok()) return ReadFailed(plan, m, from.status());
     ios_[m].in = *from;
   }

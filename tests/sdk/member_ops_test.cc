@@ -290,9 +290,6 @@ TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
   EXPECT_GT(member_ops::Layout::For(3404, 16384).total_bytes, 0u);
 }
 
-// A segment whose code identity is not this SDK's (a daemon of another
-// version or build) is not used: the member takes the daemon path, and says
-// why, naming both.
 // The daemon names the op a member waits in from its entry's signature,
 // whichever place of the op it is.
 TEST(MemberOpsLayoutTest, PlaceSignaturesNameTheirOp) {
@@ -317,6 +314,9 @@ TEST(MemberOpsLayoutTest, PlaceSignaturesNameTheirOp) {
   EXPECT_EQ(NameOfPlace("reading").stage, "");
 }
 
+// A segment whose code identity is not this SDK's (a daemon of another
+// version or build) is not used: the member takes the daemon path, and says
+// why, naming both.
 TEST(MemberOpsLayoutTest, ASegmentOfOtherCodeIsNotUsed) {
   const member_ops::Layout l = member_ops::Layout::For(2, 4096);
   ASSERT_GT(l.total_bytes, 0u);
@@ -1433,20 +1433,24 @@ TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
 
 // Member 0 is the test, playing the protocol by hand against an SDK member
 // that runs a psum whose members read each other's buffers: a member whose
-// entry names a buffer that is not its own, and a member that leaves
-// between the op's two places, fail the op on the other member naming them.
+// entry names a buffer that is not its own, or an input not at a multiple
+// of its element size, and a member that leaves between the op's two
+// places, fail the op on the other member naming them.
 TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrWhoLeft) {
-  const std::string op = "psum f32[1024] over (i)";
-  for (bool leaves : {false, true}) {
-    SCOPED_TRACE(leaves ? "member 0 leaves after the first place" : "member 0 names no buffer");
+  const std::string op = "psum f32[512] over (i)";  // 2 KiB: the least that reads
+  enum class Fault { kNoBuffer, kUnaligned, kLeaves };
+  for (Fault fault : {Fault::kNoBuffer, Fault::kUnaligned, Fault::kLeaves}) {
+    const bool leaves = fault == Fault::kLeaves;
+    SCOPED_TRACE(static_cast<int>(fault));
     auto d = Daemon::Start({"--op_timeout_ms=5000"});
     ASSERT_TRUE(d.ok()) << d.status();
     RawAndSdk members(**d);
-    ASSERT_OK(members.Join(leaves ? "reads-left" : "reads-nothing"));
+    ASSERT_OK(members.Join(absl::StrCat("reads-fault-", static_cast<int>(fault))));
     const member_ops::View& view = members.view;
     // Member 0's entry at place (0, s), once member 1 is done with the
     // place before it (its entry at s - 1 is there: this one reuses s - 2's).
-    auto publish = [&](uint64_t s, const std::string& signature, const std::string& buffer) {
+    auto publish = [&](uint64_t s, const std::string& signature, const std::string& buffer,
+                       uint64_t offset) {
       if (s > 0) {
         const absl::Time deadline = absl::Now() + absl::Seconds(10);
         while (view.entry(1, s - 1)->key.load() != member_ops::Key(0, s - 1) &&
@@ -1460,7 +1464,7 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
       std::memcpy(e.signature, signature.data(), signature.size());
       e.in_id_len = static_cast<uint32_t>(buffer.size());
       std::memcpy(view.payload(0, s), buffer.data(), buffer.size());
-      e.in_offset = 0;
+      e.in_offset = offset;
       e.read_failed = 0;
       e.uid = static_cast<uint32_t>(getuid());
       e.key.store(member_ops::Key(0, s));
@@ -1468,10 +1472,12 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
     };
     Buffer b = *members.sdk->Allocate(4096);
     absl::Status st;
-    std::thread member1([&] { st = members.mesh->psum(Array::Of<float>(b, {1024}), "i"); });
-    publish(0, "probe: " + op, "");
-    publish(1, "done: probe: " + op, "");
-    publish(2, "read: " + op, leaves ? members.raw.buffer_id() : std::string("b-nothing"));
+    std::thread member1([&] { st = members.mesh->psum(Array::Of<float>(b, {512}), "i"); });
+    publish(0, "probe: " + op, "", 0);
+    publish(1, "done: probe: " + op, "", 0);
+    publish(2, "read: " + op,
+            fault == Fault::kNoBuffer ? std::string("b-nothing") : members.raw.buffer_id(),
+            fault == Fault::kUnaligned ? 2 : 0);
     absl::Time gone = absl::Now();
     if (leaves) {
       // Member 1 read this member's buffer and waits at the second place.
@@ -1494,11 +1500,71 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
     EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
     if (leaves) {
       EXPECT_CONTAINS(st.message(), "'raw'");
+      EXPECT_CONTAINS(st.message(), "left the mesh");
     } else {
       EXPECT_CONTAINS(st.message(), "member 1 cannot read member 0's input");
-      EXPECT_CONTAINS(st.message(), "b-nothing");
+      EXPECT_CONTAINS(st.message(), fault == Fault::kNoBuffer
+                                        ? "'b-nothing' not found"
+                                        : "offset 2 is not a multiple of its element size 4");
     }
   }
+}
+
+// A member whose process may use fewer CPUs than the mesh has members
+// keeps every member's reductions off the reads (there each place is a
+// futex hand-off): the probe makes the choice common. Were each member to
+// choose for itself, they would publish different places, and every such
+// op would go to the daemon.
+TEST(MemberReadsTest, AMemberWithoutACpuOfItsOwnKeepsEveryMembersReductionsOffTheReads) {
+  constexpr int kN = 2;
+  constexpr int64_t kElems = 16384;  // 64 KiB: fits the segment
+  if (UsableCpus() < kN) GTEST_SKIP() << "needs a CPU per member for member 0";
+  auto d = Daemon::Start({});
+  ASSERT_TRUE(d.ok()) << d.status();
+  SdkMembers m;
+  for (int i = 0; i < kN; ++i) {
+    auto c = Client::Connect({.socket_path = (*d)->socket(), .client_name = absl::StrCat("cpu-", i)});
+    ASSERT_TRUE(c.ok()) << c.status();
+    m.clients.push_back(*std::move(c));
+  }
+  std::vector<absl::StatusOr<std::unique_ptr<Mesh>>> joined(kN);
+  std::vector<std::thread> joiners;
+  for (int i = 0; i < kN; ++i) {
+    joiners.emplace_back([&, i] {
+      if (i == 1) {
+        // Member 1 joins from a thread that may run on one CPU only.
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(sched_getcpu(), &one);
+        EXPECT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+      }
+      joined[i] = m.clients[i]->JoinMesh({.name = "cpus", .axes = {{"x", kN}}, .coordinate = {i}});
+    });
+  }
+  for (auto& t : joiners) t.join();
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(joined[i].ok()) << joined[i].status();
+    m.meshes.push_back(*std::move(joined[i]));
+    m.buffers.push_back(*m.clients[i]->Allocate(kElems * 4));
+  }
+  const int64_t before = DaemonOps(**d);
+  ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
+    float* x = static_cast<float*>(m.buffers[i].data());
+    for (int it = 0; it < 20; ++it) {
+      std::fill_n(x, kElems, static_cast<float>(it + i));
+      if (absl::Status st = m.meshes[i]->psum(Array::Of<float>(m.buffers[i], {kElems}), "x");
+          !st.ok()) {
+        return st;
+      }
+      if (x[kElems - 1] != static_cast<float>(2 * it + 1)) {
+        return absl::InternalError(absl::StrCat("op ", it, ": ", x[kElems - 1]));
+      }
+    }
+    return absl::OkStatus();
+  }));
+  // Through the segment, every op: none went to the daemon.
+  EXPECT_EQ(DaemonOps(**d), before);
+  EXPECT_EQ(m.meshes[0]->member_reads(), "yes");  // all_gathers still read
 }
 
 TEST(MemberReadsTest, InputsFromMoreBuffersThanAReaderKeepsMappedStayExact) {
