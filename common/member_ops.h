@@ -152,15 +152,17 @@ inline uint64_t Key(uint64_t d, uint64_t s) { return ((d + 1) << 24) | (s & 0xff
 // members read each other's buffers, put one of these before it: read, the
 // first place of such an op; probe, the probe's; done, the place after
 // either; written, the place after an op into a mesh-shared buffer.
-inline constexpr std::string_view kReadPlace = "read: ";
-inline constexpr std::string_view kProbePlace = "probe: ";
-inline constexpr std::string_view kDonePlace = "done: ";
-inline constexpr std::string_view kWrittenPlace = "written: ";
+// (Character arrays: std::string_view and the SDK's absl::string_view,
+// which may be a type of its own, both take them.)
+inline constexpr char kReadPlace[] = "read: ";
+inline constexpr char kProbePlace[] = "probe: ";
+inline constexpr char kDonePlace[] = "done: ";
+inline constexpr char kWrittenPlace[] = "written: ";
 // The most these prefixes add to an op's signature.
 inline constexpr size_t kMaxPlacePrefix = 16;
-static_assert(kDonePlace.size() + kProbePlace.size() <= kMaxPlacePrefix &&
-              kDonePlace.size() + kReadPlace.size() <= kMaxPlacePrefix &&
-              kWrittenPlace.size() <= kMaxPlacePrefix);
+static_assert(sizeof(kDonePlace) - 1 + sizeof(kProbePlace) - 1 <= kMaxPlacePrefix &&
+              sizeof(kDonePlace) - 1 + sizeof(kReadPlace) - 1 <= kMaxPlacePrefix &&
+              sizeof(kWrittenPlace) - 1 <= kMaxPlacePrefix);
 
 // What a place's signature names: the op, and which of its stages the place
 // is (empty for an op's only place). Either can be anything a member wrote.

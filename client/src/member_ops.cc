@@ -568,9 +568,10 @@ bool MemberOps::RanByReads(const OpPlan& plan, const MemberIoRegion& io, uint8_t
       *result = std::move(probed);
       return true;
     }
+    // Asked again now that the probe decided (a reduction may not read).
+    if (!ReadsFit(plan, io)) return false;
   }
-  // Asked again once the probe decided (a reduction may not read).
-  if (reads_.load(std::memory_order_relaxed) != Reads::kYes || !ReadsFit(plan, io)) return false;
+  if (reads_.load(std::memory_order_relaxed) != Reads::kYes) return false;
   now = fastq::CoarseMonotonicNs();
   *result = plan.kind == OpKind::kAllGather ? GatherByReads(plan, io, now)
                                             : ReduceByReads(plan, io, out, now);
@@ -651,8 +652,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // reports who writes elsewhere, before anything is written.
   // signature_ is the second place's signature: the first place's with
   // this prefix.
-  constexpr absl::string_view kWritten(member_ops::kWrittenPlace.data(),
-                                       member_ops::kWrittenPlace.size());
+  constexpr absl::string_view kWritten = member_ops::kWrittenPlace;
   signature_.clear();
   absl::StrAppend(&signature_, kWritten, plan.signature, " into shared buffer ",
                   *io.shared_out, " at ", io.out_offset);

@@ -250,6 +250,11 @@ class MemberOps {
   // not (outside the buffer, or not at a multiple of the element size).
   absl::StatusOr<const uint8_t*> MemberInput(uint32_t m, const member_ops::Entry& e,
                                              uint64_t bytes, DType dtype);
+  // Sets signature_ to the second place's signature of an op that takes two
+  // (ProbeReads, GatherByReads, ReduceByReads): the first place's with
+  // kDonePlace before it; returns the first's, `first_prefix` and `plan`'s
+  // signature (a view into signature_).
+  absl::string_view TwoPlaces(absl::string_view first_prefix, const OpPlan& plan);
   // The first place of GatherByReads and ReduceByReads: publishes where
   // this member's input is and meets the others (signature_ becomes the
   // second place's signature). Meet's outcome.

@@ -34,17 +34,6 @@ absl::StatusOr<bool> AllowedByEnvironment() {
 
 }  // namespace member_reads
 
-// The places' prefixes (member_ops.h), as absl::string_view.
-constexpr absl::string_view kDonePlace(member_ops::kDonePlace.data(),
-                                       member_ops::kDonePlace.size());
-constexpr absl::string_view kProbePlace(member_ops::kProbePlace.data(),
-                                        member_ops::kProbePlace.size());
-constexpr absl::string_view kReadPlace(member_ops::kReadPlace.data(),
-                                       member_ops::kReadPlace.size());
-
-static_assert(member_reads::kMaxPlanSignature + member_ops::kMaxPlacePrefix <=
-              member_ops::kMaxSignature);
-
 void MemberOps::PublishWhere(const std::string* id, uint64_t offset) {
   Entry* mine = view_.entry(index_, s_);
   mine->in_id_len = id == nullptr ? 0 : static_cast<uint32_t>(id->size());
@@ -114,14 +103,17 @@ absl::StatusOr<const uint8_t*> MemberOps::MemberInput(uint32_t m, const Entry& e
   return base + offset;
 }
 
+absl::string_view MemberOps::TwoPlaces(absl::string_view first_prefix, const OpPlan& plan) {
+  signature_.clear();
+  absl::StrAppend(&signature_, member_ops::kDonePlace, first_prefix, plan.signature);
+  return absl::string_view(signature_).substr(absl::string_view(member_ops::kDonePlace).size());
+}
+
 std::optional<absl::Status> MemberOps::MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
                                                   int64_t now) {
-  // signature_: the second place's; the first's is its tail.
-  signature_.clear();
-  absl::StrAppend(&signature_, kDonePlace, kReadPlace, plan.signature);
+  const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
   PublishWhere(io.in_id, io.in_offset);
-  return Meet(absl::string_view(signature_).substr(kDonePlace.size()), nullptr, 0, now,
-              op_timeout_);
+  return Meet(first, nullptr, 0, now, op_timeout_);
 }
 
 absl::Status MemberOps::ReadFailed(const OpPlan& plan, uint32_t m, const absl::Status& why) {
@@ -150,14 +142,12 @@ absl::Status MemberOps::WhyNotRead() const {
 
 std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t now) {
   // The places name the op they come before (a member waiting at one is
-  // waiting in that op); signature_ is the second's, the first's its tail.
-  signature_.clear();
-  absl::StrAppend(&signature_, kDonePlace, kProbePlace, plan.signature);
+  // waiting in that op).
+  const absl::string_view first = TwoPlaces(member_ops::kProbePlace, plan);
   // First place: every member says who it runs as.
   PublishWhere(nullptr, 0);
   view_.entry(index_, s_)->uid = static_cast<uint32_t>(getuid());
-  if (std::optional<absl::Status> met = Meet(absl::string_view(signature_).substr(kDonePlace.size()),
-                                             nullptr, 0, now, op_timeout_);
+  if (std::optional<absl::Status> met = Meet(first, nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }

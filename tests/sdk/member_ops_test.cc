@@ -1380,7 +1380,8 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
     }
     EXPECT_EQ(DaemonOps(*reads->daemon) - before, c.daemon_ops);
   }
-  // The results are there: the reads ran (a fill would compare equal too).
+  // A known sum, in place: the comparisons above would pass on an output
+  // both sides left untouched; this one would not.
   for (int i = 0; i < kN; ++i) {
     std::fill_n(reinterpret_cast<float*>(reads->in(i)), 4096, static_cast<float>(i + 1));
   }
