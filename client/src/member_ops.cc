@@ -652,7 +652,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // reports who writes elsewhere, before anything is written.
   // signature_ is the second place's signature: the first place's with
   // this prefix.
-  constexpr absl::string_view kWritten = member_ops::kWrittenPlace;
+  const absl::string_view kWritten(member_ops::kWrittenPlace);
   signature_.clear();
   absl::StrAppend(&signature_, kWritten, plan.signature, " into shared buffer ",
                   *io.shared_out, " at ", io.out_offset);
