@@ -61,7 +61,7 @@
 namespace collectived::member_ops {
 
 inline constexpr uint32_t kMagic = 0x3153434d;  // "MCS1"
-inline constexpr uint32_t kVersion = 3;
+inline constexpr uint32_t kVersion = 4;
 // Header::code: which code plans and computes the ops (the daemon's
 // COLLECTIVED_MEMBER_OPS_CODE, cmake/MemberOpsCode.cmake). A member runs
 // ops member-side only when its SDK's is the same: the daemon and every
@@ -124,8 +124,9 @@ struct Entry {
   char signature[kMaxSignature];
   // Member, for an op whose members read each other's inputs
   // (client/src/member_reads.cc): the input's buffer (its id, in_id_len
-  // bytes, is the entry's payload) and offset there; at the probe's first
-  // place, the member's uid.
+  // bytes, is the start of the entry's payload) and offset there; for a
+  // reduction that splits its result, the output's too (its id follows the
+  // input's in the payload); at the probe's first place, the member's uid.
   uint32_t in_id_len;
   // The place after the probe (client/src/member_reads.cc): kNoReads when
   // this member said no (then no member reads in this mesh), kNoReductionReads
@@ -133,6 +134,8 @@ struct Entry {
   uint32_t read_failed;
   uint64_t in_offset;
   uint32_t uid;
+  uint32_t out_id_len;
+  uint64_t out_offset;
   // `payload_bytes` of input follow, 64-byte aligned.
 };
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);
@@ -151,18 +154,22 @@ inline uint64_t Key(uint64_t d, uint64_t s) { return ((d + 1) << 24) | (s & 0xff
 // places of an op that takes two, and of the probe before the first op whose
 // members read each other's buffers, put one of these before it: read, the
 // first place of such an op; probe, the probe's; done, the place after
-// either; written, the place after an op into a mesh-shared buffer.
+// either; reduced, the place between of a reduction that splits its result
+// (each member's share of it is written); written, the place after an op
+// into a mesh-shared buffer.
 // (Character arrays: std::string_view and the SDK's absl::string_view,
 // which may be a type of its own, both take them.)
 inline constexpr char kReadPlace[] = "read: ";
 inline constexpr char kProbePlace[] = "probe: ";
 inline constexpr char kDonePlace[] = "done: ";
 inline constexpr char kWrittenPlace[] = "written: ";
+inline constexpr char kReducedPlace[] = "reduced: ";
 // The most these prefixes add to an op's signature.
 inline constexpr size_t kMaxPlacePrefix = 16;
 static_assert(sizeof(kDonePlace) - 1 + sizeof(kProbePlace) - 1 <= kMaxPlacePrefix &&
               sizeof(kDonePlace) - 1 + sizeof(kReadPlace) - 1 <= kMaxPlacePrefix &&
-              sizeof(kWrittenPlace) - 1 <= kMaxPlacePrefix);
+              sizeof(kWrittenPlace) - 1 <= kMaxPlacePrefix &&
+              sizeof(kReducedPlace) - 1 <= kMaxPlacePrefix);
 
 // What a place's signature names: the op, and which of its stages the place
 // is (empty for an op's only place). Either can be anything a member wrote.
@@ -177,6 +184,7 @@ inline PlaceName NameOfPlace(std::string_view signature) {
     return true;
   };
   if (strip(kWrittenPlace)) return {signature, "confirming the result written"};
+  if (strip(kReducedPlace)) return {signature, "confirming its share of the result reduced"};
   const bool done = strip(kDonePlace);
   if (strip(kProbePlace)) return {signature, "asking whether the members read each other's buffers"};
   if (strip(kReadPlace)) {

@@ -245,6 +245,21 @@ bool CpuExecutor::RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& 
   return true;
 }
 
+bool CpuExecutor::ReduceShare(const OpPlan& plan, const std::vector<MemberIo>& io, int member,
+                              size_t begin, size_t len, bool stream) {
+  const size_t es = DTypeSize(plan.dtype);
+  if (!IsReduction(plan.kind) || es == 0 || member < 0 ||
+      static_cast<size_t>(member) >= plan.group_of.size() || plan.group_of[member] < 0 ||
+      begin > plan.in_bytes / es || len > plan.in_bytes / es - begin) {
+    return false;
+  }
+  if (len > 0) {
+    ReduceGroupRange(plan, io, plan.groups[static_cast<size_t>(plan.group_of[member])], begin,
+                     len, stream);
+  }
+  return true;
+}
+
 void CpuExecutor::RunReduceScatter(const OpPlan& plan, const std::vector<MemberIo>& io) {
   // Input viewed as [outer, n, inner] (elements); member j gets [:, j, :].
   const size_t es = DTypeSize(plan.dtype);

@@ -52,10 +52,18 @@ class CpuExecutor final : public Executor {
   // dispatch and task loop, and returns true. Anything else: false, nothing
   // written.
   bool RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& io, int member);
-
- private:
+  // Elements [begin, begin + len) of the result of `member`'s group in the
+  // reduction `plan` (psum, pmean, pmax, pmin), written at those elements
+  // into the outputs `io` gives for the group, on the calling thread (of
+  // any size: the caller shares the op out), with streaming stores if
+  // `stream`, and returns true. Anything else, or a range past the input:
+  // false, nothing written.
+  bool ReduceShare(const OpPlan& plan, const std::vector<MemberIo>& io, int member, size_t begin,
+                   size_t len, bool stream);
   // Whether `plan` writes its results with streaming stores.
   bool Streams(const OpPlan& plan) const;
+
+ private:
   // fn(0..n) for `plan`, on the pool unless the op is small (then with no
   // allocation: a small op's whole run is a few hundred nanoseconds).
   void ParallelFor(const OpPlan& plan, size_t n, absl::FunctionRef<void(size_t)> fn);

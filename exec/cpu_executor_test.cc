@@ -166,6 +166,17 @@ TEST(CpuExecutorTest, RunOneMemberWritesRunsBytes) {
           EXPECT_EQ(got, want[m]) << op.ShortDebugString() << " over " << n << " members, member "
                                   << m;
           ++checked;
+          if (kind.kind == v1::ALL_GATHER) continue;
+          // ReduceShare: the same bytes, in three shares (one of them with
+          // streaming stores) and an empty one.
+          std::fill(got.begin(), got.end(), 0x5a);
+          const size_t count = plan->in_bytes / DTypeSize(plan->dtype);
+          const size_t cuts[] = {0, 4, 4, 11, count};
+          for (size_t c = 0; c + 1 < std::size(cuts); ++c) {
+            ASSERT_TRUE(ex.ReduceShare(*plan, own, m, cuts[c], cuts[c + 1] - cuts[c], c == 2));
+          }
+          EXPECT_EQ(got, want[m]) << "in shares: " << op.ShortDebugString() << " over " << n
+                                  << " members, member " << m;
         }
       }
     }
@@ -189,6 +200,30 @@ TEST(CpuExecutorTest, RunOneMemberRefusesOtherOpsAndLargeOnes) {
   EXPECT_TRUE(ex.RunOneMember(Plan(Kind(v1::PSUM, {4}), 2), m.io(false), 1));
   EXPECT_EQ(m.out[1][0], 0 + 1000);
   EXPECT_EQ(m.out[1][3], 3 + 1003);
+}
+
+// ReduceShare computes a range of a reduction's result only: false, nothing
+// written, for anything else.
+TEST(CpuExecutorTest, ReduceShareRefusesOtherOpsRangesAndMembers) {
+  CpuExecutor ex({.threads = 1});
+  Members m = Make(2, 64, 128);
+  auto io = m.io(false);
+  const OpPlan psum = Plan(Kind(v1::PSUM, {64}), 2);
+  const OpPlan gather = Plan(Kind(v1::ALL_GATHER, {64}), 2);
+  EXPECT_FALSE(ex.ReduceShare(gather, io, 0, 0, 64, false));
+  EXPECT_FALSE(ex.ReduceShare(psum, io, 2, 0, 64, false)) << "no member 2";
+  EXPECT_FALSE(ex.ReduceShare(psum, io, 0, 65, 0, false)) << "starts past the end";
+  EXPECT_FALSE(ex.ReduceShare(psum, io, 0, 60, 5, false)) << "ends past the end";
+  EXPECT_FALSE(ex.ReduceShare(psum, io, 0, 1, ~size_t{0}, false)) << "wraps";
+  EXPECT_EQ(m.out[0], std::vector<int32_t>(128, -7));
+  EXPECT_EQ(m.out[1], std::vector<int32_t>(128, -7));
+  io[1].out = nullptr;  // member 0's output only
+  ASSERT_TRUE(ex.ReduceShare(psum, io, 0, 60, 4, false));
+  EXPECT_EQ(m.out[0][59], -7);
+  EXPECT_EQ(m.out[0][60], 60 + 1060);
+  EXPECT_EQ(m.out[0][63], 63 + 1063);
+  EXPECT_EQ(m.out[0][64], -7);
+  EXPECT_EQ(m.out[1], std::vector<int32_t>(128, -7));
 }
 
 }  // namespace

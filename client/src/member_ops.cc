@@ -574,7 +574,8 @@ bool MemberOps::RanByReads(const OpPlan& plan, const MemberIoRegion& io, uint8_t
   if (reads_.load(std::memory_order_relaxed) != Reads::kYes) return false;
   now = fastq::CoarseMonotonicNs();
   *result = plan.kind == OpKind::kAllGather ? GatherByReads(plan, io, now)
-                                            : ReduceByReads(plan, io, out, now);
+             : SplitsByReads(plan)             ? ReduceBySplitReads(plan, io, out, now)
+                                               : ReduceByReads(plan, io, out, now);
   return true;
 }
 
@@ -585,18 +586,32 @@ bool MemberOps::ReductionReads(const OpPlan& plan) const {
          (reads_.load(std::memory_order_relaxed) == Reads::kUnknown || reduction_reads_) &&
          plan.group_size > 1 && plan.in_bytes >= member_reads::kMinReduceBytes &&
          plan.in_bytes * static_cast<uint64_t>(plan.group_size) <=
-             member_reads::kMaxReduceReadBytes;
+             member_reads::kMaxSplitReadBytes;
+}
+
+bool MemberOps::SplitsByReads(const OpPlan& plan) {
+  return IsReduction(plan.kind) && plan.in_bytes * static_cast<uint64_t>(plan.group_size) >
+                                       member_reads::kMaxReduceReadBytes;
 }
 
 bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
   const bool gather = plan.kind == OpKind::kAllGather && plan.axis == 0 &&
                       plan.in_bytes >= member_reads::kMinBytes &&
                       plan.out_bytes <= member_reads::kMaxOutBytes && !io.in_place;
-  return (gather || ReductionReads(plan)) &&
-         reads_.load(std::memory_order_relaxed) != Reads::kNo && io.in_id != nullptr &&
-         io.in_id->size() <= std::min<uint64_t>(member_reads::kMaxIdBytes,
-                                                 view_.layout.payload_bytes) &&
-         plan.signature.size() <= member_reads::kMaxPlanSignature && RegionsFit(plan, io);
+  if (!(gather || ReductionReads(plan)) || reads_.load(std::memory_order_relaxed) == Reads::kNo ||
+      io.in_id == nullptr || plan.signature.size() > member_reads::kMaxPlanSignature ||
+      !RegionsFit(plan, io)) {
+    return false;
+  }
+  // The buffers' ids fit the entry's payload: the input's, and a split
+  // reduction's output's after it.
+  const std::string* out_id = io.in_place ? io.in_id : io.out_id;
+  const bool split = SplitsByReads(plan);
+  if (split && out_id == nullptr) return false;
+  const uint64_t out_id_bytes = split ? out_id->size() : 0;
+  return io.in_id->size() <= member_reads::kMaxIdBytes &&
+         out_id_bytes <= member_reads::kMaxIdBytes &&
+         io.in_id->size() + out_id_bytes <= view_.layout.payload_bytes;
 }
 
 absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
@@ -620,6 +635,16 @@ absl::Status MemberOps::RunShare(const OpPlan& plan, bool all_inputs) {
                                             " has no group of its own to compute"));
   }
   return executor_.Run(plan, ios_);
+}
+
+absl::Status MemberOps::ReduceShare(const OpPlan& plan, size_t begin, size_t len, bool stream) {
+  FpEnvironment daemon_env;
+  if (executor_.ReduceShare(plan, ios_, static_cast<int>(index_), begin, len, stream)) {
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat("member-side ", plan.signature, ": member ", index_,
+                                          " has no share of elements [", begin, ", ", begin + len,
+                                          ") to reduce"));
 }
 
 void MemberOps::Advance() {
@@ -680,8 +705,8 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   return FinishAtNextPlace(plan, "the result written into a shared buffer");
 }
 
-std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
-                                                         absl::string_view what) {
+absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, absl::string_view signature,
+                                      absl::string_view what) {
   // The others are still working meanwhile: on the daemon path the op would
   // be running, which no op timeout bounds. Here the wait is bounded all the
   // same, by the op timeout plus a second per 64 MiB of the result (a floor
@@ -689,7 +714,7 @@ std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
   const absl::Duration work_time =
       absl::Seconds(static_cast<double>(plan.out_bytes) / static_cast<double>(64 << 20));
   std::optional<absl::Status> done =
-      Meet(signature_, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_ + work_time);
+      Meet(signature, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_ + work_time);
   if (!done) {
     // Only a member that does not follow the protocol (or a corrupt
     // segment) takes another path at this place.
@@ -697,7 +722,12 @@ std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
         "member-side ", plan.signature, ": a member did not confirm ", what,
         " at the place after the op's (a corrupt segment?)")));
   }
-  if (!done->ok()) return *done;
+  return *done;
+}
+
+std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
+                                                         absl::string_view what) {
+  if (absl::Status done = MeetAfterWork(plan, signature_, what); !done.ok()) return done;
   Advance();
   Completed();
   return absl::OkStatus();

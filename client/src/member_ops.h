@@ -37,6 +37,8 @@ struct MemberIoRegion {
   uint64_t out_offset = 0;
   uint64_t out_avail = 0;  // bytes from `out` to the end of the region the op may write
   bool same_buffer = false;  // input and output are in one buffer
+  // `out`'s buffer's id when it is this member's own (null: unknown).
+  const std::string* out_id = nullptr;
   // Set when `out` is in a buffer the mesh shares (Mesh::AllocateShared):
   // its id, the same for every member.
   const std::string* shared_out = nullptr;
@@ -92,6 +94,13 @@ inline constexpr uint64_t kMaxOutBytes = 8 << 20;
 // members on 2 CPUs (bench/README.md).
 inline constexpr uint64_t kMinReduceBytes = 2 << 10;
 inline constexpr uint64_t kMaxReduceReadBytes = 2 << 20;
+// Above that, up to kMaxSplitReadBytes of input over its group, each
+// member computes an equal share of the result from the inputs where they
+// are, into its output, and copies the others' shares from their outputs
+// (ReduceBySplitReads): the members then compute the result once between
+// them, each on its own CPU, where the daemon computes it on its threads
+// and writes it to every member.
+inline constexpr uint64_t kMaxSplitReadBytes = 16 << 20;
 // Whether $COLLECTIVED_MEMBER_READS allows reads: unset, empty or "1" yes,
 // "0" no (the segment and the daemon paths); INVALID_ARGUMENT for any other
 // value. The members of a mesh read only when every one of them says yes.
@@ -222,10 +231,24 @@ class MemberOps {
   // place, the result waits in scratch_ until then.
   std::optional<absl::Status> ReduceByReads(const OpPlan& plan, const MemberIoRegion& io,
                                             uint8_t* out, int64_t now);
+  // A reduction over more than kMaxReduceReadBytes, the same way, in three
+  // places: at the first each member publishes where its input and its
+  // output are; it then writes its share of the result (ShareOf) into its
+  // output, from every member's input; at the second every share is
+  // written, and each member copies the others' from their outputs; the
+  // third tells every member that its output was read.
+  std::optional<absl::Status> ReduceBySplitReads(const OpPlan& plan, const MemberIoRegion& io,
+                                                 uint8_t* out, int64_t now);
+  // The elements [first, first + count) of a reduction's result that the
+  // member at `index_in_group` computes in ReduceBySplitReads.
+  static std::pair<size_t, size_t> ShareOf(const OpPlan& plan, int index_in_group);
   // Whether `plan` (with `io`) is an op GatherByReads or ReduceByReads runs.
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
   // ReadsFit's bounds for a reduction.
   bool ReductionReads(const OpPlan& plan) const;
+  // Whether a reduction that reads runs by ReduceBySplitReads (else by
+  // ReduceByReads).
+  static bool SplitsByReads(const OpPlan& plan);
   // When `plan` runs by reads (ProbeReads first, if the mesh has not
   // decided yet): runs it with GatherByReads or ReduceByReads (`out`: where
   // the result goes), sets `result` to TryRun's outcome and returns true.
@@ -244,12 +267,17 @@ class MemberOps {
   absl::Status WhyNotRead() const;
   // Publishes in this member's entry at place S where its input is: `id`
   // (null at the probe, which writes the member's uid instead) at `offset`.
-  void PublishWhere(const std::string* id, uint64_t offset);
-  // Where `bytes` of member m's input of `dtype` (its entry `e`) are in its
-  // buffer, mapped read-only (mapped now if it is not yet), or why they are
-  // not (outside the buffer, or not at a multiple of the element size).
-  absl::StatusOr<const uint8_t*> MemberInput(uint32_t m, const member_ops::Entry& e,
-                                             uint64_t bytes, DType dtype);
+  // And, for ReduceBySplitReads, where its output is (`out_id` at
+  // `out_offset`; null otherwise).
+  void PublishWhere(const std::string* id, uint64_t offset, const std::string* out_id,
+                    uint64_t out_offset);
+  enum class Side { kInput, kOutput };
+  // Where `bytes` of member m's input or output (`side`) of `dtype` (its
+  // entry `e`) are in its buffer, mapped read-only (mapped now if it is not
+  // yet), or why they are not (outside the buffer, or not at a multiple of
+  // the element size).
+  absl::StatusOr<const uint8_t*> MemberRegion(uint32_t m, const member_ops::Entry& e, Side side,
+                                              uint64_t bytes, DType dtype);
   // Sets signature_ to the second place's signature of an op that takes two
   // (ProbeReads, GatherByReads, ReduceByReads): the first place's with
   // kDonePlace before it; returns the first's, `first_prefix` and `plan`'s
@@ -260,8 +288,9 @@ class MemberOps {
   // second place's signature). Meet's outcome.
   std::optional<absl::Status> MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
                                          int64_t now);
-  // The error (after Abandon) of a read of member m's input that failed.
-  absl::Status ReadFailed(const OpPlan& plan, uint32_t m, const absl::Status& why);
+  // The error (after Abandon) of a read of member m's input or output that
+  // failed.
+  absl::Status ReadFailed(const OpPlan& plan, uint32_t m, Side side, const absl::Status& why);
   // Member m's buffer `id`, mapped read-only: its base and size.
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MappedPeer(uint32_t m,
                                                                  absl::string_view id);
@@ -269,6 +298,12 @@ class MemberOps {
   // GatherByReads; signature_ is its signature): once every member is
   // there, `what` is done; the op completes. Otherwise the wait's error.
   std::optional<absl::Status> FinishAtNextPlace(const OpPlan& plan, absl::string_view what);
+  // A place after this member's work on `plan` (`signature`), waited for
+  // with room for the others' work: OK once every member is there;
+  // otherwise the wait's error, or (another path taken there, which no
+  // member following the protocol takes) INTERNAL naming `what`.
+  absl::Status MeetAfterWork(const OpPlan& plan, absl::string_view signature,
+                             absl::string_view what);
   // Runs `plan` on the inputs in the segment at place S, writing this
   // member's result to `out` (the daemon's code and floating-point
   // environment).
@@ -278,6 +313,10 @@ class MemberOps {
   // when that does not apply, every group's (ios_ must then hold every
   // member's input; `all_inputs` says so, else this is INTERNAL).
   absl::Status RunShare(const OpPlan& plan, bool all_inputs);
+  // Elements [begin, begin + len) of this member's group's result of the
+  // reduction `plan`, from ios_, the same way (with streaming stores if
+  // `stream`).
+  absl::Status ReduceShare(const OpPlan& plan, size_t begin, size_t len, bool stream);
   // This member is past its place: S moves on.
   void Advance();
   // An op completed member-side: counted, and shown to the daemon (for its
@@ -316,6 +355,10 @@ class MemberOps {
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
   std::string signature_;      // RunIntoShared's signatures, kept to reuse
   std::vector<uint8_t> scratch_;  // ReduceByReads' results in place, kept to reuse
+  // ReduceBySplitReads': each member's output (null: this member's, and
+  // the other groups'), and its second place's signature, kept to reuse.
+  std::vector<const uint8_t*> shares_from_;
+  std::string reduced_place_;
   // Whether the members of this mesh read each other's inputs
   // (ProbeReads decides, the same for every member), and why not.
   // reads_ is stored once (release), after reads_off_, by the op's thread;

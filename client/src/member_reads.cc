@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/src/member_ops.h"
 #include "common/fast_queue.h"
+#include "exec/stream_copy.h"
 
 namespace collectived::internal {
 
@@ -34,11 +35,16 @@ absl::StatusOr<bool> AllowedByEnvironment() {
 
 }  // namespace member_reads
 
-void MemberOps::PublishWhere(const std::string* id, uint64_t offset) {
+void MemberOps::PublishWhere(const std::string* id, uint64_t offset, const std::string* out_id,
+                             uint64_t out_offset) {
   Entry* mine = view_.entry(index_, s_);
+  uint8_t* payload = view_.payload(index_, s_);
   mine->in_id_len = id == nullptr ? 0 : static_cast<uint32_t>(id->size());
-  if (id != nullptr) std::memcpy(view_.payload(index_, s_), id->data(), id->size());
+  if (id != nullptr) std::memcpy(payload, id->data(), id->size());
   mine->in_offset = offset;
+  mine->out_id_len = out_id == nullptr ? 0 : static_cast<uint32_t>(out_id->size());
+  if (out_id != nullptr) std::memcpy(payload + mine->in_id_len, out_id->data(), out_id->size());
+  mine->out_offset = out_offset;
   mine->read_failed = 0;
 }
 
@@ -75,28 +81,32 @@ absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MemberOps::MappedPeer(uint32
   return std::make_pair(maps.back().base, got->size);
 }
 
-absl::StatusOr<const uint8_t*> MemberOps::MemberInput(uint32_t m, const Entry& e,
-                                                      uint64_t bytes, DType dtype) {
+absl::StatusOr<const uint8_t*> MemberOps::MemberRegion(uint32_t m, const Entry& e, Side side,
+                                                       uint64_t bytes, DType dtype) {
   // Each word once: the member (or a corrupt segment) may change them.
-  const uint32_t id_len = e.in_id_len;
-  const uint64_t offset = e.in_offset;
-  if (id_len == 0 || id_len > std::min<uint64_t>(member_reads::kMaxIdBytes,
-                                                 view_.layout.payload_bytes)) {
-    return absl::InternalError(
-        absl::StrCat("member ", m, "'s entry names no buffer (", id_len, " bytes)"));
+  const uint32_t in_id_len = e.in_id_len;
+  const bool output = side == Side::kOutput;
+  const uint32_t id_len = output ? e.out_id_len : in_id_len;
+  const uint64_t id_at = output ? in_id_len : 0;
+  const uint64_t offset = output ? e.out_offset : e.in_offset;
+  const char* what = output ? "output" : "input";
+  if (id_len == 0 || id_len > member_reads::kMaxIdBytes || id_at > member_reads::kMaxIdBytes ||
+      id_at + id_len > view_.layout.payload_bytes) {
+    return absl::InternalError(absl::StrCat("member ", m, "'s entry names no buffer for its ",
+                                            what, " (", id_len, " bytes at ", id_at, ")"));
   }
-  const absl::string_view id(reinterpret_cast<const char*>(view_.payload(m, s_)), id_len);
+  const absl::string_view id(reinterpret_cast<const char*>(view_.payload(m, s_)) + id_at, id_len);
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> mapped = MappedPeer(m, id);
   if (!mapped.ok()) return mapped.status();
   const auto [base, size] = *mapped;
   if (offset > size || bytes > size - offset) {
-    return absl::InternalError(absl::StrCat("member ", m, "'s input (", bytes, " bytes at ",
+    return absl::InternalError(absl::StrCat("member ", m, "'s ", what, " (", bytes, " bytes at ",
                                             offset, ") is not within its buffer '", id, "' (",
                                             size, " bytes)"));
   }
   // The kernels load whole elements (the buffer's base is page-aligned).
   if (!ElementAligned(offset, dtype)) {
-    return absl::InternalError(absl::StrCat("member ", m, "'s input offset ", offset,
+    return absl::InternalError(absl::StrCat("member ", m, "'s ", what, " offset ", offset,
                                             " is not a multiple of its element size ",
                                             DTypeSize(dtype)));
   }
@@ -112,16 +122,17 @@ absl::string_view MemberOps::TwoPlaces(absl::string_view first_prefix, const OpP
 std::optional<absl::Status> MemberOps::MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
                                                   int64_t now) {
   const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
-  PublishWhere(io.in_id, io.in_offset);
+  PublishWhere(io.in_id, io.in_offset, nullptr, 0);
   return Meet(first, nullptr, 0, now, op_timeout_);
 }
 
-absl::Status MemberOps::ReadFailed(const OpPlan& plan, uint32_t m, const absl::Status& why) {
+absl::Status MemberOps::ReadFailed(const OpPlan& plan, uint32_t m, Side side,
+                                   const absl::Status& why) {
   // The daemon refused a member's buffer (it left, or freed the buffer
   // while its op ran), or its entry is not what it published.
-  return Abandon(absl::AbortedError(absl::StrCat("member-side ", plan.signature, ": member ",
-                                                 index_, " cannot read member ", m,
-                                                 "'s input: ", why.message())));
+  return Abandon(absl::AbortedError(absl::StrCat(
+      "member-side ", plan.signature, ": member ", index_, " cannot read member ", m, "'s ",
+      side == Side::kOutput ? "output" : "input", ": ", why.message())));
 }
 
 absl::Status MemberOps::WhyNotRead() const {
@@ -145,7 +156,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   // waiting in that op).
   const absl::string_view first = TwoPlaces(member_ops::kProbePlace, plan);
   // First place: every member says who it runs as.
-  PublishWhere(nullptr, 0);
+  PublishWhere(nullptr, 0, nullptr, 0);
   view_.entry(index_, s_)->uid = static_cast<uint32_t>(getuid());
   if (std::optional<absl::Status> met = Meet(first, nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
@@ -199,8 +210,9 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
       std::memmove(to, io.in, block);
       continue;
     }
-    absl::StatusOr<const uint8_t*> from = MemberInput(m, *view_.entry(m, s_), block, plan.dtype);
-    if (!from.ok()) return ReadFailed(plan, m, from.status());
+    absl::StatusOr<const uint8_t*> from =
+        MemberRegion(m, *view_.entry(m, s_), Side::kInput, block, plan.dtype);
+    if (!from.ok()) return ReadFailed(plan, m, Side::kInput, from.status());
     std::memcpy(to, *from, block);
   }
   Advance();
@@ -219,8 +231,8 @@ std::optional<absl::Status> MemberOps::ReduceByReads(const OpPlan& plan, const M
       continue;
     }
     absl::StatusOr<const uint8_t*> from =
-        MemberInput(m, *view_.entry(m, s_), plan.in_bytes, plan.dtype);
-    if (!from.ok()) return ReadFailed(plan, m, from.status());
+        MemberRegion(m, *view_.entry(m, s_), Side::kInput, plan.in_bytes, plan.dtype);
+    if (!from.ok()) return ReadFailed(plan, m, Side::kInput, from.status());
     ios_[m].in = *from;
   }
   // A result over this member's input (in place) waits until the others
@@ -233,6 +245,84 @@ std::optional<absl::Status> MemberOps::ReduceByReads(const OpPlan& plan, const M
   std::optional<absl::Status> done = FinishAtNextPlace(plan, "its reads of the others' inputs");
   if (over_input && done && done->ok()) std::memcpy(out, scratch_.data(), plan.out_bytes);
   return done;
+}
+
+std::pair<size_t, size_t> MemberOps::ShareOf(const OpPlan& plan, int index_in_group) {
+  // Equal shares of whole pages (of input elements), the last one shorter;
+  // a share past the end is empty.
+  const size_t es = DTypeSize(plan.dtype);
+  const size_t count = plan.in_bytes / es;
+  const size_t page = std::max<size_t>(1, 4096 / es);
+  const size_t groups = static_cast<size_t>(plan.group_size);
+  const size_t per = (count + groups - 1) / groups;
+  const size_t share = (per + page - 1) / page * page;
+  const size_t begin = std::min(count, share * static_cast<size_t>(index_in_group));
+  return {begin, std::min(share, count - begin)};
+}
+
+std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
+                                                          const MemberIoRegion& io, uint8_t* out,
+                                                          int64_t now) {
+  // First place: every member publishes where its input and its output are.
+  const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
+  const std::string* out_id = io.in_place ? io.in_id : io.out_id;
+  PublishWhere(io.in_id, io.in_offset, out_id, io.in_place ? io.in_offset : io.out_offset);
+  if (std::optional<absl::Status> met = Meet(first, nullptr, 0, now, op_timeout_);
+      !met || !met->ok()) {
+    return met;
+  }
+  // Every other member's input and output, mapped now: the entries of this
+  // place are rewritten two places on.
+  const std::vector<int>& group = plan.groups[plan.group_of[index_]];
+  ios_.assign(view_.layout.members, MemberIo{});
+  shares_from_.assign(view_.layout.members, nullptr);
+  for (int m : group) {
+    if (static_cast<uint32_t>(m) == index_) continue;
+    const Entry& e = *view_.entry(m, s_);
+    absl::StatusOr<const uint8_t*> in = MemberRegion(m, e, Side::kInput, plan.in_bytes, plan.dtype);
+    if (!in.ok()) return ReadFailed(plan, m, Side::kInput, in.status());
+    absl::StatusOr<const uint8_t*> shared =
+        MemberRegion(m, e, Side::kOutput, plan.out_bytes, plan.out_dtype);
+    if (!shared.ok()) return ReadFailed(plan, m, Side::kOutput, shared.status());
+    ios_[m].in = *in;
+    shares_from_[m] = *shared;
+  }
+  // This member's share of the result, from every input. In place, only
+  // this member reads its input's share: the others read their own.
+  ios_[index_].in = io.in;
+  ios_[index_].out = out;
+  const auto [begin, len] = ShareOf(plan, plan.index_in_group[index_]);
+  // With streaming stores at any size: the others read this share from
+  // memory, not from this CPU's cache, which costs them less when the CPUs
+  // do not share one (bench/README.md: 2 MiB per member on the development
+  // machine in its slow mode, 170 µs an op against 540).
+  if (absl::Status st = ReduceShare(plan, begin, len, /*stream=*/true); !st.ok()) {
+    return Abandon(st);
+  }
+  Advance();
+  // Second place: every share is written (and every input read).
+  reduced_place_.clear();
+  absl::StrAppend(&reduced_place_, member_ops::kReducedPlace, plan.signature);
+  if (absl::Status met = MeetAfterWork(plan, reduced_place_, "its share of the result reduced");
+      !met.ok()) {
+    return met;
+  }
+  Advance();
+  // The others' shares, from their outputs.
+  const size_t out_es = DTypeSize(plan.out_dtype);
+  for (int m : group) {
+    if (static_cast<uint32_t>(m) == index_) continue;
+    const auto [from, n] = ShareOf(plan, plan.index_in_group[m]);
+    if (n == 0) continue;
+    if (executor_.Streams(plan)) {
+      StreamCopy(out + from * out_es, shares_from_[m] + from * out_es, n * out_es);
+    } else {
+      std::memcpy(out + from * out_es, shares_from_[m] + from * out_es, n * out_es);
+    }
+  }
+  // Third place: every member read the others' shares (until then each
+  // owner must not change its output).
+  return FinishAtNextPlace(plan, "its reads of the others' shares");
 }
 
 }  // namespace collectived::internal

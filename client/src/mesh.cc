@@ -349,6 +349,7 @@ bool Mesh::RunOrDispatch(const internal::OpArgs& args, const std::function<bool(
       io.out_avail = std::min(out->buffer->size() - out->offset, out->num_bytes());
       io.same_buffer = out->buffer == x->buffer;
       if (shared_out) io.shared_out = &out->buffer->id();
+      if (own_out) io.out_id = &out->buffer->id();
     }
   }
   // Held until the op is member-side or submitted to the daemon: another

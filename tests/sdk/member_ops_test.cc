@@ -826,8 +826,9 @@ struct RawAndSdk {
   RawAndSdk(const RawAndSdk&) = delete;
   RawAndSdk& operator=(const RawAndSdk&) = delete;
 
-  // Joins mesh `name` (axis "i" of 2) and maps its segment.
-  absl::Status Join(const std::string& name) {
+  // Joins mesh `name` (axis "i" of 2), the raw member with a buffer of
+  // `raw_bytes`, and maps its segment.
+  absl::Status Join(const std::string& name, int64_t raw_bytes = 4096) {
     if (absl::Status st = raw.Attach(); !st.ok()) return st;
     auto c = Client::Connect({.socket_path = daemon.socket(), .client_name = "sdk"});
     if (!c.ok()) return c.status();
@@ -836,7 +837,7 @@ struct RawAndSdk {
     std::thread joiner([&] {
       m = sdk->JoinMesh({.name = name, .axes = {{"i", 2}}, .coordinate = {1}});
     });
-    const absl::Status joined = raw.Join(name, 2, 0);
+    const absl::Status joined = raw.Join(name, 2, 0, raw_bytes);
     joiner.join();
     if (!joined.ok()) return joined;
     if (!m.ok()) return m.status();
@@ -1324,7 +1325,7 @@ absl::Status Reduce(Members& r, int i, CollectiveKind kind, DType dtype, int64_t
 
 TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
   constexpr int kN = 2;
-  constexpr size_t kBytes = 4 << 20;
+  constexpr size_t kBytes = 9 << 20;
   if (UsableCpus() < kN) GTEST_SKIP() << "reductions read only with a CPU per member";
   auto reads = Members::Start(kN, {}, "rr", kBytes);
   auto daemon_side = Members::Start(kN, {"--member_op_bytes=0"}, "rd", kBytes);
@@ -1347,7 +1348,13 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
       {K::kPmean, DType::kI32, 30000, false, 0},   // widens
       {K::kPsum, DType::kF16, 65536, true, 0},
       {K::kPsum, DType::kF32, 262144, true, 0},    // 2 MiB over the group, the most
-      {K::kPsum, DType::kF32, 262145, false, 1},   // past it: the daemon
+      // Past it, each member reduces a share (ReduceBySplitReads).
+      {K::kPsum, DType::kF32, 262145, false, 0},   // the second share 1 element
+      {K::kPmean, DType::kI32, 300001, false, 0},  // widens: shares of 8-byte results
+      {K::kPmax, DType::kBF16, 1500007, true, 0},  // in place
+      {K::kPmin, DType::kI8, 1100001, false, 0},
+      {K::kPsum, DType::kF32, 2097152, true, 0},   // 16 MiB over the group, the most
+      {K::kPsum, DType::kF32, 2097153, true, 1},   // past it: the daemon
   };
   uint32_t seed = 11;
   for (const R& c : cases) {
@@ -1396,37 +1403,57 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
 // Each member changes its input the moment its op returns: a member still
 // reading it would get 0xFF bytes (NaN) into its sum. In place, the result
 // must also not reach the buffer before the others read the input there.
+// A reduction that splits its result: the same for the output, from which
+// the others copy this member's share.
 TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
   constexpr int kN = 2;
-  constexpr int64_t kElems = 16384;  // 64 KiB each
   if (UsableCpus() < kN) GTEST_SKIP() << "reductions read only with a CPU per member";
-  auto r = Members::Start(kN, {});
+  auto r = Members::Start(kN, {}, "mops", 4 << 20);
   ASSERT_NE(r, nullptr);
   const int64_t before = DaemonOps(*r->daemon);
-  for (bool in_place : {false, true}) {
-    SCOPED_TRACE(in_place ? "in place" : "into the output buffer");
-    ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
-      float* in = reinterpret_cast<float*>(r->in(i));
-      const float* out =
-          in_place ? in : reinterpret_cast<const float*>(r->out_data(i) + 128);
-      for (int it = 0; it < 300; ++it) {
-        for (int64_t e = 0; e < kElems; ++e) in[e] = static_cast<float>(it * 4 + i + (e & 7));
-        if (absl::Status st =
-                Reduce(*r, i, CollectiveKind::kPsum, DType::kF32, kElems, in_place, 128);
-            !st.ok()) {
-          return st;
-        }
-        for (int64_t e = 0; e < kElems; ++e) {
-          const float want = static_cast<float>(2 * (it * 4 + (e & 7)) + 1);
-          if (out[e] != want) {
-            return absl::InternalError(
-                absl::StrCat("op ", it, ": element ", e, " is ", out[e], ", not ", want));
+  struct Size {
+    int64_t elems;
+    int ops;
+  };
+  // 64 KiB each (ReduceByReads), and 1.5 MiB (ReduceBySplitReads).
+  for (const Size size : {Size{16384, 300}, Size{393216, 30}}) {
+    for (bool in_place : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(size.elems, in_place ? " in place" : " into the output buffer"));
+      ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
+        float* in = reinterpret_cast<float*>(r->in(i));
+        float* out = in_place ? in : reinterpret_cast<float*>(r->out_data(i) + 128);
+        for (int it = 0; it < size.ops; ++it) {
+          for (int64_t e = 0; e < size.elems; ++e) {
+            in[e] = static_cast<float>(it * 4 + i + (e & 7));
           }
+          if (absl::Status st =
+                  Reduce(*r, i, CollectiveKind::kPsum, DType::kF32, size.elems, in_place, 128);
+              !st.ok()) {
+            return st;
+          }
+          // A split result: this member's share (its half: the shares are
+          // whole pages) is what the other copies. It changes at once, and
+          // only the other half is checked.
+          int64_t check_from = 0, check_to = size.elems;
+          if (size.elems * 4 * kN > (2 << 20)) {
+            const int64_t half = size.elems / 2;
+            std::memset(out + i * half, 0xFF, half * sizeof(float));
+            check_from = i == 0 ? half : 0;
+            check_to = check_from + half;
+          }
+          for (int64_t e = check_from; e < check_to; ++e) {
+            const float want = static_cast<float>(2 * (it * 4 + (e & 7)) + 1);
+            if (out[e] != want) {
+              return absl::InternalError(
+                  absl::StrCat("op ", it, ": element ", e, " is ", out[e], ", not ", want));
+            }
+          }
+          std::memset(in, 0xFF, size.elems * sizeof(float));
+          std::memset(out, 0xFF, size.elems * sizeof(float));
         }
-        std::memset(in, 0xFF, kElems * sizeof(float));
-      }
-      return absl::OkStatus();
-    }));
+        return absl::OkStatus();
+      }));
+    }
   }
   EXPECT_EQ(DaemonOps(*r->daemon), before);
   EXPECT_EQ(r->mesh(0).member_reads(), "yes");
@@ -1435,30 +1462,36 @@ TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
 // Member 0 is the test, playing the protocol by hand against an SDK member
 // that runs a psum whose members read each other's buffers: a member whose
 // entry names a buffer that is not its own, or an input not at a multiple
-// of its element size, and a member that leaves between the op's two
-// places, fail the op on the other member naming them.
+// of its element size, and a member that leaves between the op's places,
+// fail the op on the other member naming them. The same for the output of
+// a psum that splits its result (ReduceBySplitReads), and a member that
+// leaves at its last place.
 TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrWhoLeft) {
-  const std::string op = "psum f32[512] over (i)";  // 2 KiB: the least that reads
-  enum class Fault { kNoBuffer, kUnaligned, kLeaves };
-  for (Fault fault : {Fault::kNoBuffer, Fault::kUnaligned, Fault::kLeaves}) {
-    const bool leaves = fault == Fault::kLeaves;
+  enum class Fault { kNoBuffer, kUnaligned, kLeaves, kNoOutput, kLeavesAfterShares };
+  for (Fault fault : {Fault::kNoBuffer, Fault::kUnaligned, Fault::kLeaves, Fault::kNoOutput,
+                      Fault::kLeavesAfterShares}) {
     SCOPED_TRACE(static_cast<int>(fault));
+    const bool split = fault == Fault::kNoOutput || fault == Fault::kLeavesAfterShares;
+    // 2 KiB, the least that reads; past 1 MiB each, the result splits.
+    const int64_t elems = split ? 262145 : 512;
+    const std::string op = absl::StrCat("psum f32[", elems, "] over (i)");
     auto d = Daemon::Start({"--op_timeout_ms=5000"});
     ASSERT_TRUE(d.ok()) << d.status();
     RawAndSdk members(**d);
-    ASSERT_OK(members.Join(absl::StrCat("reads-fault-", static_cast<int>(fault))));
+    ASSERT_OK(members.Join(absl::StrCat("reads-fault-", static_cast<int>(fault)), 2 << 20));
     const member_ops::View& view = members.view;
     // Member 0's entry at place (0, s), once member 1 is done with the
     // place before it (its entry at s - 1 is there: this one reuses s - 2's).
-    auto publish = [&](uint64_t s, const std::string& signature, const std::string& buffer,
-                       uint64_t offset) {
-      if (s > 0) {
-        const absl::Time deadline = absl::Now() + absl::Seconds(10);
-        while (view.entry(1, s - 1)->key.load() != member_ops::Key(0, s - 1) &&
-               absl::Now() < deadline) {
-          absl::SleepFor(absl::Milliseconds(1));
-        }
+    auto wait_for_member1 = [&](uint64_t s) {
+      const absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (view.entry(1, s)->key.load() != member_ops::Key(0, s) && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(1));
       }
+      return view.entry(1, s)->key.load() == member_ops::Key(0, s);
+    };
+    auto publish = [&](uint64_t s, const std::string& signature, const std::string& buffer = "",
+                       uint64_t offset = 0, const std::string& out_buffer = "") {
+      if (s > 0) wait_for_member1(s - 1);
       member_ops::Entry& e = *view.entry(0, s);
       e.in_bytes = 0;
       e.sig_len = static_cast<uint32_t>(signature.size());
@@ -1466,27 +1499,34 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
       e.in_id_len = static_cast<uint32_t>(buffer.size());
       std::memcpy(view.payload(0, s), buffer.data(), buffer.size());
       e.in_offset = offset;
+      e.out_id_len = static_cast<uint32_t>(out_buffer.size());
+      std::memcpy(view.payload(0, s) + buffer.size(), out_buffer.data(), out_buffer.size());
+      e.out_offset = 0;
       e.read_failed = 0;
       e.uid = static_cast<uint32_t>(getuid());
       e.key.store(member_ops::Key(0, s));
       member_ops::RingAll(view, 0);
     };
-    Buffer b = *members.sdk->Allocate(4096);
+    Buffer b = *members.sdk->Allocate(static_cast<uint64_t>(elems) * 4);
     absl::Status st;
-    std::thread member1([&] { st = members.mesh->psum(Array::Of<float>(b, {512}), "i"); });
-    publish(0, "probe: " + op, "", 0);
-    publish(1, "done: probe: " + op, "", 0);
-    publish(2, "read: " + op,
-            fault == Fault::kNoBuffer ? std::string("b-nothing") : members.raw.buffer_id(),
-            fault == Fault::kUnaligned ? 2 : 0);
+    std::thread member1([&] { st = members.mesh->psum(Array::Of<float>(b, {elems}), "i"); });
+    publish(0, "probe: " + op);
+    publish(1, "done: probe: " + op);
+    const std::string& own = members.raw.buffer_id();
+    publish(2, "read: " + op, fault == Fault::kNoBuffer ? std::string("b-nothing") : own,
+            fault == Fault::kUnaligned ? 2 : 0,
+            fault == Fault::kNoOutput ? std::string("b-nothing") : own);
+    // The place member 1 waits at when member 0 leaves.
+    uint64_t leave_at = 0;
+    if (fault == Fault::kLeaves) leave_at = 3;
+    if (fault == Fault::kLeavesAfterShares) {
+      publish(3, "reduced: " + op);
+      leave_at = 4;
+    }
     absl::Time gone = absl::Now();
-    if (leaves) {
-      // Member 1 read this member's buffer and waits at the second place.
-      const absl::Time deadline = absl::Now() + absl::Seconds(10);
-      while (view.entry(1, 3)->key.load() != member_ops::Key(0, 3) && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      ASSERT_EQ(view.entry(1, 3)->key.load(), member_ops::Key(0, 3));
+    if (leave_at > 0) {
+      // Member 1 read this member's buffer and waits at that place.
+      ASSERT_TRUE(wait_for_member1(leave_at));
       grpc::ClientContext ctx;
       SetDeadline(ctx);
       v1::LeaveMeshRequest req;
@@ -1499,14 +1539,16 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
     member1.join();
     EXPECT_LT(absl::Now() - gone, absl::Seconds(2)) << "long before the 5 s op timeout";
     EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
-    if (leaves) {
+    if (leave_at > 0) {
       EXPECT_CONTAINS(st.message(), "'raw'");
       EXPECT_CONTAINS(st.message(), "left the mesh");
     } else {
-      EXPECT_CONTAINS(st.message(), "member 1 cannot read member 0's input");
-      EXPECT_CONTAINS(st.message(), fault == Fault::kNoBuffer
-                                        ? "'b-nothing' not found"
-                                        : "offset 2 is not a multiple of its element size 4");
+      EXPECT_CONTAINS(st.message(), fault == Fault::kNoOutput
+                                        ? "member 1 cannot read member 0's output"
+                                        : "member 1 cannot read member 0's input");
+      EXPECT_CONTAINS(st.message(), fault == Fault::kUnaligned
+                                        ? "offset 2 is not a multiple of its element size 4"
+                                        : "'b-nothing' not found");
     }
   }
 }
