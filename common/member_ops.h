@@ -136,6 +136,10 @@ struct Entry {
   uint32_t uid;
   uint32_t out_id_len;
   uint64_t out_offset;
+  // For a reduction that splits its result, set by the first member of its
+  // group: whether every member of the group writes its share with
+  // streaming stores (nonzero) or through the cache.
+  uint32_t stream_shares;
   // `payload_bytes` of input follow, 64-byte aligned.
 };
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);

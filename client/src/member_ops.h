@@ -113,6 +113,39 @@ inline constexpr size_t kMaxIdBytes = member_ops::kMinPayload;
 // Another member's buffers this member keeps mapped, at most (the least
 // recently read goes first).
 inline constexpr size_t kMappedPerMember = 8;
+
+// How the member that decides for its group (its first) has ReduceBySplitReads
+// write the shares: with streaming stores, or through the cache. Which wins
+// depends on where the CPUs are: when the members' CPUs share a cache the
+// others read a cached share from it (2 MiB per member on the development
+// machine: 112 µs an op against 190 streamed); when they do not, they read
+// it from the writer's cache across the machine, and a streamed share from
+// memory costs less (540 µs against 177). A VM's CPUs move between the two
+// while a program runs, so the choice is measured, op by op, per size class
+// (input over the group: 2 to 4 MiB, 4 to 8, 8 to 16): each way twice, then
+// the faster by its time per byte (the least of those two; then a moving
+// average for the way in use), and the other way once every kExplore ops,
+// which takes over when that op was faster. Not thread-safe (the op's
+// thread only).
+class ShareStores {
+ public:
+  static constexpr int kClasses = 3;
+  static constexpr uint32_t kFirstOps = 4;
+  static constexpr uint32_t kExplore = 64;
+  // The class of an op with `group_bytes` of input over its group.
+  static int ClassOf(uint64_t group_bytes);
+  // Whether the next op of `size_class` streams.
+  bool Next(int size_class);
+  // The op of `size_class` that streamed or not took `ns` for `bytes`.
+  void Record(int size_class, bool streamed, int64_t ns, uint64_t bytes);
+
+ private:
+  struct Class {
+    uint32_t ops = 0;
+    double ns_per_byte[2] = {0, 0};  // cached, streamed; 0: not measured yet
+  };
+  Class classes_[kClasses];
+};
 }  // namespace member_reads
 
 class MemberOps {
@@ -359,6 +392,7 @@ class MemberOps {
   // the other groups'), and its second place's signature, kept to reuse.
   std::vector<const uint8_t*> shares_from_;
   std::string reduced_place_;
+  member_reads::ShareStores share_stores_;  // when this member decides for its group
   // Whether the members of this mesh read each other's inputs
   // (ProbeReads decides, the same for every member), and why not.
   // reads_ is stored once (release), after reads_off_, by the op's thread;

@@ -24,6 +24,36 @@ using member_ops::Entry;
 
 namespace member_reads {
 
+int ShareStores::ClassOf(uint64_t group_bytes) {
+  int c = 0;
+  for (uint64_t top = kMaxReduceReadBytes * 2; c + 1 < kClasses && group_bytes > top; top *= 2) ++c;
+  return c;
+}
+
+bool ShareStores::Next(int size_class) {
+  Class& c = classes_[size_class];
+  const uint32_t n = c.ops++;
+  if (n < kFirstOps) return n % 2 == 1;  // each way twice, in turn
+  const bool best = c.ns_per_byte[1] < c.ns_per_byte[0];
+  return n % kExplore == 0 ? !best : best;
+}
+
+void ShareStores::Record(int size_class, bool streamed, int64_t ns, uint64_t bytes) {
+  if (bytes == 0 || ns <= 0) return;
+  Class& c = classes_[size_class];
+  const double x = static_cast<double>(ns) / static_cast<double>(bytes);
+  double& avg = c.ns_per_byte[streamed ? 1 : 0];
+  if (c.ops <= kFirstOps) {
+    // The first ops: the least of each way's (an op is only ever slowed,
+    // the very first by mapping the buffers and faulting them in).
+    avg = avg == 0 ? x : std::min(avg, x);
+  } else if (streamed == (c.ns_per_byte[1] < c.ns_per_byte[0])) {
+    avg = 0.75 * avg + 0.25 * x;  // the way in use: a moving average
+  } else {
+    avg = x;  // a way tried against the one in use: what it costs now
+  }
+}
+
 absl::StatusOr<bool> AllowedByEnvironment() {
   const char* env = getenv("COLLECTIVED_MEMBER_READS");
   if (env == nullptr || *env == '\0' || std::string_view(env) == "1") return true;
@@ -45,6 +75,7 @@ void MemberOps::PublishWhere(const std::string* id, uint64_t offset, const std::
   mine->out_id_len = out_id == nullptr ? 0 : static_cast<uint32_t>(out_id->size());
   if (out_id != nullptr) std::memcpy(payload + mine->in_id_len, out_id->data(), out_id->size());
   mine->out_offset = out_offset;
+  mine->stream_shares = 0;
   mine->read_failed = 0;
 }
 
@@ -267,13 +298,19 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
   const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
   const std::string* out_id = io.in_place ? io.in_id : io.out_id;
   PublishWhere(io.in_id, io.in_offset, out_id, io.in_place ? io.in_offset : io.out_offset);
+  // The group's first member says how its members write their shares.
+  const std::vector<int>& group = plan.groups[plan.group_of[index_]];
+  const bool decides = static_cast<uint32_t>(group[0]) == index_;
+  const int size_class = member_reads::ShareStores::ClassOf(plan.in_bytes * group.size());
+  if (decides) view_.entry(index_, s_)->stream_shares = share_stores_.Next(size_class) ? 1 : 0;
   if (std::optional<absl::Status> met = Meet(first, nullptr, 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
+  const int64_t started = fastq::MonotonicNs();
+  const bool stream = view_.entry(static_cast<uint32_t>(group[0]), s_)->stream_shares != 0;
   // Every other member's input and output, mapped now: the entries of this
   // place are rewritten two places on.
-  const std::vector<int>& group = plan.groups[plan.group_of[index_]];
   ios_.assign(view_.layout.members, MemberIo{});
   shares_from_.assign(view_.layout.members, nullptr);
   for (int m : group) {
@@ -292,13 +329,7 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
   ios_[index_].in = io.in;
   ios_[index_].out = out;
   const auto [begin, len] = ShareOf(plan, plan.index_in_group[index_]);
-  // With streaming stores at any size: the others read this share from
-  // memory, not from this CPU's cache, which costs them less when the CPUs
-  // do not share one (bench/README.md: 2 MiB per member on the development
-  // machine in its slow mode, 170 µs an op against 540).
-  if (absl::Status st = ReduceShare(plan, begin, len, /*stream=*/true); !st.ok()) {
-    return Abandon(st);
-  }
+  if (absl::Status st = ReduceShare(plan, begin, len, stream); !st.ok()) return Abandon(st);
   Advance();
   // Second place: every share is written (and every input read).
   reduced_place_.clear();
@@ -322,7 +353,11 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
   }
   // Third place: every member read the others' shares (until then each
   // owner must not change its output).
-  return FinishAtNextPlace(plan, "its reads of the others' shares");
+  std::optional<absl::Status> done = FinishAtNextPlace(plan, "its reads of the others' shares");
+  if (decides && done && done->ok()) {
+    share_stores_.Record(size_class, stream, fastq::MonotonicNs() - started, plan.in_bytes);
+  }
+  return done;
 }
 
 }  // namespace collectived::internal

@@ -302,6 +302,7 @@ TEST(MemberOpsLayoutTest, PlaceSignaturesNameTheirOp) {
       {absl::StrCat("probe: ", op), "asking whether the members read each other's buffers"},
       {absl::StrCat("done: probe: ", op), "asking whether the members read each other's buffers"},
       {absl::StrCat("written: ", op), "confirming the result written"},
+      {absl::StrCat("reduced: ", op), "confirming its share of the result reduced"},
       {absl::StrCat("done: ", op), "confirming"},
   };
   for (const auto& [signature, stage] : places) {
@@ -1188,6 +1189,66 @@ TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
   // Nothing refused above reached the daemon: at most the two large psums
   // that ran (one per spelling, counted per member) did.
   EXPECT_LE(DaemonOps(*r->daemon) - before, 4);
+}
+
+// How ReduceBySplitReads writes its shares follows the measured times: each
+// way twice (the least of each counts), then the faster, the other way once
+// every kExplore ops, and that way when it was faster then; per size class.
+TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
+  using internal::member_reads::ShareStores;
+  constexpr uint64_t kMiB = 1 << 20;
+  EXPECT_EQ(ShareStores::ClassOf(2 * kMiB + 1), 0);
+  EXPECT_EQ(ShareStores::ClassOf(4 * kMiB), 0);
+  EXPECT_EQ(ShareStores::ClassOf(4 * kMiB + 1), 1);
+  EXPECT_EQ(ShareStores::ClassOf(8 * kMiB + 1), 2);
+  EXPECT_EQ(ShareStores::ClassOf(16 * kMiB), 2);
+  ShareStores stores;
+  // ns per op of 1 MiB: streamed, cached.
+  int64_t cost[2] = {100, 300};  // [0]: cached, [1]: streamed
+  std::vector<bool> ways;
+  auto run = [&](int cls, int ops) {
+    ways.clear();
+    for (int i = 0; i < ops; ++i) {
+      const bool stream = stores.Next(cls);
+      ways.push_back(stream);
+      stores.Record(cls, stream, cost[stream ? 1 : 0], kMiB);
+    }
+  };
+  // The very first op (faulting the buffers in) is slow: the least of each
+  // way's first two counts.
+  const bool first = stores.Next(0);
+  EXPECT_FALSE(first);
+  stores.Record(0, first, 100000, kMiB);
+  run(0, 3);
+  EXPECT_EQ(ways, (std::vector<bool>{true, false, true}));
+  run(0, ShareStores::kExplore);  // ops 4 .. 67
+  // Op 64 tries streaming once; every other op is cached.
+  for (size_t i = 0; i < ways.size(); ++i) {
+    EXPECT_EQ(ways[i], i + 4 == ShareStores::kExplore) << "op " << i + 4;
+  }
+  // The machine changes: streaming now costs less than caching, which still
+  // costs less than streaming did. The next try of streaming takes over.
+  cost[0] = 250;
+  cost[1] = 150;
+  run(0, ShareStores::kExplore);  // ops 68 .. 131: the try is op 128
+  for (size_t i = 0; i < ways.size(); ++i) EXPECT_EQ(ways[i], i + 68 >= 128) << "op " << i + 68;
+  // Streaming stays in use; its one try of caching (op 192) finds that
+  // slower still.
+  cost[0] = 1000;
+  run(0, ShareStores::kExplore);  // ops 132 .. 195: the try (op 192) caches
+  const size_t cached = static_cast<size_t>(std::count(ways.begin(), ways.end(), false));
+  EXPECT_EQ(cached, 1u);
+  EXPECT_FALSE(ways[192 - 132]);
+  // Another class decides for itself, from the start.
+  run(1, 4);
+  EXPECT_EQ(ways, (std::vector<bool>{false, true, false, true}));
+  EXPECT_TRUE(stores.Next(1)) << "streamed was faster in class 1";
+  // Times of nothing are not counted.
+  cost[0] = 100;
+  stores.Record(2, true, 0, kMiB);
+  stores.Record(2, false, 10, 0);
+  run(2, 4);
+  EXPECT_FALSE(stores.Next(2)) << "cached is faster (100 against 150)";
 }
 
 // Sets an environment variable for the test's scope, restoring it after.
