@@ -129,8 +129,9 @@ struct Entry {
   // input's in the payload); at the probe's first place, the member's uid.
   uint32_t in_id_len;
   // The place after the probe (client/src/member_reads.cc): kNoReads when
-  // this member said no (then no member reads in this mesh), kNoReductionReads
-  // when it has no CPU of its own (then no member reads for a reduction).
+  // this member said no (then no member reads in this mesh), kNoCpuOfItsOwn
+  // when it has no CPU of its own (then no member reads for a reduction, nor
+  // for a small all_gather).
   uint32_t read_failed;
   uint64_t in_offset;
   uint32_t uid;
@@ -145,7 +146,7 @@ struct Entry {
 inline constexpr size_t kEntryHeaderBytes = 64 * ((sizeof(Entry) + 63) / 64);
 // Entry::read_failed's bits.
 inline constexpr uint32_t kNoReads = 1;
-inline constexpr uint32_t kNoReductionReads = 2;
+inline constexpr uint32_t kNoCpuOfItsOwn = 2;
 
 static_assert(sizeof(Header) <= 2048);
 static_assert(sizeof(Entry) <= 384, "an entry's header keeps its size");

@@ -579,11 +579,14 @@ bool MemberOps::RanByReads(const OpPlan& plan, const MemberIoRegion& io, uint8_t
   return true;
 }
 
+bool MemberOps::OwnCpus() const {
+  // Before the probe, as if they had (every member must take the same path:
+  // the probe runs, and the bounds are asked again after it).
+  return reads_.load(std::memory_order_relaxed) == Reads::kUnknown || own_cpus_;
+}
+
 bool MemberOps::ReductionReads(const OpPlan& plan) const {
-  // Once the probe said every member has a CPU of its own (before it, the
-  // probe runs: every member must take the same path).
-  return IsReduction(plan.kind) &&
-         (reads_.load(std::memory_order_relaxed) == Reads::kUnknown || reduction_reads_) &&
+  return IsReduction(plan.kind) && OwnCpus() &&
          plan.group_size > 1 && plan.in_bytes >= member_reads::kMinReduceBytes &&
          plan.in_bytes * static_cast<uint64_t>(plan.group_size) <=
              member_reads::kMaxSplitReadBytes;
@@ -595,9 +598,10 @@ bool MemberOps::SplitsByReads(const OpPlan& plan) {
 }
 
 bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
-  const bool gather = plan.kind == OpKind::kAllGather && plan.axis == 0 &&
-                      plan.in_bytes >= member_reads::kMinBytes &&
-                      plan.out_bytes <= member_reads::kMaxOutBytes && !io.in_place;
+  const bool gather =
+      plan.kind == OpKind::kAllGather && plan.axis == 0 &&
+      plan.in_bytes >= (OwnCpus() ? member_reads::kMinBytes : member_reads::kMinSharedCpuBytes) &&
+      plan.out_bytes <= member_reads::kMaxOutBytes && !io.in_place;
   if (!(gather || ReductionReads(plan)) || reads_.load(std::memory_order_relaxed) == Reads::kNo ||
       io.in_id == nullptr || plan.signature.size() > member_reads::kMaxPlanSignature ||
       !RegionsFit(plan, io)) {

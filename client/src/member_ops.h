@@ -82,7 +82,12 @@ namespace member_reads {
 // cost no more than the second place; above, the daemon's copies
 // (non-temporal, on its threads) win. Measured with collectived_perf against
 // both paths, 2 and 4 members (bench/README.md).
-inline constexpr uint64_t kMinBytes = 4 << 10;
+inline constexpr uint64_t kMinBytes = 1 << 10;
+// With more members than CPUs (then every place is a futex hand-off, and
+// the second costs more than the segment's copies save), from
+// kMinSharedCpuBytes per member: 4 members on 2 CPUs, 16 KiB per member read
+// in 1.3x the segment's time, 32 KiB in 1.06x, 64 KiB in 0.87x.
+inline constexpr uint64_t kMinSharedCpuBytes = 64 << 10;
 inline constexpr uint64_t kMaxOutBytes = 8 << 20;
 // A reduction (psum, pmean, pmax, pmin) reads them when every member can
 // have a CPU of its own (a place then costs a cache-line transfer, not a
@@ -279,6 +284,9 @@ class MemberOps {
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
   // ReadsFit's bounds for a reduction.
   bool ReductionReads(const OpPlan& plan) const;
+  // Whether every member has a CPU of its own, as the probe said (before
+  // it, true).
+  bool OwnCpus() const;
   // Whether a reduction that reads runs by ReduceBySplitReads (else by
   // ReduceByReads).
   static bool SplitsByReads(const OpPlan& plan);
@@ -400,9 +408,10 @@ class MemberOps {
   enum class Reads { kUnknown, kYes, kNo };
   std::atomic<Reads> reads_{Reads::kUnknown};
   // Set by ProbeReads before reads_ (and only read by the op's thread):
-  // whether reductions read too, which needs every member to have a CPU of
-  // its own (a member's busy_poll_ is its own; the probe makes it common).
-  bool reduction_reads_ = false;
+  // whether every member has a CPU of its own (a member's busy_poll_ is its
+  // own; the probe makes it common), which reductions and small all_gathers
+  // need to read (without, each place is a futex hand-off).
+  bool own_cpus_ = false;
   std::string reads_off_;
   PeerFdFn peer_fd_;
   // The other members' buffers mapped read-only, by member (at most

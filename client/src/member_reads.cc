@@ -198,7 +198,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   // Second place: every member says whether it reads, and whether it has a
   // CPU of its own (where a reduction reads only if every member has one).
   view_.entry(index_, s_)->read_failed = (why_not.ok() ? 0 : member_ops::kNoReads) |
-                                         (busy_poll_ ? 0 : member_ops::kNoReductionReads);
+                                         (busy_poll_ ? 0 : member_ops::kNoCpuOfItsOwn);
   std::optional<absl::Status> probed =
       Meet(signature_, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
   if (!probed) {
@@ -211,7 +211,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   uint32_t said_no = 0;
   for (uint32_t m = 0; m < view_.layout.members; ++m) said_no |= view_.entry(m, s_)->read_failed;
   const bool all_read = (said_no & member_ops::kNoReads) == 0;
-  reduction_reads_ = all_read && (said_no & member_ops::kNoReductionReads) == 0;
+  own_cpus_ = all_read && (said_no & member_ops::kNoCpuOfItsOwn) == 0;
   Advance();
   if (!all_read) {
     reads_off_ = why_not.ok() ? "another member said no" : std::string(why_not.message());

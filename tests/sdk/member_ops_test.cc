@@ -1296,12 +1296,15 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
     bool tiled;
   };
   const std::vector<G> cases = {
-      {DType::kF32, 1024, AxisNames::All(), true},      // 4 KiB each, the least
+      // 1 KiB each: the least that reads with a CPU per member (with fewer
+      // CPUs, as on 2, 64 KiB is, and smaller ones copy through the segment).
+      {DType::kF32, 256, AxisNames::All(), true},
       {DType::kI8, 40001, AxisNames("b"), false},       // odd, groups of two
       {DType::kF64, 262144, AxisNames::All(), true},    // 8 MiB out, the most
       {DType::kBF16, 262147, AxisNames("a"), true},     // groups of two
       {DType::kF32, 10000, AxisNames::None(), false},   // groups of one
-      {DType::kF32, 1023, AxisNames::All(), true},      // 4092 B: the segment
+      {DType::kF32, 255, AxisNames::All(), true},       // 1020 B: the segment
+      {DType::kF32, 16384, AxisNames::All(), true},     // 64 KiB each
       {DType::kF64, 262145, AxisNames::All(), true},    // past 8 MiB: the daemon
   };
   uint32_t seed = 7;
