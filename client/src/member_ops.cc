@@ -556,7 +556,7 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
     if (absl::Status st = Compute(plan, out); !st.ok()) return Abandon(st);
   }
   Advance();
-  Completed();
+  Completed(Path::kSegment);
   return absl::OkStatus();
 }
 
@@ -656,8 +656,10 @@ void MemberOps::Advance() {
   unused_key_ = 0;
 }
 
-void MemberOps::Completed() {
+void MemberOps::Completed(Path path) {
   ++ops_;
+  std::atomic<uint64_t>& n = path_ops_[static_cast<int>(path)];
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   view_.slot(index_)->member_ops.v.store(static_cast<uint32_t>(ops_), std::memory_order_relaxed);
 }
 
@@ -706,7 +708,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // This place ran member-side.
   Advance();
   // The next place: the result is written once every member is there.
-  return FinishAtNextPlace(plan, "the result written into a shared buffer");
+  return FinishAtNextPlace(plan, "the result written into a shared buffer", Path::kShared);
 }
 
 absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, absl::string_view signature,
@@ -726,14 +728,19 @@ absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, absl::string_view sign
         "member-side ", plan.signature, ": a member did not confirm ", what,
         " at the place after the op's (a corrupt segment?)")));
   }
-  return *done;
+  if (!done->ok()) return *done;
+  // Every member came, but one may have given up since (interrupted, or
+  // timed out waiting here) and returned: its program may then have changed
+  // its buffers while the others still read them. The mesh is broken either
+  // way; this member's result is not trusted.
+  return Broken();
 }
 
 std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
-                                                         absl::string_view what) {
+                                                         absl::string_view what, Path path) {
   if (absl::Status done = MeetAfterWork(plan, signature_, what); !done.ok()) return done;
   Advance();
-  Completed();
+  Completed(path);
   return absl::OkStatus();
 }
 

@@ -205,6 +205,12 @@ class MemberOps {
 
   // Member-side ops this member completed, for diagnostics.
   uint64_t completed() const { return ops_; }
+  // The paths a member-side op takes (README "How an op travels").
+  enum class Path { kSegment, kReads, kSplit, kShared, kCount };
+  // Those of them that took `path`, for diagnostics. Any thread.
+  uint64_t completed(Path path) const {
+    return path_ops_[static_cast<int>(path)].load(std::memory_order_relaxed);
+  }
 
   // Whether this mesh's all_gathers read the members' inputs from their
   // buffers (member_reads): "yes", "not decided yet" (no such op yet), or
@@ -278,7 +284,8 @@ class MemberOps {
   std::optional<absl::Status> ReduceBySplitReads(const OpPlan& plan, const MemberIoRegion& io,
                                                  uint8_t* out, int64_t now);
   // The elements [first, first + count) of a reduction's result that the
-  // member at `index_in_group` computes in ReduceBySplitReads.
+  // member at `index_in_group` computes in ReduceBySplitReads: the group's
+  // equal split, its boundaries rounded down to whole pages of input.
   static std::pair<size_t, size_t> ShareOf(const OpPlan& plan, int index_in_group);
   // Whether `plan` (with `io`) is an op GatherByReads or ReduceByReads runs.
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
@@ -338,7 +345,8 @@ class MemberOps {
   // The second place of an op that takes two (RunIntoShared,
   // GatherByReads; signature_ is its signature): once every member is
   // there, `what` is done; the op completes. Otherwise the wait's error.
-  std::optional<absl::Status> FinishAtNextPlace(const OpPlan& plan, absl::string_view what);
+  std::optional<absl::Status> FinishAtNextPlace(const OpPlan& plan, absl::string_view what,
+                                                Path path);
   // A place after this member's work on `plan` (`signature`), waited for
   // with room for the others' work: OK once every member is there;
   // otherwise the wait's error, or (another path taken there, which no
@@ -360,9 +368,9 @@ class MemberOps {
   absl::Status ReduceShare(const OpPlan& plan, size_t begin, size_t len, bool stream);
   // This member is past its place: S moves on.
   void Advance();
-  // An op completed member-side: counted, and shown to the daemon (for its
-  // diagnostics).
-  void Completed();
+  // An op completed member-side by `path`: counted, and shown to the daemon
+  // (for its diagnostics).
+  void Completed(Path path);
   // Whether the daemon's end of the side socket is still open.
   bool DaemonAlive() const;
   // The segment's status once the daemon marked it broken, else OK.
@@ -426,6 +434,7 @@ class MemberOps {
   uint64_t peer_reads_ = 0;
   uint64_t s_ = 0;    // member-side places done (S)
   uint64_t ops_ = 0;  // member-side ops done (an op into a shared buffer takes two places)
+  std::atomic<uint64_t> path_ops_[static_cast<int>(Path::kCount)] = {};
   // The key this member published and has not run member-side (0: none).
   uint64_t unused_key_ = 0;
   // The last op's plan, and the key it is the plan of (a loop plans once).

@@ -47,7 +47,7 @@ void ShareStores::Record(int size_class, bool streamed, int64_t ns, uint64_t byt
     // The first ops: the least of each way's (an op is only ever slowed,
     // the very first by mapping the buffers and faulting them in).
     avg = avg == 0 ? x : std::min(avg, x);
-  } else if (streamed == (c.ns_per_byte[1] < c.ns_per_byte[0])) {
+  } else if (avg != 0 && streamed == (c.ns_per_byte[1] < c.ns_per_byte[0])) {
     avg = 0.75 * avg + 0.25 * x;  // the way in use: a moving average
   } else {
     avg = x;  // a way tried against the one in use: what it costs now
@@ -249,7 +249,7 @@ std::optional<absl::Status> MemberOps::GatherByReads(const OpPlan& plan, const M
   Advance();
   // The next place: every member's input was read once every member is
   // there (until then its owner must not change it).
-  return FinishAtNextPlace(plan, "its reads of the others' inputs");
+  return FinishAtNextPlace(plan, "its reads of the others' inputs", Path::kReads);
 }
 
 std::optional<absl::Status> MemberOps::ReduceByReads(const OpPlan& plan, const MemberIoRegion& io,
@@ -273,22 +273,23 @@ std::optional<absl::Status> MemberOps::ReduceByReads(const OpPlan& plan, const M
   ios_[index_].out = over_input ? scratch_.data() : out;
   if (absl::Status st = RunShare(plan, /*all_inputs=*/false); !st.ok()) return Abandon(st);
   Advance();
-  std::optional<absl::Status> done = FinishAtNextPlace(plan, "its reads of the others' inputs");
+  std::optional<absl::Status> done =
+      FinishAtNextPlace(plan, "its reads of the others' inputs", Path::kReads);
   if (over_input && done && done->ok()) std::memcpy(out, scratch_.data(), plan.out_bytes);
   return done;
 }
 
 std::pair<size_t, size_t> MemberOps::ShareOf(const OpPlan& plan, int index_in_group) {
-  // Equal shares of whole pages (of input elements), the last one shorter;
-  // a share past the end is empty.
+  // Shares as equal as whole pages (of input elements) make them: each
+  // boundary is the equal split's, rounded down to a page.
   const size_t es = DTypeSize(plan.dtype);
   const size_t count = plan.in_bytes / es;
   const size_t page = std::max<size_t>(1, 4096 / es);
-  const size_t groups = static_cast<size_t>(plan.group_size);
-  const size_t per = (count + groups - 1) / groups;
-  const size_t share = (per + page - 1) / page * page;
-  const size_t begin = std::min(count, share * static_cast<size_t>(index_in_group));
-  return {begin, std::min(share, count - begin)};
+  const size_t members = static_cast<size_t>(plan.group_size);
+  // (count * i fits: count is at most kMaxSplitReadBytes.)
+  auto boundary = [&](size_t i) { return i >= members ? count : count * i / members / page * page; };
+  const size_t begin = boundary(static_cast<size_t>(index_in_group));
+  return {begin, boundary(static_cast<size_t>(index_in_group) + 1) - begin};
 }
 
 std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
@@ -353,7 +354,8 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
   }
   // Third place: every member read the others' shares (until then each
   // owner must not change its output).
-  std::optional<absl::Status> done = FinishAtNextPlace(plan, "its reads of the others' shares");
+  std::optional<absl::Status> done =
+      FinishAtNextPlace(plan, "its reads of the others' shares", Path::kSplit);
   if (decides && done && done->ok()) {
     share_stores_.Record(size_class, stream, fastq::MonotonicNs() - started, plan.in_bytes);
   }

@@ -150,6 +150,14 @@ std::string Mesh::member_reads() const {
   return member_side_->ops->reads();
 }
 
+Mesh::MemberSidePaths Mesh::member_side_paths() const {
+  if (member_side_ == nullptr) return {};
+  using Path = internal::MemberOps::Path;
+  const internal::MemberOps& ops = *member_side_->ops;
+  return {ops.completed(Path::kSegment), ops.completed(Path::kReads), ops.completed(Path::kSplit),
+          ops.completed(Path::kShared)};
+}
+
 absl::Status Mesh::EnsureStreamOrder() {
 #ifdef COLLECTIVED_HAVE_CUDA
   if (stream_order_ready_.load(std::memory_order_acquire)) return absl::OkStatus();

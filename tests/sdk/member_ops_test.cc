@@ -1271,6 +1271,13 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// The CPUs this process may run on.
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
 // An all_gather of `elems` elements along the first dimension of each
 // member's input into its output buffer (tiled: [n * elems]; else [n, elems]).
 absl::Status Gather(Members& r, int i, DType dtype, int64_t elems, const AxisNames& axes,
@@ -1307,10 +1314,16 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
       {DType::kF32, 16384, AxisNames::All(), true},     // 64 KiB each
       {DType::kF64, 262145, AxisNames::All(), true},    // past 8 MiB: the daemon
   };
+  // The least input per member that reads: 1 KiB when every member has a
+  // CPU of its own, else 64 KiB.
+  const uint64_t least = UsableCpus() >= 4 ? 1024 : 65536;
   uint32_t seed = 7;
   for (const G& c : cases) {
     ++seed;
     const int64_t before = DaemonOps(*reads->daemon);
+    std::vector<Mesh::MemberSidePaths> paths_before;
+    for (int i = 0; i < 4; ++i) paths_before.push_back(reads->mesh(i).member_side_paths());
+    const uint64_t in_bytes = DTypeSize(c.dtype) * c.elems;
     const uint64_t out_bytes =
         DTypeSize(c.dtype) * c.elems * reads->mesh(0).axis_size(c.axes);
     for (Members* r : {reads.get(), daemon_side.get()}) {
@@ -1330,7 +1343,15 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
                 0);
     }
     // Member-side either way but past 8 MiB of output (one op for the daemon).
-    EXPECT_EQ(DaemonOps(*reads->daemon) - before, out_bytes > (8 << 20) ? 1 : 0) << c.elems;
+    const bool daemon = out_bytes > (8 << 20);
+    EXPECT_EQ(DaemonOps(*reads->daemon) - before, daemon ? 1 : 0) << c.elems;
+    const bool read = !daemon && in_bytes >= least;
+    for (int i = 0; i < 4; ++i) {
+      const Mesh::MemberSidePaths now = reads->mesh(i).member_side_paths();
+      EXPECT_EQ(now.reads - paths_before[i].reads, read ? 1u : 0u) << c.elems << " member " << i;
+      EXPECT_EQ(now.segment - paths_before[i].segment, !read && !daemon ? 1u : 0u)
+          << c.elems << " member " << i;
+    }
   }
   for (int i = 0; i < 4; ++i) EXPECT_EQ(reads->mesh(i).member_reads(), "yes");
 }
@@ -1368,13 +1389,6 @@ TEST(MemberReadsTest, AnOwnerKeepsItsInputUntilEveryMemberReadIt) {
   EXPECT_EQ(r->mesh(0).member_reads(), "yes");
 }
 
-// The CPUs this process may run on.
-int UsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-}
-
 // A reduction of `elems` elements of each member's input (at offset 0),
 // into its own input (in place) or its output buffer at `out_offset`.
 absl::Status Reduce(Members& r, int i, CollectiveKind kind, DType dtype, int64_t elems,
@@ -1395,30 +1409,33 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
   auto daemon_side = Members::Start(kN, {"--member_op_bytes=0"}, "rd", kBytes);
   ASSERT_NE(reads, nullptr);
   ASSERT_NE(daemon_side, nullptr);
+  // The path each member's op takes (the daemon's: none of them).
+  enum class Path { kSegment, kReads, kSplit, kDaemon };
   struct R {
     CollectiveKind kind;
     DType dtype;
     int64_t elems;
     bool in_place;
-    int daemon_ops;  // of the reading daemon
+    Path path;
   };
   using K = CollectiveKind;
   const std::vector<R> cases = {
-      {K::kPsum, DType::kF32, 512, false, 0},      // 2 KiB each, the least
-      {K::kPsum, DType::kF32, 511, false, 0},      // 2044 B: the segment
-      {K::kPmean, DType::kBF16, 40001, true, 0},   // odd, in place
-      {K::kPmax, DType::kF64, 8193, true, 0},      // past the segment's 64 KiB
-      {K::kPmin, DType::kI8, 100003, false, 0},
-      {K::kPmean, DType::kI32, 30000, false, 0},   // widens
-      {K::kPsum, DType::kF16, 65536, true, 0},
-      {K::kPsum, DType::kF32, 262144, true, 0},    // 2 MiB over the group, the most
+      {K::kPsum, DType::kF32, 512, false, Path::kReads},       // 2 KiB each, the least
+      {K::kPsum, DType::kF32, 511, false, Path::kSegment},     // 2044 B
+      {K::kPmean, DType::kBF16, 40001, true, Path::kReads},    // odd, in place
+      {K::kPmax, DType::kF64, 8193, true, Path::kReads},       // past the segment's 64 KiB
+      {K::kPmin, DType::kI8, 100003, false, Path::kReads},
+      {K::kPmean, DType::kI32, 30000, false, Path::kReads},    // to float32
+      {K::kPsum, DType::kF16, 65536, true, Path::kReads},
+      {K::kPsum, DType::kF32, 262144, true, Path::kReads},     // 2 MiB over the group, the most
       // Past it, each member reduces a share (ReduceBySplitReads).
-      {K::kPsum, DType::kF32, 262145, false, 0},   // the second share 1 element
-      {K::kPmean, DType::kI32, 300001, false, 0},  // widens: shares of 8-byte results
-      {K::kPmax, DType::kBF16, 1500007, true, 0},  // in place
-      {K::kPmin, DType::kI8, 1100001, false, 0},
-      {K::kPsum, DType::kF32, 2097152, true, 0},   // 16 MiB over the group, the most
-      {K::kPsum, DType::kF32, 2097153, true, 1},   // past it: the daemon
+      {K::kPsum, DType::kF32, 262145, false, Path::kSplit},
+      {K::kPmean, DType::kI8, 1100001, false, Path::kSplit},   // widens: 4-byte results
+      {K::kPsum, DType::kBool, 1100003, false, Path::kSplit},  // widens: int32 sums
+      {K::kPmax, DType::kBF16, 1500007, true, Path::kSplit},   // in place
+      {K::kPmin, DType::kI8, 1100001, false, Path::kSplit},
+      {K::kPsum, DType::kF32, 2097152, true, Path::kSplit},    // 16 MiB over the group, the most
+      {K::kPsum, DType::kF32, 2097153, true, Path::kDaemon},   // past it
   };
   uint32_t seed = 11;
   for (const R& c : cases) {
@@ -1427,6 +1444,8 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
                               static_cast<int>(c.dtype), " elems ", c.elems,
                               c.in_place ? " in place" : ""));
     const int64_t before = DaemonOps(*reads->daemon);
+    std::vector<Mesh::MemberSidePaths> paths_before;
+    for (int i = 0; i < kN; ++i) paths_before.push_back(reads->mesh(i).member_side_paths());
     const size_t in_bytes = DTypeSize(c.dtype) * c.elems;
     const size_t out_bytes = c.in_place ? in_bytes : static_cast<size_t>(c.elems) * 8;
     for (Members* r : {reads.get(), daemon_side.get()}) {
@@ -1449,7 +1468,14 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
             << "member " << i << ": written past the output";
       }
     }
-    EXPECT_EQ(DaemonOps(*reads->daemon) - before, c.daemon_ops);
+    EXPECT_EQ(DaemonOps(*reads->daemon) - before, c.path == Path::kDaemon ? 1 : 0);
+    for (int i = 0; i < kN; ++i) {
+      const Mesh::MemberSidePaths now = reads->mesh(i).member_side_paths();
+      EXPECT_EQ(now.segment - paths_before[i].segment, c.path == Path::kSegment ? 1u : 0u) << i;
+      EXPECT_EQ(now.reads - paths_before[i].reads, c.path == Path::kReads ? 1u : 0u) << i;
+      EXPECT_EQ(now.split - paths_before[i].split, c.path == Path::kSplit ? 1u : 0u) << i;
+      EXPECT_EQ(now.shared, 0u) << i;
+    }
   }
   // A known sum, in place: the comparisons above would pass on an output
   // both sides left untouched; this one would not.
@@ -1521,6 +1547,10 @@ TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
   }
   EXPECT_EQ(DaemonOps(*r->daemon), before);
   EXPECT_EQ(r->mesh(0).member_reads(), "yes");
+  for (int i = 0; i < kN; ++i) {
+    EXPECT_EQ(r->mesh(i).member_side_paths().reads, 600u);
+    EXPECT_EQ(r->mesh(i).member_side_paths().split, 60u);
+  }
 }
 
 // Member 0 is the test, playing the protocol by hand against an SDK member
@@ -1528,14 +1558,16 @@ TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
 // entry names a buffer that is not its own, or an input not at a multiple
 // of its element size, and a member that leaves between the op's places,
 // fail the op on the other member naming them. The same for the output of
-// a psum that splits its result (ReduceBySplitReads), and a member that
-// leaves at its last place.
+// a psum that splits its result (ReduceBySplitReads), a member that leaves
+// at its last place, and one that gives up there once it came (its program
+// may then change its output while the other still copies from it).
 TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrWhoLeft) {
-  enum class Fault { kNoBuffer, kUnaligned, kLeaves, kNoOutput, kLeavesAfterShares };
+  enum class Fault { kNoBuffer, kUnaligned, kLeaves, kNoOutput, kLeavesAfterShares, kGivesUp };
   for (Fault fault : {Fault::kNoBuffer, Fault::kUnaligned, Fault::kLeaves, Fault::kNoOutput,
-                      Fault::kLeavesAfterShares}) {
+                      Fault::kLeavesAfterShares, Fault::kGivesUp}) {
     SCOPED_TRACE(static_cast<int>(fault));
-    const bool split = fault == Fault::kNoOutput || fault == Fault::kLeavesAfterShares;
+    const bool split = fault == Fault::kNoOutput || fault == Fault::kLeavesAfterShares ||
+                       fault == Fault::kGivesUp;
     // 2 KiB, the least that reads; past 1 MiB each, the result splits.
     const int64_t elems = split ? 262145 : 512;
     const std::string op = absl::StrCat("psum f32[", elems, "] over (i)");
@@ -1583,9 +1615,18 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
     // The place member 1 waits at when member 0 leaves.
     uint64_t leave_at = 0;
     if (fault == Fault::kLeaves) leave_at = 3;
-    if (fault == Fault::kLeavesAfterShares) {
+    if (fault == Fault::kLeavesAfterShares || fault == Fault::kGivesUp) {
       publish(3, "reduced: " + op);
-      leave_at = 4;
+    }
+    if (fault == Fault::kLeavesAfterShares) leave_at = 4;
+    if (fault == Fault::kGivesUp) {
+      // As MemberOps::Abandon does, then the last place: member 1 finds
+      // every member there.
+      ASSERT_TRUE(wait_for_member1(3));
+      const std::string why = "raw gave up";
+      member_ops::MarkBroken(view, static_cast<uint32_t>(absl::StatusCode::kAborted), why.data(),
+                             why.size());
+      publish(4, "done: read: " + op);
     }
     absl::Time gone = absl::Now();
     if (leave_at > 0) {
@@ -1603,7 +1644,9 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
     member1.join();
     EXPECT_LT(absl::Now() - gone, absl::Seconds(2)) << "long before the 5 s op timeout";
     EXPECT_EQ(st.code(), absl::StatusCode::kAborted) << st;
-    if (leave_at > 0) {
+    if (fault == Fault::kGivesUp) {
+      EXPECT_CONTAINS(st.message(), "raw gave up");
+    } else if (leave_at > 0) {
       EXPECT_CONTAINS(st.message(), "'raw'");
       EXPECT_CONTAINS(st.message(), "left the mesh");
     } else {

@@ -380,13 +380,26 @@ class Mesh {
   // every op of this member goes through the daemon (the daemon offers no
   // segment for the mesh, or its member-side code is not this SDK's).
   const absl::Status& member_side() const { return member_side_status_; }
-  // Whether this mesh's synchronous all_gathers along the first dimension
-  // with at least 4 KiB of input per member and at most 8 MiB of output
-  // (README "All_gathers that read the members' buffers") copy the other
-  // members' inputs straight from their buffers: "yes", "not decided yet"
-  // (before the first such op), or "no: " and why (COLLECTIVED_MEMBER_READS=0
-  // in a member, members of different users, no member-side ops).
+  // Whether this mesh's members read each other's buffers for their
+  // synchronous all_gathers and reductions of the sizes README "All_gathers
+  // and reductions that read the members' buffers" gives: "yes", "not
+  // decided yet" (before the first such op), or "no: " and why
+  // (COLLECTIVED_MEMBER_READS=0 in a member, members of different users, no
+  // member-side ops).
   std::string member_reads() const;
+  // How this member's member-side ops ran, counted since it joined the mesh
+  // (its ops through the daemon are the daemon's to count): through the
+  // segment, by reading the others' buffers (all_gathers, and reductions of
+  // the whole result), split between the members (reductions of 2 - 16 MiB
+  // over the group), or into a buffer the mesh shares. For diagnostics;
+  // any thread.
+  struct MemberSidePaths {
+    uint64_t segment = 0;
+    uint64_t reads = 0;
+    uint64_t split = 0;
+    uint64_t shared = 0;
+  };
+  MemberSidePaths member_side_paths() const;
 
   // Collectives. `out` absent: the result replaces `x` in place (only when it
   // has x's byte size). Each returns when the op completed on this member.

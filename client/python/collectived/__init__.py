@@ -696,10 +696,10 @@ class Mesh:
             "every op goes through the daemon.")
     member_reads = property(
         lambda self: self._ext.member_reads,
-        doc="Whether this mesh's member-side all_gathers (along the first dimension, 4 KiB "
-            "of input per member to 8 MiB of output: the JAX FFI handler's and the C++ "
-            "SDK's) copy the other members' inputs straight from their buffers: 'yes', "
-            "'not decided yet' (before the first such op), or 'no: ' and why.")
+        doc="Whether this mesh's members read each other's buffers for their member-side "
+            "all_gathers and reductions (the sizes README 'All_gathers and reductions that "
+            "read the members' buffers' gives; the JAX FFI handler's and the C++ SDK's): "
+            "'yes', 'not decided yet' (before the first such op), or 'no: ' and why.")
 
     @property
     def axes(self) -> Dict[str, int]:
