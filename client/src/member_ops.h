@@ -283,6 +283,13 @@ class MemberOps {
   // third tells every member that its output was read.
   std::optional<absl::Status> ReduceBySplitReads(const OpPlan& plan, const MemberIoRegion& io,
                                                  uint8_t* out, int64_t now);
+  // ReduceBySplitReads at its first place: maps every other member's input
+  // (into ios_) and output (into shares_from_) of `group` (now: the entries
+  // of this place are rewritten two places on). OK, or ReadFailed's error.
+  absl::Status MapGroupRegions(const OpPlan& plan, const std::vector<int>& group);
+  // ReduceBySplitReads after its second place: copies the other members'
+  // shares of `group` from their outputs into `out`.
+  void CopyOthersShares(const OpPlan& plan, const std::vector<int>& group, uint8_t* out);
   // The elements [first, first + count) of a reduction's result that the
   // member at `index_in_group` computes in ReduceBySplitReads: the group's
   // equal split, its boundaries rounded down to whole pages of input.

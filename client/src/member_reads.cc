@@ -292,6 +292,41 @@ std::pair<size_t, size_t> MemberOps::ShareOf(const OpPlan& plan, int index_in_gr
   return {begin, boundary(static_cast<size_t>(index_in_group) + 1) - begin};
 }
 
+absl::Status MemberOps::MapGroupRegions(const OpPlan& plan, const std::vector<int>& group) {
+  ios_.assign(view_.layout.members, MemberIo{});
+  shares_from_.assign(view_.layout.members, nullptr);
+  for (int m : group) {
+    if (static_cast<uint32_t>(m) == index_) continue;
+    const Entry& e = *view_.entry(m, s_);
+    absl::StatusOr<const uint8_t*> in = MemberRegion(m, e, Side::kInput, plan.in_bytes, plan.dtype);
+    if (!in.ok()) return ReadFailed(plan, m, Side::kInput, in.status());
+    absl::StatusOr<const uint8_t*> shared =
+        MemberRegion(m, e, Side::kOutput, plan.out_bytes, plan.out_dtype);
+    if (!shared.ok()) return ReadFailed(plan, m, Side::kOutput, shared.status());
+    ios_[m].in = *in;
+    shares_from_[m] = *shared;
+  }
+  return absl::OkStatus();
+}
+
+void MemberOps::CopyOthersShares(const OpPlan& plan, const std::vector<int>& group,
+                                 uint8_t* out) {
+  const size_t out_es = DTypeSize(plan.out_dtype);
+  const bool stream = executor_.Streams(plan);
+  for (int m : group) {
+    if (static_cast<uint32_t>(m) == index_) continue;
+    const auto [from, n] = ShareOf(plan, plan.index_in_group[m]);
+    if (n == 0) continue;
+    uint8_t* to = out + from * out_es;
+    const uint8_t* share = shares_from_[m] + from * out_es;
+    if (stream) {
+      StreamCopy(to, share, n * out_es);
+    } else {
+      std::memcpy(to, share, n * out_es);
+    }
+  }
+}
+
 std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
                                                           const MemberIoRegion& io, uint8_t* out,
                                                           int64_t now) {
@@ -310,21 +345,7 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
   }
   const int64_t started = fastq::MonotonicNs();
   const bool stream = view_.entry(static_cast<uint32_t>(group[0]), s_)->stream_shares != 0;
-  // Every other member's input and output, mapped now: the entries of this
-  // place are rewritten two places on.
-  ios_.assign(view_.layout.members, MemberIo{});
-  shares_from_.assign(view_.layout.members, nullptr);
-  for (int m : group) {
-    if (static_cast<uint32_t>(m) == index_) continue;
-    const Entry& e = *view_.entry(m, s_);
-    absl::StatusOr<const uint8_t*> in = MemberRegion(m, e, Side::kInput, plan.in_bytes, plan.dtype);
-    if (!in.ok()) return ReadFailed(plan, m, Side::kInput, in.status());
-    absl::StatusOr<const uint8_t*> shared =
-        MemberRegion(m, e, Side::kOutput, plan.out_bytes, plan.out_dtype);
-    if (!shared.ok()) return ReadFailed(plan, m, Side::kOutput, shared.status());
-    ios_[m].in = *in;
-    shares_from_[m] = *shared;
-  }
+  if (absl::Status mapped = MapGroupRegions(plan, group); !mapped.ok()) return mapped;
   // This member's share of the result, from every input. In place, only
   // this member reads its input's share: the others read their own.
   ios_[index_].in = io.in;
@@ -340,18 +361,7 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
     return met;
   }
   Advance();
-  // The others' shares, from their outputs.
-  const size_t out_es = DTypeSize(plan.out_dtype);
-  for (int m : group) {
-    if (static_cast<uint32_t>(m) == index_) continue;
-    const auto [from, n] = ShareOf(plan, plan.index_in_group[m]);
-    if (n == 0) continue;
-    if (executor_.Streams(plan)) {
-      StreamCopy(out + from * out_es, shares_from_[m] + from * out_es, n * out_es);
-    } else {
-      std::memcpy(out + from * out_es, shares_from_[m] + from * out_es, n * out_es);
-    }
-  }
+  CopyOthersShares(plan, group, out);
   // Third place: every member read the others' shares (until then each
   // owner must not change its output).
   std::optional<absl::Status> done =
