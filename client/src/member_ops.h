@@ -97,7 +97,7 @@ inline constexpr uint64_t kMaxOutBytes = 8 << 20;
 // computing the whole result costs more than the daemon computing it once,
 // on its threads. Measured with collectived_perf against both paths, 2
 // members on 2 CPUs (bench/README.md).
-inline constexpr uint64_t kMinReduceBytes = 2 << 10;
+inline constexpr uint64_t kMinReduceBytes = 1 << 10;
 inline constexpr uint64_t kMaxReduceReadBytes = 2 << 20;
 // Above that, up to kMaxSplitReadBytes of input over its group, each
 // member computes an equal share of the result from the inputs where they

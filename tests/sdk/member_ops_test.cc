@@ -1420,8 +1420,8 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
   };
   using K = CollectiveKind;
   const std::vector<R> cases = {
-      {K::kPsum, DType::kF32, 512, false, Path::kReads},       // 2 KiB each, the least
-      {K::kPsum, DType::kF32, 511, false, Path::kSegment},     // 2044 B
+      {K::kPsum, DType::kF32, 256, false, Path::kReads},       // 1 KiB each, the least
+      {K::kPsum, DType::kF32, 255, false, Path::kSegment},     // 1020 B
       {K::kPmean, DType::kBF16, 40001, true, Path::kReads},    // odd, in place
       {K::kPmax, DType::kF64, 8193, true, Path::kReads},       // past the segment's 64 KiB
       {K::kPmin, DType::kI8, 100003, false, Path::kReads},
@@ -1568,8 +1568,8 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
     SCOPED_TRACE(static_cast<int>(fault));
     const bool split = fault == Fault::kNoOutput || fault == Fault::kLeavesAfterShares ||
                        fault == Fault::kGivesUp;
-    // 2 KiB, the least that reads; past 1 MiB each, the result splits.
-    const int64_t elems = split ? 262145 : 512;
+    // 1 KiB, the least that reads; past 1 MiB each, the result splits.
+    const int64_t elems = split ? 262145 : 256;
     const std::string op = absl::StrCat("psum f32[", elems, "] over (i)");
     auto d = Daemon::Start({"--op_timeout_ms=5000"});
     ASSERT_TRUE(d.ok()) << d.status();
