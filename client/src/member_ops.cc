@@ -609,7 +609,7 @@ bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {
   }
   // The buffers' ids fit the entry's payload: the input's, and a split
   // reduction's output's after it.
-  const std::string* out_id = io.in_place ? io.in_id : io.out_id;
+  const std::string* out_id = ResultWhere(io).first;
   const bool split = SplitsByReads(plan);
   if (split && out_id == nullptr) return false;
   const uint64_t out_id_bytes = split ? out_id->size() : 0;

@@ -294,7 +294,8 @@ class MemberOps {
   // member at `index_in_group` computes in ReduceBySplitReads: the group's
   // equal split, its boundaries rounded down to whole pages of input.
   static std::pair<size_t, size_t> ShareOf(const OpPlan& plan, int index_in_group);
-  // Whether `plan` (with `io`) is an op GatherByReads or ReduceByReads runs.
+  // Whether `plan` (with `io`) is an op GatherByReads, ReduceByReads or
+  // ReduceBySplitReads runs.
   bool ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const;
   // ReadsFit's bounds for a reduction.
   bool ReductionReads(const OpPlan& plan) const;
@@ -305,8 +306,9 @@ class MemberOps {
   // ReduceByReads).
   static bool SplitsByReads(const OpPlan& plan);
   // When `plan` runs by reads (ProbeReads first, if the mesh has not
-  // decided yet): runs it with GatherByReads or ReduceByReads (`out`: where
-  // the result goes), sets `result` to TryRun's outcome and returns true.
+  // decided yet): runs it with GatherByReads, ReduceByReads or
+  // ReduceBySplitReads (`out`: where the result goes), sets `result` to
+  // TryRun's outcome and returns true.
   // False when it does not run so.
   bool RanByReads(const OpPlan& plan, const MemberIoRegion& io, uint8_t* out, int64_t now,
                   std::optional<absl::Status>* result);
@@ -326,6 +328,12 @@ class MemberOps {
   // `out_offset`; null otherwise).
   void PublishWhere(const std::string* id, uint64_t offset, const std::string* out_id,
                     uint64_t out_offset);
+  // Where `io`'s result goes: its output's buffer id (null: unknown) and
+  // offset, or in place its input's.
+  static std::pair<const std::string*, uint64_t> ResultWhere(const MemberIoRegion& io) {
+    return io.in_place ? std::make_pair(io.in_id, io.in_offset)
+                       : std::make_pair(io.out_id, io.out_offset);
+  }
   enum class Side { kInput, kOutput };
   // Where `bytes` of member m's input or output (`side`) of `dtype` (its
   // entry `e`) are in its buffer, mapped read-only (mapped now if it is not
@@ -333,10 +341,10 @@ class MemberOps {
   // the element size).
   absl::StatusOr<const uint8_t*> MemberRegion(uint32_t m, const member_ops::Entry& e, Side side,
                                               uint64_t bytes, DType dtype);
-  // Sets signature_ to the second place's signature of an op that takes two
-  // (ProbeReads, GatherByReads, ReduceByReads): the first place's with
-  // kDonePlace before it; returns the first's, `first_prefix` and `plan`'s
-  // signature (a view into signature_).
+  // Sets signature_ to the last place's signature of an op that reads
+  // (ProbeReads, GatherByReads, ReduceByReads, ReduceBySplitReads): the
+  // first place's with kDonePlace before it; returns the first's,
+  // `first_prefix` and `plan`'s signature (a view into signature_).
   absl::string_view TwoPlaces(absl::string_view first_prefix, const OpPlan& plan);
   // The first place of GatherByReads and ReduceByReads: publishes where
   // this member's input is and meets the others (signature_ becomes the
@@ -349,9 +357,10 @@ class MemberOps {
   // Member m's buffer `id`, mapped read-only: its base and size.
   absl::StatusOr<std::pair<const uint8_t*, uint64_t>> MappedPeer(uint32_t m,
                                                                  absl::string_view id);
-  // The second place of an op that takes two (RunIntoShared,
-  // GatherByReads; signature_ is its signature): once every member is
-  // there, `what` is done; the op completes. Otherwise the wait's error.
+  // The last place of an op that takes more than one (RunIntoShared and
+  // the reads; signature_ is its signature): once every member is there,
+  // `what` is done; the op completes, counted under `path`. Otherwise the
+  // wait's error.
   std::optional<absl::Status> FinishAtNextPlace(const OpPlan& plan, absl::string_view what,
                                                 Path path);
   // A place after this member's work on `plan` (`signature`), waited for
@@ -409,7 +418,7 @@ class MemberOps {
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
-  std::string signature_;      // RunIntoShared's signatures, kept to reuse
+  std::string signature_;      // the last place's signature of an op of several, kept to reuse
   std::vector<uint8_t> scratch_;  // ReduceByReads' results in place, kept to reuse
   // ReduceBySplitReads': each member's output (null: this member's, and
   // the other groups'), and its second place's signature, kept to reuse.

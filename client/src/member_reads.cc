@@ -332,8 +332,8 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
                                                           int64_t now) {
   // First place: every member publishes where its input and its output are.
   const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
-  const std::string* out_id = io.in_place ? io.in_id : io.out_id;
-  PublishWhere(io.in_id, io.in_offset, out_id, io.in_place ? io.in_offset : io.out_offset);
+  const auto [out_id, out_offset] = ResultWhere(io);
+  PublishWhere(io.in_id, io.in_offset, out_id, out_offset);
   // The group's first member says how its members write their shares.
   const std::vector<int>& group = plan.groups[plan.group_of[index_]];
   const bool decides = static_cast<uint32_t>(group[0]) == index_;
