@@ -122,6 +122,15 @@ void CpuExecutor::ParallelFor(const OpPlan& plan, size_t n, absl::FunctionRef<vo
 
 namespace {
 
+// `len` elements of a psum/pmean/pmax/pmin's result from the inputs of one
+// group of `plan` (one per member of the group, in its order), into each
+// of `outputs`.
+void ReduceInputs(const OpPlan& plan, const void* const* inputs, void* const* outputs,
+                  int num_outputs, size_t len, bool stream) {
+  ReduceTo(ToReduceKind(plan.kind), plan.dtype, inputs, plan.group_size, outputs, num_outputs,
+           len, stream, FoldPart{plan.continues_fold, plan.mean_divisor});
+}
+
 // Elements [begin, begin + len) of a psum/pmean/pmax/pmin's result for one
 // group of `plan`, into the outputs of its members that have one.
 void ReduceGroupRange(const OpPlan& plan, const std::vector<MemberIo>& io,
@@ -154,9 +163,8 @@ void ReduceGroupRange(const OpPlan& plan, const std::vector<MemberIo>& io,
     if (io[group[i]].out != nullptr) outputs.push_back(io[group[i]].out + begin * out_es);
   }
   if (outputs.empty()) return;
-  ReduceTo(ToReduceKind(plan.kind), plan.dtype, inputs.data(), n, outputs.data(),
-           static_cast<int>(outputs.size()), len, stream,
-           FoldPart{plan.continues_fold, plan.mean_divisor});
+  ReduceInputs(plan, inputs.data(), outputs.data(), static_cast<int>(outputs.size()), len,
+               stream);
 }
 
 // Bytes [begin, end) of group member `src`'s input, copied to where an
@@ -240,6 +248,35 @@ bool CpuExecutor::RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& 
   } else if (plan.in_bytes > 0) {
     for (int src = 0; src < plan.group_size; ++src) {
       GatherRange(plan, io, group, src, 0, plan.in_bytes, stream);
+    }
+  }
+  return true;
+}
+
+bool CpuExecutor::RunSmallGroup(const OpPlan& plan, const void* const* inputs,
+                                void* out) const {
+  const bool reduction = IsReduction(plan.kind);
+  if (!(reduction || plan.kind == OpKind::kAllGather) || plan.groups.size() != 1 ||
+      plan.bytes_touched() > options_.serial_bytes || Streams(plan)) {
+    return false;
+  }
+  if (reduction) {
+    if (plan.ReducesNothing()) return false;
+    const size_t count = plan.in_bytes / DTypeSize(plan.dtype);
+    if (count > 0) ReduceInputs(plan, inputs, &out, 1, count, /*stream=*/false);
+    return true;
+  }
+  if (plan.in_bytes == 0) return true;
+  // As GatherRange: the inputs viewed as [outer, inner], the output as
+  // [outer, n, inner].
+  const size_t outer = static_cast<size_t>(Product(plan.in_shape, 0, plan.axis));
+  const size_t inner = plan.in_bytes / outer;
+  const size_t n = static_cast<size_t>(plan.group_size);
+  auto* dst = static_cast<uint8_t*>(out);
+  for (size_t o = 0; o < outer; ++o) {
+    for (size_t src = 0; src < n; ++src) {
+      Copy(dst + (o * n + src) * inner, static_cast<const uint8_t*>(inputs[src]) + o * inner,
+           inner);
     }
   }
   return true;

@@ -52,6 +52,13 @@ class CpuExecutor final : public Executor {
   // dispatch and task loop, and returns true. Anything else: false, nothing
   // written.
   bool RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& io, int member);
+  // A small psum, pmean, pmax, pmin or all_gather of one group (one
+  // RunOneMember runs) from that group's inputs (`inputs[i]`: its i-th
+  // member's) into `out` (no input's memory): RunOneMember's bytes for any
+  // member, without its layers (which cost a member-side op of a few
+  // elements as much as its work). Anything else, or a reduction that
+  // reduces nothing (a mesh of one, no axes): false, nothing written.
+  bool RunSmallGroup(const OpPlan& plan, const void* const* inputs, void* out) const;
   // Elements [begin, begin + len) of the result of `member`'s group in the
   // reduction `plan` (psum, pmean, pmax, pmin), written at those elements
   // into the outputs `io` gives for the group, on the calling thread (of

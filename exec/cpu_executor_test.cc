@@ -128,7 +128,7 @@ TEST(CpuExecutorTest, RunOneMemberWritesRunsBytes) {
                                     {{{"i"}, {1}}, {"i"}, false}};
   std::mt19937_64 rng(7);
   CpuExecutor ex({.threads = 1});
-  int checked = 0;
+  int checked = 0, small_groups = 0;
   for (const Mesh& mesh : meshes) {
     const int n = static_cast<int>(mesh.shape.num_members());
     for (const Op& kind : kinds) {
@@ -166,6 +166,25 @@ TEST(CpuExecutorTest, RunOneMemberWritesRunsBytes) {
           EXPECT_EQ(got, want[m]) << op.ShortDebugString() << " over " << n << " members, member "
                                   << m;
           ++checked;
+          // RunSmallGroup: the same bytes from the group's inputs, for a
+          // group of the whole mesh (a reduction: one that reduces something);
+          // else false, nothing written.
+          std::fill(got.begin(), got.end(), 0x5a);
+          const bool whole = plan->groups.size() == 1 &&
+                             (kind.kind == v1::ALL_GATHER || !plan->ReducesNothing());
+          std::vector<const void*> group_in;
+          if (whole) {
+            for (int k : plan->groups[0]) group_in.push_back(in[k].data());
+          }
+          ASSERT_EQ(ex.RunSmallGroup(*plan, group_in.data(), got.data()), whole)
+              << op.ShortDebugString() << " over " << n << " members";
+          if (whole) {
+            EXPECT_EQ(got, want[m]) << "from the group's inputs: " << op.ShortDebugString()
+                                    << " over " << n << " members, member " << m;
+            ++small_groups;
+          } else {
+            EXPECT_EQ(got, std::vector<uint8_t>(plan->out_bytes, 0x5a));
+          }
           if (kind.kind == v1::ALL_GATHER) continue;
           // ReduceShare: the same bytes, in three shares (one of them with
           // streaming stores) and an empty one.
@@ -182,6 +201,7 @@ TEST(CpuExecutorTest, RunOneMemberWritesRunsBytes) {
     }
   }
   EXPECT_GT(checked, 600);
+  EXPECT_GT(small_groups, 150);
 }
 
 // Anything but a small reduction is left to Run: false, nothing written.
@@ -195,6 +215,8 @@ TEST(CpuExecutorTest, RunOneMemberRefusesOtherOpsAndLargeOnes) {
     auto io = m.io(false);
     EXPECT_FALSE(ex.RunOneMember(plan, io, 0)) << op.ShortDebugString();
     EXPECT_FALSE(ex.RunOneMember(plan, io, 2)) << "no member 2";
+    const void* inputs[] = {m.in[0].data(), m.in[1].data()};
+    EXPECT_FALSE(ex.RunSmallGroup(plan, inputs, m.out[0].data())) << op.ShortDebugString();
     EXPECT_EQ(m.out[0], std::vector<int32_t>(128, -7)) << op.ShortDebugString();
   }
   EXPECT_TRUE(ex.RunOneMember(Plan(Kind(v1::PSUM, {4}), 2), m.io(false), 1));
