@@ -5,6 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include <sched.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/fast_queue.h"
 #include "daemon/memory/shared_buffer.h"
@@ -21,12 +23,13 @@ using fastq::SqEntry;
 class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
  public:
   Queue(Engine* engine, std::string session_id, std::shared_ptr<SharedBuffer> memory,
-        absl::Duration spin)
+        absl::Duration spin, SpinBudget* budget)
       : engine_(engine),
         session_id_(std::move(session_id)),
         memory_(std::move(memory)),
         q_(QueueView::Of(memory_->data())),
-        spin_(spin) {
+        spin_(spin),
+        budget_(budget) {
     fastq::InitHeader(q_.header);
   }
 
@@ -97,6 +100,18 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
     return tail != head_ && taken_ - consumed < kSlots;
   }
 
+  // Polls (after a small op, while the budget has a CPU for it), then
+  // sleeps on the bell, until there is work, the queue stops, or 1 s passed.
+  void WaitForWork() {
+    const bool spin = last_small_ && spin_ > absl::ZeroDuration() && budget_->TryStartSpin();
+    fastq::SpinThenSleep(
+        q_.header->daemon_bell, q_.header->daemon_sleeping,
+        [this] { return stop_.load(std::memory_order_relaxed) || HasWork() || corrupt_; },
+        [] { return true; }, spin ? spin_ : absl::ZeroDuration(), absl::Seconds(1),
+        absl::Now() + absl::Seconds(1));
+    if (spin) budget_->EndSpin();
+  }
+
   void Loop() {
     std::string scratch;
     v1::OpSpec op;
@@ -104,11 +119,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
     while (!stop_.load(std::memory_order_relaxed)) {
       if (!HasWork()) {
         if (corrupt_) break;
-        fastq::SpinThenSleep(
-            q_.header->daemon_bell, q_.header->daemon_sleeping,
-            [this] { return stop_.load(std::memory_order_relaxed) || HasWork() || corrupt_; },
-            [] { return true; }, last_small_ ? spin_ : absl::ZeroDuration(), absl::Seconds(1),
-            absl::Now() + absl::Seconds(1));
+        WaitForWork();
         continue;
       }
       // Copy the entry out before looking at it: the client can change it.
@@ -163,6 +174,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
   const std::shared_ptr<SharedBuffer> memory_;
   const QueueView q_;
   const absl::Duration spin_;
+  SpinBudget* const budget_;  // the FastPath's, which outlives its queues' threads
   std::atomic<bool> stop_{false};
   std::thread thread_;
   // Queue thread only.
@@ -175,6 +187,25 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
   uint32_t cq_tail_ ABSL_GUARDED_BY(cq_mu_) = 0;
 };
 
+bool SpinBudget::TryStartSpin() {
+  const int busy = polling_members_.load();
+  int spinning = spinning_.load();
+  do {
+    if (busy + spinning >= cpus_) return false;
+  } while (!spinning_.compare_exchange_weak(spinning, spinning + 1));
+  return true;
+}
+
+namespace {
+int UsableCpus() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+}
+}  // namespace
+
+FastPath::FastPath(Engine* engine, FastPathOptions options, int cpus)
+    : engine_(engine), options_(options), budget_(cpus > 0 ? cpus : UsableCpus()) {}
+
 absl::StatusOr<int> FastPath::Open(const std::string& session_id) {
   MutexLock lock(&mu_);
   if (stopped_) return absl::UnavailableError("the daemon is stopping");
@@ -183,7 +214,8 @@ absl::StatusOr<int> FastPath::Open(const std::string& session_id) {
   }
   auto memory = CreateMemfdBuffer(fastq::kQueueBytes);
   if (!memory.ok()) return memory.status();
-  auto queue = std::make_shared<Queue>(engine_, session_id, *std::move(memory), options_.spin);
+  auto queue = std::make_shared<Queue>(engine_, session_id, *std::move(memory), options_.spin,
+                                       &budget_);
   queue->Start();
   const int fd = queue->fd();
   queues_[session_id] = std::move(queue);

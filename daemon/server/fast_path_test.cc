@@ -157,6 +157,56 @@ TEST_F(FastPathTest, ManyOpsThroughTheQueuesAreExact) {
   }
 }
 
+// The queue threads poll only while a CPU is free for them: at most the
+// CPUs less the members that poll member-side, less those polling already.
+TEST(SpinBudgetTest, LeavesTheCpusOfPollingMembersAlone) {
+  SpinBudget budget(2);
+  EXPECT_EQ(budget.cpus(), 2);
+  EXPECT_TRUE(budget.TryStartSpin());
+  EXPECT_TRUE(budget.TryStartSpin());
+  EXPECT_FALSE(budget.TryStartSpin()) << "a third poller on 2 CPUs";
+  budget.EndSpin();
+  budget.AddPollingMembers(1);
+  EXPECT_FALSE(budget.TryStartSpin()) << "one member polls and one thread does: no CPU free";
+  budget.EndSpin();
+  EXPECT_TRUE(budget.TryStartSpin());
+  EXPECT_FALSE(budget.TryStartSpin());
+  budget.EndSpin();
+  budget.AddPollingMembers(1);
+  EXPECT_FALSE(budget.TryStartSpin()) << "two polling members on 2 CPUs";
+  budget.AddPollingMembers(-2);
+  EXPECT_TRUE(budget.TryStartSpin()) << "the members' sessions closed";
+  budget.EndSpin();
+}
+
+// With no CPU to spare, the queue threads sleep at once: every op is still
+// served, through the futex.
+TEST_F(FastPathTest, QueuesWithoutAFreeCpuAreServedAsleep) {
+  fast_->Stop();
+  fast_ = std::make_unique<FastPath>(engine_.get(), FastPathOptions{}, /*cpus=*/2);
+  fast_->spin_budget().AddPollingMembers(2);
+  const int n = 2;
+  const int64_t elements = 16;
+  auto members = Open(n, elements);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      Member& m = *members[i];
+      const v1::OpSpec op = Psum(m, elements);
+      for (int iter = 0; iter < 50; ++iter) {
+        for (int64_t e = 0; e < elements; ++e) m.data[e] = i + iter;
+        m.Publish(op);
+        auto r = m.Reap(absl::ZeroDuration());
+        ASSERT_TRUE(r.has_value()) << "member " << i << " op " << iter << " never completed";
+        ASSERT_EQ(r->first, 0) << r->second;
+        ASSERT_EQ(m.data[0], 1 + 2 * iter);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(fast_->spin_budget().TryStartSpin());
+}
+
 // A bad entry fails only that op; impossible counters close the session,
 // and the other session's queue keeps working.
 TEST_F(FastPathTest, UntrustedEntriesAndCountersAreContained) {

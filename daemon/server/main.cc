@@ -90,7 +90,8 @@ ABSL_FLAG(bool, fast_path, true,
           "works either way.");
 ABSL_FLAG(int64_t, fast_path_spin_us, 200,
           "Microseconds a fast-path queue thread polls for the next op before sleeping "
-          "on its futex (0: sleep at once).");
+          "on its futex (0: sleep at once); only while one of the daemon's CPUs is free "
+          "(not taken by members running member-side ops, nor by other polling threads).");
 ABSL_FLAG(int64_t, join_timeout_ms, 60000, "Default deadline for a mesh to fill.");
 ABSL_FLAG(int64_t, op_timeout_ms, 60000,
           "Default deadline for every member to submit an op, from the first submission.");
