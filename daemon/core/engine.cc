@@ -236,6 +236,7 @@ void Engine::CloseSessionLocked(const std::string& session_id, const std::string
   if (!session->buffers.empty()) {
     cbs.push_back([buffers = std::make_shared<BufferTable>(std::move(session->buffers))] {});
   }
+  if (session->member_side) member_side_sessions_.fetch_sub(1, std::memory_order_relaxed);
   sessions_.erase(session_id);
 }
 

@@ -253,6 +253,13 @@ class Engine {
   // (submitted, waiting or running) and member-side ops some members wait in.
   absl::StatusOr<std::vector<PendingOpView>> ListPendingOps(const std::string& mesh_id);
   EngineStats GetStats();
+  // Sessions that took a mesh's member-side segment and are still open:
+  // their members poll for each other on CPUs of their own (MemberOps), and
+  // the daemon's own polling threads leave them those CPUs (FastPath's
+  // SpinBudget). Any thread.
+  int member_side_sessions() const {
+    return member_side_sessions_.load(std::memory_order_relaxed);
+  }
   // How an op reached the daemon: the server counts each submission before
   // it calls Submit (GetStats' submitted_*, the metrics' share by path).
   enum class SubmitPath { kFastPath = 0, kExecute = 1, kUnary = 2 };
@@ -292,6 +299,8 @@ class Engine {
     int64_t next_op_id = 1;
     int64_t ops_submitted = 0;
     std::map<int64_t, RetainedOp> retained;
+    // It took a mesh's member-side segment (counted in member_side_sessions_).
+    bool member_side = false;
   };
 
   struct Submission {
@@ -633,6 +642,8 @@ class Engine {
   absl::flat_hash_map<std::string, std::unique_ptr<Mesh>> meshes_ ABSL_GUARDED_BY(mu_);
   // Bytes of the segments of the meshes in meshes_ (member_segment_total_bytes).
   uint64_t segment_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The sessions with member_side set (written under mu_, read by any thread).
+  std::atomic<int> member_side_sessions_{0};
   // Which mesh holds each name (scope and name), and each name's
   // generations and join token.
   MeshNames names_ ABSL_GUARDED_BY(mu_){options_.token_hold};

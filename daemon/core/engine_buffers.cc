@@ -310,6 +310,10 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Engine::GetMemberSegment(
   int index = -1;
   absl::StatusOr<const Mesh*> mesh = SegmentMeshLocked(**s, mesh_id, &index);
   if (!mesh.ok()) return mesh.status();
+  if (!(*s)->member_side) {
+    (*s)->member_side = true;
+    member_side_sessions_.fetch_add(1, std::memory_order_relaxed);
+  }
   return (*mesh)->segment;
 }
 

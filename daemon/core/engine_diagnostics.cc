@@ -263,6 +263,7 @@ EngineStats Engine::GetStats() {
     if (mesh->segment) resp.member_side_ops += MostMemberSideOps(mesh->seg);
   }
   resp.member_segment_bytes = static_cast<int64_t>(segment_bytes_);
+  resp.member_side_sessions = member_side_sessions();
   int64_t buffers = 0;
   std::map<std::string, DeviceBuffers> by_device;
   for (const auto& [id, s] : sessions_) {

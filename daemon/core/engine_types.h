@@ -195,6 +195,7 @@ struct EngineStats {
   int64_t submitted_unary = 0;
   int64_t member_side_ops = 0;
   int64_t member_segment_bytes = 0;
+  int32_t member_side_sessions = 0;
 };
 
 }  // namespace collectived

@@ -188,7 +188,7 @@ class FastPath::Queue : public std::enable_shared_from_this<FastPath::Queue> {
 };
 
 bool SpinBudget::TryStartSpin() {
-  const int busy = polling_members_.load();
+  const int busy = polling_members_();
   int spinning = spinning_.load();
   do {
     if (busy + spinning >= cpus_) return false;
@@ -204,7 +204,9 @@ int UsableCpus() {
 }  // namespace
 
 FastPath::FastPath(Engine* engine, FastPathOptions options, int cpus)
-    : engine_(engine), options_(options), budget_(cpus > 0 ? cpus : UsableCpus()) {}
+    : engine_(engine),
+      options_(options),
+      budget_(cpus > 0 ? cpus : UsableCpus(), [engine] { return engine->member_side_sessions(); }) {}
 
 absl::StatusOr<int> FastPath::Open(const std::string& session_id) {
   MutexLock lock(&mu_);

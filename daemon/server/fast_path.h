@@ -17,6 +17,7 @@
 #define COLLECTIVED_DAEMON_SERVER_FAST_PATH_H_
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,14 +37,14 @@ struct FastPathOptions {
 
 // How many threads may poll at once without taking a CPU that a polling
 // member needs: the daemon's usable CPUs, less the members that poll for
-// each other (sessions that took a mesh's member-side segment, which poll
-// when their process has a CPU per member), less the threads polling now.
-// Thread-safe.
+// each other (Engine::member_side_sessions: the sessions that took a mesh's
+// member-side segment; their members poll when their process has a CPU per
+// member), less the threads polling now. Thread-safe.
 class SpinBudget {
  public:
-  explicit SpinBudget(int cpus) : cpus_(cpus) {}
-  // A session took its first member-side segment (+1) or closed (-1).
-  void AddPollingMembers(int delta) { polling_members_.fetch_add(delta); }
+  // `polling_members` is asked at every TryStartSpin.
+  SpinBudget(int cpus, std::function<int()> polling_members)
+      : cpus_(cpus), polling_members_(std::move(polling_members)) {}
   // Whether the caller may poll now; if so it must call EndSpin once done.
   bool TryStartSpin();
   void EndSpin() { spinning_.fetch_sub(1); }
@@ -51,7 +52,7 @@ class SpinBudget {
 
  private:
   const int cpus_;
-  std::atomic<int> polling_members_{0};
+  const std::function<int()> polling_members_;
   std::atomic<int> spinning_{0};
 };
 
@@ -78,8 +79,7 @@ class FastPath {
   void Close(const std::string& session_id);
   // Closes every queue and refuses new ones. Idempotent.
   void Stop();
-  // What the queue threads' polling is bounded by; the side channel counts
-  // the sessions that took a member-side segment in it.
+  // What the queue threads' polling is bounded by.
   SpinBudget& spin_budget() { return budget_; }
 
   class Queue;

@@ -160,21 +160,22 @@ TEST_F(FastPathTest, ManyOpsThroughTheQueuesAreExact) {
 // The queue threads poll only while a CPU is free for them: at most the
 // CPUs less the members that poll member-side, less those polling already.
 TEST(SpinBudgetTest, LeavesTheCpusOfPollingMembersAlone) {
-  SpinBudget budget(2);
+  int members = 0;
+  SpinBudget budget(2, [&members] { return members; });
   EXPECT_EQ(budget.cpus(), 2);
   EXPECT_TRUE(budget.TryStartSpin());
   EXPECT_TRUE(budget.TryStartSpin());
   EXPECT_FALSE(budget.TryStartSpin()) << "a third poller on 2 CPUs";
   budget.EndSpin();
-  budget.AddPollingMembers(1);
+  members = 1;
   EXPECT_FALSE(budget.TryStartSpin()) << "one member polls and one thread does: no CPU free";
   budget.EndSpin();
   EXPECT_TRUE(budget.TryStartSpin());
   EXPECT_FALSE(budget.TryStartSpin());
   budget.EndSpin();
-  budget.AddPollingMembers(1);
+  members = 2;
   EXPECT_FALSE(budget.TryStartSpin()) << "two polling members on 2 CPUs";
-  budget.AddPollingMembers(-2);
+  members = 0;
   EXPECT_TRUE(budget.TryStartSpin()) << "the members' sessions closed";
   budget.EndSpin();
 }
@@ -183,8 +184,9 @@ TEST(SpinBudgetTest, LeavesTheCpusOfPollingMembersAlone) {
 // served, through the futex.
 TEST_F(FastPathTest, QueuesWithoutAFreeCpuAreServedAsleep) {
   fast_->Stop();
-  fast_ = std::make_unique<FastPath>(engine_.get(), FastPathOptions{}, /*cpus=*/2);
-  fast_->spin_budget().AddPollingMembers(2);
+  fast_ = std::make_unique<FastPath>(engine_.get(), FastPathOptions{}, /*cpus=*/1);
+  ASSERT_TRUE(fast_->spin_budget().TryStartSpin()) << "nothing polls yet";
+  // This test polls the only CPU the budget has from now on.
   const int n = 2;
   const int64_t elements = 16;
   auto members = Open(n, elements);
@@ -205,6 +207,7 @@ TEST_F(FastPathTest, QueuesWithoutAFreeCpuAreServedAsleep) {
   }
   for (auto& t : threads) t.join();
   EXPECT_FALSE(fast_->spin_budget().TryStartSpin());
+  fast_->spin_budget().EndSpin();
 }
 
 // A bad entry fails only that op; impossible counters close the session,

@@ -62,7 +62,6 @@ void SideChannel::CloseConn(int fd) {
   if (it == conns_.end()) return;
   std::string session = it->second.session_id;
   if (session.empty()) NoLongerUnattached(it->second.uid);
-  if (it->second.polls_member_side) fast_path_->spin_budget().AddPollingMembers(-1);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   close(fd);
   conns_.erase(it);
@@ -251,21 +250,6 @@ void SideChannel::HandlePeerFd(int fd, const Conn& conn, const std::vector<std::
   close(read_only);
 }
 
-void SideChannel::HandleSegment(int fd, Conn& conn, const std::string& mesh_id) {
-  auto segment = engine_->GetMemberSegment(conn.session_id, mesh_id);
-  if (!segment.ok()) {
-    Reply(fd, ErrorReply(segment.status()));
-    return;
-  }
-  // Its member polls for the others from now on (MemberOps): the queue
-  // threads leave it a CPU.
-  if (!conn.polls_member_side && fast_path_ != nullptr) {
-    conn.polls_member_side = true;
-    fast_path_->spin_budget().AddPollingMembers(1);
-  }
-  Reply(fd, absl::StrCat(side::kOk, " ", (*segment)->size()), (*segment)->fd());
-}
-
 void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) {
   std::vector<std::string> words = absl::StrSplit(request, ' ', absl::SkipEmpty());
   if (words.size() == 3 && words[0] == side::kAttach) {
@@ -322,7 +306,12 @@ void SideChannel::HandleRequest(int fd, Conn& conn, const std::string& request) 
       return;
     }
     if (words[0] == side::kSegment) {
-      HandleSegment(fd, conn, words[1]);
+      auto segment = engine_->GetMemberSegment(conn.session_id, std::string(words[1]));
+      if (!segment.ok()) {
+        Reply(fd, ErrorReply(segment.status()));
+        return;
+      }
+      Reply(fd, absl::StrCat(side::kOk, " ", (*segment)->size()), (*segment)->fd());
       return;
     }
     uint32_t d = 0, s = 0;

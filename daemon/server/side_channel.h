@@ -70,9 +70,6 @@ class SideChannel {
     int pid = 0;
     int uid = -1;
     absl::Time attach_deadline;  // while unattached
-    // It took a mesh's member-side segment (counted in the fast path's
-    // SpinBudget until it closes).
-    bool polls_member_side = false;
   };
   void Loop();
   // Accepts what the limits allow from the listen backlog.
@@ -91,8 +88,6 @@ class SideChannel {
   // Sends a reply without blocking; on failure the connection is closed after
   // this round of events. Returns whether it was sent.
   bool Reply(int fd, const std::string& data, int pass_fd = -1);
-  // "SEGMENT <mesh id>" (common/side_protocol.h), the words checked.
-  void HandleSegment(int fd, Conn& conn, const std::string& mesh_id);
   // "PEERFD <mesh id> <member> <buffer id>" (common/side_protocol.h).
   void HandlePeerFd(int fd, const Conn& conn, const std::vector<std::string>& words);
 

@@ -189,6 +189,7 @@ v1::GetStatsResponse ToProto(const EngineStats& stats) {
   resp.set_submitted_unary(stats.submitted_unary);
   resp.set_member_side_ops(stats.member_side_ops);
   resp.set_member_segment_bytes(stats.member_segment_bytes);
+  resp.set_member_side_sessions(stats.member_side_sessions);
   return resp;
 }
 

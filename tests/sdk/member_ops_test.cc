@@ -246,6 +246,10 @@ TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
       }
     }
   }
+  // Every member took its mesh's segment: the daemon's polling threads
+  // leave their CPUs alone (FastPath's SpinBudget).
+  EXPECT_EQ(Stats(*member_side->daemon).member_side_sessions(), kN);
+  EXPECT_EQ(Stats(*daemon_side->daemon).member_side_sessions(), 0);
   // Every op above fits the default 64 KiB: none went through the daemon.
   EXPECT_EQ(DaemonOps(*member_side->daemon), daemon_ops_before);
   EXPECT_GT(DaemonOps(*daemon_side->daemon), 0);
@@ -264,6 +268,28 @@ TEST(MemberOpsTest, ResultsEqualTheDaemonPathAndTheDaemonRunsNone) {
     ASSERT_EQ(info.members_size(), kN);
     for (const v1::Member& m : info.members()) EXPECT_EQ(m.member_side_ops(), ran) << m.index();
   }
+}
+
+// The daemon counts the sessions whose members poll member-side while they
+// are open (GetStats.member_side_sessions; its queue threads poll only on
+// the CPUs left).
+TEST(MemberOpsTest, SessionsThatPollMemberSideAreCountedWhileOpen) {
+  auto r = Members::Start(2, {}, "counted");
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(r->mesh(0).member_side().ok()) << r->mesh(0).member_side();
+  ExpectAllOk(OnAll(2, [&](int i) { return r->mesh(i).barrier(); }));
+  EXPECT_EQ(Stats(*r->daemon).member_side_sessions(), 2);
+  r->out.pop_back();
+  r->m.meshes.pop_back();
+  r->m.buffers.pop_back();
+  r->m.clients.pop_back();  // member 1's session closes
+  int32_t counted = -1;
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(5))) {
+    counted = Stats(*r->daemon).member_side_sessions();
+    if (counted == 1) break;
+  }
+  EXPECT_EQ(counted, 1) << "member 1's session closed";
 }
 
 TEST(MemberOpsLayoutTest, EverySegmentFitsItsLimitAndReadsBack) {
