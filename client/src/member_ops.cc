@@ -263,6 +263,15 @@ absl::Status MemberOps::DaemonLost() {
 }
 
 absl::Status MemberOps::Abandon(absl::Status status) {
+  // This member's entry at its place goes first, then the mark: a member
+  // that then looks finds the entry gone and the mesh broken, and fails.
+  // One that found every entry of a place after reads before that had
+  // finished its own reads when it published there: its result stands.
+  Entry* mine = view_.entry(index_, s_);
+  const uint64_t key = mine->key.load(std::memory_order_relaxed);
+  if (key != 0 && (key & 0xffffff) == (s_ & 0xffffff)) {
+    mine->key.store(0, std::memory_order_seq_cst);
+  }
   MarkBroken(absl::StrCat("a member gave up on a member-side op: ", status.message()));
   return status;
 }
@@ -743,12 +752,13 @@ absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, absl::string_view sign
         "member-side ", plan.signature, ": a member did not confirm ", what,
         " at the place after the op's (a corrupt segment?)")));
   }
-  if (!done->ok()) return *done;
-  // Every member came, but one may have given up since (interrupted, or
-  // timed out waiting here) and returned: its program may then have changed
-  // its buffers while the others still read them. The mesh is broken either
-  // way; this member's result is not trusted.
-  return Broken();
+  // Every member came: each had finished its reads when it published here,
+  // so none of them reads this member's buffers any more, nor was a buffer
+  // this member read changed meanwhile (a member that gives up takes its
+  // entry back first: see Abandon). A member that left or broke the mesh
+  // since does not change this op's outcome (as on the daemon path, where
+  // an op every member submitted completes).
+  return *done;
 }
 
 std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
