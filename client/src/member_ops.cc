@@ -18,6 +18,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "collectived/member_ops_code.h"
+#include "common/cpu_mask.h"
 #include "common/fast_queue.h"
 #include "plan/wire_plan.h"
 
@@ -74,37 +75,6 @@ bool BusyPoll(Ready ready, Yield yield) {
   return true;
 }
 
-// A CPU affinity mask, sized for hosts with more CPUs than cpu_set_t's 1024.
-class CpuMask {
- public:
-  static constexpr int kMaxCpus = 8192;
-  CpuMask() : set_(CPU_ALLOC(kMaxCpus)), bytes_(CPU_ALLOC_SIZE(kMaxCpus)) {
-    if (set_ != nullptr) CPU_ZERO_S(bytes_, set_);
-  }
-  ~CpuMask() {
-    if (set_ != nullptr) CPU_FREE(set_);
-  }
-  CpuMask(const CpuMask&) = delete;
-  CpuMask& operator=(const CpuMask&) = delete;
-  // The calling thread's mask; false when it cannot be read.
-  bool ReadThisThread() { return set_ != nullptr && sched_getaffinity(0, bytes_, set_) == 0; }
-  // Makes this the calling thread's mask; false when the kernel refuses.
-  bool ApplyToThisThread() const {
-    return set_ != nullptr && sched_setaffinity(0, bytes_, set_) == 0;
-  }
-  int Count() const { return CPU_COUNT_S(bytes_, set_); }
-  void Remove(int cpu) { CPU_CLR_S(cpu, bytes_, set_); }
-
- private:
-  cpu_set_t* set_;
-  size_t bytes_;
-};
-
-// The CPUs this thread may run on.
-int UsableCpus() {
-  CpuMask mask;
-  return mask.ReadThisThread() ? mask.Count() : 1;
-}
 
 bool KindRunsHere(OpKind kind) {
   switch (kind) {
@@ -268,8 +238,7 @@ absl::Status MemberOps::Abandon(absl::Status status) {
   // One that found every entry of a place after reads before that had
   // finished its own reads when it published there: its result stands.
   Entry* mine = view_.entry(index_, s_);
-  const uint64_t key = mine->key.load(std::memory_order_relaxed);
-  if (key != 0 && (key & 0xffffff) == (s_ & 0xffffff)) {
+  if (unused_key_ != 0 && mine->key.load(std::memory_order_relaxed) == unused_key_) {
     mine->key.store(0, std::memory_order_seq_cst);
   }
   MarkBroken(absl::StrCat("a member gave up on a member-side op: ", status.message()));

@@ -5,9 +5,8 @@
 #include <cstring>
 #include <thread>
 
-#include <sched.h>
-
 #include "absl/strings/str_cat.h"
+#include "common/cpu_mask.h"
 #include "common/fast_queue.h"
 #include "daemon/memory/shared_buffer.h"
 #include "daemon/server/wire.h"
@@ -195,13 +194,6 @@ bool SpinBudget::TryStartSpin() {
   } while (!spinning_.compare_exchange_weak(spinning, spinning + 1));
   return true;
 }
-
-namespace {
-int UsableCpus() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
-}
-}  // namespace
 
 FastPath::FastPath(Engine* engine, FastPathOptions options, int cpus)
     : engine_(engine),
