@@ -107,6 +107,11 @@ absl::Status CpuExecutor::Run(const OpPlan& plan, const std::vector<MemberIo>& i
   return absl::OkStatus();
 }
 
+bool CpuExecutor::SmallReductionOrGather(const OpPlan& plan) const {
+  return (IsReduction(plan.kind) || plan.kind == OpKind::kAllGather) &&
+         plan.bytes_touched() <= options_.serial_bytes;
+}
+
 bool CpuExecutor::Streams(const OpPlan& plan) const {
   return plan.bytes_touched() >= options_.stream_bytes;
 }
@@ -234,15 +239,13 @@ void CpuExecutor::RunGather(const OpPlan& plan, const std::vector<MemberIo>& io)
 }
 
 bool CpuExecutor::RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& io, int member) {
-  const bool reduction = IsReduction(plan.kind);
-  if (!(reduction || plan.kind == OpKind::kAllGather) ||
-      plan.bytes_touched() > options_.serial_bytes || member < 0 ||
+  if (!SmallReductionOrGather(plan) || member < 0 ||
       static_cast<size_t>(member) >= plan.group_of.size() || plan.group_of[member] < 0) {
     return false;
   }
   const std::vector<int>& group = plan.groups[static_cast<size_t>(plan.group_of[member])];
   const bool stream = Streams(plan);
-  if (reduction) {
+  if (IsReduction(plan.kind)) {
     const size_t count = plan.in_bytes / DTypeSize(plan.dtype);
     if (count > 0) ReduceGroupRange(plan, io, group, 0, count, stream);
   } else if (plan.in_bytes > 0) {
@@ -255,12 +258,8 @@ bool CpuExecutor::RunOneMember(const OpPlan& plan, const std::vector<MemberIo>& 
 
 bool CpuExecutor::RunSmallGroup(const OpPlan& plan, const void* const* inputs,
                                 void* out) const {
-  const bool reduction = IsReduction(plan.kind);
-  if (!(reduction || plan.kind == OpKind::kAllGather) || plan.groups.size() != 1 ||
-      plan.bytes_touched() > options_.serial_bytes || Streams(plan)) {
-    return false;
-  }
-  if (reduction) {
+  if (!SmallReductionOrGather(plan) || plan.groups.size() != 1 || Streams(plan)) return false;
+  if (IsReduction(plan.kind)) {
     if (plan.ReducesNothing()) return false;
     const size_t count = plan.in_bytes / DTypeSize(plan.dtype);
     if (count > 0) ReduceInputs(plan, inputs, &out, 1, count, /*stream=*/false);

@@ -71,6 +71,9 @@ class CpuExecutor final : public Executor {
   bool Streams(const OpPlan& plan) const;
 
  private:
+  // Whether `plan` is a psum, pmean, pmax, pmin or all_gather small enough
+  // for the calling thread alone (RunOneMember, RunSmallGroup).
+  bool SmallReductionOrGather(const OpPlan& plan) const;
   // fn(0..n) for `plan`, on the pool unless the op is small (then with no
   // allocation: a small op's whole run is a few hundred nanoseconds).
   void ParallelFor(const OpPlan& plan, size_t n, absl::FunctionRef<void(size_t)> fn);
