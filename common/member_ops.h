@@ -61,7 +61,7 @@
 namespace collectived::member_ops {
 
 inline constexpr uint32_t kMagic = 0x3153434d;  // "MCS1"
-inline constexpr uint32_t kVersion = 4;
+inline constexpr uint32_t kVersion = 5;
 // Header::code: which code plans and computes the ops (the daemon's
 // COLLECTIVED_MEMBER_OPS_CODE, cmake/MemberOpsCode.cmake). A member runs
 // ops member-side only when its SDK's is the same: the daemon and every
@@ -116,12 +116,20 @@ inline constexpr size_t kSmallInput = 40;
 struct Entry {
   // Member: (D + 1) << 24 | (S & 0xffffff), stored last (seq_cst); 0: none.
   std::atomic<uint64_t> key;
+  // Member: how many times it wrote new text into `signature` (the text
+  // differed from what was there). A member that found a peer's signature
+  // equal to its own compares it again only once either text changed
+  // (client/src/member_ops.cc, MemberOps::SameSignature): in the key's
+  // line, which the waiter has fetched already.
+  uint64_t sig_gen;
   uint32_t sig_len;
   uint32_t in_bytes;
-  int64_t published_ns;  // CLOCK_MONOTONIC, when the member published it
   // The input, when it is at most kSmallInput bytes (else in the payload).
   uint8_t small[kSmallInput];
   char signature[kMaxSignature];
+  // CLOCK_MONOTONIC, when the member published it (diagnostics only: not in
+  // the key's line, which the others poll).
+  int64_t published_ns;
   // Member, for an op whose members read each other's inputs
   // (client/src/member_reads.cc): the input's buffer (its id, in_id_len
   // bytes, is the start of the entry's payload) and offset there; for a

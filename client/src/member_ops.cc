@@ -211,7 +211,8 @@ MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, Mesh
       executor_(CpuExecutorOptions{.threads = 1,
                                    .serial_bytes = std::numeric_limits<size_t>::max()}),
       peer_fd_(std::move(peer_fd)),
-      peer_maps_(layout.members) {}
+      peer_maps_(layout.members),
+      compared_(size_t{layout.members} * 2) {}
 
 MemberOps::~MemberOps() {
   for (const std::vector<PeerMapping>& maps : peer_maps_) {
@@ -380,26 +381,38 @@ absl::Status MemberOps::SleepUntil(absl::FunctionRef<bool()> ready, absl::string
   }
 }
 
-void MemberOps::WriteSignature(Entry& mine, uint64_t s, absl::string_view signature) {
+void MemberOps::WriteSignature(Entry& mine, uint64_t s, Signature signature) {
   // The signature is written only when it changed: a loop's ops then leave
-  // its cache lines alone, and the other members, who compare it, keep
-  // their copies instead of fetching them again at every op. The cached
-  // plan's signature, once written in this entry, is not even compared.
-  const bool plan_signature = cached_plan_.has_value() &&
-                              signature.data() == cached_plan_->signature.data() &&
-                              signature.size() == cached_plan_->signature.size();
-  const uint64_t signature_plan = plan_signature ? plan_number_ : 0;
-  uint64_t& written = signature_plan_written_[s & 1];
-  if (signature_plan != 0 && written == signature_plan) return;
-  if (mine.sig_len != signature.size() ||
-      std::memcmp(mine.signature, signature.data(), signature.size()) != 0) {
-    mine.sig_len = static_cast<uint32_t>(signature.size());
-    std::memcpy(mine.signature, signature.data(), signature.size());
+  // its cache lines alone (and its generation, which tells the others that
+  // compared it that it is the same). A numbered signature, once written in
+  // this entry, is not even compared.
+  uint64_t& written = signature_written_[s & 1];
+  if (signature.number != 0 && written == signature.number) return;
+  const absl::string_view text = signature.text;
+  if (mine.sig_len != text.size() || std::memcmp(mine.signature, text.data(), text.size()) != 0) {
+    mine.sig_len = static_cast<uint32_t>(text.size());
+    std::memcpy(mine.signature, text.data(), text.size());
+    mine.sig_gen = mine.sig_gen + 1;  // only this member writes it
   }
-  written = signature_plan;
+  written = signature.number;
 }
 
-std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const uint8_t* payload,
+bool MemberOps::SameSignature(uint32_t m, uint64_t s, const Entry& theirs, const Entry& mine,
+                              uint64_t number) {
+  // Both texts are as they were when found equal: member m's generation is
+  // the same, and so is this member's number (numbers are never reused).
+  Compared& last = compared_[size_t{m} * 2 + (s & 1)];
+  const uint64_t gen = theirs.sig_gen;
+  if (number != 0 && last.number == number && last.gen == gen) return true;
+  if (theirs.sig_len != mine.sig_len ||
+      std::memcmp(theirs.signature, mine.signature, mine.sig_len) != 0) {
+    return false;
+  }
+  last = Compared{gen, number};
+  return true;
+}
+
+std::optional<absl::Status> MemberOps::Meet(Signature signature, const uint8_t* payload,
                                             uint64_t payload_bytes, int64_t now,
                                             absl::Duration timeout) {
   // Publish this member's entry at (D, S).
@@ -462,7 +475,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   // The peers are usually here within a microsecond: the deadlines are
   // computed only when they are not.
   if (!here) {
-    if (absl::Status st = SleepUntil(ready, signature, d, s, timeout); !st.ok()) return st;
+    if (absl::Status st = SleepUntil(ready, signature.text, d, s, timeout); !st.ok()) return st;
   }
   if (!all_here) {
     if (daemon_path) return std::nullopt;  // the daemon path says the rest
@@ -471,9 +484,7 @@ std::optional<absl::Status> MemberOps::Meet(absl::string_view signature, const u
   for (uint32_t m = 0; m < members; ++m) {
     if (m == index_) continue;
     const Entry* e = view_.entry(m, s);
-    if (e->sig_len != mine->sig_len ||
-        std::memcmp(e->signature, mine->signature, mine->sig_len) != 0 ||
-        e->in_bytes != mine->in_bytes) {
+    if (e->in_bytes != mine->in_bytes || !SameSignature(m, s, *e, *mine, signature.number)) {
       return std::nullopt;  // the daemon reports who submitted what
     }
   }
@@ -528,7 +539,8 @@ std::optional<absl::Status> MemberOps::TryRun(const MemberOpKey& op,
   if (moves_data && !RegionsFit(plan, io)) return std::nullopt;  // the daemon says what is wrong
 
   if (std::optional<absl::Status> met =
-          Meet(plan.signature, io.in, moves_data ? plan.in_bytes : 0, now, op_timeout_);
+          Meet({plan.signature, PlaceNumber(Place::kOp)}, io.in, moves_data ? plan.in_bytes : 0,
+               now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
@@ -678,12 +690,13 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   // this prefix.
   const absl::string_view kWritten(member_ops::kWrittenPlace);
   signature_.clear();
+  signature_number_ = 0;  // the region is in the text
   absl::StrAppend(&signature_, kWritten, plan.signature, " into shared buffer ",
                   *io.shared_out, " at ", io.out_offset);
   if (signature_.size() > member_ops::kMaxSignature) return std::nullopt;
   const absl::string_view agree = absl::string_view(signature_).substr(kWritten.size());
   if (std::optional<absl::Status> met =
-          Meet(agree, io.in, reduction ? plan.in_bytes : 0, now, op_timeout_);
+          Meet({agree}, io.in, reduction ? plan.in_bytes : 0, now, op_timeout_);
       !met || !met->ok()) {
     return met;
   }
@@ -704,7 +717,7 @@ std::optional<absl::Status> MemberOps::RunIntoShared(const OpPlan& plan, const M
   return FinishAtNextPlace(plan, "the result written into a shared buffer", Path::kShared);
 }
 
-absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, absl::string_view signature,
+absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, Signature signature,
                                       absl::string_view what) {
   // The others are still working meanwhile: on the daemon path the op would
   // be running, which no op timeout bounds. Here the wait is bounded all the
@@ -732,7 +745,10 @@ absl::Status MemberOps::MeetAfterWork(const OpPlan& plan, absl::string_view sign
 
 std::optional<absl::Status> MemberOps::FinishAtNextPlace(const OpPlan& plan,
                                                          absl::string_view what, Path path) {
-  if (absl::Status done = MeetAfterWork(plan, signature_, what); !done.ok()) return done;
+  if (absl::Status done = MeetAfterWork(plan, {signature_, signature_number_}, what);
+      !done.ok()) {
+    return done;
+  }
   Advance();
   Completed(path);
   return absl::OkStatus();

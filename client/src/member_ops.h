@@ -220,6 +220,19 @@ class MemberOps {
  private:
   MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, MeshShape shape, int index,
             absl::Duration op_timeout, int live_fd, ExpiredFn expired, PeerFdFn peer_fd);
+  // A place's signature: its text, and a number that stands for that text
+  // among this member's places (0: none). Equal numbers are equal texts:
+  // Meet neither writes a numbered text its entry holds already nor
+  // compares it again with a peer's it found equal before (SameSignature).
+  struct Signature {
+    absl::string_view text;
+    uint64_t number = 0;
+  };
+  // The places of an op, numbered per cached plan (PlaceNumber).
+  enum class Place : uint64_t { kOp = 1, kRead, kReadDone, kReduced, kCount };
+  uint64_t PlaceNumber(Place place) const {
+    return plan_number_ * static_cast<uint64_t>(Place::kCount) + static_cast<uint64_t>(place);
+  }
   // Publishes this member's entry at its next place (D, S) with `signature`
   // and `payload_bytes` of `payload`, and waits until every member's entry
   // for that place is there. OK: every entry is there with the same
@@ -228,11 +241,15 @@ class MemberOps {
   // path at this place, or the entries differ). Otherwise the op's error (a
   // broken mesh, a missing member, the daemon gone). `now`: CoarseMonotonicNs;
   // `timeout`: how long to wait before asking the daemon who is missing.
-  std::optional<absl::Status> Meet(absl::string_view signature, const uint8_t* payload,
+  std::optional<absl::Status> Meet(Signature signature, const uint8_t* payload,
                                    uint64_t payload_bytes, int64_t now, absl::Duration timeout);
   // Meet's: `signature` into this member's entry `mine` at place `s`,
   // unless it is there already.
-  void WriteSignature(member_ops::Entry& mine, uint64_t s, absl::string_view signature);
+  void WriteSignature(member_ops::Entry& mine, uint64_t s, Signature signature);
+  // Meet's: whether member m's entry `theirs` at place `s` has the
+  // signature of this member's `mine` (numbered `number`).
+  bool SameSignature(uint32_t m, uint64_t s, const member_ops::Entry& theirs,
+                     const member_ops::Entry& mine, uint64_t number);
   // Whether a member other than this one last ran on this member's CPU.
   bool PeerOnThisCpu() const;
   // Members that share a CPU hand it to each other through futex sleeps and
@@ -344,8 +361,10 @@ class MemberOps {
   // Sets signature_ to the last place's signature of an op that reads
   // (ProbeReads, GatherByReads, ReduceByReads, ReduceBySplitReads): the
   // first place's with kDonePlace before it; returns the first's,
-  // `first_prefix` and `plan`'s signature (a view into signature_).
-  absl::string_view TwoPlaces(absl::string_view first_prefix, const OpPlan& plan);
+  // `first_prefix` and `plan`'s signature (a view into signature_). With
+  // `numbered` (the reads, not the probe), the places are numbered
+  // Place::kRead and kReadDone, and texts built for this plan are kept.
+  Signature TwoPlaces(absl::string_view first_prefix, const OpPlan& plan, bool numbered);
   // The first place of GatherByReads and ReduceByReads: publishes where
   // this member's input is and meets the others (signature_ becomes the
   // second place's signature). Meet's outcome.
@@ -367,8 +386,7 @@ class MemberOps {
   // with room for the others' work: OK once every member is there;
   // otherwise the wait's error, or (another path taken there, which no
   // member following the protocol takes) INTERNAL naming `what`.
-  absl::Status MeetAfterWork(const OpPlan& plan, absl::string_view signature,
-                             absl::string_view what);
+  absl::Status MeetAfterWork(const OpPlan& plan, Signature signature, absl::string_view what);
   // Runs `plan` on the inputs in the segment at place S, writing this
   // member's result to `out` (the daemon's code and floating-point
   // environment).
@@ -418,12 +436,16 @@ class MemberOps {
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
   std::vector<MemberIo> ios_;  // TryRun's executor arguments, kept to reuse
-  std::string signature_;      // the last place's signature of an op of several, kept to reuse
+  // The last place's signature of an op of several, kept to reuse, and its
+  // number (0: none).
+  std::string signature_;
+  uint64_t signature_number_ = 0;
   std::vector<uint8_t> scratch_;  // ReduceByReads' results in place, kept to reuse
   // ReduceBySplitReads': each member's output (null: this member's, and
   // the other groups'), and its second place's signature, kept to reuse.
   std::vector<const uint8_t*> shares_from_;
   std::string reduced_place_;
+  uint64_t reduced_place_number_ = 0;
   member_reads::ShareStores share_stores_;  // when this member decides for its group
   // Whether the members of this mesh read each other's inputs
   // (ProbeReads decides, the same for every member), and why not.
@@ -469,10 +491,17 @@ class MemberOps {
   CachedKey cached_key_;
   // Counts the plans cached so far (the current one's number; 0: none).
   uint64_t plan_number_ = 0;
-  // By entry (S mod 2): the number of the cached plan whose signature Meet
-  // last wrote there, or 0 when it wrote another signature (Meet then
-  // compares before writing).
-  uint64_t signature_plan_written_[2] = {0, 0};
+  // By entry (S mod 2): the number of the signature Meet last wrote there,
+  // or 0 when it had none (Meet then compares before writing).
+  uint64_t signature_written_[2] = {0, 0};
+  // By member and entry (m * 2 + S mod 2): the member's Entry::sig_gen and
+  // this member's signature number when Meet last found the two texts
+  // equal (number 0: never).
+  struct Compared {
+    uint64_t gen = 0;
+    uint64_t number = 0;
+  };
+  std::vector<Compared> compared_;
   int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
   uint32_t last_cpu_ = 0;         // the CPU last stored in this member's slot
   int64_t last_move_ns_ = 0;      // when it last moved off a member's CPU

@@ -144,15 +144,22 @@ absl::StatusOr<const uint8_t*> MemberOps::MemberRegion(uint32_t m, const Entry& 
   return base + offset;
 }
 
-absl::string_view MemberOps::TwoPlaces(absl::string_view first_prefix, const OpPlan& plan) {
-  signature_.clear();
-  absl::StrAppend(&signature_, member_ops::kDonePlace, first_prefix, plan.signature);
-  return absl::string_view(signature_).substr(absl::string_view(member_ops::kDonePlace).size());
+MemberOps::Signature MemberOps::TwoPlaces(absl::string_view first_prefix, const OpPlan& plan,
+                                          bool numbered) {
+  const uint64_t first_number = numbered ? PlaceNumber(Place::kRead) : 0;
+  const uint64_t done_number = numbered ? PlaceNumber(Place::kReadDone) : 0;
+  if (!numbered || signature_number_ != done_number) {
+    signature_.clear();
+    absl::StrAppend(&signature_, member_ops::kDonePlace, first_prefix, plan.signature);
+    signature_number_ = done_number;
+  }
+  return {absl::string_view(signature_).substr(absl::string_view(member_ops::kDonePlace).size()),
+          first_number};
 }
 
 std::optional<absl::Status> MemberOps::MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
                                                   int64_t now) {
-  const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
+  const Signature first = TwoPlaces(member_ops::kReadPlace, plan, /*numbered=*/true);
   PublishWhere(io.in_id, io.in_offset, nullptr, 0);
   return Meet(first, nullptr, 0, now, op_timeout_);
 }
@@ -185,7 +192,7 @@ absl::Status MemberOps::WhyNotRead() const {
 std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t now) {
   // The places name the op they come before (a member waiting at one is
   // waiting in that op).
-  const absl::string_view first = TwoPlaces(member_ops::kProbePlace, plan);
+  const Signature first = TwoPlaces(member_ops::kProbePlace, plan, /*numbered=*/false);
   // First place: every member says who it runs as.
   PublishWhere(nullptr, 0, nullptr, 0);
   view_.entry(index_, s_)->uid = static_cast<uint32_t>(getuid());
@@ -200,7 +207,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   view_.entry(index_, s_)->read_failed = (why_not.ok() ? 0 : member_ops::kNoReads) |
                                          (busy_poll_ ? 0 : member_ops::kNoCpuOfItsOwn);
   std::optional<absl::Status> probed =
-      Meet(signature_, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
+      Meet({signature_}, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
   if (!probed) {
     return Abandon(absl::InternalError(
         "member-side probe of reads: a member did not confirm it at the place after the "
@@ -331,7 +338,7 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
                                                           const MemberIoRegion& io, uint8_t* out,
                                                           int64_t now) {
   // First place: every member publishes where its input and its output are.
-  const absl::string_view first = TwoPlaces(member_ops::kReadPlace, plan);
+  const Signature first = TwoPlaces(member_ops::kReadPlace, plan, /*numbered=*/true);
   const auto [out_id, out_offset] = ResultWhere(io);
   PublishWhere(io.in_id, io.in_offset, out_id, out_offset);
   // The group's first member says how its members write their shares.
@@ -354,9 +361,13 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
   if (absl::Status st = ReduceShare(plan, begin, len, stream); !st.ok()) return Abandon(st);
   Advance();
   // Second place: every share is written (and every input read).
-  reduced_place_.clear();
-  absl::StrAppend(&reduced_place_, member_ops::kReducedPlace, plan.signature);
-  if (absl::Status met = MeetAfterWork(plan, reduced_place_, "its share of the result reduced");
+  if (reduced_place_number_ != PlaceNumber(Place::kReduced)) {
+    reduced_place_.clear();
+    absl::StrAppend(&reduced_place_, member_ops::kReducedPlace, plan.signature);
+    reduced_place_number_ = PlaceNumber(Place::kReduced);
+  }
+  if (absl::Status met = MeetAfterWork(plan, {reduced_place_, reduced_place_number_},
+                                       "its share of the result reduced");
       !met.ok()) {
     return met;
   }

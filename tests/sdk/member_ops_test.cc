@@ -1629,6 +1629,7 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
       e.in_bytes = 0;
       e.sig_len = static_cast<uint32_t>(signature.size());
       std::memcpy(e.signature, signature.data(), signature.size());
+      ++e.sig_gen;  // new text (Entry::sig_gen)
       e.in_id_len = static_cast<uint32_t>(buffer.size());
       std::memcpy(view.payload(0, s), buffer.data(), buffer.size());
       e.in_offset = offset;
