@@ -438,23 +438,29 @@ TEST(MemberOpsTest, DifferingOpsFailEverywhereAndTheMeshGoesOn) {
   auto r = Members::Start(kN, {});
   ASSERT_NE(r, nullptr);
   // After a loop of agreeing ops (which leaves each entry's signature in
-  // place, at either parity of the place), one member changes its op to one
-  // of the same size (so only the signatures can tell them apart).
-  for (int agreeing : {2, 3}) {
-    SCOPED_TRACE(absl::StrCat(agreeing, " agreeing ops before"));
-    for (int k = 0; k < agreeing; ++k) {
-      ExpectAllOk(OnAll(kN, [&](int i) {
-        return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {4}), "x");
-      }));
-    }
-    const std::vector<absl::Status> st = OnAll(kN, [&](int i) {
-      const std::vector<int64_t> shape = i == 0 ? std::vector<int64_t>{4} : std::vector<int64_t>{2, 2};
-      return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], shape), "x");
-    });
-    for (int i = 0; i < kN; ++i) {
-      EXPECT_EQ(st[i].code(), absl::StatusCode::kFailedPrecondition) << st[i];
-      EXPECT_CONTAINS(st[i].message(), "f32[4]");
-      EXPECT_CONTAINS(st[i].message(), "f32[2,2]");
+  // place, at either parity of the place, and each member's finding that
+  // the others' equal its own), one member changes its op to one of the
+  // same size (so only the signatures can tell them apart): 16 B go
+  // through the segment, 1 KiB are read from the members' buffers (two
+  // places, where members have a CPU each).
+  for (int64_t n : {4, 256}) {
+    for (int agreeing : {2, 3}) {
+      SCOPED_TRACE(absl::StrCat(agreeing, " agreeing ops of ", n, " floats before"));
+      for (int k = 0; k < agreeing; ++k) {
+        ExpectAllOk(OnAll(kN, [&](int i) {
+          return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], {n}), "x");
+        }));
+      }
+      const std::vector<absl::Status> st = OnAll(kN, [&](int i) {
+        const std::vector<int64_t> shape =
+            i == 0 ? std::vector<int64_t>{n} : std::vector<int64_t>{n / 2, 2};
+        return r->mesh(i).psum(Array::Of<float>(r->m.buffers[i], shape), "x");
+      });
+      for (int i = 0; i < kN; ++i) {
+        EXPECT_EQ(st[i].code(), absl::StatusCode::kFailedPrecondition) << st[i];
+        EXPECT_CONTAINS(st[i].message(), absl::StrCat("f32[", n, "]"));
+        EXPECT_CONTAINS(st[i].message(), absl::StrCat("f32[", n / 2, ",2]"));
+      }
     }
   }
   const std::vector<absl::Status> st = OnAll(kN, [&](int i) {
