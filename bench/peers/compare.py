@@ -119,7 +119,8 @@ def parse_args(argv):
                         "m*H/N (runs: each host a contiguous run of members)")
     p.add_argument("--repeat", type=int, default=1,
                    help="run every system this many rounds, the systems' order rotating "
-                        "each round; times are the median over rounds, ratios the median "
+                        "each round (within a round, each member count by every system in "
+                        "turn); times are the median over rounds, ratios the median "
                         "of the rounds' ratios, each beside its worst round (this machine is "
                         "noisy: one round's ratio can be off by 40%%)")
     p.add_argument("--json-out", metavar="FILE", help="also write the merged rows to FILE as JSON")
@@ -238,8 +239,8 @@ def tail(text, lines=6):
     return " | ".join((own or all_lines)[-lines:])
 
 
-def run_system(system, args, notes):
-    """Runs one system for every member count; returns its rows and whether all went well."""
+def run_system(system, args, notes, member_counts):
+    """Runs one system for each of member_counts; returns its rows and whether all went well."""
     flags = common_flags(args)
     if system == "collectived":
         binary = args.collectived_perf
@@ -254,7 +255,7 @@ def run_system(system, args, notes):
         notes.append("openmpi skipped: %s not found" % args.mpirun)
         return [], True
     rows, ok = [], True
-    for n in args.member_counts:
+    for n in member_counts:
         if system == "collectived":
             cmd = [binary, "--members=%d" % n] + flags + shlex.split(args.collectived_args)
             if args.hosts > 1:
@@ -603,15 +604,19 @@ def main(argv):
     all_ok = True
     for r in range(args.repeat):
         rows_now = []
-        # Each round starts with the next system, so none always runs first.
+        # Each round starts with the next system, so none always runs first,
+        # and the systems run one member count after the other: the runs a
+        # ratio compares are next to each other in time (this machine's
+        # speed drifts over seconds).
         k = r % len(args.system_list)
-        for system in args.system_list[k:] + args.system_list[:k]:
-            rows, ok = run_system(system, args, notes)
-            all_ok = all_ok and ok
-            if rows:
-                rows_now += rows
-                if system not in ran:
-                    ran.append(system)
+        for n in args.member_counts:
+            for system in args.system_list[k:] + args.system_list[:k]:
+                rows, ok = run_system(system, args, notes, [n])
+                all_ok = all_ok and ok
+                if rows:
+                    rows_now += rows
+                    if system not in ran:
+                        ran.append(system)
         round_rows.append(rows_now)
     systems = [s for s in SYSTEMS if s in ran]
     merged = combine_rounds([merge(rows, systems) for rows in round_rows], systems)
@@ -639,6 +644,7 @@ def main(argv):
                         "= collectived busbw / peer busbw; > 1 means collectived is faster")
     if failed_checks:
         notes.append("! marks a row whose result check failed")
+    notes = list(dict.fromkeys(notes))  # a system skipped says so once, not per member count
     if notes:
         print()
         for n in notes:
