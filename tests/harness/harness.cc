@@ -12,9 +12,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -30,12 +33,53 @@ std::string DaemonBinary() {
   return other != nullptr && *other != '\0' ? other : COLLECTIVED_DAEMON_BIN;
 }
 
+namespace {
+
+// MakeTempDir's directories, removed when the test process exits (not by a
+// forked child that exits).
+struct TempDirs {
+  std::mutex mu;
+  pid_t owner = 0;
+  std::vector<std::string> dirs;
+};
+
+TempDirs& Made() {
+  static TempDirs* made = new TempDirs();  // never destroyed: the exit handler uses it
+  return *made;
+}
+
+void RemoveMadeDirs() {
+  TempDirs& made = Made();
+  std::lock_guard<std::mutex> lock(made.mu);
+  if (getpid() != made.owner) return;
+  for (const std::string& dir : made.dirs) {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+  made.dirs.clear();
+}
+
+}  // namespace
+
 std::string MakeTempDir() {
   const char* base = getenv("TMPDIR");
   std::string tmpl = absl::StrCat(base != nullptr && *base ? base : "/tmp", "/cdtest-XXXXXX");
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (mkdtemp(buf.data()) == nullptr) abort();
+  const char* keep = getenv("COLLECTIVED_TEST_KEEP_TMP");
+  if (keep == nullptr || std::string_view(keep) != "1") {
+    TempDirs& made = Made();
+    std::lock_guard<std::mutex> lock(made.mu);
+    if (made.owner != getpid()) {
+      // The first directory of this process (a forked child's own list
+      // starts afresh).
+      made.owner = getpid();
+      made.dirs.clear();
+      std::atexit(RemoveMadeDirs);
+    }
+    made.dirs.emplace_back(buf.data());
+  }
   return std::string(buf.data());
 }
 

@@ -21,8 +21,9 @@ namespace collectived::testing {
 // Paths of binaries built alongside the tests (set by CMake;
 // $COLLECTIVED_TEST_DAEMON_BIN names another daemon binary).
 std::string DaemonBinary();
-// A fresh private directory under $TMPDIR (or /tmp), removed by nobody: tests
-// put sockets and logs there.
+// A fresh private directory under $TMPDIR (or /tmp): tests put sockets and
+// logs there. Removed with what it holds when the test process exits
+// normally (kept when COLLECTIVED_TEST_KEEP_TMP=1, to look at afterwards).
 std::string MakeTempDir();
 
 // A loopback TCP port that nothing listens on now and that bind(port 0)
