@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string_view>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/src/member_ops.h"
 #include "common/fast_queue.h"
@@ -148,13 +149,16 @@ MemberOps::Signature MemberOps::TwoPlaces(absl::string_view first_prefix, const 
                                           bool numbered) {
   const uint64_t first_number = numbered ? PlaceNumber(Place::kRead) : 0;
   const uint64_t done_number = numbered ? PlaceNumber(Place::kReadDone) : 0;
-  if (!numbered || signature_number_ != done_number) {
+  const size_t done_prefix = absl::string_view(member_ops::kDonePlace).size();
+  // The text kept is this plan's with this prefix (the number says the
+  // plan; Place::kRead names one prefix, which is checked all the same).
+  if (!numbered || signature_number_ != done_number ||
+      !absl::StartsWith(absl::string_view(signature_).substr(done_prefix), first_prefix)) {
     signature_.clear();
     absl::StrAppend(&signature_, member_ops::kDonePlace, first_prefix, plan.signature);
     signature_number_ = done_number;
   }
-  return {absl::string_view(signature_).substr(absl::string_view(member_ops::kDonePlace).size()),
-          first_number};
+  return {absl::string_view(signature_).substr(done_prefix), first_number};
 }
 
 std::optional<absl::Status> MemberOps::MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
