@@ -1034,6 +1034,35 @@ TEST(MemberOpsTest, StartRunsMemberSideAndAnInterruptedWaiterGivesTheOpUp) {
 // had not reached that op would send it to the daemon too, to be matched
 // with the others' next ops. The daemon breaks the mesh instead, for the
 // reason the member gave, at the first op that reaches it.
+// A member that gives up on an op it published takes its entry back before
+// it marks the mesh broken: a member that passed the broken check just
+// before and publishes after must not find every entry there and complete
+// the op the other gave up (MemberOps::Abandon). Member 0 is a raw session
+// that never publishes; the SDK's member 1 is interrupted while it waits.
+TEST(MemberOpsTest, AMemberThatGivesUpTakesItsEntryBack) {
+  auto d = Daemon::Start({"--op_timeout_ms=5000"});
+  ASSERT_TRUE(d.ok()) << d.status();
+  RawAndSdk members(**d);
+  ASSERT_OK(members.Join("gives-up"));
+  absl::StatusOr<Buffer> b = members.sdk->Allocate(4096);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const member_ops::View& view = members.view;
+  const absl::Time start = absl::Now();
+  uint64_t key_while_waiting = 0;
+  const std::function<bool()> after_100ms = [&] {
+    key_while_waiting = view.entry(1, 0)->key.load();
+    return absl::Now() - start > absl::Milliseconds(100);
+  };
+  OpFuture op = members.mesh->start(
+      {.kind = CollectiveKind::kPsum, .x = Array::Of<float>(*b, {4}), .axes = AxisNames("i")},
+      after_100ms);
+  const absl::Status st = op.Wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  EXPECT_NE(key_while_waiting, 0u) << "member 1 waited with its entry published";
+  EXPECT_EQ(view.entry(1, 0)->key.load(), 0u) << "and took it back when it gave up";
+  EXPECT_NE(view.header()->broken.v.load(), 0u);
+}
+
 TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
   auto d = Daemon::Start({"--op_timeout_ms=2000"});
   ASSERT_TRUE(d.ok()) << d.status();
