@@ -1029,11 +1029,6 @@ TEST(MemberOpsTest, StartRunsMemberSideAndAnInterruptedWaiterGivesTheOpUp) {
   EXPECT_EQ(again.code(), absl::StatusCode::kAborted) << again;
 }
 
-// A member that gives up on a member-side op marks the segment broken and
-// takes the daemon path from then on, as every member does; a member that
-// had not reached that op would send it to the daemon too, to be matched
-// with the others' next ops. The daemon breaks the mesh instead, for the
-// reason the member gave, at the first op that reaches it.
 // A member that gives up on an op it published takes its entry back before
 // it marks the mesh broken: a member that passed the broken check just
 // before and publishes after must not find every entry there and complete
@@ -1063,6 +1058,11 @@ TEST(MemberOpsTest, AMemberThatGivesUpTakesItsEntryBack) {
   EXPECT_NE(view.header()->broken.v.load(), 0u);
 }
 
+// A member that gives up on a member-side op marks the segment broken and
+// takes the daemon path from then on, as every member does; a member that
+// had not reached that op would send it to the daemon too, to be matched
+// with the others' next ops. The daemon breaks the mesh instead, for the
+// reason the member gave, at the first op that reaches it.
 TEST(MemberOpsTest, AMemberThatGaveUpBreaksTheMeshForEveryMember) {
   auto d = Daemon::Start({"--op_timeout_ms=2000"});
   ASSERT_TRUE(d.ok()) << d.status();
@@ -1718,7 +1718,6 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
       member_ops::MarkBroken(view, static_cast<uint32_t>(absl::StatusCode::kAborted), why.data(),
                              why.size());
     }
-
     absl::Time gone = absl::Now();
     if (leave_at > 0) {
       // Member 1 read this member's buffer and waits at that place.
