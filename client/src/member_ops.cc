@@ -75,7 +75,6 @@ bool BusyPoll(Ready ready, Yield yield) {
   return true;
 }
 
-
 bool KindRunsHere(OpKind kind) {
   switch (kind) {
     case OpKind::kPsum:

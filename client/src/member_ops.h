@@ -228,8 +228,18 @@ class MemberOps {
     absl::string_view text;
     uint64_t number = 0;
   };
-  // The places of an op, numbered per cached plan (PlaceNumber).
-  enum class Place : uint64_t { kOp = 1, kRead, kReadDone, kReduced, kCount };
+  // The places of an op, numbered per cached plan (PlaceNumber): each
+  // place's text is its prefix (common/member_ops.h, none for kOp) and the
+  // plan's signature, so a number stands for one text.
+  enum class Place : uint64_t {
+    kOp = 1,
+    kProbe,
+    kProbeDone,
+    kRead,
+    kReadDone,
+    kReduced,
+    kCount
+  };
   uint64_t PlaceNumber(Place place) const {
     return plan_number_ * static_cast<uint64_t>(Place::kCount) + static_cast<uint64_t>(place);
   }
@@ -360,11 +370,11 @@ class MemberOps {
                                               uint64_t bytes, DType dtype);
   // Sets signature_ to the last place's signature of an op that reads
   // (ProbeReads, GatherByReads, ReduceByReads, ReduceBySplitReads): the
-  // first place's with kDonePlace before it; returns the first's,
-  // `first_prefix` and `plan`'s signature (a view into signature_). With
-  // `numbered` (the reads, not the probe), the places are numbered
-  // Place::kRead and kReadDone, and texts built for this plan are kept.
-  Signature TwoPlaces(absl::string_view first_prefix, const OpPlan& plan, bool numbered);
+  // first place's with kDonePlace before it, numbered kProbeDone or
+  // kReadDone (built once per plan); returns the first place's, `first`
+  // (kProbe or kRead): its prefix and `plan`'s signature, a view into
+  // signature_. `plan` is the cached plan.
+  Signature TwoPlaces(Place first, const OpPlan& plan);
   // The first place of GatherByReads and ReduceByReads: publishes where
   // this member's input is and meets the others (signature_ becomes the
   // second place's signature). Meet's outcome.

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <string_view>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/src/member_ops.h"
 #include "common/fast_queue.h"
@@ -145,25 +144,22 @@ absl::StatusOr<const uint8_t*> MemberOps::MemberRegion(uint32_t m, const Entry& 
   return base + offset;
 }
 
-MemberOps::Signature MemberOps::TwoPlaces(absl::string_view first_prefix, const OpPlan& plan,
-                                          bool numbered) {
-  const uint64_t first_number = numbered ? PlaceNumber(Place::kRead) : 0;
-  const uint64_t done_number = numbered ? PlaceNumber(Place::kReadDone) : 0;
-  const size_t done_prefix = absl::string_view(member_ops::kDonePlace).size();
-  // The text kept is this plan's with this prefix (the number says the
-  // plan; Place::kRead names one prefix, which is checked all the same).
-  if (!numbered || signature_number_ != done_number ||
-      !absl::StartsWith(absl::string_view(signature_).substr(done_prefix), first_prefix)) {
+MemberOps::Signature MemberOps::TwoPlaces(Place first, const OpPlan& plan) {
+  const bool probe = first == Place::kProbe;
+  const uint64_t done_number = PlaceNumber(probe ? Place::kProbeDone : Place::kReadDone);
+  if (signature_number_ != done_number) {
     signature_.clear();
-    absl::StrAppend(&signature_, member_ops::kDonePlace, first_prefix, plan.signature);
+    absl::StrAppend(&signature_, member_ops::kDonePlace,
+                    probe ? member_ops::kProbePlace : member_ops::kReadPlace, plan.signature);
     signature_number_ = done_number;
   }
-  return {absl::string_view(signature_).substr(done_prefix), first_number};
+  return {absl::string_view(signature_).substr(absl::string_view(member_ops::kDonePlace).size()),
+          PlaceNumber(first)};
 }
 
 std::optional<absl::Status> MemberOps::MeetToRead(const OpPlan& plan, const MemberIoRegion& io,
                                                   int64_t now) {
-  const Signature first = TwoPlaces(member_ops::kReadPlace, plan, /*numbered=*/true);
+  const Signature first = TwoPlaces(Place::kRead, plan);
   PublishWhere(io.in_id, io.in_offset, nullptr, 0);
   return Meet(first, nullptr, 0, now, op_timeout_);
 }
@@ -196,7 +192,7 @@ absl::Status MemberOps::WhyNotRead() const {
 std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t now) {
   // The places name the op they come before (a member waiting at one is
   // waiting in that op).
-  const Signature first = TwoPlaces(member_ops::kProbePlace, plan, /*numbered=*/false);
+  const Signature first = TwoPlaces(Place::kProbe, plan);
   // First place: every member says who it runs as.
   PublishWhere(nullptr, 0, nullptr, 0);
   view_.entry(index_, s_)->uid = static_cast<uint32_t>(getuid());
@@ -211,7 +207,7 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   view_.entry(index_, s_)->read_failed = (why_not.ok() ? 0 : member_ops::kNoReads) |
                                          (busy_poll_ ? 0 : member_ops::kNoCpuOfItsOwn);
   std::optional<absl::Status> probed =
-      Meet({signature_}, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
+      Meet({signature_, signature_number_}, nullptr, 0, fastq::CoarseMonotonicNs(), op_timeout_);
   if (!probed) {
     return Abandon(absl::InternalError(
         "member-side probe of reads: a member did not confirm it at the place after the "
@@ -342,7 +338,7 @@ std::optional<absl::Status> MemberOps::ReduceBySplitReads(const OpPlan& plan,
                                                           const MemberIoRegion& io, uint8_t* out,
                                                           int64_t now) {
   // First place: every member publishes where its input and its output are.
-  const Signature first = TwoPlaces(member_ops::kReadPlace, plan, /*numbered=*/true);
+  const Signature first = TwoPlaces(Place::kRead, plan);
   const auto [out_id, out_offset] = ResultWhere(io);
   PublishWhere(io.in_id, io.in_offset, out_id, out_offset);
   // The group's first member says how its members write their shares.
