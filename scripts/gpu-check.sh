@@ -36,6 +36,7 @@
 #                         minutes; tests still running then fail as timed out)
 #   GPU_CHECK_TOTAL_S     seconds from the start by which the benchmarks must
 #                         have ended too (default 470)
+#   GPU_CHECK_BENCH       0: no benchmarks, the tests only (default 1)
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here" || exit 2
@@ -405,6 +406,10 @@ fi
 # (bench/README.md, "GPU rows"). Run whatever the tests said, within what is
 # left of the 8 minutes.
 bench_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
+if [ "${GPU_CHECK_BENCH:-1}" = 0 ]; then
+  echo "benchmarks: not run (GPU_CHECK_BENCH=0)"
+  bench_left=0
+fi
 # First what a jitted collectived.jax psum adds to a step on this GPU
 # (bench/python/jax_gpu_perf.py, K = 2, 4, 8), in at most half of what is left.
 if [ -f "$build/python/collectived/__init__.py" ] && ((python_status == 0)) && ((bench_left >= 60)); then
@@ -424,7 +429,7 @@ if ((bench_left >= 30)); then
     echo "gpu_bench: failed or cut off at $bench_left s (logs in $out/bench)"
   fi
   [ -s "$out/bench/summary.txt" ] && cat "$out/bench/summary.txt"
-else
+elif [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
   echo "GPU benchmarks: not run, only $bench_left s left of GPU_CHECK_TOTAL_S"
 fi
 
@@ -432,6 +437,7 @@ fi
 # (bench/grpc_ratio.sh), which a 2-core machine cannot separate from its own
 # scheduling; this machine has the cores to. In what is left, if anything.
 ratio_left=$(( ${GPU_CHECK_TOTAL_S:-470} - (SECONDS - start) ))
+[ "${GPU_CHECK_BENCH:-1}" != 0 ] || ratio_left=0
 if ((ratio_left >= 30)) && [ -x "$build/bench/collectived_perf" ]; then
   echo "== gRPC path against a bare round trip (bench/grpc_ratio.sh, at most $ratio_left s) =="
   if ! timeout "$ratio_left" "$here/bench/grpc_ratio.sh" --runs 9 --members 2,4 --iters 1000 \

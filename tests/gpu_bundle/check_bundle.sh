@@ -50,7 +50,7 @@ echo "=== gpu-check from the bundle, $src hidden"
 # In the namespace a tmpfs over the source's parent hides the source (and
 # its build), and everything else that was in the parent comes back, bound
 # from a descriptor of the parent opened before: only the source is gone.
-# The benchmarks are left out (GPU_CHECK_TOTAL_S). Then every library of
+# The benchmarks are left out (GPU_CHECK_BENCH=0). Then every library of
 # every unpacked binary, as the check's LD_LIBRARY_PATH resolves it: those
 # from outside the bundle go to libs.txt.
 unshare -m --propagation private bash -s "$work" "$parent" "$(basename "$src")" <<'NS'
@@ -79,7 +79,7 @@ dev="$work"
 cd "$dev/checkout"
 export GIT_CEILING_DIRECTORIES="$dev"
 status=0
-GPU_CHECK_BUNDLE="$dev/bundle.tar.xz" GPU_CHECK_TOTAL_S=1 \
+GPU_CHECK_BUNDLE="$dev/bundle.tar.xz" GPU_CHECK_BENCH=0 GPU_CHECK_TOTAL_S=300 \
   bash scripts/gpu-check.sh "$dev/out" >"$dev/check.log" 2>&1 || status=$?
 echo "$status" >"$dev/check.status"
 libs="$(sed -n 's/^LD_LIBRARY_PATH=//p' "$dev/check.log")"
