@@ -111,6 +111,16 @@ class FlushDenormalsScope {
 };
 #endif
 
+// Whether this thread is inside a ReductionModeScope (x86 only: elsewhere
+// the scope leaves flush-to-zero to ReduceTo).
+#if defined(__SSE__)
+thread_local bool t_in_reduction_mode = false;
+constexpr unsigned int kReductionMxcsr = 0x1f80u | 0x8000u | 0x0040u;
+bool InReductionMode() { return t_in_reduction_mode; }
+#else
+bool InReductionMode() { return false; }
+#endif
+
 // The element-wise rules (reduce_ops.h) in the environment this sets up.
 using namespace reduce_ops;  // NOLINT: the codecs and combiners
 static_assert(kHardwareFlush == !CpuEnv::kSoftware,
@@ -414,13 +424,34 @@ void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
   const bool continues = part.continues;
   if (n < 1 || num_outs < 1 || count == 0) return;
   const Outs out{outs, num_outs, stream};
-  if (IsFloat(dt)) {
+  if (IsFloat(dt) && !InReductionMode()) {
     const FlushDenormalsScope flush;
     ReduceToInMode(kind, dt, inputs, n, out, count, m, continues);
   } else {
     ReduceToInMode(kind, dt, inputs, n, out, count, m, continues);
   }
 }
+
+#if defined(__SSE__)
+ReductionModeScope::ReductionModeScope()
+    : saved_(_mm_getcsr()), outer_(!t_in_reduction_mode) {
+  if (saved_ != kReductionMxcsr) _mm_setcsr(kReductionMxcsr);
+  t_in_reduction_mode = true;
+}
+
+ReductionModeScope::~ReductionModeScope() {
+  t_in_reduction_mode = !outer_;
+  if (saved_ != kReductionMxcsr || _mm_getcsr() != saved_) _mm_setcsr(saved_);
+}
+#else
+ReductionModeScope::ReductionModeScope() : saved_(std::fegetenv(&env_) == 0) {
+  std::fesetenv(FE_DFL_ENV);
+}
+
+ReductionModeScope::~ReductionModeScope() {
+  if (saved_) std::fesetenv(&env_);
+}
+#endif
 
 void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,
                      size_t count) {

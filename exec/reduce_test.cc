@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -697,6 +698,58 @@ TEST_P(ReduceAllTest, MatchesReference) {
       }
     }
   }
+}
+
+// Inside a ReductionModeScope ReduceTo leaves the mode to the scope, which
+// must then be the kernels' own: every kind and dtype against the reference
+// on a thread in another mode (rounding toward zero, gradual underflow, a
+// status flag raised), whose mode comes back after each scope.
+TEST_P(ReduceAllTest, MatchesReferenceInAModeScopeOnAThreadInAnotherMode) {
+  const auto [kind, dt] = GetParam();
+  const DType out_dt = ReduceResultDType(kind, dt);
+  std::mt19937_64 rng(static_cast<uint64_t>(dt) * 977 + static_cast<uint64_t>(kind));
+  struct Case {
+    int n;
+    size_t count;
+    std::vector<Buffer> inputs;
+    std::vector<const void*> ptrs;
+    std::vector<uint8_t> want;  // computed here, in this thread's default mode
+  };
+  std::vector<Case> cases;
+  for (int n : {1, 2, 3, 8}) {
+    for (size_t count : {size_t{1}, size_t{7}, size_t{1000}}) {
+      Case& c = cases.emplace_back(Case{n, count, {}, {}, {}});
+      for (int k = 0; k < n; ++k) {
+        c.inputs.emplace_back(DTypeSize(dt), count, /*misalign=*/false);
+        FillRandom(dt, c.inputs.back().data(), count, rng);
+      }
+      for (auto& b : c.inputs) c.ptrs.push_back(b.data());
+      c.want = ReferenceReduce(kind, dt, c.ptrs, count);
+    }
+  }
+  std::thread t([&] {
+#if defined(__SSE__)
+    const unsigned int mode = 0x7f80u | 0x20u;  // toward zero, inexact raised
+    _mm_setcsr(mode);
+#else
+    std::fesetround(FE_TOWARDZERO);
+#endif
+    for (Case& c : cases) {
+      SCOPED_TRACE("n=" + std::to_string(c.n) + " count=" + std::to_string(c.count));
+      Buffer out(DTypeSize(out_dt), c.count, /*misalign=*/false);
+      {
+        const ReductionModeScope scope;
+        Reduce(kind, dt, c.ptrs.data(), c.n, out.data(), c.count);
+      }
+      ExpectSameOutput(out_dt, out.data(), c.want, c.count);
+#if defined(__SSE__)
+      EXPECT_EQ(_mm_getcsr(), mode);
+#else
+      EXPECT_EQ(std::fegetround(), FE_TOWARDZERO);
+#endif
+    }
+  });
+  t.join();
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1671,6 +1724,39 @@ TEST(ReduceTest, FlushesOnAnyThreadAndLeavesTheCallersModeAlone) {
   EXPECT_EQ(std::bit_cast<uint32_t>(flushed), 0u);
 #endif
 }
+
+#if defined(__SSE__)
+// Scopes nest (the inner one's end leaves the outer one's mode), and the
+// thread gets its own mode back without the status flags raised inside, also
+// when its mode was the reductions' already.
+TEST(ReductionModeScopeTest, NestsAndGivesTheThreadItsModeBack) {
+  std::thread t([] {
+    volatile float min_normal = 0x1p-126f;
+    volatile float half = 0.5f;
+    for (unsigned int mode : {0x1f80u, 0x9fc0u}) {
+      SCOPED_TRACE(mode);
+      _mm_setcsr(mode);
+      {
+        const ReductionModeScope outer;
+        EXPECT_EQ(_mm_getcsr() & ~0x3fu, 0x9fc0u);
+        { const ReductionModeScope inner; }
+        EXPECT_EQ(_mm_getcsr() & ~0x3fu, 0x9fc0u);
+        // Six of the smallest subnormals read as zeros; a tiny product
+        // flushes (and raises underflow and inexact).
+        EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF32,
+                                std::vector<std::vector<uint32_t>>{{0x1, 0x1, 0x1, 0x1, 0x1, 0x1}}),
+                  (std::vector<uint32_t>{0x0}));
+        EXPECT_EQ(std::bit_cast<uint32_t>(min_normal * half), 0u);
+      }
+      EXPECT_EQ(_mm_getcsr(), mode);
+    }
+    // Outside every scope, gradual underflow again.
+    _mm_setcsr(0x1f80u);
+    EXPECT_EQ(std::bit_cast<uint32_t>(min_normal * half), 0x00400000u);
+  });
+  t.join();
+}
+#endif
 
 // A mesh of one member: what XLA's dropped all-reduce returns. Every 16-bit
 // pattern, and random 32/64-bit patterns (NaN payloads, signaling NaNs,

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cfenv>
 #include <limits>
+#include <optional>
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -20,6 +21,7 @@
 #include "collectived/member_ops_code.h"
 #include "common/cpu_mask.h"
 #include "common/fast_queue.h"
+#include "exec/reduce.h"
 #include "plan/wire_plan.h"
 
 namespace collectived::internal {
@@ -131,6 +133,25 @@ class FpEnvironment {
   std::fenv_t env_;
   const bool saved_;
 #endif
+};
+
+// The daemon's floating-point environment while this thread does an op's
+// work, whatever the thread's own: for a float reduction the reductions'
+// mode (ReductionModeScope: flush-to-zero too, so the kernels do not switch
+// again), for anything else FpEnvironment.
+class OpFpMode {
+ public:
+  explicit OpFpMode(const OpPlan& plan) {
+    if (IsReduction(plan.kind) && IsFloat(plan.dtype)) {
+      reduction_.emplace();
+    } else {
+      other_.emplace();
+    }
+  }
+
+ private:
+  std::optional<ReductionModeScope> reduction_;
+  std::optional<FpEnvironment> other_;
 };
 
 }  // namespace
@@ -621,7 +642,7 @@ absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
     for (size_t i = 0; i < group.size(); ++i) {
       inputs[i] = view_.input(static_cast<uint32_t>(group[i]), s_, plan.in_bytes);
     }
-    FpEnvironment daemon_env;
+    const OpFpMode daemon_env(plan);
     if (executor_.RunSmallGroup(plan, inputs, out)) return absl::OkStatus();
   }
   // ios_[m].in is m's payload; only this member's out is set.
@@ -633,9 +654,7 @@ absl::Status MemberOps::Compute(const OpPlan& plan, uint8_t* out) {
 }
 
 absl::Status MemberOps::RunShare(const OpPlan& plan, bool all_inputs) {
-  // The daemon's floating-point environment, whatever this thread's
-  // (rounding, exception masks); the kernels set flush-to-zero.
-  FpEnvironment daemon_env;
+  const OpFpMode daemon_env(plan);
   // A small reduction or all_gather directly (Run's bytes, none of its layers).
   if (executor_.RunOneMember(plan, ios_, static_cast<int>(index_))) return absl::OkStatus();
   if (!all_inputs) {
@@ -646,7 +665,7 @@ absl::Status MemberOps::RunShare(const OpPlan& plan, bool all_inputs) {
 }
 
 absl::Status MemberOps::ReduceShare(const OpPlan& plan, size_t begin, size_t len, bool stream) {
-  FpEnvironment daemon_env;
+  const OpFpMode daemon_env(plan);
   if (executor_.ReduceShare(plan, ios_, static_cast<int>(index_), begin, len, stream)) {
     return absl::OkStatus();
   }
