@@ -21,7 +21,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench/int_flag.h"
+
 namespace {
+
+using collectived::bench::IntFlag;
 
 struct alignas(64) Line {
   std::atomic<int64_t> v{0};
@@ -41,14 +45,6 @@ int Usage(const char* why) {
   return 2;
 }
 
-// The value of --name=V in `arg` as an integer in [lo, hi], or -1.
-long Flag(const char* arg, const char* name, long lo, long hi) {
-  const size_t n = std::strlen(name);
-  if (std::strncmp(arg, name, n) != 0 || arg[n] != '=') return -1;
-  char* end = nullptr;
-  const long v = std::strtol(arg + n + 1, &end, 10);
-  return end != arg + n + 1 && *end == '\0' && v >= lo && v <= hi ? v : -1;
-}
 
 // The first two CPUs this process may run on, into cpus; false with fewer.
 bool FirstTwoCpus(int cpus[2]) {
@@ -69,9 +65,9 @@ struct Config {
 int Parse(int argc, char** argv, Config& c) {
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--windows=", 10) == 0) {
-      if ((c.windows = Flag(argv[i], "--windows", 1, 100000)) < 0) return Usage("bad --windows");
+      if ((c.windows = IntFlag(argv[i], "--windows", 1, 100000)) < 0) return Usage("bad --windows");
     } else if (std::strncmp(argv[i], "--iters=", 8) == 0) {
-      if ((c.iters = Flag(argv[i], "--iters", 1, 10000000)) < 0) return Usage("bad --iters");
+      if ((c.iters = IntFlag(argv[i], "--iters", 1, 10000000)) < 0) return Usage("bad --iters");
     } else if (std::sscanf(argv[i], "--cpus=%d,%d", &c.cpus[0], &c.cpus[1]) == 2) {
       if (c.cpus[0] < 0 || c.cpus[1] < 0 || c.cpus[0] == c.cpus[1]) return Usage("bad --cpus");
     } else {

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/int_flag.h"
 #include "exec/reduce.h"
 
 #if defined(__SSE__)
@@ -27,19 +28,13 @@
 
 namespace {
 
+using collectived::bench::IntFlag;
+
 using collectived::DType;
 using collectived::ReduceKind;
 using collectived::ReduceTo;
 using collectived::ReductionModeScope;
 
-// The value of --name=V in `arg` in [lo, hi], or -1.
-long Flag(const char* arg, const char* name, long lo, long hi) {
-  const size_t n = std::strlen(name);
-  if (std::strncmp(arg, name, n) != 0 || arg[n] != '=') return -1;
-  char* end = nullptr;
-  const long v = std::strtol(arg + n + 1, &end, 10);
-  return end != arg + n + 1 && *end == '\0' && v >= lo && v <= hi ? v : -1;
-}
 
 enum class Way { kSwitch, kSdkOld, kScope };
 
@@ -97,9 +92,9 @@ int main(int argc, char** argv) {
   long iters = 200000, reps = 5;
   for (int i = 1; i < argc; ++i) {
     long v;
-    if ((v = Flag(argv[i], "--iters", 1, 100000000)) > 0) {
+    if ((v = IntFlag(argv[i], "--iters", 1, 100000000)) > 0) {
       iters = v;
-    } else if ((v = Flag(argv[i], "--reps", 1, 1000)) > 0) {
+    } else if ((v = IntFlag(argv[i], "--reps", 1, 1000)) > 0) {
       reps = v;
     } else {
       std::fprintf(stderr,
