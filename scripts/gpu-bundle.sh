@@ -109,19 +109,12 @@ fi
 
 # The libraries: everything ldd resolves except what the GPU machine must
 # bring itself (glibc, the CUDA driver, NCCL) or may have newer (the C++
-# runtime, kept aside as a fallback).
-system_lib() {
-  case "$1" in
-    linux-vdso.so.*|ld-linux*|libc.so.*|libm.so.*|libpthread.so.*|librt.so.*|libdl.so.*|\
-    libutil.so.*|libresolv.so.*|libcuda.so.*|libnvidia*|libnccl.so.*) return 0 ;;
-  esac
-  return 1
-}
+# runtime, kept aside as a fallback): gpu_machine_lib, scripts/gpu-targets.sh.
 missing=0
 for b in "${binaries[@]}"; do
   while read -r name arrow path _; do
     [[ "$arrow" == "=>" ]] || continue
-    system_lib "$name" && continue
+    gpu_machine_lib "$name" && continue
     if [[ "$path" == "not" ]]; then
       echo "gpu-bundle: $(basename "$b") needs $name, which is not found here" >&2
       missing=1
