@@ -1750,9 +1750,13 @@ TEST(ReductionModeScopeTest, NestsAndGivesTheThreadItsModeBack) {
       }
       EXPECT_EQ(_mm_getcsr(), mode);
     }
-    // Outside every scope, gradual underflow again.
+    // Outside every scope, gradual underflow again, and the kernels flush
+    // by themselves again (the scope's mark on the thread is gone).
     _mm_setcsr(0x1f80u);
     EXPECT_EQ(std::bit_cast<uint32_t>(min_normal * half), 0x00400000u);
+    EXPECT_EQ(ReduceColumns(ReduceKind::kSum, DType::kF32,
+                            std::vector<std::vector<uint32_t>>{{0x1, 0x1, 0x1, 0x1, 0x1, 0x1}}),
+              (std::vector<uint32_t>{0x0}));
   });
   t.join();
 }

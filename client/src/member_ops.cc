@@ -136,9 +136,10 @@ class FpEnvironment {
 };
 
 // The daemon's floating-point environment while this thread does an op's
-// work, whatever the thread's own: for a float reduction the reductions'
-// mode (ReductionModeScope: flush-to-zero too, so the kernels do not switch
-// again), for anything else FpEnvironment.
+// work, whatever the thread's own: for a psum, pmean, pmax or pmin of a float
+// dtype the reductions' mode (ReductionModeScope: flush-to-zero too, so the
+// kernels do not switch again), for anything else FpEnvironment (and the
+// kernels switch to flush-to-zero themselves where they need it).
 class OpFpMode {
  public:
   explicit OpFpMode(const OpPlan& plan) {
