@@ -28,6 +28,7 @@ class CpuMask {
   }
   int Count() const { return CPU_COUNT_S(bytes_, set_); }
   void Remove(int cpu) { CPU_CLR_S(cpu, bytes_, set_); }
+  bool Has(int cpu) const { return CPU_ISSET_S(cpu, bytes_, set_) != 0; }
 
  private:
   cpu_set_t* set_;

@@ -16,6 +16,7 @@
 #endif
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "collectived/member_ops_code.h"
@@ -157,13 +158,27 @@ class OpFpMode {
 
 }  // namespace
 
-uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy) {
-  CpuMask mask, free_cpus;
-  if (!mask.ReadThisThread() || !free_cpus.ReadThisThread()) return 0;
-  for (uint32_t c : busy) {
-    if (c != 0 && c <= CpuMask::kMaxCpus) free_cpus.Remove(static_cast<int>(c - 1));
+uint32_t MoveToLeastUsedCpu(const std::vector<uint32_t>& used, uint32_t below) {
+  CpuMask mask, least;
+  if (!mask.ReadThisThread() || !least.ReadThisThread()) return 0;
+  // How many times `used` names each CPU of the mask (the rest stay 0).
+  absl::flat_hash_map<int, uint32_t> times;
+  for (uint32_t c : used) {
+    if (c != 0 && c <= CpuMask::kMaxCpus && mask.Has(static_cast<int>(c - 1))) {
+      ++times[static_cast<int>(c - 1)];
+    }
   }
-  if (free_cpus.Count() == 0 || !free_cpus.ApplyToThisThread()) return 0;
+  // A CPU of the mask that `used` does not name has 0.
+  uint32_t fewest = 0;
+  if (times.size() == static_cast<size_t>(mask.Count())) {
+    fewest = std::numeric_limits<uint32_t>::max();
+    for (const auto& [cpu, t] : times) fewest = std::min(fewest, t);
+  }
+  if (fewest >= below) return 0;
+  for (const auto& [cpu, t] : times) {
+    if (t > fewest) least.Remove(cpu);
+  }
+  if (least.Count() == 0 || !least.ApplyToThisThread()) return 0;
   const int now_on = sched_getcpu();
   // Best effort: should the mask not come back, the thread keeps a subset
   // of it (still CPUs it was allowed).
@@ -227,7 +242,8 @@ MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, Mesh
       op_timeout_(op_timeout),
       live_fd_(live_fd),
       expired_(std::move(expired)),
-      busy_poll_(shape_.num_members() <= UsableCpus()),
+      usable_cpus_(UsableCpus()),
+      busy_poll_(shape_.num_members() <= usable_cpus_),
       // One thread (this one), and every op serial: they are small.
       executor_(CpuExecutorOptions{.threads = 1,
                                    .serial_bytes = std::numeric_limits<size_t>::max()}),
@@ -325,25 +341,26 @@ bool MemberOps::PeerOnThisCpu() const {
   return false;
 }
 
-void MemberOps::PartFromPeerOnThisCpu() {
-  if (!busy_poll_ || last_cpu_ == 0) return;
-  // Of the members on one CPU, the first stays (were both to move, they
-  // could land together again).
+void MemberOps::SpreadOverCpus() {
+  if (last_cpu_ == 0) return;
+  // Of the members on one CPU, the first `most` stay (were all to move,
+  // they could land together again).
   const uint32_t members = view_.layout.members;
-  bool lower_member_here = false;
-  for (uint32_t m = 0; m < index_ && !lower_member_here; ++m) {
-    lower_member_here = view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == last_cpu_;
+  const uint32_t cpus = static_cast<uint32_t>(std::max(1, usable_cpus_));
+  const uint32_t most = (members + cpus - 1) / cpus;
+  uint32_t lower_here = 0;
+  for (uint32_t m = 0; m < index_; ++m) {
+    lower_here += view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == last_cpu_ ? 1 : 0;
   }
-  if (!lower_member_here) return;
+  if (lower_here < most) return;
   const int64_t now = fastq::MonotonicNs();
   if (now - last_move_ns_ < kMoveEveryNs) return;
   last_move_ns_ = now;
-  std::vector<uint32_t> busy(members);
+  std::vector<uint32_t> used(members);
   for (uint32_t m = 0; m < members; ++m) {
-    busy[m] = view_.slot(m)->cpu.v.load(std::memory_order_relaxed);
+    used[m] = view_.slot(m)->cpu.v.load(std::memory_order_relaxed);
   }
-  busy[index_] = last_cpu_;
-  if (const uint32_t moved = MoveToFreeCpu(busy); moved != 0) {
+  if (const uint32_t moved = MoveToLeastUsedCpu(used, most); moved != 0) {
     last_cpu_ = moved;
     view_.slot(index_)->cpu.v.store(moved, std::memory_order_relaxed);
   }
@@ -458,9 +475,9 @@ std::optional<absl::Status> MemberOps::Meet(Signature signature, const uint8_t* 
     last_cpu_ = cpu;
   }
   // Asked at every op, not only when this member waits (see
-  // PartFromPeerOnThisCpu), and before publishing: a member asleep on this
-  // CPU is then woken from the other one and stays where it is.
-  PartFromPeerOnThisCpu();
+  // SpreadOverCpus), and before publishing: a member asleep on this CPU is
+  // then woken from the other one and stays where it is.
+  SpreadOverCpus();
   mine->key.store(key, std::memory_order_seq_cst);
   member_ops::RingAll(view_, index_);
 
@@ -600,15 +617,17 @@ bool MemberOps::OwnCpus() const {
 }
 
 bool MemberOps::ReductionReads(const OpPlan& plan) const {
-  return IsReduction(plan.kind) && OwnCpus() &&
-         plan.group_size > 1 && plan.in_bytes >= member_reads::kMinReduceBytes &&
+  return IsReduction(plan.kind) && plan.group_size > 1 &&
+         plan.in_bytes >=
+             (OwnCpus() ? member_reads::kMinReduceBytes : member_reads::kMinSharedCpuBytes) &&
          plan.in_bytes * static_cast<uint64_t>(plan.group_size) <=
              member_reads::kMaxSplitReadBytes;
 }
 
-bool MemberOps::SplitsByReads(const OpPlan& plan) {
-  return IsReduction(plan.kind) && plan.in_bytes * static_cast<uint64_t>(plan.group_size) >
-                                       member_reads::kMaxReduceReadBytes;
+bool MemberOps::SplitsByReads(const OpPlan& plan) const {
+  const uint64_t whole = OwnCpus() ? member_reads::kMaxReduceReadBytes
+                                   : member_reads::kMaxSharedCpuReduceReadBytes;
+  return IsReduction(plan.kind) && plan.in_bytes * static_cast<uint64_t>(plan.group_size) > whole;
 }
 
 bool MemberOps::ReadsFit(const OpPlan& plan, const MemberIoRegion& io) const {

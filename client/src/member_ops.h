@@ -57,13 +57,14 @@ struct MemberOpKey {
   bool gather_tiled = false;
 };
 
-// Moves the calling thread onto a CPU of its affinity mask that none of
-// `busy` (1 + CPU, 0: unknown) names, then gives the thread its mask back
-// (the kernel moves a thread at once when its CPU leaves its mask, and
-// leaves it where it is when the mask widens again). Returns 1 + the CPU it
-// runs on now, or 0 when it did not move (every CPU of its mask is busy, or
+// Moves the calling thread onto the CPUs of its affinity mask that `used`
+// (1 + CPU, 0: unknown) names the fewest times, if that is fewer than
+// `below` times, then gives the thread its mask back (the kernel moves a
+// thread at once when its CPU leaves its mask, and leaves it where it is
+// when the mask widens again). Returns 1 + the CPU it runs on now, or 0 when
+// it did not move (every CPU of its mask is named `below` times or more, or
 // the kernel said no). Members that share a CPU use it to part.
-uint32_t MoveToFreeCpu(const std::vector<uint32_t>& busy);
+uint32_t MoveToLeastUsedCpu(const std::vector<uint32_t>& used, uint32_t below);
 
 // Whether `offset` is a multiple of `dt`'s size (a power of two; no offset
 // is, for kInvalid's 0): a mask, not a division.
@@ -85,26 +86,33 @@ namespace member_reads {
 inline constexpr uint64_t kMinBytes = 1 << 10;
 // With more members than CPUs (then every place is a futex hand-off, and
 // the second costs more than the segment's copies save), from
-// kMinSharedCpuBytes per member: 4 members on 2 CPUs, 16 KiB per member read
-// in 1.3x the segment's time, 32 KiB in 1.06x, 64 KiB in 0.87x.
-inline constexpr uint64_t kMinSharedCpuBytes = 64 << 10;
+// kMinSharedCpuBytes per member, reductions too: 4 members on 2 CPUs
+// (spread two and two, SpreadOverCpus), in runs of 50 ops, read 1-2 KiB per
+// member in 1.2-1.5x the segment's time, 4 KiB in 1.0-1.2x, 8 KiB in 0.7x
+// (all_gather) to 1.0x (psum), 16 KiB in 0.55-0.75x, 32 KiB in 0.6x.
+inline constexpr uint64_t kMinSharedCpuBytes = 8 << 10;
 inline constexpr uint64_t kMaxOutBytes = 8 << 20;
-// A reduction (psum, pmean, pmax, pmin) reads them when every member can
-// have a CPU of its own (a place then costs a cache-line transfer, not a
-// futex hand-off), from kMinReduceBytes of input per member up to
-// kMaxReduceReadBytes of input over its group: below, copying the input
-// into the segment costs less than the second place; above, each member
-// computing the whole result costs more than the daemon computing it once,
-// on its threads. Measured with collectived_perf against both paths, 2
-// members on 2 CPUs (bench/README.md).
+// A reduction (psum, pmean, pmax, pmin) reads them from kMinReduceBytes of
+// input per member (kMinSharedCpuBytes with more members than CPUs) up to
+// kMaxReduceReadBytes of input over its group when every member can have a
+// CPU of its own (a place then costs a cache-line transfer, not a futex
+// hand-off), up to kMaxSharedCpuReduceReadBytes when not (two members then
+// compute the whole result on one CPU): below, copying the input into the
+// segment costs less than the second place; above, each member computing
+// the whole result costs more than splitting it (4 members on 2 CPUs: equal
+// at 64 KiB per member, 0.6-0.85x at 128 KiB). Measured with
+// collectived_perf against the other paths, 2 members on 2 CPUs and 4 on 2
+// (bench/README.md).
 inline constexpr uint64_t kMinReduceBytes = 1 << 10;
 inline constexpr uint64_t kMaxReduceReadBytes = 2 << 20;
+inline constexpr uint64_t kMaxSharedCpuReduceReadBytes = 256 << 10;
 // Above that, up to kMaxSplitReadBytes of input over its group, each
 // member computes an equal share of the result from the inputs where they
 // are, into its output, and copies the others' shares from their outputs
 // (ReduceBySplitReads): the members then compute the result once between
-// them, each on its own CPU, where the daemon computes it on its threads
-// and writes it to every member.
+// them, each on its CPU, where the daemon computes it on its threads and
+// writes it to every member (4 members on 2 CPUs: 0.5-0.75x the daemon's
+// time from 256 KiB to 2 MiB per member, 0.75-0.95x at 4 MiB).
 inline constexpr uint64_t kMaxSplitReadBytes = 16 << 20;
 // Whether $COLLECTIVED_MEMBER_READS allows reads: unset, empty or "1" yes,
 // "0" no (the segment and the daemon paths); INVALID_ARGUMENT for any other
@@ -264,14 +272,18 @@ class MemberOps {
   bool PeerOnThisCpu() const;
   // Members that share a CPU hand it to each other through futex sleeps and
   // wake-ups, several microseconds an op, and the scheduler keeps them
-  // there: the woken member runs where its waker ran. When every member can
-  // have a CPU of its own (busy_poll_) and a member with a lower index last
-  // ran on this one's CPU, this one moves to a CPU no member last ran on
-  // (MoveToFreeCpu; at most once per kMoveEvery), and the members poll apart
-  // from then on. Meet asks at every op, before publishing: of two members
-  // on one CPU, the first to arrive sleeps and the other never waits, so a
-  // check made only when waiting would never move either of them.
-  void PartFromPeerOnThisCpu();
+  // there: the woken member runs where its waker ran. So the members spread
+  // themselves over the CPUs they may use, at most ceil(members / CPUs) on
+  // one: when that many members with a lower index last ran on this one's
+  // CPU, this one moves to the CPU fewest members last ran on, if fewer than
+  // that ran there (MoveToLeastUsedCpu; at most once per kMoveEvery). When
+  // every member can have a CPU of its own (busy_poll_) they then poll apart;
+  // with more members than CPUs no CPU hands over more often than it must
+  // (4 members on 2 CPUs: 3 on one made each op 1.5x as long, 4 twice).
+  // Meet asks at every op, before publishing: of two members on one CPU, the
+  // first to arrive sleeps and the other never waits, so a check made only
+  // when waiting would never move either of them.
+  void SpreadOverCpus();
   // Meet's wait once polling did not find the members: sleeps on the bell
   // until `ready`, asking the daemon about missing members past `timeout`.
   // OK once ready; otherwise the op's error (the daemon gone, an interrupted
@@ -302,7 +314,7 @@ class MemberOps {
   // place, the result waits in scratch_ until then.
   std::optional<absl::Status> ReduceByReads(const OpPlan& plan, const MemberIoRegion& io,
                                             uint8_t* out, int64_t now);
-  // A reduction over more than kMaxReduceReadBytes, the same way, in three
+  // A larger reduction (SplitsByReads), the same way, in three
   // places: at the first each member publishes where its input and its
   // output are; it then writes its share of the result (ShareOf) into its
   // output, from every member's input; at the second every share is
@@ -330,8 +342,9 @@ class MemberOps {
   // it, true).
   bool OwnCpus() const;
   // Whether a reduction that reads runs by ReduceBySplitReads (else by
-  // ReduceByReads).
-  static bool SplitsByReads(const OpPlan& plan);
+  // ReduceByReads): above kMaxReduceReadBytes over its group, or
+  // kMaxSharedCpuReduceReadBytes when a member has no CPU of its own.
+  bool SplitsByReads(const OpPlan& plan) const;
   // When `plan` runs by reads (ProbeReads first, if the mesh has not
   // decided yet): runs it with GatherByReads, ReduceByReads or
   // ReduceBySplitReads (`out`: where the result goes), sets `result` to
@@ -439,6 +452,7 @@ class MemberOps {
   ExpiredFn expired_;
   // TryRun's `interrupted`, while it runs (Meet calls it).
   const std::function<bool()>* interrupted_ = nullptr;
+  const int usable_cpus_;  // the CPUs its thread could use when the mesh formed
   // Whether a waiter polls without yielding first: when this process may
   // use at least as many CPUs as the mesh has members (else a busy peer
   // could hold the CPU another member needs).

@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "collectived/client.h"
@@ -1108,26 +1109,30 @@ std::vector<int> AllowedCpus() {
   return out;
 }
 
+// Makes `cpus` the calling thread's mask.
+void SetMask(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(set), &set), 0);
+}
+
 // Runs the calling thread on `cpu` and gives it its mask back: it stays on
 // `cpu` until the scheduler moves it.
 void PutOn(int cpu, const std::vector<int>& allowed) {
-  cpu_set_t one, all;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  CPU_ZERO(&all);
-  for (int c : allowed) CPU_SET(c, &all);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  SetMask({cpu});
+  SetMask(allowed);
 }
 
-TEST(MoveToFreeCpuTest, MovesOffTheBusyCpusAndKeepsTheMask) {
+TEST(MoveToLeastUsedCpuTest, MovesOffTheBusyCpusAndKeepsTheMask) {
   const std::vector<int> allowed = AllowedCpus();
   if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
   std::thread t([&] {
     PutOn(allowed[0], allowed);
-    // Busy: the CPU it is on ("1 +", as the segment stores CPUs) and an
+    // Used: the CPU it is on ("1 +", as the segment stores CPUs) and an
     // unknown one (0).
-    const uint32_t moved = internal::MoveToFreeCpu({static_cast<uint32_t>(allowed[0] + 1), 0});
+    const uint32_t moved =
+        internal::MoveToLeastUsedCpu({static_cast<uint32_t>(allowed[0] + 1), 0}, 1);
     ASSERT_NE(moved, 0u);
     EXPECT_NE(static_cast<int>(moved) - 1, allowed[0]);
     EXPECT_NE(std::find(allowed.begin(), allowed.end(), static_cast<int>(moved) - 1),
@@ -1137,13 +1142,48 @@ TEST(MoveToFreeCpuTest, MovesOffTheBusyCpusAndKeepsTheMask) {
   t.join();
 }
 
-TEST(MoveToFreeCpuTest, WithEveryCpuBusyItStaysAndKeepsTheMask) {
+TEST(MoveToLeastUsedCpuTest, WithEveryCpuBusyItStaysAndKeepsTheMask) {
   const std::vector<int> allowed = AllowedCpus();
   std::thread t([&] {
     std::vector<uint32_t> busy;
     for (int c : allowed) busy.push_back(static_cast<uint32_t>(c + 1));
-    EXPECT_EQ(internal::MoveToFreeCpu(busy), 0u);
+    EXPECT_EQ(internal::MoveToLeastUsedCpu(busy, 1), 0u);
     EXPECT_EQ(AllowedCpus(), allowed);
+  });
+  t.join();
+}
+
+// More members than CPUs: it goes to the CPU fewest of them use, and only
+// when fewer than `below` use it. CPUs outside the mask (and 0, unknown)
+// count for nothing.
+TEST(MoveToLeastUsedCpuTest, GoesWhereFewestAreAndOnlyBelowTheBound) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
+  const std::vector<int> two = {allowed[0], allowed[1]};
+  std::thread t([&] {
+    SetMask(two);
+    const auto on = [](int cpu) { return static_cast<uint32_t>(cpu + 1); };
+    PutOn(two[0], two);
+    // Three on the first CPU, one on the second: bound 2 sends it there.
+    const std::vector<uint32_t> three_one = {on(two[0]), on(two[0]), on(two[0]), on(two[1]), 0};
+    EXPECT_EQ(internal::MoveToLeastUsedCpu(three_one, 2), on(two[1]));
+    EXPECT_EQ(AllowedCpus(), two);
+    // Bound 1: no CPU of the mask is free, it stays.
+    PutOn(two[0], two);
+    EXPECT_EQ(internal::MoveToLeastUsedCpu(three_one, 1), 0u);
+    EXPECT_EQ(sched_getcpu(), two[0]);
+    // Two and two: already as even as it gets.
+    const std::vector<uint32_t> two_two = {on(two[0]), on(two[0]), on(two[1]), on(two[1])};
+    EXPECT_EQ(internal::MoveToLeastUsedCpu(two_two, 2), 0u);
+    EXPECT_EQ(sched_getcpu(), two[0]);
+    // A CPU outside the mask, named by nobody, is not a place to go;
+    // the second CPU, named once, is.
+    if (allowed.size() >= 3) {
+      const std::vector<uint32_t> outside = {on(two[0]), on(two[0]), on(two[1]),
+                                             on(allowed[2]), on(allowed[2])};
+      EXPECT_EQ(internal::MoveToLeastUsedCpu(outside, 2), on(two[1]));
+    }
+    EXPECT_EQ(AllowedCpus(), two);
   });
   t.join();
 }
@@ -1167,6 +1207,40 @@ TEST(MemberOpsTest, MembersThatStartOnOneCpuStayExact) {
       x[1] = 1.0f;
       if (absl::Status s = r->mesh(i).psum(a, "x"); !s.ok()) return s;
       if (x[0] != static_cast<float>(2 * op + 1) || x[1] != 2.0f) ++wrong[i];
+    }
+    return absl::OkStatus();
+  });
+  ExpectAllOk(st);
+  EXPECT_EQ(wrong, std::vector<int>(kN, 0));
+  EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
+}
+
+// Four members on two CPUs, all starting on one: they spread themselves
+// (at most two on a CPU) while their ops run, and every op stays exact and
+// member-side.
+TEST(MemberOpsTest, MoreMembersThanCpusSpreadAndStayExact) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
+  const std::vector<int> two = {allowed[0], allowed[1]};
+  // The meshes read the CPUs they may use when they are made: two.
+  SetMask(two);
+  absl::Cleanup restore = [&] { SetMask(allowed); };
+  constexpr int kN = 4;
+  constexpr int kOps = 2000;
+  auto r = Members::Start(kN, {});
+  ASSERT_NE(r, nullptr);
+  std::vector<int> wrong(kN, 0);
+  const std::vector<absl::Status> st = OnAll(kN, [&](int i) -> absl::Status {
+    PutOn(two[0], two);
+    float* x = reinterpret_cast<float*>(r->in(i));
+    Array a = Array::Of<float>(r->m.buffers[i], {2});
+    for (int op = 0; op < kOps; ++op) {
+      x[0] = static_cast<float>(i + op);
+      x[1] = 1.0f;
+      if (absl::Status s = r->mesh(i).psum(a, "x"); !s.ok()) return s;
+      // 0 + 1 + 2 + 3 + 4 * op
+      if (x[0] != static_cast<float>(6 + 4 * op) || x[1] != 4.0f) ++wrong[i];
+      if (AllowedCpus() != two) return absl::InternalError("the member's mask was not given back");
     }
     return absl::OkStatus();
   });
@@ -1383,8 +1457,8 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
       {DType::kF64, 262145, AxisNames::All(), true},    // past 8 MiB: the daemon
   };
   // The least input per member that reads: 1 KiB when every member has a
-  // CPU of its own, else 64 KiB.
-  const uint64_t least = UsableCpus() >= 4 ? 1024 : 65536;
+  // CPU of its own, else 8 KiB.
+  const uint64_t least = UsableCpus() >= 4 ? 1024 : 8192;
   uint32_t seed = 7;
   for (const G& c : cases) {
     ++seed;
@@ -1472,7 +1546,7 @@ absl::Status Reduce(Members& r, int i, CollectiveKind kind, DType dtype, int64_t
 TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
   constexpr int kN = 2;
   constexpr size_t kBytes = 9 << 20;
-  if (UsableCpus() < kN) GTEST_SKIP() << "reductions read only with a CPU per member";
+  if (UsableCpus() < kN) GTEST_SKIP() << "the paths below are those of members with a CPU each";
   auto reads = Members::Start(kN, {}, "rr", kBytes);
   auto daemon_side = Members::Start(kN, {"--member_op_bytes=0"}, "rd", kBytes);
   ASSERT_NE(reads, nullptr);
@@ -1754,14 +1828,16 @@ TEST(MemberReadsTest, AReductionsReaderFailsNamingAMemberWhoseInputIsNotThereOrW
   }
 }
 
-// A member whose process may use fewer CPUs than the mesh has members
-// keeps every member's reductions off the reads (there each place is a
-// futex hand-off): the probe makes the choice common. Were each member to
-// choose for itself, they would publish different places, and every such
-// op would go to the daemon.
-TEST(MemberReadsTest, AMemberWithoutACpuOfItsOwnKeepsEveryMembersReductionsOffTheReads) {
+// A member whose process may use fewer CPUs than the mesh has members makes
+// every member's reductions split their result from a smaller size (two
+// members computing the whole result on one CPU cost more): the probe makes
+// the choice common. Were each member to choose for itself, they would
+// publish different places, and every such op would go to the daemon.
+TEST(MemberReadsTest, AMemberWithoutACpuOfItsOwnMakesEveryMembersReductionsSplitSooner) {
   constexpr int kN = 2;
-  constexpr int64_t kElems = 16384;  // 64 KiB: fits the segment
+  // 256 KiB each: 512 KiB over the group, whole by each member with a CPU
+  // each (up to 2 MiB), split without (above 256 KiB).
+  constexpr int64_t kElems = 65536;
   if (UsableCpus() < kN) GTEST_SKIP() << "needs a CPU per member for member 0";
   auto d = Daemon::Start({});
   ASSERT_TRUE(d.ok()) << d.status();
@@ -1792,23 +1868,33 @@ TEST(MemberReadsTest, AMemberWithoutACpuOfItsOwnKeepsEveryMembersReductionsOffTh
     m.buffers.push_back(*m.clients[i]->Allocate(kElems * 4));
   }
   const int64_t before = DaemonOps(**d);
+  // 64 KiB (128 KiB over the group) then 256 KiB, 10 ops each.
   ExpectAllOk(OnAll(kN, [&](int i) -> absl::Status {
     float* x = static_cast<float*>(m.buffers[i].data());
-    for (int it = 0; it < 20; ++it) {
-      std::fill_n(x, kElems, static_cast<float>(it + i));
-      if (absl::Status st = m.meshes[i]->psum(Array::Of<float>(m.buffers[i], {kElems}), "x");
-          !st.ok()) {
-        return st;
-      }
-      if (x[kElems - 1] != static_cast<float>(2 * it + 1)) {
-        return absl::InternalError(absl::StrCat("op ", it, ": ", x[kElems - 1]));
+    for (const int64_t elems : {kElems / 4, kElems}) {
+      for (int it = 0; it < 10; ++it) {
+        std::fill_n(x, elems, static_cast<float>(it + i));
+        if (absl::Status st = m.meshes[i]->psum(Array::Of<float>(m.buffers[i], {elems}), "x");
+            !st.ok()) {
+          return st;
+        }
+        const float want = static_cast<float>(2 * it + 1);
+        if (x[0] != want || x[elems - 1] != want) {
+          return absl::InternalError(absl::StrCat(elems, " floats, op ", it, ": ", x[elems - 1]));
+        }
       }
     }
     return absl::OkStatus();
   }));
-  // Through the segment, every op: none went to the daemon.
+  // Read, every op: none went to the daemon or through the segment.
   EXPECT_EQ(DaemonOps(**d), before);
-  EXPECT_EQ(m.meshes[0]->member_reads(), "yes");  // all_gathers still read
+  for (int i = 0; i < kN; ++i) {
+    const Mesh::MemberSidePaths paths = m.meshes[i]->member_side_paths();
+    EXPECT_EQ(paths.reads, 10u) << "member " << i;
+    EXPECT_EQ(paths.split, 10u) << "member " << i;
+    EXPECT_EQ(paths.segment, 0u) << "member " << i;
+  }
+  EXPECT_EQ(m.meshes[0]->member_reads(), "yes");
 }
 
 TEST(MemberReadsTest, InputsFromMoreBuffersThanAReaderKeepsMappedStayExact) {
