@@ -1188,36 +1188,44 @@ TEST(MoveToLeastUsedCpuTest, GoesWhereFewestAreAndOnlyBelowTheBound) {
   t.join();
 }
 
-// Two members that start on one CPU, on a machine where each can have its
-// own: the ops are exact whatever the members do to part.
-TEST(MemberOpsTest, MembersThatStartOnOneCpuStayExact) {
-  const std::vector<int> allowed = AllowedCpus();
-  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
-  constexpr int kN = 2;
-  constexpr int kOps = 3000;
-  auto r = Members::Start(kN, {});
+// `n` members on a daemon, each starting on the first of `cpus` (its mask),
+// run `ops` psums: every one exact and member-side, and each member's mask
+// is `cpus` after every op, whatever the members did to part.
+void PsumsFromOneCpu(int n, int ops, const std::vector<int>& cpus) {
+  auto r = Members::Start(n, {});
   ASSERT_NE(r, nullptr);
-  std::vector<int> wrong(kN, 0);
-  const std::vector<absl::Status> st = OnAll(kN, [&](int i) -> absl::Status {
-    PutOn(allowed[0], allowed);
+  std::vector<int> wrong(n, 0);
+  const std::vector<absl::Status> st = OnAll(n, [&](int i) -> absl::Status {
+    PutOn(cpus[0], cpus);
     float* x = reinterpret_cast<float*>(r->in(i));
     Array a = Array::Of<float>(r->m.buffers[i], {2});
-    for (int op = 0; op < kOps; ++op) {
+    for (int op = 0; op < ops; ++op) {
       x[0] = static_cast<float>(i + op);
       x[1] = 1.0f;
       if (absl::Status s = r->mesh(i).psum(a, "x"); !s.ok()) return s;
-      if (x[0] != static_cast<float>(2 * op + 1) || x[1] != 2.0f) ++wrong[i];
+      // 0 + 1 + ... + (n - 1) + n * op
+      if (x[0] != static_cast<float>(n * (n - 1) / 2 + n * op) || x[1] != static_cast<float>(n)) {
+        ++wrong[i];
+      }
+      if (AllowedCpus() != cpus) return absl::InternalError("the member's mask was not given back");
     }
     return absl::OkStatus();
   });
   ExpectAllOk(st);
-  EXPECT_EQ(wrong, std::vector<int>(kN, 0));
+  EXPECT_EQ(wrong, std::vector<int>(n, 0));
   EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
 }
 
+// Two members that start on one CPU, on a machine where each can have its
+// own.
+TEST(MemberOpsTest, MembersThatStartOnOneCpuStayExact) {
+  const std::vector<int> allowed = AllowedCpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
+  PsumsFromOneCpu(2, 3000, allowed);
+}
+
 // Four members on two CPUs, all starting on one: they spread themselves
-// (at most two on a CPU) while their ops run, and every op stays exact and
-// member-side.
+// (at most two on a CPU) while their ops run.
 TEST(MemberOpsTest, MoreMembersThanCpusSpreadAndStayExact) {
   const std::vector<int> allowed = AllowedCpus();
   if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
@@ -1225,28 +1233,7 @@ TEST(MemberOpsTest, MoreMembersThanCpusSpreadAndStayExact) {
   // The meshes read the CPUs they may use when they are made: two.
   SetMask(two);
   absl::Cleanup restore = [&] { SetMask(allowed); };
-  constexpr int kN = 4;
-  constexpr int kOps = 2000;
-  auto r = Members::Start(kN, {});
-  ASSERT_NE(r, nullptr);
-  std::vector<int> wrong(kN, 0);
-  const std::vector<absl::Status> st = OnAll(kN, [&](int i) -> absl::Status {
-    PutOn(two[0], two);
-    float* x = reinterpret_cast<float*>(r->in(i));
-    Array a = Array::Of<float>(r->m.buffers[i], {2});
-    for (int op = 0; op < kOps; ++op) {
-      x[0] = static_cast<float>(i + op);
-      x[1] = 1.0f;
-      if (absl::Status s = r->mesh(i).psum(a, "x"); !s.ok()) return s;
-      // 0 + 1 + 2 + 3 + 4 * op
-      if (x[0] != static_cast<float>(6 + 4 * op) || x[1] != 4.0f) ++wrong[i];
-      if (AllowedCpus() != two) return absl::InternalError("the member's mask was not given back");
-    }
-    return absl::OkStatus();
-  });
-  ExpectAllOk(st);
-  EXPECT_EQ(wrong, std::vector<int>(kN, 0));
-  EXPECT_EQ(DaemonOps(*r->daemon), 0) << "every op ran member-side";
+  PsumsFromOneCpu(4, 2000, two);
 }
 
 // A member thread that rounds upward gets the daemon's bits (round to
