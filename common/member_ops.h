@@ -138,8 +138,8 @@ struct Entry {
   uint32_t in_id_len;
   // The place after the probe (client/src/member_reads.cc): kNoReads when
   // this member said no (then no member reads in this mesh), kNoCpuOfItsOwn
-  // when it has no CPU of its own (then no member reads for a reduction, nor
-  // for a small all_gather).
+  // when it has no CPU of its own (then every member reads from larger
+  // sizes, and splits a reduction's result from a smaller one).
   uint32_t read_failed;
   uint64_t in_offset;
   uint32_t uid;

@@ -10,13 +10,13 @@
 #include <cfenv>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
 
 #include "absl/cleanup/cleanup.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "collectived/member_ops_code.h"
@@ -45,7 +45,8 @@ constexpr absl::Duration kSlice = absl::Milliseconds(10);
 // Compute runs ops over groups of up to this many members without building
 // the executor's arguments.
 constexpr size_t kDirectGroup = 16;
-// A member moves off a CPU it shares with another member at most this often.
+// A member moves off a CPU it shares with more members than its share
+// (SpreadOverCpus) at most this often.
 constexpr int64_t kMoveEveryNs = 200'000;
 
 // A spin-wait hint to the CPU (lets a sibling hyperthread run, saves power).
@@ -158,16 +159,33 @@ class OpFpMode {
 
 }  // namespace
 
+namespace {
+
+// How many times `used` (1 + CPU, 0: unknown) names each CPU of `mask` it
+// names (the CPUs of the mask it does not name: 0).
+std::vector<std::pair<int, uint32_t>> TimesNamed(const std::vector<uint32_t>& used,
+                                                 const CpuMask& mask) {
+  std::vector<std::pair<int, uint32_t>> times;
+  for (uint32_t c : used) {
+    if (c == 0 || c > CpuMask::kMaxCpus || !mask.Has(static_cast<int>(c - 1))) continue;
+    const int cpu = static_cast<int>(c - 1);
+    auto it = std::find_if(times.begin(), times.end(),
+                           [cpu](const auto& t) { return t.first == cpu; });
+    if (it == times.end()) {
+      times.emplace_back(cpu, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  return times;
+}
+
+}  // namespace
+
 uint32_t MoveToLeastUsedCpu(const std::vector<uint32_t>& used, uint32_t below) {
   CpuMask mask, least;
   if (!mask.ReadThisThread() || !least.ReadThisThread()) return 0;
-  // How many times `used` names each CPU of the mask (the rest stay 0).
-  absl::flat_hash_map<int, uint32_t> times;
-  for (uint32_t c : used) {
-    if (c != 0 && c <= CpuMask::kMaxCpus && mask.Has(static_cast<int>(c - 1))) {
-      ++times[static_cast<int>(c - 1)];
-    }
-  }
+  const std::vector<std::pair<int, uint32_t>> times = TimesNamed(used, mask);
   // A CPU of the mask that `used` does not name has 0.
   uint32_t fewest = 0;
   if (times.size() == static_cast<size_t>(mask.Count())) {
@@ -342,24 +360,15 @@ bool MemberOps::PeerOnThisCpu() const {
 }
 
 void MemberOps::SpreadOverCpus() {
-  if (last_cpu_ == 0) return;
-  // Of the members on one CPU, the first `most` stay (were all to move,
-  // they could land together again).
   const uint32_t members = view_.layout.members;
-  const uint32_t cpus = static_cast<uint32_t>(std::max(1, usable_cpus_));
-  const uint32_t most = (members + cpus - 1) / cpus;
-  uint32_t lower_here = 0;
-  for (uint32_t m = 0; m < index_; ++m) {
-    lower_here += view_.slot(m)->cpu.v.load(std::memory_order_relaxed) == last_cpu_ ? 1 : 0;
-  }
-  if (lower_here < most) return;
+  const uint32_t most = MembersPerCpu(members, usable_cpus_);
+  auto cpu_of = [this](uint32_t m) { return view_.slot(m)->cpu.v.load(std::memory_order_relaxed); };
+  if (!OverCpuShare(index_, last_cpu_, most, cpu_of)) return;
   const int64_t now = fastq::MonotonicNs();
   if (now - last_move_ns_ < kMoveEveryNs) return;
   last_move_ns_ = now;
   std::vector<uint32_t> used(members);
-  for (uint32_t m = 0; m < members; ++m) {
-    used[m] = view_.slot(m)->cpu.v.load(std::memory_order_relaxed);
-  }
+  for (uint32_t m = 0; m < members; ++m) used[m] = cpu_of(m);
   if (const uint32_t moved = MoveToLeastUsedCpu(used, most); moved != 0) {
     last_cpu_ = moved;
     view_.slot(index_)->cpu.v.store(moved, std::memory_order_relaxed);

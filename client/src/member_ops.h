@@ -66,6 +66,25 @@ struct MemberOpKey {
 // the kernel said no). Members that share a CPU use it to part.
 uint32_t MoveToLeastUsedCpu(const std::vector<uint32_t>& used, uint32_t below);
 
+// The most members of a mesh that should share one CPU: ceil(members / cpus)
+// (1 when each can have its own; `cpus` below 1 counts as 1).
+inline uint32_t MembersPerCpu(uint32_t members, int cpus) {
+  const uint32_t c = static_cast<uint32_t>(cpus < 1 ? 1 : cpus);
+  return (members + c - 1) / c;
+}
+
+// Whether the member at `index`, last on `cpu` (1 + CPU; 0: unknown), is
+// past its CPU's share: `most` members of lower index last ran there
+// (`cpu_of(m)`: member m's 1 + CPU). Of the members on one CPU the first
+// `most` stay (were all to move, they could land together again).
+template <typename CpuOf>
+bool OverCpuShare(uint32_t index, uint32_t cpu, uint32_t most, CpuOf cpu_of) {
+  if (cpu == 0) return false;
+  uint32_t lower_here = 0;
+  for (uint32_t m = 0; m < index; ++m) lower_here += cpu_of(m) == cpu ? 1 : 0;
+  return lower_here >= most;
+}
+
 // Whether `offset` is a multiple of `dt`'s size (a power of two; no offset
 // is, for kInvalid's 0): a mask, not a division.
 inline bool ElementAligned(uint64_t offset, DType dt) {
@@ -88,8 +107,9 @@ inline constexpr uint64_t kMinBytes = 1 << 10;
 // the second costs more than the segment's copies save), from
 // kMinSharedCpuBytes per member, reductions too: 4 members on 2 CPUs
 // (spread two and two, SpreadOverCpus), in runs of 50 ops, read 1-2 KiB per
-// member in 1.2-1.5x the segment's time, 4 KiB in 1.0-1.2x, 8 KiB in 0.7x
-// (all_gather) to 1.0x (psum), 16 KiB in 0.55-0.75x, 32 KiB in 0.6x.
+// member in 1.0-1.5x the segment's time (all_gather) or 1.2-1.6x (psum),
+// 4 KiB in 0.9-1.1x or 1.1-1.5x, 8 KiB in 0.7x or 1.0x, 16 KiB in 0.55x or
+// 0.75x, 32 KiB in 0.6x (bench/README.md, "More members than CPUs").
 inline constexpr uint64_t kMinSharedCpuBytes = 8 << 10;
 inline constexpr uint64_t kMaxOutBytes = 8 << 20;
 // A reduction (psum, pmean, pmax, pmin) reads them from kMinReduceBytes of
@@ -111,8 +131,8 @@ inline constexpr uint64_t kMaxSharedCpuReduceReadBytes = 256 << 10;
 // are, into its output, and copies the others' shares from their outputs
 // (ReduceBySplitReads): the members then compute the result once between
 // them, each on its CPU, where the daemon computes it on its threads and
-// writes it to every member (4 members on 2 CPUs: 0.5-0.75x the daemon's
-// time from 256 KiB to 2 MiB per member, 0.75-0.95x at 4 MiB).
+// writes it to every member (4 members on 2 CPUs: 0.3-0.8x the daemon's
+// time from 128 KiB to 2 MiB per member, 0.9x at 4 MiB).
 inline constexpr uint64_t kMaxSplitReadBytes = 16 << 20;
 // Whether $COLLECTIVED_MEMBER_READS allows reads: unset, empty or "1" yes,
 // "0" no (the segment and the daemon paths); INVALID_ARGUMENT for any other
@@ -479,8 +499,8 @@ class MemberOps {
   std::atomic<Reads> reads_{Reads::kUnknown};
   // Set by ProbeReads before reads_ (and only read by the op's thread):
   // whether every member has a CPU of its own (a member's busy_poll_ is its
-  // own; the probe makes it common), which reductions and small all_gathers
-  // need to read (without, each place is a futex hand-off).
+  // own; the probe makes it common), which picks the reads' bounds (without,
+  // each place is a futex hand-off, and two members share a CPU's work).
   bool own_cpus_ = false;
   std::string reads_off_;
   PeerFdFn peer_fd_;
@@ -528,7 +548,7 @@ class MemberOps {
   std::vector<Compared> compared_;
   int64_t alive_checked_ns_ = 0;  // when DaemonAlive last said yes
   uint32_t last_cpu_ = 0;         // the CPU last stored in this member's slot
-  int64_t last_move_ns_ = 0;      // when it last moved off a member's CPU
+  int64_t last_move_ns_ = 0;      // when it last moved (SpreadOverCpus)
 };
 
 }  // namespace collectived::internal

@@ -203,7 +203,8 @@ std::optional<absl::Status> MemberOps::ProbeReads(const OpPlan& plan, int64_t no
   const absl::Status why_not = WhyNotRead();
   Advance();
   // Second place: every member says whether it reads, and whether it has a
-  // CPU of its own (where a reduction reads only if every member has one).
+  // CPU of its own (the reads' bounds depend on whether every member has
+  // one).
   view_.entry(index_, s_)->read_failed = (why_not.ok() ? 0 : member_ops::kNoReads) |
                                          (busy_poll_ ? 0 : member_ops::kNoCpuOfItsOwn);
   std::optional<absl::Status> probed =

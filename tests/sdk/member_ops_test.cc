@@ -1154,8 +1154,10 @@ TEST(MoveToLeastUsedCpuTest, WithEveryCpuBusyItStaysAndKeepsTheMask) {
 }
 
 // More members than CPUs: it goes to the CPU fewest of them use, and only
-// when fewer than `below` use it. CPUs outside the mask (and 0, unknown)
-// count for nothing.
+// when fewer than `below` use it. CPUs outside the mask, beyond any mask
+// (above CpuMask::kMaxCpus) and 0 (unknown) count for nothing. Where it does
+// not move, only the answer and the mask are checked: the scheduler may
+// move the thread at any time.
 TEST(MoveToLeastUsedCpuTest, GoesWhereFewestAreAndOnlyBelowTheBound) {
   const std::vector<int> allowed = AllowedCpus();
   if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs; this thread may use " << allowed.size();
@@ -1169,16 +1171,22 @@ TEST(MoveToLeastUsedCpuTest, GoesWhereFewestAreAndOnlyBelowTheBound) {
     EXPECT_EQ(internal::MoveToLeastUsedCpu(three_one, 2), on(two[1]));
     EXPECT_EQ(AllowedCpus(), two);
     // Bound 1: no CPU of the mask is free, it stays.
-    PutOn(two[0], two);
     EXPECT_EQ(internal::MoveToLeastUsedCpu(three_one, 1), 0u);
-    EXPECT_EQ(sched_getcpu(), two[0]);
+    EXPECT_EQ(AllowedCpus(), two);
     // Two and two: already as even as it gets.
     const std::vector<uint32_t> two_two = {on(two[0]), on(two[0]), on(two[1]), on(two[1])};
     EXPECT_EQ(internal::MoveToLeastUsedCpu(two_two, 2), 0u);
-    EXPECT_EQ(sched_getcpu(), two[0]);
-    // A CPU outside the mask, named by nobody, is not a place to go;
-    // the second CPU, named once, is.
+    EXPECT_EQ(AllowedCpus(), two);
+    // CPUs no mask can hold name nothing: the second CPU is free.
+    PutOn(two[0], two);
+    const std::vector<uint32_t> beyond = {on(two[0]), 0xFFFFFFFFu,
+                                          static_cast<uint32_t>(CpuMask::kMaxCpus + 1)};
+    EXPECT_EQ(internal::MoveToLeastUsedCpu(beyond, 1), on(two[1]));
+    EXPECT_EQ(AllowedCpus(), two);
+    // A CPU outside the mask, named by nobody, is not a place to go; the
+    // second CPU, named once, is.
     if (allowed.size() >= 3) {
+      PutOn(two[0], two);
       const std::vector<uint32_t> outside = {on(two[0]), on(two[0]), on(two[1]),
                                              on(allowed[2]), on(allowed[2])};
       EXPECT_EQ(internal::MoveToLeastUsedCpu(outside, 2), on(two[1]));
@@ -1186,6 +1194,38 @@ TEST(MoveToLeastUsedCpuTest, GoesWhereFewestAreAndOnlyBelowTheBound) {
     EXPECT_EQ(AllowedCpus(), two);
   });
   t.join();
+}
+
+// Who moves: ceil(members / CPUs) may share a CPU, the lowest indexes stay.
+TEST(SpreadOverCpusTest, TheMembersPastTheirCpusShareMove) {
+  EXPECT_EQ(internal::MembersPerCpu(2, 2), 1u);
+  EXPECT_EQ(internal::MembersPerCpu(2, 8), 1u);
+  EXPECT_EQ(internal::MembersPerCpu(3, 2), 2u);
+  EXPECT_EQ(internal::MembersPerCpu(4, 2), 2u);
+  EXPECT_EQ(internal::MembersPerCpu(5, 2), 3u);
+  EXPECT_EQ(internal::MembersPerCpu(4, 1), 4u);  // one CPU: nobody is past it
+  EXPECT_EQ(internal::MembersPerCpu(4, 0), 4u);  // unknown: as one
+  // Members 0-3 on CPUs (1 +) 5, 5, 5, 7.
+  const std::vector<uint32_t> cpus = {5, 5, 5, 7};
+  const auto cpu_of = [&](uint32_t m) { return cpus[m]; };
+  const auto over = [&](uint32_t index, uint32_t most) {
+    return internal::OverCpuShare(index, cpus[index], most, cpu_of);
+  };
+  // Two per CPU: only member 2, the third on CPU 5, moves.
+  EXPECT_FALSE(over(0, 2));
+  EXPECT_FALSE(over(1, 2));
+  EXPECT_TRUE(over(2, 2));
+  EXPECT_FALSE(over(3, 2));
+  // One per CPU: members 1 and 2.
+  EXPECT_FALSE(over(0, 1));
+  EXPECT_TRUE(over(1, 1));
+  EXPECT_TRUE(over(2, 1));
+  EXPECT_FALSE(over(3, 1));
+  // Four per CPU (one CPU): nobody.
+  for (uint32_t m = 0; m < 4; ++m) EXPECT_FALSE(over(m, 4)) << m;
+  // A member whose CPU is unknown (0) never moves, whoever shares 0.
+  const std::vector<uint32_t> unknown = {0, 0, 0};
+  EXPECT_FALSE(internal::OverCpuShare(2, 0, 1, [&](uint32_t m) { return unknown[m]; }));
 }
 
 // `n` members on a daemon, each starting on the first of `cpus` (its mask),
@@ -1433,7 +1473,7 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
   };
   const std::vector<G> cases = {
       // 1 KiB each: the least that reads with a CPU per member (with fewer
-      // CPUs, as on 2, 64 KiB is, and smaller ones copy through the segment).
+      // CPUs, as on 2, 8 KiB is, and smaller ones copy through the segment).
       {DType::kF32, 256, AxisNames::All(), true},
       {DType::kI8, 40001, AxisNames("b"), false},       // odd, groups of two
       {DType::kF64, 262144, AxisNames::All(), true},    // 8 MiB out, the most
@@ -1626,7 +1666,7 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
 // the others copy this member's share.
 TEST(MemberReadsTest, AReductionsOwnerKeepsItsInputUntilEveryMemberReadIt) {
   constexpr int kN = 2;
-  if (UsableCpus() < kN) GTEST_SKIP() << "reductions read only with a CPU per member";
+  if (UsableCpus() < kN) GTEST_SKIP() << "its sizes take the paths of members with a CPU each";
   auto r = Members::Start(kN, {}, "mops", 4 << 20);
   ASSERT_NE(r, nullptr);
   const int64_t before = DaemonOps(*r->daemon);
