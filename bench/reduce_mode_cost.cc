@@ -9,7 +9,7 @@
 //   switch:  ReduceTo alone, setting and restoring the mode itself (as on the
 //            daemon's threads);
 //   sdk-old: a read of the mode first and then ReduceTo (the SDK before
-//            ReductionModeScope: FpEnvironment, then the kernels' own switch);
+//            ReductionModeScope: DefaultFpScope, then the kernels' own switch);
 //   scope:   ReduceTo inside a ReductionModeScope (the SDK now).
 // Per call, in ns; the ratio is sdk-old over scope.
 #include <algorithm>

@@ -444,13 +444,8 @@ ReductionModeScope::~ReductionModeScope() {
   if (saved_ != kReductionMxcsr || _mm_getcsr() != saved_) _mm_setcsr(saved_);
 }
 #else
-ReductionModeScope::ReductionModeScope() : saved_(std::fegetenv(&env_) == 0) {
-  std::fesetenv(FE_DFL_ENV);
-}
-
-ReductionModeScope::~ReductionModeScope() {
-  if (saved_) std::fesetenv(&env_);
-}
+ReductionModeScope::ReductionModeScope() = default;
+ReductionModeScope::~ReductionModeScope() = default;
 #endif
 
 void ReduceMeshOfOne(ReduceKind kind, DType dt, const void* in, void* out,

@@ -13,6 +13,9 @@
 
 #include <cfenv>
 #include <cstddef>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "plan/op_plan.h"
 
@@ -119,6 +122,38 @@ struct FoldPart {
 void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
               void* const* outs, int num_outs, size_t count, bool stream, FoldPart part = {});
 
+// Round to nearest, every floating-point exception masked (the daemon's
+// threads run so), set on the calling thread for the scope's life and
+// restored after. Usually the thread's already: on x86 MXCSR is then only
+// read (a write to it costs more than the read).
+class DefaultFpScope {
+ public:
+#if defined(__SSE__)
+  DefaultFpScope() : saved_(_mm_getcsr()) {
+    if (saved_ != kDefaultMxcsr) _mm_setcsr(kDefaultMxcsr);
+  }
+  ~DefaultFpScope() {
+    if (saved_ != kDefaultMxcsr) _mm_setcsr(saved_);
+  }
+#else
+  DefaultFpScope() : saved_(std::fegetenv(&env_) == 0) { std::fesetenv(FE_DFL_ENV); }
+  ~DefaultFpScope() {
+    if (saved_) std::fesetenv(&env_);
+  }
+#endif
+  DefaultFpScope(const DefaultFpScope&) = delete;
+  DefaultFpScope& operator=(const DefaultFpScope&) = delete;
+
+ private:
+#if defined(__SSE__)
+  static constexpr unsigned int kDefaultMxcsr = 0x1f80;
+  const unsigned int saved_;
+#else
+  std::fenv_t env_;
+  const bool saved_;
+#endif
+};
+
 // The floating-point mode the reductions run in (round to nearest, every
 // exception masked, flush-to-zero and denormals-are-zero: XLA's on CPU), set
 // on the calling thread for the scope's life and restored after, with the
@@ -127,9 +162,8 @@ void ReduceTo(ReduceKind kind, DType dt, const void* const* inputs, int n,
 // the mode itself. On x86 a scope on a thread in another mode reads MXCSR
 // once and writes it twice, where each ReduceTo outside a scope reads it
 // twice and writes it twice; on an AMD EPYC (Zen 4) a read costs about 6 ns,
-// a read and two writes about 10. Elsewhere it sets the
-// default environment (round to nearest, exceptions masked) and ReduceTo
-// still sets flush-to-zero itself. For a thread whose mode is not the
+// a read and two writes about 10. Elsewhere it is a DefaultFpScope, and
+// ReduceTo still sets flush-to-zero itself. For a thread whose mode is not the
 // project's own: the SDK runs member-side ops on its caller's thread.
 class ReductionModeScope {
  public:
@@ -143,8 +177,7 @@ class ReductionModeScope {
   const unsigned int saved_;
   const bool outer_;  // the thread was in no scope before
 #else
-  std::fenv_t env_;
-  const bool saved_;
+  const DefaultFpScope default_;
 #endif
 };
 

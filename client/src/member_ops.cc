@@ -7,7 +7,6 @@
 
 #include <cstring>
 #include <algorithm>
-#include <cfenv>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -108,39 +107,10 @@ bool RegionsFit(const OpPlan& plan, const MemberIoRegion& io) {
          SameOrDisjoint(io.in_offset, plan.in_bytes, io.out_offset, plan.out_bytes);
 }
 
-// Round to nearest, every floating-point exception masked (the daemon's
-// threads run so), restored on destruction.
-class FpEnvironment {
- public:
-#if defined(__x86_64__) || defined(__i386__)
-  // Usually the thread's already: MXCSR is then left alone (a write to it
-  // costs more than the read).
-  FpEnvironment() : saved_(_mm_getcsr()) {
-    if (saved_ != kDefaultMxcsr) _mm_setcsr(kDefaultMxcsr);
-  }
-  ~FpEnvironment() {
-    if (saved_ != kDefaultMxcsr) _mm_setcsr(saved_);
-  }
-
- private:
-  static constexpr unsigned kDefaultMxcsr = 0x1f80;
-  const unsigned saved_;
-#else
-  FpEnvironment() : saved_(std::fegetenv(&env_) == 0) { std::fesetenv(FE_DFL_ENV); }
-  ~FpEnvironment() {
-    if (saved_) std::fesetenv(&env_);
-  }
-
- private:
-  std::fenv_t env_;
-  const bool saved_;
-#endif
-};
-
 // The daemon's floating-point environment while this thread does an op's
 // work, whatever the thread's own: for a psum, pmean, pmax or pmin of a float
 // dtype the reductions' mode (ReductionModeScope: flush-to-zero too, so the
-// kernels do not switch again), for anything else FpEnvironment (and the
+// kernels do not switch again), for anything else DefaultFpScope (and the
 // kernels switch to flush-to-zero themselves where they need it).
 class OpFpMode {
  public:
@@ -154,7 +124,7 @@ class OpFpMode {
 
  private:
   std::optional<ReductionModeScope> reduction_;
-  std::optional<FpEnvironment> other_;
+  std::optional<DefaultFpScope> other_;
 };
 
 }  // namespace
