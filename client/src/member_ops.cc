@@ -127,10 +127,6 @@ class OpFpMode {
   std::optional<DefaultFpScope> other_;
 };
 
-}  // namespace
-
-namespace {
-
 // How many times `used` (1 + CPU, 0: unknown) names each CPU of `mask` it
 // names (the CPUs of the mask it does not name: 0).
 std::vector<std::pair<int, uint32_t>> TimesNamed(const std::vector<uint32_t>& used,
@@ -230,8 +226,8 @@ MemberOps::MemberOps(void* base, uint64_t bytes, member_ops::Layout layout, Mesh
       op_timeout_(op_timeout),
       live_fd_(live_fd),
       expired_(std::move(expired)),
-      usable_cpus_(UsableCpus()),
-      busy_poll_(shape_.num_members() <= usable_cpus_),
+      members_per_cpu_(MembersPerCpu(static_cast<uint32_t>(shape_.num_members()), UsableCpus())),
+      busy_poll_(members_per_cpu_ == 1),
       // One thread (this one), and every op serial: they are small.
       executor_(CpuExecutorOptions{.threads = 1,
                                    .serial_bytes = std::numeric_limits<size_t>::max()}),
@@ -331,7 +327,7 @@ bool MemberOps::PeerOnThisCpu() const {
 
 void MemberOps::SpreadOverCpus() {
   const uint32_t members = view_.layout.members;
-  const uint32_t most = MembersPerCpu(members, usable_cpus_);
+  const uint32_t most = members_per_cpu_;
   auto cpu_of = [this](uint32_t m) { return view_.slot(m)->cpu.v.load(std::memory_order_relaxed); };
   if (!OverCpuShare(index_, last_cpu_, most, cpu_of)) return;
   const int64_t now = fastq::MonotonicNs();

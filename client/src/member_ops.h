@@ -472,10 +472,11 @@ class MemberOps {
   ExpiredFn expired_;
   // TryRun's `interrupted`, while it runs (Meet calls it).
   const std::function<bool()>* interrupted_ = nullptr;
-  const int usable_cpus_;  // the CPUs its thread could use when the mesh formed
+  // MembersPerCpu for the CPUs its thread could use when the mesh formed.
+  const uint32_t members_per_cpu_;
   // Whether a waiter polls without yielding first: when this process may
-  // use at least as many CPUs as the mesh has members (else a busy peer
-  // could hold the CPU another member needs).
+  // use at least as many CPUs as the mesh has members (members_per_cpu_ 1;
+  // else a busy peer could hold the CPU another member needs).
   const bool busy_poll_;
   // Runs the op on this member's share: the daemon's own code.
   CpuExecutor executor_;
