@@ -155,15 +155,22 @@ inline constexpr size_t kMappedPerMember = 8;
 // it from the writer's cache across the machine, and a streamed share from
 // memory costs less (540 µs against 177). A VM's CPUs move between the two
 // while a program runs, so the choice is measured, op by op, per size class
-// (input over the group: 2 to 4 MiB, 4 to 8, 8 to 16): each way twice, then
-// the faster by its time per byte (the least of those two; then a moving
-// average for the way in use), and the other way once every kExplore ops,
-// which takes over when that op was faster. Not thread-safe (the op's
-// thread only).
+// (input over the group: 2 to 4 MiB, 4 to 8, 8 to 16). The first kWarmUp ops
+// of a class alternate and count for nothing: they fault buffers in and
+// warm caches, and ran 2-5 times slower than later ones, each faster than
+// the one before, so whichever way went last looked faster. Then each way
+// twice (the least of its two), then the faster by its time per byte (a
+// moving average for the way in use), and the other way once every kExplore
+// ops, which takes over when that op was faster. Not sooner: a try costs
+// more than its own op, since the next ops of the way in use run slower for
+// a while (up to 10 ops at 8 MiB per member), and in a run of 50 ops tries
+// at ops 16 and 32 cost more than the wrong trials they mended. Not
+// thread-safe (the op's thread only).
 class ShareStores {
  public:
   static constexpr int kClasses = 3;
-  static constexpr uint32_t kFirstOps = 4;
+  static constexpr uint32_t kWarmUp = 8;
+  static constexpr uint32_t kFirstOps = kWarmUp + 4;  // warm-up, then each way twice
   static constexpr uint32_t kExplore = 64;
   // The class of an op with `group_bytes` of input over its group.
   static int ClassOf(uint64_t group_bytes);

@@ -33,7 +33,7 @@ int ShareStores::ClassOf(uint64_t group_bytes) {
 bool ShareStores::Next(int size_class) {
   Class& c = classes_[size_class];
   const uint32_t n = c.ops++;
-  if (n < kFirstOps) return n % 2 == 1;  // each way twice, in turn
+  if (n < kFirstOps) return n % 2 == 1;  // in turn: the warm-up, then each way twice
   const bool best = c.ns_per_byte[1] < c.ns_per_byte[0];
   return n % kExplore == 0 ? !best : best;
 }
@@ -41,12 +41,11 @@ bool ShareStores::Next(int size_class) {
 void ShareStores::Record(int size_class, bool streamed, int64_t ns, uint64_t bytes) {
   if (bytes == 0 || ns <= 0) return;
   Class& c = classes_[size_class];
+  if (c.ops <= kWarmUp) return;  // c.ops: the op's number + 1
   const double x = static_cast<double>(ns) / static_cast<double>(bytes);
   double& avg = c.ns_per_byte[streamed ? 1 : 0];
   if (c.ops <= kFirstOps) {
-    // The first ops: the least of each way's (an op is only ever slowed,
-    // the very first by mapping the buffers and faulting them in).
-    avg = avg == 0 ? x : std::min(avg, x);
+    avg = avg == 0 ? x : std::min(avg, x);  // an op is only ever slowed
   } else if (avg != 0 && streamed == (c.ns_per_byte[1] < c.ns_per_byte[0])) {
     avg = 0.75 * avg + 0.25 * x;  // the way in use: a moving average
   } else {

@@ -1367,9 +1367,10 @@ TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
   EXPECT_LE(DaemonOps(*r->daemon) - before, 4);
 }
 
-// How ReduceBySplitReads writes its shares follows the measured times: each
-// way twice (the least of each counts), then the faster, the other way once
-// every kExplore ops, and that way when it was faster then; per size class.
+// How ReduceBySplitReads writes its shares follows the measured times: after
+// a warm-up that counts for nothing, each way twice (the least of each
+// counts), then the faster, the other way once every kExplore ops, and that
+// way when it was faster then; per size class.
 TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
   using internal::member_reads::ShareStores;
   constexpr uint64_t kMiB = 1 << 20;
@@ -1379,9 +1380,10 @@ TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
   EXPECT_EQ(ShareStores::ClassOf(8 * kMiB + 1), 2);
   EXPECT_EQ(ShareStores::ClassOf(16 * kMiB), 2);
   ShareStores stores;
-  // ns per op of 1 MiB: streamed, cached.
-  int64_t cost[2] = {100, 300};  // [0]: cached, [1]: streamed
+  int64_t cost[2] = {100, 300};  // ns per op of 1 MiB; [0]: cached, [1]: streamed
   std::vector<bool> ways;
+  std::vector<uint32_t> tried;  // the ops (of the class) that went the other way
+  uint32_t op = 0;
   auto run = [&](int cls, int ops) {
     ways.clear();
     for (int i = 0; i < ops; ++i) {
@@ -1390,40 +1392,55 @@ TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
       stores.Record(cls, stream, cost[stream ? 1 : 0], kMiB);
     }
   };
-  // The very first op (faulting the buffers in) is slow: the least of each
-  // way's first two counts.
+  // The warm-up alternates, each op faster than the one before, so that
+  // streaming (always the later) would look faster; none of it counts.
+  for (uint32_t i = 0; i < ShareStores::kWarmUp; ++i, ++op) {
+    const bool stream = stores.Next(0);
+    EXPECT_EQ(stream, i % 2 == 1) << "op " << op;
+    stores.Record(0, stream, 5000 - 400 * i, kMiB);
+  }
+  // The first op after it is slow yet: the least of each way's two counts.
   const bool first = stores.Next(0);
   EXPECT_FALSE(first);
   stores.Record(0, first, 100000, kMiB);
+  ++op;
   run(0, 3);
+  op += 3;
   EXPECT_EQ(ways, (std::vector<bool>{true, false, true}));
-  run(0, ShareStores::kExplore);  // ops 4 .. 67
-  // Op 64 tries streaming once; every other op is cached.
-  for (size_t i = 0; i < ways.size(); ++i) {
-    EXPECT_EQ(ways[i], i + 4 == ShareStores::kExplore) << "op " << i + 4;
-  }
+  ASSERT_EQ(op, ShareStores::kFirstOps);
+  auto others = [&](bool in_use) {
+    tried.clear();
+    for (size_t i = 0; i < ways.size(); ++i) {
+      if (ways[i] != in_use) tried.push_back(op + static_cast<uint32_t>(i));
+    }
+    op += static_cast<uint32_t>(ways.size());
+  };
+  run(0, 2 * ShareStores::kExplore - ShareStores::kFirstOps + 4);  // ops 12 .. 131
+  others(false);
+  // Streaming is tried once at ops 64 and 128: cached wins.
+  EXPECT_EQ(tried, (std::vector<uint32_t>{64, 128}));
   // The machine changes: streaming now costs less than caching, which still
   // costs less than streaming did. The next try of streaming takes over.
   cost[0] = 250;
   cost[1] = 150;
-  run(0, ShareStores::kExplore);  // ops 68 .. 131: the try is op 128
-  for (size_t i = 0; i < ways.size(); ++i) EXPECT_EQ(ways[i], i + 68 >= 128) << "op " << i + 68;
-  // Streaming stays in use; its one try of caching (op 192) finds that
+  run(0, ShareStores::kExplore);  // ops 132 .. 195: the try is op 192
+  for (size_t i = 0; i < ways.size(); ++i) EXPECT_EQ(ways[i], i + 132 >= 192) << "op " << i + 132;
+  op += ShareStores::kExplore;
+  // Streaming stays in use; its one try of caching (op 256) finds that
   // slower still.
   cost[0] = 1000;
-  run(0, ShareStores::kExplore);  // ops 132 .. 195: the try (op 192) caches
-  const size_t cached = static_cast<size_t>(std::count(ways.begin(), ways.end(), false));
-  EXPECT_EQ(cached, 1u);
-  EXPECT_FALSE(ways[192 - 132]);
-  // Another class decides for itself, from the start.
-  run(1, 4);
-  EXPECT_EQ(ways, (std::vector<bool>{false, true, false, true}));
+  run(0, ShareStores::kExplore);  // ops 196 .. 259
+  others(true);
+  EXPECT_EQ(tried, (std::vector<uint32_t>{256}));
+  // Another class decides for itself, from the start (its own warm-up).
+  run(1, ShareStores::kFirstOps);
   EXPECT_TRUE(stores.Next(1)) << "streamed was faster in class 1";
-  // Times of nothing are not counted.
+  // Times of nothing are not counted: counted, either would make streaming
+  // look faster (caching's average infinite, streaming's zero).
   cost[0] = 100;
-  stores.Record(2, true, 0, kMiB);
+  run(2, ShareStores::kFirstOps);
   stores.Record(2, false, 10, 0);
-  run(2, 4);
+  stores.Record(2, true, 0, kMiB);
   EXPECT_FALSE(stores.Next(2)) << "cached is faster (100 against 150)";
 }
 
