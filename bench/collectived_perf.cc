@@ -872,7 +872,7 @@ bool WriteAll(int fd, const std::string& s) {
 }
 
 // Protocol to the parent, one line each:
-//   READY
+//   READY <"member-side" or why this member's ops all go through the daemon>
 //   CHECKFAIL <row> <text>
 //   ROW <row> <ok|fail|skipped> <ns> <ns> ...
 //   ERR <text>
@@ -1129,7 +1129,9 @@ int RunMember(const Config& cfg) {
       return MemberFail(fd, absl::StrCat(OpName(op), ": ", st.ToString()));
     }
   }
-  if (!WriteAll(fd, "READY\n")) return 1;
+  std::string member_side = m.member_side().ok() ? "member-side" : m.member_side().ToString();
+  std::replace(member_side.begin(), member_side.end(), '\n', ' ');
+  if (!WriteAll(fd, absl::StrCat("READY ", member_side, "\n"))) return 1;
 
   using Clock = std::chrono::steady_clock;
   std::vector<int64_t> times(static_cast<size_t>(cfg.iters));
@@ -1490,6 +1492,14 @@ class Printer {
     }
   }
 
+  // Member `index`'s ops all go through the daemon, for `why`: said in the
+  // header of every table of this member count (the first such member's).
+  void DaemonOnly(size_t index, absl::string_view why) {
+    if (daemon_only_.empty()) daemon_only_ = absl::StrCat("member ", index, ": ", why);
+  }
+  // A new member count: its members report afresh.
+  void NewMembers() { daemon_only_.clear(); }
+
   void Footer() {
     if (!open_ || cfg_.json) return;
     if (rows_ > 0) std::printf("# avg busbw: %.3f GB/s over %d sizes\n", busbw_sum_ / rows_, rows_);
@@ -1513,6 +1523,10 @@ class Printer {
         "# iters %d, warmup %d, check %s; time = median (and min) over iterations of the slowest "
         "member's op time\n",
         cfg_.iters, cfg_.warmup, cfg_.check ? "on" : "off");
+    if (!daemon_only_.empty()) {
+      std::printf("# no member-side ops, every op through the daemon (%s)\n",
+                  daemon_only_.c_str());
+    }
     std::printf("#\n# %10s %12s %9s %13s %13s %12s %12s %7s\n", "size(B)", "count", "type",
                 "time_us(med)", "time_us(min)", "algbw(GB/s)", "busbw(GB/s)", "check");
   }
@@ -1524,6 +1538,7 @@ class Printer {
   int n_ = 0;
   double busbw_sum_ = 0;
   int rows_ = 0;
+  std::string daemon_only_;
 };
 
 struct Member {
@@ -1555,6 +1570,7 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
                Printer& printer, const std::vector<std::unique_ptr<OwnDaemon>>& daemons,
                int* check_failures) {
   const std::vector<Row> rows = PlanRows(cfg, n);
+  printer.NewMembers();
   const std::string mesh = absl::StrCat("collectived_perf-", getpid(), "-n", n);
   const std::string self = SelfExe();
   std::vector<std::string> ops;
@@ -1654,7 +1670,12 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
     if (!fail_deadline) fail_deadline = absl::Now() + absl::Seconds(1);
   };
   auto handle_line = [&](Member& m, size_t index, absl::string_view line) {
-    if (line == "READY") return;
+    if (absl::StartsWith(line, "READY ")) {
+      // The header says so when a member's ops all go through the daemon
+      // (e.g. a daemon of another build than this program's SDK).
+      if (line != "READY member-side") printer.DaemonOnly(index, line.substr(6));
+      return;
+    }
     if (line == "DONE") {
       m.done = true;
       return;
