@@ -1476,7 +1476,7 @@ absl::Status Gather(Members& r, int i, DType dtype, int64_t elems, const AxisNam
 }
 
 TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
-  constexpr size_t kBytes = 16 << 20;
+  constexpr size_t kBytes = (16 << 20) + 4096;  // the largest output, and its guard
   auto reads = StartTwoByTwo({}, kBytes);
   auto daemon_side = StartTwoByTwo({"--member_op_bytes=0"}, kBytes);
   ASSERT_NE(reads, nullptr);
@@ -1493,12 +1493,12 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
       // CPUs, as on 2, 8 KiB is, and smaller ones copy through the segment).
       {DType::kF32, 256, AxisNames::All(), true},
       {DType::kI8, 40001, AxisNames("b"), false},       // odd, groups of two
-      {DType::kF64, 262144, AxisNames::All(), true},    // 8 MiB out, the most
+      {DType::kF64, 524288, AxisNames::All(), true},    // 16 MiB out, the most
       {DType::kBF16, 262147, AxisNames("a"), true},     // groups of two
       {DType::kF32, 10000, AxisNames::None(), false},   // groups of one
       {DType::kF32, 255, AxisNames::All(), true},       // 1020 B: the segment
       {DType::kF32, 16384, AxisNames::All(), true},     // 64 KiB each
-      {DType::kF64, 262145, AxisNames::All(), true},    // past 8 MiB: the daemon
+      {DType::kF64, 524289, AxisNames::All(), true},    // past 16 MiB: the daemon
   };
   // The least input per member that reads: 1 KiB when every member has a
   // CPU of its own, else 8 KiB.
@@ -1528,8 +1528,8 @@ TEST(MemberReadsTest, AllGathersThatReadTheMembersEqualTheDaemonPath) {
                             reads->in(i), block),
                 0);
     }
-    // Member-side either way but past 8 MiB of output (one op for the daemon).
-    const bool daemon = out_bytes > (8 << 20);
+    // Member-side either way but past 16 MiB of output (one op for the daemon).
+    const bool daemon = out_bytes > (16 << 20);
     EXPECT_EQ(DaemonOps(*reads->daemon) - before, daemon ? 1 : 0) << c.elems;
     const bool read = !daemon && in_bytes >= least;
     for (int i = 0; i < 4; ++i) {
