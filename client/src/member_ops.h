@@ -134,8 +134,10 @@ inline constexpr uint64_t kMaxSharedCpuReduceReadBytes = 256 << 10;
 // (ReduceBySplitReads): the members then compute the result once between
 // them, each on its CPU, where the daemon computes it on its threads and
 // writes it to every member (4 members on 2 CPUs: 0.3-0.8x the daemon's
-// time from 128 KiB to 2 MiB per member, 0.9x at 4 MiB).
-inline constexpr uint64_t kMaxSplitReadBytes = 16 << 20;
+// time from 128 KiB to 2 MiB per member, 0.9x at 4 MiB; 2 members of 16 MiB
+// each: 0.71x, cached shares as ShareStores picks them; past 32 MiB over
+// the group the working set leaves the cache).
+inline constexpr uint64_t kMaxSplitReadBytes = 32 << 20;
 // Whether $COLLECTIVED_MEMBER_READS allows reads: unset, empty or "1" yes,
 // "0" no (the segment and the daemon paths); INVALID_ARGUMENT for any other
 // value. The members of a mesh read only when every one of them says yes.
@@ -156,35 +158,51 @@ inline constexpr size_t kMappedPerMember = 8;
 // machine: 112 µs an op against 190 streamed); when they do not, they read
 // it from the writer's cache across the machine, and a streamed share from
 // memory costs less (540 µs against 177). A VM's CPUs move between the two
-// while a program runs, so the choice is measured, op by op, per size class
-// (input over the group: 2 to 4 MiB, 4 to 8, 8 to 16). The first kWarmUp ops
-// of a class alternate and count for nothing: they fault buffers in and
-// warm caches, and ran 2-5 times slower than later ones, each faster than
-// the one before, so whichever way went last looked faster. Then each way
-// twice (the least of its two), then the faster by its time per byte (a
-// moving average for the way in use), and the other way once every kExplore
-// ops, which takes over when that op was faster. Not sooner: a try costs
-// more than its own op, since the next ops of the way in use run slower for
-// a while (up to 10 ops at 8 MiB per member), and in a run of 50 ops tries
-// at ops 16 and 32 cost more than the wrong trials they mended. Not
-// thread-safe (the op's thread only).
+// while a program runs, so the choice is measured, per size class (input
+// over the group: 2 to 4 MiB, 4 to 8, 8 to 16, 16 to 32).
+//
+// A cached op's time depends on the ops before it: after a streamed op it
+// runs as slowly as a streamed one, and it gets faster over the next cached
+// ops (16 MiB per member: 3,400 µs down to 1,850 in 10-15 ops, where
+// streamed ops take 2,600-2,900 whatever came before). So each way is
+// measured in a block of kBlock ops in a row, by its least. The first
+// kWarmUp ops of a class alternate and count for nothing (they fault the
+// buffers in and ran 2-5 times slower than later ones); then a block
+// streamed, then a block cached; then the faster, its time per byte a moving
+// average, and from time to time a block of the other way, which takes over
+// when its least beats that average. The first try comes kExplore ops after
+// the trial; each try that loses doubles the wait, up to kMaxExplore ops (a
+// try costs its block and, back to cached, the ops that get fast again);
+// one that wins sets it back to kExplore. Not thread-safe (the op's thread
+// only).
 class ShareStores {
  public:
-  static constexpr int kClasses = 3;
+  static constexpr int kClasses = 4;
   static constexpr uint32_t kWarmUp = 8;
-  static constexpr uint32_t kFirstOps = kWarmUp + 4;  // warm-up, then each way twice
+  static constexpr uint32_t kBlock = 8;
+  static constexpr uint32_t kFirstOps = kWarmUp + 2 * kBlock;  // warm-up, then each way's block
   static constexpr uint32_t kExplore = 64;
+  static constexpr uint32_t kMaxExplore = 1024;
   // The class of an op with `group_bytes` of input over its group.
   static int ClassOf(uint64_t group_bytes);
   // Whether the next op of `size_class` streams.
   bool Next(int size_class);
-  // The op of `size_class` that streamed or not took `ns` for `bytes`.
+  // The op of `size_class` that streamed or not took `ns` for `bytes` (the
+  // op the last Next of that class was for).
   void Record(int size_class, bool streamed, int64_t ns, uint64_t bytes);
 
  private:
+  enum class Role : uint8_t { kUncounted, kTrial, kInUse, kTry };
   struct Class {
     uint32_t ops = 0;
-    double ns_per_byte[2] = {0, 0};  // cached, streamed; 0: not measured yet
+    Role role = Role::kUncounted;  // of the op the last Next was for
+    double trial[2] = {0, 0};      // the least of each way's block (cached, streamed); 0: none
+    bool streamed = false;         // the way in use
+    double in_use = 0;             // its time per byte, a moving average; 0: none yet
+    double tried = 0;              // the least of the try under way; 0: none yet
+    uint32_t try_left = 0;         // ops of the try still to run
+    uint32_t until_try = 0;        // ops of the way in use before the next try
+    uint32_t wait = kExplore;      // the wait after the next try, should it lose
   };
   Class classes_[kClasses];
 };

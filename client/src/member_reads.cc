@@ -32,24 +32,61 @@ int ShareStores::ClassOf(uint64_t group_bytes) {
 
 bool ShareStores::Next(int size_class) {
   Class& c = classes_[size_class];
-  const uint32_t n = c.ops++;
-  if (n < kFirstOps) return n % 2 == 1;  // in turn: the warm-up, then each way twice
-  const bool best = c.ns_per_byte[1] < c.ns_per_byte[0];
-  return n % kExplore == 0 ? !best : best;
+  const uint32_t n = c.ops < kFirstOps ? c.ops++ : kFirstOps;
+  if (n < kWarmUp) {
+    c.role = Role::kUncounted;
+    return n % 2 == 1;
+  }
+  if (n < kFirstOps) {  // a block streamed, then a block cached
+    c.role = Role::kTrial;
+    return n < kWarmUp + kBlock;
+  }
+  if (c.role == Role::kTrial) {  // the trial is over: the faster way, the first try ahead
+    c.streamed = c.trial[1] != 0 && (c.trial[0] == 0 || c.trial[1] < c.trial[0]);
+    c.in_use = c.trial[c.streamed ? 1 : 0];
+    c.until_try = kExplore;
+    c.wait = kExplore;
+  } else if (c.role == Role::kTry && c.try_left == 0) {  // a try is over
+    if (c.tried != 0 && (c.in_use == 0 || c.tried < c.in_use)) {
+      c.streamed = !c.streamed;
+      c.in_use = c.tried;
+      c.wait = kExplore;
+    } else {
+      c.wait = std::min(2 * c.wait, kMaxExplore);
+    }
+    c.until_try = c.wait;
+  }
+  if (c.until_try == 0 && c.role != Role::kTry) {  // a try starts
+    c.try_left = kBlock;
+    c.tried = 0;
+  }
+  if (c.try_left > 0) {
+    --c.try_left;
+    c.role = Role::kTry;
+    return !c.streamed;
+  }
+  --c.until_try;
+  c.role = Role::kInUse;
+  return c.streamed;
 }
 
 void ShareStores::Record(int size_class, bool streamed, int64_t ns, uint64_t bytes) {
   if (bytes == 0 || ns <= 0) return;
   Class& c = classes_[size_class];
-  if (c.ops <= kWarmUp) return;  // c.ops: the op's number + 1
   const double x = static_cast<double>(ns) / static_cast<double>(bytes);
-  double& avg = c.ns_per_byte[streamed ? 1 : 0];
-  if (c.ops <= kFirstOps) {
-    avg = avg == 0 ? x : std::min(avg, x);  // an op is only ever slowed
-  } else if (avg != 0 && streamed == (c.ns_per_byte[1] < c.ns_per_byte[0])) {
-    avg = 0.75 * avg + 0.25 * x;  // the way in use: a moving average
-  } else {
-    avg = x;  // a way tried against the one in use: what it costs now
+  auto least = [x](double& v) { v = v == 0 ? x : std::min(v, x); };
+  switch (c.role) {
+    case Role::kUncounted:
+      return;
+    case Role::kTrial:
+      least(c.trial[streamed ? 1 : 0]);  // an op is only ever slowed
+      return;
+    case Role::kTry:
+      least(c.tried);
+      return;
+    case Role::kInUse:
+      c.in_use = c.in_use == 0 ? x : 0.75 * c.in_use + 0.25 * x;
+      return;
   }
 }
 

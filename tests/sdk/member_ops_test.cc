@@ -1368,10 +1368,12 @@ TEST(AxisNamesTest, ABareBraceIsRefusedNamingAllAndNone) {
 }
 
 // How ReduceBySplitReads writes its shares follows the measured times: after
-// a warm-up that counts for nothing, each way twice (the least of each
-// counts), then the faster, the other way once every kExplore ops, and that
-// way when it was faster then; per size class.
-TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
+// a warm-up that counts for nothing, a block of each way (the least of each
+// counts), then the faster, and from time to time a block of the other way,
+// which takes over when its least beats the way in use; per size class. The
+// machine below is the one measured: a cached op after a streamed one is
+// slow, and cached ops get faster, op by op, over the ones in a row.
+TEST(ShareStoresTest, PicksTheFasterWayByBlocksAndTriesTheOtherLessOften) {
   using internal::member_reads::ShareStores;
   constexpr uint64_t kMiB = 1 << 20;
   EXPECT_EQ(ShareStores::ClassOf(2 * kMiB + 1), 0);
@@ -1379,18 +1381,38 @@ TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
   EXPECT_EQ(ShareStores::ClassOf(4 * kMiB + 1), 1);
   EXPECT_EQ(ShareStores::ClassOf(8 * kMiB + 1), 2);
   EXPECT_EQ(ShareStores::ClassOf(16 * kMiB), 2);
+  EXPECT_EQ(ShareStores::ClassOf(16 * kMiB + 1), 3);
+  EXPECT_EQ(ShareStores::ClassOf(32 * kMiB), 3);
   ShareStores stores;
-  int64_t cost[2] = {100, 300};  // ns per op of 1 MiB; [0]: cached, [1]: streamed
+  // ns per op of 1 MiB: streamed `streamed`; cached `cached` once it has
+  // run cached_ramp ops in a row, 3x that right after a streamed op.
+  int64_t streamed = 300, cached = 100;
+  int cached_in_a_row = 0;
+  constexpr int kRamp = 6;
+  auto cost = [&](bool stream) -> int64_t {
+    if (stream) {
+      cached_in_a_row = 0;
+      return streamed;
+    }
+    ++cached_in_a_row;
+    const int64_t slow = 3 * cached;  // as slow as a streamed op, at first
+    if (cached_in_a_row >= kRamp) return cached;
+    return slow - (slow - cached) * (cached_in_a_row - 1) / (kRamp - 1);
+  };
   std::vector<bool> ways;
-  std::vector<uint32_t> tried;  // the ops (of the class) that went the other way
   uint32_t op = 0;
-  auto run = [&](int cls, int ops) {
+  // Runs `ops` ops of class `cls`; the ops that went the way `in_use` does
+  // not, by number.
+  auto run = [&](int cls, int ops, bool in_use) {
     ways.clear();
-    for (int i = 0; i < ops; ++i) {
+    std::vector<uint32_t> others;
+    for (int i = 0; i < ops; ++i, ++op) {
       const bool stream = stores.Next(cls);
       ways.push_back(stream);
-      stores.Record(cls, stream, cost[stream ? 1 : 0], kMiB);
+      if (stream != in_use) others.push_back(op);
+      stores.Record(cls, stream, cost(stream), kMiB);
     }
+    return others;
   };
   // The warm-up alternates, each op faster than the one before, so that
   // streaming (always the later) would look faster; none of it counts.
@@ -1399,49 +1421,54 @@ TEST(ShareStoresTest, PicksTheFasterWayAndTriesTheOtherNowAndThen) {
     EXPECT_EQ(stream, i % 2 == 1) << "op " << op;
     stores.Record(0, stream, 5000 - 400 * i, kMiB);
   }
-  // The first op after it is slow yet: the least of each way's two counts.
-  const bool first = stores.Next(0);
-  EXPECT_FALSE(first);
-  stores.Record(0, first, 100000, kMiB);
-  ++op;
-  run(0, 3);
-  op += 3;
-  EXPECT_EQ(ways, (std::vector<bool>{true, false, true}));
+  // A block streamed, then a block cached (slow at first, as after a
+  // streamed op; alternating one op each way, cached would never look
+  // faster here).
+  run(0, ShareStores::kBlock, true);
+  EXPECT_EQ(ways, std::vector<bool>(ShareStores::kBlock, true));
+  run(0, ShareStores::kBlock, false);
+  EXPECT_EQ(ways, std::vector<bool>(ShareStores::kBlock, false));
   ASSERT_EQ(op, ShareStores::kFirstOps);
-  auto others = [&](bool in_use) {
-    tried.clear();
-    for (size_t i = 0; i < ways.size(); ++i) {
-      if (ways[i] != in_use) tried.push_back(op + static_cast<uint32_t>(i));
-    }
-    op += static_cast<uint32_t>(ways.size());
-  };
-  run(0, 2 * ShareStores::kExplore - ShareStores::kFirstOps + 4);  // ops 12 .. 131
-  others(false);
-  // Streaming is tried once at ops 64 and 128: cached wins.
-  EXPECT_EQ(tried, (std::vector<uint32_t>{64, 128}));
-  // The machine changes: streaming now costs less than caching, which still
-  // costs less than streaming did. The next try of streaming takes over.
-  cost[0] = 250;
-  cost[1] = 150;
-  run(0, ShareStores::kExplore);  // ops 132 .. 195: the try is op 192
-  for (size_t i = 0; i < ways.size(); ++i) EXPECT_EQ(ways[i], i + 132 >= 192) << "op " << i + 132;
-  op += ShareStores::kExplore;
-  // Streaming stays in use; its one try of caching (op 256) finds that
-  // slower still.
-  cost[0] = 1000;
-  run(0, ShareStores::kExplore);  // ops 196 .. 259
-  others(true);
-  EXPECT_EQ(tried, (std::vector<uint32_t>{256}));
+  // Cached wins. Streaming is tried in blocks, kExplore ops after the
+  // trial, then twice as long after each try that lost, at most
+  // kMaxExplore: ops 24 + 64 = 88, 96 + 128 = 224, 232 + 256 = 488, ...
+  std::vector<uint32_t> tried = run(0, 3000, false);
+  std::vector<uint32_t> starts;
+  for (size_t i = 0; i < tried.size(); ++i) {
+    if (i == 0 || tried[i] != tried[i - 1] + 1) starts.push_back(tried[i]);
+  }
+  EXPECT_EQ(starts, (std::vector<uint32_t>{88, 224, 488, 1008, 2040}));
+  EXPECT_EQ(tried.size(), starts.size() * ShareStores::kBlock);
+  // 2040 + 8 + 1024 is the next: the wait stays at kMaxExplore.
+  ASSERT_EQ(op, ShareStores::kFirstOps + 3000);  // 3024
+  EXPECT_EQ(run(0, 3072 - 3024, false), std::vector<uint32_t>{});
+  tried = run(0, ShareStores::kBlock, false);
+  EXPECT_EQ(tried.size(), ShareStores::kBlock);
+  // The machine changes: streaming now costs less than caching does even
+  // in a row. The next try of streaming (the wait went back to the most)
+  // takes over, and caching is then tried kExplore ops later.
+  cached = 250;
+  streamed = 150;
+  tried = run(0, ShareStores::kMaxExplore + ShareStores::kBlock + ShareStores::kExplore, false);
+  ASSERT_GE(tried.size(), ShareStores::kBlock);
+  EXPECT_EQ(tried[0], 3080u + ShareStores::kMaxExplore);  // 4104
+  EXPECT_TRUE(ways.back()) << "streaming took over";
+  EXPECT_EQ(run(0, ShareStores::kBlock + 2, true).size(), ShareStores::kBlock)
+      << "caching is tried again from op 4104 + 8 + 64 = 4176";
   // Another class decides for itself, from the start (its own warm-up).
-  run(1, ShareStores::kFirstOps);
-  EXPECT_TRUE(stores.Next(1)) << "streamed was faster in class 1";
-  // Times of nothing are not counted: counted, either would make streaming
-  // look faster (caching's average infinite, streaming's zero).
-  cost[0] = 100;
-  run(2, ShareStores::kFirstOps);
-  stores.Record(2, false, 10, 0);
-  stores.Record(2, true, 0, kMiB);
-  EXPECT_FALSE(stores.Next(2)) << "cached is faster (100 against 150)";
+  cached = 100;
+  streamed = 150;
+  run(1, ShareStores::kFirstOps, true);
+  EXPECT_FALSE(stores.Next(1)) << "cached in a row was faster in class 1 (100 against 150)";
+  // Times below zero are not counted (a clock gone back): counted, they
+  // would make streaming win class 2.
+  run(2, ShareStores::kWarmUp, true);
+  for (uint32_t i = 0; i < ShareStores::kBlock; ++i) {
+    EXPECT_TRUE(stores.Next(2));
+    stores.Record(2, true, -5, kMiB);
+  }
+  run(2, ShareStores::kBlock, false);
+  EXPECT_FALSE(stores.Next(2)) << "streaming was never timed: caching";
 }
 
 // Sets an environment variable for the test's scope, restoring it after.
@@ -1589,7 +1616,7 @@ absl::Status Reduce(Members& r, int i, CollectiveKind kind, DType dtype, int64_t
 
 TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
   constexpr int kN = 2;
-  constexpr size_t kBytes = 9 << 20;
+  constexpr size_t kBytes = 17 << 20;
   if (UsableCpus() < kN) GTEST_SKIP() << "the paths below are those of members with a CPU each";
   auto reads = Members::Start(kN, {}, "rr", kBytes);
   auto daemon_side = Members::Start(kN, {"--member_op_bytes=0"}, "rd", kBytes);
@@ -1620,8 +1647,8 @@ TEST(MemberReadsTest, ReductionsThatReadTheMembersEqualTheDaemonPath) {
       {K::kPsum, DType::kBool, 1100003, false, Path::kSplit},  // widens: int32 sums
       {K::kPmax, DType::kBF16, 1500007, true, Path::kSplit},   // in place
       {K::kPmin, DType::kI8, 1100001, false, Path::kSplit},
-      {K::kPsum, DType::kF32, 2097152, true, Path::kSplit},    // 16 MiB over the group, the most
-      {K::kPsum, DType::kF32, 2097153, true, Path::kDaemon},   // past it
+      {K::kPsum, DType::kF32, 4194304, true, Path::kSplit},    // 32 MiB over the group, the most
+      {K::kPsum, DType::kF32, 4194305, true, Path::kDaemon},   // past it
   };
   uint32_t seed = 11;
   for (const R& c : cases) {

@@ -390,7 +390,7 @@ class Mesh {
   // How this member's member-side ops ran, counted since it joined the mesh
   // (its ops through the daemon are the daemon's to count): through the
   // segment, by reading the others' buffers (all_gathers, and reductions of
-  // the whole result), split between the members (reductions of 2 - 16 MiB
+  // the whole result), split between the members (reductions of 2 - 32 MiB
   // over the group), or into a buffer the mesh shares. For diagnostics;
   // any thread.
   struct MemberSidePaths {
