@@ -202,7 +202,7 @@ class ShareStores {
     double tried = 0;              // the least of the try under way; 0: none yet
     uint32_t try_left = 0;         // ops of the try still to run
     uint32_t until_try = 0;        // ops of the way in use before the next try
-    uint32_t wait = kExplore;      // the wait after the next try, should it lose
+    uint32_t wait = kExplore;      // the wait before the next try (doubled when one loses)
   };
   Class classes_[kClasses];
 };

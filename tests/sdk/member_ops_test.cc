@@ -1385,7 +1385,7 @@ TEST(ShareStoresTest, PicksTheFasterWayByBlocksAndTriesTheOtherLessOften) {
   EXPECT_EQ(ShareStores::ClassOf(32 * kMiB), 3);
   ShareStores stores;
   // ns per op of 1 MiB: streamed `streamed`; cached `cached` once it has
-  // run cached_ramp ops in a row, 3x that right after a streamed op.
+  // run kRamp ops in a row, 3x that right after a streamed op.
   int64_t streamed = 300, cached = 100;
   int cached_in_a_row = 0;
   constexpr int kRamp = 6;
@@ -1414,12 +1414,12 @@ TEST(ShareStoresTest, PicksTheFasterWayByBlocksAndTriesTheOtherLessOften) {
     }
     return others;
   };
-  // The warm-up alternates, each op faster than the one before, so that
-  // streaming (always the later) would look faster; none of it counts.
+  // The warm-up alternates; none of it counts (streamed warm-up ops far
+  // faster than any later op would make streaming win, counted).
   for (uint32_t i = 0; i < ShareStores::kWarmUp; ++i, ++op) {
     const bool stream = stores.Next(0);
     EXPECT_EQ(stream, i % 2 == 1) << "op " << op;
-    stores.Record(0, stream, 5000 - 400 * i, kMiB);
+    stores.Record(0, stream, stream ? 10 : 5000, kMiB);
   }
   // A block streamed, then a block cached (slow at first, as after a
   // streamed op; alternating one op each way, cached would never look
