@@ -68,6 +68,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include <grpcpp/grpcpp.h>
 
@@ -872,11 +873,13 @@ bool WriteAll(int fd, const std::string& s) {
 }
 
 // Protocol to the parent, one line each:
-//   READY <"member-side" or why this member's ops all go through the daemon>
+//   READY <kMemberSide, or why this member's ops all go through the daemon>
 //   CHECKFAIL <row> <text>
 //   ROW <row> <ok|fail|skipped> <ns> <ns> ...
 //   ERR <text>
 //   DONE
+constexpr absl::string_view kMemberSide = "member-side";
+
 int MemberFail(int fd, const std::string& what) {
   std::string line = what;
   std::replace(line.begin(), line.end(), '\n', ' ');
@@ -1129,7 +1132,8 @@ int RunMember(const Config& cfg) {
       return MemberFail(fd, absl::StrCat(OpName(op), ": ", st.ToString()));
     }
   }
-  std::string member_side = m.member_side().ok() ? "member-side" : m.member_side().ToString();
+  std::string member_side =
+      m.member_side().ok() ? std::string(kMemberSide) : m.member_side().ToString();
   std::replace(member_side.begin(), member_side.end(), '\n', ' ');
   if (!WriteAll(fd, absl::StrCat("READY ", member_side, "\n"))) return 1;
 
@@ -1670,10 +1674,10 @@ int RunMembers(const Config& cfg, int n, const std::vector<std::string>& sockets
     if (!fail_deadline) fail_deadline = absl::Now() + absl::Seconds(1);
   };
   auto handle_line = [&](Member& m, size_t index, absl::string_view line) {
-    if (absl::StartsWith(line, "READY ")) {
+    if (absl::ConsumePrefix(&line, "READY ")) {
       // The header says so when a member's ops all go through the daemon
       // (e.g. a daemon of another build than this program's SDK).
-      if (line != "READY member-side") printer.DaemonOnly(index, line.substr(6));
+      if (line != kMemberSide) printer.DaemonOnly(index, line);
       return;
     }
     if (line == "DONE") {
